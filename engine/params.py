@@ -1,0 +1,51 @@
+"""Per-request types of the facade: `SamplingParams` in, `Completion` out."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to decode. temperature 0 is greedy. `seed` makes sampling reproducible across runs and batch
+    sizes. Exactly one of json_schema / choices / regex may be set (constrained decoding); `chat` applies
+    the model's chat template (None: on when the model has one and the prompt is a string)."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    json_schema: dict[str, Any] | None = None
+    choices: tuple[str, ...] | None = None
+    regex: str | None = None
+    chat: bool | None = None
+    system: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        constraints = [n for n in ("json_schema", "choices", "regex") if getattr(self, n) is not None]
+        if len(constraints) > 1:
+            raise ValueError(f"SamplingParams: set at most one of json_schema/choices/regex, got {constraints}")
+
+
+@dataclass
+class Completion:
+    """One prompt's result. On a per-prompt error, `finish_reason` is "error", `error` says why and
+    text is empty."""
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason = "length"
+    prompt_tokens: int = 0
+    logprobs: list[float] | None = None
+    error: str | None = None

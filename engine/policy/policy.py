@@ -1,0 +1,77 @@
+"""The placement decision: batch shape, tier fractions and flags (FlexGen's Policy, in fractions).
+
+A `Policy` is frozen data. The disk share of each tensor class is derived (1 - gpu - cpu), never stored,
+so the three shares always sum to one; a negative derived share is an error at construction.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How one block of `num_gpu_batches x gpu_batch_size` sequences is placed and run.
+
+    Fractions are in [0, 1]: `w_*` of each layer's weight bytes (by cumulative tensor size),
+    `cache_*` of each GPU batch's KV cache, `act_*` of each GPU batch's hidden states.
+    """
+
+    gpu_batch_size: int = 32
+    num_gpu_batches: int = 1
+    w_gpu: float = 1.0
+    w_cpu: float = 0.0
+    cache_gpu: float = 1.0
+    cache_cpu: float = 0.0
+    act_gpu: float = 1.0
+    act_cpu: float = 0.0
+    overlap: bool = True
+    cpu_attention: bool = False
+    compress_weights: bool = False
+    compress_cache: bool = False
+
+    def __post_init__(self) -> None:
+        if self.gpu_batch_size < 1 or self.num_gpu_batches < 1:
+            raise ValueError(
+                f"Policy: gpu_batch_size and num_gpu_batches must be >= 1, "
+                f"got {self.gpu_batch_size} and {self.num_gpu_batches}"
+            )
+        for name in ("w", "cache", "act"):
+            gpu, cpu = getattr(self, f"{name}_gpu"), getattr(self, f"{name}_cpu")
+            for field_name, value in ((f"{name}_gpu", gpu), (f"{name}_cpu", cpu)):
+                if not 0.0 <= value <= 1.0:
+                    raise ValueError(f"Policy.{field_name} must be in [0, 1], got {value}")
+            if gpu + cpu > 1.0 + _EPS:
+                raise ValueError(
+                    f"Policy: {name}_gpu + {name}_cpu = {gpu + cpu:.4f} > 1, so {name}_disk would be negative"
+                )
+
+    @property
+    def w_disk(self) -> float:
+        return max(0.0, 1.0 - self.w_gpu - self.w_cpu)
+
+    @property
+    def cache_disk(self) -> float:
+        return max(0.0, 1.0 - self.cache_gpu - self.cache_cpu)
+
+    @property
+    def act_disk(self) -> float:
+        return max(0.0, 1.0 - self.act_gpu - self.act_cpu)
+
+    @property
+    def block_size(self) -> int:
+        """Sequences in one block: num_gpu_batches x gpu_batch_size."""
+        return self.gpu_batch_size * self.num_gpu_batches
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Policy":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"Policy: unknown field(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)

@@ -1,0 +1,22 @@
+"""The contract between the executor (runs forwards) and the decoding controller (picks tokens).
+
+The executor knows nothing of sampling, stop strings or grammars: after each forward of a GPU batch it
+hands the last-position logits of that batch's alive sequences to a `TokenSelector`, which returns the
+next token of each and whether it is finished. A finished sequence stops costing compute.
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import torch
+
+
+class TokenSelector(Protocol):
+    def __call__(self, rows: Sequence[int], logits: torch.Tensor) -> tuple[list[int], list[bool]]:
+        """Choose the next token for each alive sequence of one GPU batch.
+
+        rows: block-row ids (indices into the `prompts` list given to `Executor.generate_block`) of the
+        alive sequences, in the order of `logits`' rows. logits: [len(rows), vocab] float32 on any device.
+        Returns (token_ids, finished), one entry per row. A finished row's token is still part of its
+        output (the selector records it); the executor never feeds a finished row again.
+        """
