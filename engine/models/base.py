@@ -27,7 +27,9 @@ class WeightSpec:
     """One weight tensor of a layer.
 
     `sources` are the checkpoint's tensor names concatenated along dim 0 to form this tensor (one name for
-    plain weights, several for a fused q/k/v or gate/up); `shape` is the shape after fusion.
+    plain weights, several for a fused q/k/v or gate/up); `shape` is the shape after fusion. When `shape`
+    has one more dim than each source and `shape[0] == len(sources)`, the sources are stacked instead
+    (MoE experts: E tensors [i, h] -> [E, i, h]); see engine.models.weights.fuse.
     `quantizable` is True for 2-D matmul weights that 4-bit compression may group along the input dim.
     """
 

@@ -49,3 +49,10 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_hf(cls, config_json: dict[str, Any]) -> "ModelConfig":
+        """From a parsed Hugging Face config.json (see engine.models.hf_config.config_from_hf)."""
+        from engine.models.hf_config import config_from_hf
+
+        return config_from_hf(config_json)

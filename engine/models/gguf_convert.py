@@ -1,0 +1,198 @@
+"""GGUF (llama.cpp) -> a Hugging Face folder in a cache, converted once and reused.
+
+`convert_gguf(path, cache_dir)` dequantizes every tensor (gguf.quants.dequantize), undoes llama.cpp's q/k
+row permutation, renames tensors to Hugging Face names, builds config.json from the GGUF metadata and the
+tokenizer files (tokenizer.json, tokenizer_config.json with chat_template / eos / bos) with transformers'
+GGUF tokenizer converter, and writes it all to `cache_dir/<fingerprint>/` atomically: into a temporary
+folder first, with a `.complete.json` marker holding every file's size, then renamed into place. A folder
+whose marker is missing or disagrees with the files on disk is rebuilt, never used.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+MARKER = ".complete.json"
+SUPPORTED_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_SKIPPED = {"rope_freqs.weight"}  # llama.cpp's precomputed RoPE factors; config.json carries the scaling
+
+
+def gguf_fingerprint(path: Path) -> str:
+    """A stable id of a GGUF file's content: sha256 of its size, first and last MiB (reads 2 MiB)."""
+    size = path.stat().st_size
+    h = hashlib.sha256(f"gguf:{size}:".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    return h.hexdigest()[:32]
+
+
+def cache_is_complete(folder: Path) -> bool:
+    """True when `folder` holds a finished conversion: the marker exists and every size it lists matches."""
+    marker = folder / MARKER
+    try:
+        sizes = json.loads(marker.read_text())["sizes"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return all((folder / name).is_file() and (folder / name).stat().st_size == n for name, n in sizes.items())
+
+
+def convert_gguf(path: Path, cache_dir: Path) -> Path:
+    """The converted folder for the GGUF file `path`, converting it first if no complete one is cached."""
+    target = Path(cache_dir) / gguf_fingerprint(path)
+    if cache_is_complete(target):
+        return target
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache_dir))
+    tmp.chmod(0o755)
+    try:
+        _write_conversion(path, tmp)
+        if target.exists():
+            if cache_is_complete(target):  # another process finished first
+                shutil.rmtree(tmp)
+                return target
+            shutil.rmtree(target)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not cache_is_complete(target):  # lost a race to another converter: use its folder
+                raise
+            shutil.rmtree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def _config(reader: Any, gguf_path: Path) -> dict[str, Any]:
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+        raise ValueError(
+            f"{gguf_path}: GGUF architecture {arch!r} is not supported; "
+            f"supported: {sorted(SUPPORTED_GGUF_ARCHITECTURES)}"
+        )
+
+    def a(key: str, default: Any = None) -> Any:
+        return _field(reader, f"{arch}.{key}", default)
+
+    hidden, heads = a("embedding_length"), a("attention.head_count")
+    vocab = a("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    scaling = None
+    if a("rope.scaling.type") == "linear":
+        scaling = {"rope_type": "linear", "factor": float(a("rope.scaling.factor"))}
+    names = {t.name for t in reader.tensors}
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    return {
+        "architectures": [SUPPORTED_GGUF_ARCHITECTURES[arch]], "model_type": arch,
+        "vocab_size": int(vocab), "hidden_size": int(hidden), "intermediate_size": int(a("feed_forward_length")),
+        "num_hidden_layers": int(a("block_count")), "num_attention_heads": int(heads),
+        "num_key_value_heads": int(a("attention.head_count_kv", heads)),
+        "head_dim": int(a("rope.dimension_count", hidden // heads)),
+        "max_position_embeddings": int(a("context_length", 4096)),
+        "rms_norm_eps": float(a("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(a("rope.freq_base", 10000.0)), "rope_scaling": scaling,
+        "tie_word_embeddings": "output.weight" not in names, "hidden_act": "silu",
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": eos, "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
+        "torch_dtype": "float32",
+    }
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k permutation: rows (head, pair, half) in GGUF -> (head, half, pair) in HF."""
+    dim = w.shape[0] // n_head // 2
+    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _tensors(reader: Any, config: dict[str, Any], gguf_path: Path) -> dict[str, torch.Tensor]:
+    from gguf.quants import dequantize
+
+    out: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        if t.name in _SKIPPED:
+            continue
+        m = re.fullmatch(r"blk\.(\d+)\.(.+)", t.name)
+        if m and m.group(2) in _LAYER_NAMES:
+            name = f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+        elif t.name in _GLOBAL_NAMES:
+            name = _GLOBAL_NAMES[t.name]
+        else:
+            raise ValueError(f"{gguf_path}: unexpected GGUF tensor {t.name!r}")
+        w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        w = w.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGUF lists dims innermost first
+        if name.endswith("q_proj.weight"):
+            w = _unpermute(w, config["num_attention_heads"])
+        elif name.endswith("k_proj.weight"):
+            w = _unpermute(w, config["num_key_value_heads"])
+        out[name] = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))  # owned, writable
+    return out
+
+
+def _write_tokenizer(gguf_path: Path, reader: Any, folder: Path) -> None:
+    """tokenizer.json + tokenizer_config.json (with chat_template) through transformers' GGUF converter."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ImportError(
+            f"converting the tokenizer of {gguf_path} needs `transformers` (pip install transformers)"
+        ) from None
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tok.save_pretrained(str(folder))
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    template = _field(reader, "tokenizer.chat_template") or getattr(tok, "chat_template", None)
+    if template:
+        cfg["chat_template"] = template
+    add_bos = _field(reader, "tokenizer.ggml.add_bos_token")
+    if add_bos is not None:
+        cfg.setdefault("add_bos_token", bool(add_bos))
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+
+
+def _write_conversion(gguf_path: Path, folder: Path) -> None:
+    from gguf import GGUFReader
+    from safetensors.torch import save_file
+
+    try:
+        reader = GGUFReader(str(gguf_path))
+    except Exception as e:
+        raise ValueError(f"cannot read GGUF file {gguf_path}: {e}") from None
+    config = _config(reader, gguf_path)
+    save_file(_tensors(reader, config, gguf_path), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    _write_tokenizer(gguf_path, reader, folder)
+    sizes = {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
+    (folder / MARKER).write_text(json.dumps({"source": str(gguf_path), "sizes": sizes}))

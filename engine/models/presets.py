@@ -1,0 +1,62 @@
+"""Named model shapes for dummy-weight runs (benchmarks, as the FlexGen paper did) and tests.
+
+Data only: each preset is a Hugging Face config.json dict, turned into a ModelConfig by `config_from_hf`.
+The real models' shapes are copied from their published config.json files; `tiny-*` match tests/conftest.py.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+def _opt(hidden: int, ffn: int, layers: int, heads: int, **kw: Any) -> dict[str, Any]:
+    return dict(
+        architectures=["OPTForCausalLM"], vocab_size=50272, hidden_size=hidden, ffn_dim=ffn,
+        num_hidden_layers=layers, num_attention_heads=heads, max_position_embeddings=2048,
+        word_embed_proj_dim=hidden, do_layer_norm_before=True, activation_function="relu",
+        bos_token_id=2, eos_token_id=2, pad_token_id=1, torch_dtype="float16", **kw,
+    )
+
+
+def _llama(hidden: int, inter: int, layers: int, heads: int, kv: int, **kw: Any) -> dict[str, Any]:
+    base = dict(
+        architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_size=hidden, intermediate_size=inter,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+        max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=500000.0, hidden_act="silu",
+        bos_token_id=128000, eos_token_id=128001, tie_word_embeddings=False, torch_dtype="bfloat16",
+    )
+    return {**base, **kw}
+
+
+def _mixtral(hidden: int, inter: int, layers: int, heads: int, vocab: int, max_pos: int, **kw: Any) -> dict[str, Any]:
+    base = _llama(
+        hidden, inter, layers, heads, 8, architectures=["MixtralForCausalLM"], vocab_size=vocab,
+        max_position_embeddings=max_pos, rope_theta=1e6, num_local_experts=8, num_experts_per_tok=2,
+        bos_token_id=1, eos_token_id=2,
+    )
+    return {**base, **kw}
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "opt-125m": _opt(768, 3072, 12, 12),
+    "opt-1.3b": _opt(2048, 8192, 24, 32),
+    "opt-6.7b": _opt(4096, 16384, 32, 32),
+    "opt-30b": _opt(7168, 28672, 48, 56),
+    "opt-66b": _opt(9216, 36864, 64, 72),
+    "opt-175b": _opt(12288, 49152, 96, 96),
+    "llama-3-8b": _llama(4096, 14336, 32, 32, 8),
+    "llama-3-70b": _llama(8192, 28672, 80, 64, 8),
+    "mixtral-8x7b": _mixtral(4096, 14336, 32, 32, 32000, 32768),
+    "mixtral-8x22b": _mixtral(6144, 16384, 56, 48, 32768, 65536),
+    "tiny-opt": dict(
+        _opt(64, 128, 2, 4), vocab_size=320, max_position_embeddings=256, torch_dtype="float32"
+    ),
+    "tiny-llama": _llama(
+        64, 128, 2, 4, 2, vocab_size=320, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 64},
+        rms_norm_eps=1e-6, rope_theta=10000.0, torch_dtype="float32",
+    ),
+    "tiny-mixtral": _mixtral(
+        64, 96, 2, 4, 320, 256, num_key_value_heads=2, num_local_experts=4, torch_dtype="float32"
+    ),
+}
