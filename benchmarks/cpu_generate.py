@@ -1,0 +1,179 @@
+"""CPU throughput: our engine vs transformers' `generate` on SmolLM2-135M-Instruct, bf16, same prompts.
+
+Each side runs at its best batch size from a small sweep; prompts (>= 256, varied lengths, chat-templated
+row texts: invoices, addresses, tickets) are sorted by length for both, so neither pays more padding than
+it must. Tokens are counted honestly: both stop a row at EOS, and only tokens produced up to and including
+the first EOS count (transformers keeps computing finished rows of a batch: that cost is its own).
+Writes JSON (tokens/s each, ratio, batch sizes, peak RSS, machine, command) to
+benchmarks/results/cpu_generate.json.
+
+    python benchmarks/cpu_generate.py [--prompts 256] [--ours 16,64,128,256] [--hf 16,64]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine import LLM, Policy, SamplingParams  # noqa: E402
+from engine.prompts import encode_prompts  # noqa: E402
+
+STREETS = ["Main Street", "Baker Street", "Rue de Rivoli", "Hauptstrasse", "Elm Avenue", "Via Roma", "Calle Mayor"]
+CITIES = [("London", "NW1 6XE"), ("Paris", "75001"), ("Berlin", "10115"), ("Springfield", "62701"),
+          ("Rome", "00184"), ("Madrid", "28013"), ("Toronto", "M5V 2T6"), ("Osaka", "530-0001")]
+ISSUES = ["the app crashes when I press save", "I was charged twice for my subscription",
+          "the invoice shows the wrong VAT number", "my password reset email never arrives",
+          "the export to CSV hangs at 99 percent", "please cancel my order before it ships",
+          "the dashboard is blank after the last update", "can I change the billing address on my account"]
+TASKS = ["Extract the city from this address: {}", "Classify this support ticket as bug, billing or other: {}",
+         "Extract the invoice number and total amount as JSON: {}", "Summarize in one short sentence: {}"]
+
+
+def builtin_rows(n: int, seed: int = 0) -> list[str]:
+    """Realistic table rows (addresses, tickets, invoices) of varied length, deterministic."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        kind = i % 3
+        city, zip_code = rng.choice(CITIES)
+        if kind == 0:
+            rows.append(f"{rng.randint(1, 999)} {rng.choice(STREETS)}, {zip_code} {city}")
+        elif kind == 1:
+            extra = " ".join(rng.sample(ISSUES, rng.randint(0, 3)))
+            rows.append(f"Ticket #{rng.randint(1000, 99999)}: {rng.choice(ISSUES)}. {extra}".strip())
+        else:
+            items = "; ".join(f"{rng.randint(1, 9)} x item-{rng.randint(10, 99)} at {rng.uniform(1, 90):.2f} EUR"
+                              for _ in range(rng.randint(1, 6)))
+            rows.append(f"Invoice INV-{rng.randint(10000, 99999)} to {city}: {items}. Total due in 30 days.")
+    return rows
+
+
+FILE_TASKS = {  # sample_data file -> instruction over its (non-label) columns
+    "invoices.csv": "Extract the invoice number, total amount and due date from: {body}",
+    "tickets.csv": "Classify this support ticket as bug, billing or other: {subject}. {body}",
+    "addresses.csv": "Extract the city from this address: {address}",
+    "customers_messy.csv": "Clean this customer record: name {name}, city {city}, signup {signup_date}, phone {phone}",
+    "products_pairs.csv": ("Do these listings describe the same product? Answer match or no_match. "
+                           "A: {left_title} ({left_price}) B: {right_title} ({right_price})"),
+}
+
+
+def csv_prompts(folder: Path, n: int) -> list[str]:
+    """Up to n prompts from sample_data/*.csv, the files' rows interleaved (round-robin)."""
+    per_file = []
+    for name, task in FILE_TASKS.items():
+        path = folder / name
+        if path.is_file():
+            with path.open(newline="", encoding="utf-8") as f:
+                per_file.append([task.format_map(record) for record in csv.DictReader(f)])
+    mixed = [rows[i] for i in range(max(map(len, per_file), default=0)) for rows in per_file if i < len(rows)]
+    return mixed[:n]
+
+
+def build_prompts(n: int) -> tuple[list[str], str]:
+    """n instruction prompts over table rows: sample_data/*.csv first, built-in rows for the rest."""
+    prompts = csv_prompts(ROOT / "sample_data", n)
+    source = "sample_data/*.csv" if prompts else "built-in rows"
+    if prompts and len(prompts) < n:
+        source = "sample_data/*.csv + built-in rows"
+    rows = builtin_rows(n - len(prompts))
+    return prompts + [TASKS[i % len(TASKS)].format(row) for i, row in enumerate(rows)], source
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_ours(prompts: list[str], batch: int, max_new: int) -> dict:
+    with LLM("smollm2-135m-instruct", dtype="bfloat16", device="cpu", policy=Policy(gpu_batch_size=batch)) as llm:
+        llm.generate(prompts[:batch][:8], SamplingParams(max_new_tokens=4))  # warm-up
+        start = time.perf_counter()
+        out = llm.generate(prompts, SamplingParams(max_new_tokens=max_new))
+        seconds = time.perf_counter() - start
+    tokens = sum(len(c.token_ids) for c in out)
+    return {"batch_size": batch, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
+def run_hf(model, tok, prompt_ids: list[list[int]], batch: int, max_new: int, eos: set[int]) -> dict:
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    tokens = 0
+    start = time.perf_counter()
+    for s in range(0, len(order), batch):
+        chunk = [prompt_ids[i] for i in order[s:s + batch]]
+        width = max(len(p) for p in chunk)
+        ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in chunk])              # [b, s]
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])              # [b, s]
+        with torch.inference_mode():
+            new = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+                                 pad_token_id=tok.pad_token_id)[:, width:].tolist()
+        for row in new:
+            stop = next((k for k, t in enumerate(row) if t in eos), None)
+            tokens += len(row) if stop is None else stop + 1
+    seconds = time.perf_counter() - start
+    return {"batch_size": batch, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=256)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--ours", default="16,64,128,256", help="our batch sizes to sweep")
+    ap.add_argument("--hf", default="16,64", help="transformers batch sizes to sweep")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cpu_generate.json")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    prompts, source = build_prompts(args.prompts)
+
+    ours = [run_ours(prompts, int(b), args.max_new_tokens) for b in args.ours.split(",")]
+    rss_ours = peak_rss_mib()
+
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    probe = LLM("smollm2-135m-instruct", dtype="bfloat16", device="cpu")
+    folder, our_tok = probe.loaded.tokenizer_dir, probe.tokenizer
+    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    prompt_ids = [e.ids for e in encode_prompts(prompts, params, our_tok, probe.config.vocab_size, probe.max_context)]
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), eos_token=our_tok.eos_token,
+                                  pad_token=our_tok.eos_token)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    hf = [run_hf(model, tok, prompt_ids, int(b), args.max_new_tokens, set(probe.eos_token_ids))
+          for b in args.hf.split(",")]
+
+    best_ours = max(ours, key=lambda r: r["tokens_per_s"])
+    best_hf = max(hf, key=lambda r: r["tokens_per_s"])
+    lengths = [len(p) for p in prompt_ids]
+    result = {
+        "model": "smollm2-135m-instruct", "dtype": "bfloat16", "max_new_tokens": args.max_new_tokens,
+        "token_count": "generated tokens up to and including EOS, both sides stop at EOS",
+        "prompts": len(prompts), "prompt_source": source,
+        "prompt_tokens": {"min": min(lengths), "mean": sum(lengths) / len(lengths), "max": max(lengths)},
+        "ours": {"best": best_ours, "sweep": ours, "peak_rss_mib": rss_ours},
+        "transformers": {"best": best_hf, "sweep": hf, "peak_rss_mib_process": peak_rss_mib()},
+        "ratio": best_ours["tokens_per_s"] / best_hf["tokens_per_s"],
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+                    "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+                    "load_average": os.getloadavg()},
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(args.out)
+    sys.stdout.write(json.dumps({k: result[k] for k in ("ratio", "prompts")} |
+                                {"ours_tok_s": best_ours["tokens_per_s"], "hf_tok_s": best_hf["tokens_per_s"]}) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
+# Usage (device tool, carry .whl): bash benchmarks/gpu_suite.sh [tests|offload|policy|all]
+# Results land in $OUT (JSON + logs); the lead commits them under benchmarks/results/.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PWD:/tmp/site
+fi
+what=${1:-all}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
+python3 -c 'import torch, platform; print(torch.__version__, torch.version.cuda, platform.python_version())' | tee -a "$OUT/machine.txt"
+if [[ $what == tests || $what == all ]]; then
+  python3 -m pytest -q -p no:cacheprovider tests/test_gpu_runtime.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+fi
+if [[ $what == offload || $what == all ]]; then
+  python3 benchmarks/gpu_offload.py --out-dir "$OUT" 2>&1 | tee "$OUT/gpu_offload.log" | tail -30
+fi
+if [[ $what == policy || $what == all ]]; then
+  python3 benchmarks/policy_validation.py --out "$OUT" --time-budget-s "${POLICY_BUDGET_S:-400}" 2>&1 \
+    | tee "$OUT/policy_validation.log" | tail -30
+fi

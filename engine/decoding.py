@@ -1,0 +1,142 @@
+"""The decoding controller of one block: a `TokenSelector` (engine/runtime/selector.py) with per-row state.
+
+It owns, per block row: the generated token ids, their logprobs, the grammar matcher, the incremental
+detokenizer for stop strings, and why the row finished. The choice of tokens is vectorised over the rows
+of a GPU batch (one masked argmax or one inverse-CDF draw); only the per-row bookkeeping (append, EOS,
+grammar advance, stop-string check) is a Python loop.
+
+Finish reasons: "stop" for an EOS token, a stop string or a completed grammar; "length" when a row reaches
+its max_new_tokens first. A generated EOS token stays in `token_ids` but never in the text; a stop string
+is cut from the text (its tokens stay in `token_ids`).
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from engine.constrain import GrammarConstraint
+from engine.params import Completion, FinishReason, SamplingParams
+from engine.sampling import chosen_logprobs, greedy, sample, uniforms
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """`text` up to the earliest occurrence of any stop string, and whether one occurred."""
+    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+class BlockDecoder:
+    """Chooses tokens for the rows of one block and records them; call `completions()` after the block.
+
+    prompts: the block's prompt token ids (row r = prompts[r]); max_new_tokens: per row; keys: per-row
+    sampling keys (engine.sampling.sequence_keys), required when params.temperature > 0; tokenizer: needed
+    for stop strings and text (None: text stays empty); constraint: the block's grammar matchers or None.
+    """
+
+    def __init__(self, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int], params: SamplingParams,
+                 *, eos_ids: Iterable[int], tokenizer: Tokenizer | None = None, keys: Sequence[int] | None = None,
+                 constraint: GrammarConstraint | None = None) -> None:
+        if len(max_new_tokens) != len(prompts):
+            raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {len(prompts)} prompts")
+        if params.temperature > 0 and (keys is None or len(keys) != len(prompts)):
+            raise ValueError("sampling (temperature > 0) needs one key per prompt")
+        if params.stop and tokenizer is None:
+            raise ValueError("SamplingParams.stop needs a tokenizer; this model has none")
+        self.params = params
+        self.prompt_lens = [len(p) for p in prompts]
+        self.max_new_tokens = list(max_new_tokens)
+        self.eos_ids = frozenset(int(e) for e in eos_ids)
+        self.tokenizer = tokenizer
+        self.constraint = constraint
+        self.keys = None if keys is None else np.asarray([int(k) for k in keys], dtype=np.uint64)
+        n = len(prompts)
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+        self.logprobs: list[list[float]] | None = [[] for _ in range(n)] if params.logprobs else None
+        self.finish: list[FinishReason | None] = [None] * n
+        self.errors: list[str | None] = [None] * n
+        self._stop_hit = [False] * n
+        self._stops = tuple(s for s in params.stop if s)
+        self._max_stop = max((len(s) for s in self._stops), default=0)
+        self._detok: list[IncrementalDetokenizer] | None = (
+            [tokenizer.detokenizer() for _ in range(n)] if self._stops and tokenizer is not None else None
+        )
+
+    def __call__(self, rows: Sequence[int], logits: torch.Tensor) -> tuple[list[int], list[bool]]:
+        """TokenSelector: logits [len(rows), vocab] float32 -> (token per row, finished per row)."""
+        rows = list(rows)
+        for row in rows:
+            if self.finish[row] is not None:
+                raise RuntimeError(f"block row {row} was fed again after it finished ({self.finish[row]})")
+        scores = logits
+        if self.constraint is not None:
+            allowed = self.constraint.allowed(rows, logits.shape[-1]).to(logits.device)  # [n, v]
+            scores = logits.masked_fill(~allowed, float("-inf"))                        # [n, v]
+        if self.params.temperature == 0:
+            chosen = greedy(scores)                                                      # [n]
+        else:
+            steps = [len(self.tokens[r]) for r in rows]
+            u = torch.from_numpy(uniforms(self.keys[rows], steps))                       # [n] float64
+            chosen = sample(scores, u, temperature=self.params.temperature, top_k=self.params.top_k,
+                            top_p=self.params.top_p)                                     # [n]
+        lps = chosen_logprobs(logits, chosen).tolist() if self.logprobs is not None else None
+        tokens = chosen.tolist()
+        finished = [self._record(row, tokens[i], None if lps is None else lps[i]) for i, row in enumerate(rows)]
+        return tokens, finished
+
+    def _record(self, row: int, token: int, logprob: float | None) -> bool:
+        """Append `token` to `row`; decide whether the row is finished and why."""
+        self.tokens[row].append(token)
+        if self.logprobs is not None:
+            self.logprobs[row].append(logprob)
+        reason: FinishReason | None = None
+        if token in self.eos_ids:
+            reason = "stop"
+        else:
+            if self.constraint is not None:
+                try:
+                    if self.constraint.advance(row, token):
+                        reason = "stop"
+                except ValueError as exc:
+                    self.errors[row] = str(exc)
+                    reason = "error"
+            if reason is None and self._detok is not None and self._stop_string_seen(row, token):
+                self._stop_hit[row] = True
+                reason = "stop"
+        if reason is None and len(self.tokens[row]) >= self.max_new_tokens[row]:
+            reason = "length"
+        self.finish[row] = reason
+        return reason is not None
+
+    def _stop_string_seen(self, row: int, token: int) -> bool:
+        detok = self._detok[row]
+        before = len(detok.text)
+        piece = detok.push(token)
+        if not piece:
+            return False
+        window = detok.text[max(0, before - self._max_stop + 1):]
+        return any(s in window for s in self._stops)
+
+    def completions(self) -> list[Completion]:
+        """One Completion per block row, in row order. A row the executor never reached is "length"."""
+        n = len(self.tokens)
+        texts = [""] * n
+        if self.tokenizer is not None:
+            visible = [ids[:-1] if ids and ids[-1] in self.eos_ids else ids for ids in self.tokens]
+            texts = self.tokenizer.decode_batch(visible)
+        out = []
+        for row in range(n):
+            text, reason = texts[row], self.finish[row] or "length"
+            if self._stop_hit[row]:
+                text, _ = cut_at_stop(text, self._stops)
+            if reason == "error":
+                text = ""
+            out.append(Completion(
+                text=text, token_ids=list(self.tokens[row]), finish_reason=reason,
+                prompt_tokens=self.prompt_lens[row],
+                logprobs=None if self.logprobs is None else list(self.logprobs[row]),
+                error=self.errors[row],
+            ))
+        return out

@@ -1,0 +1,261 @@
+"""The engine facade: `LLM(model, ...)`, `.generate(prompts, params)` and `.stream(prompts, params)`.
+
+Flow of one call: encode prompts (engine.prompts) -> per-prompt errors set aside -> a policy for the
+valid prompts' lengths -> sort by length and cut into blocks of policy.block_size (engine.blocks) -> per
+block, the executor runs prefill + decode while a `BlockDecoder` picks tokens -> completions mapped back to
+the caller's order. `stream` yields each block's completions as soon as the block is done.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from engine.blocks import plan_blocks
+from engine.constrain import GrammarConstraint
+from engine.decoding import BlockDecoder
+from engine.models.config import ModelConfig
+from engine.params import Completion, SamplingParams
+from engine.policy.policy import Policy
+from engine.prompts import Encoded, encode_prompts
+from engine.sampling import sequence_keys
+from engine.sizes import parse_size
+from engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+CPU_FALLBACK_BATCH = 64
+Group = list[tuple[int, Completion]]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """"auto" -> cuda when available, else cpu."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """"auto" -> bfloat16 (float16 on a CUDA device without bf16); a name or torch.dtype otherwise."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            return torch.float16
+        return torch.bfloat16
+    names = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+             "half": torch.float16, "float32": torch.float32, "fp32": torch.float32}
+    if dtype not in names:
+        raise ValueError(f"LLM: unsupported dtype {dtype!r}; use 'auto' or one of {sorted(names)}")
+    return names[dtype]
+
+
+def _size(value: int | str | None, name: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise ValueError(f"LLM({name}=...): {exc}") from exc
+
+
+class LLM:
+    """An open LLM on this machine's tiers, generating for many prompts at once.
+
+    policy: "auto" (engine.policy.auto.choose_policy per call), a `Policy` or a Policy dict.
+    gpu_memory / cpu_memory: hard budgets in bytes or strings like "16GiB" (None: what the machine has).
+    disk_dir: folder for the disk tier. dtype: "auto" = bfloat16 (float16 on CUDA without bf16).
+    """
+
+    def __init__(self, model: str | Path, *, policy: str | Policy | dict[str, Any] = "auto",
+                 gpu_memory: int | str | None = None, cpu_memory: int | str | None = None,
+                 disk_dir: str | Path | None = None, dtype: str | torch.dtype = "auto",
+                 compress_weights: bool = False, compress_cache: bool = False, device: str = "auto") -> None:
+        from engine.models.loader import load_model
+
+        if isinstance(policy, dict):
+            policy = Policy.from_dict(policy)
+        if not (policy == "auto" or isinstance(policy, Policy)):
+            raise ValueError(f"LLM(policy=...): expected 'auto', a Policy or a dict, got {policy!r}")
+        self._policy_arg = policy
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.gpu_memory = _size(gpu_memory, "gpu_memory")
+        self.cpu_memory = _size(cpu_memory, "cpu_memory")
+        self.disk_dir = None if disk_dir is None else Path(disk_dir)
+        self.compress_weights = compress_weights
+        self.compress_cache = compress_cache
+        self.loaded = load_model(model, dtype=self.dtype)
+        tok_dir = self.loaded.tokenizer_dir
+        self._tokenizer = Tokenizer.from_dir(tok_dir) if tok_dir is not None else None
+        eos = set(self.loaded.config.eos_token_id)
+        if self._tokenizer is not None:
+            eos |= set(self._tokenizer.eos_token_ids)
+        self.eos_token_ids: tuple[int, ...] = tuple(sorted(eos))
+        self._policy: Policy | None = None
+        self._executor: Any = None
+        self._executor_policy: Policy | None = None
+
+    # ---- properties
+    @property
+    def config(self) -> ModelConfig:
+        return self.loaded.config
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self._tokenizer
+
+    @property
+    def max_context(self) -> int:
+        """Prompt tokens + new tokens a sequence may hold (config.max_position_embeddings)."""
+        return self.loaded.config.max_position_embeddings
+
+    @property
+    def policy(self) -> Policy | None:
+        """The policy of the last generate/stream call (None before the first)."""
+        return self._policy
+
+    @property
+    def fingerprint(self) -> str:
+        """Stable id of what produces the outputs: model weights, dtype and compression."""
+        key = f"{self.loaded.fingerprint}|{self.dtype}|w4={self.compress_weights}|c4={self.compress_cache}"
+        return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+    # ---- generation
+    def generate(self, prompts: Sequence[Any], params: SamplingParams | None = None) -> list[Completion]:
+        """One Completion per prompt, in input order. Per-prompt problems are error completions."""
+        out: list[Completion | None] = [None] * len(prompts)
+        for group in self.stream(prompts, params):
+            for index, completion in group:
+                out[index] = completion
+        return out  # type: ignore[return-value]
+
+    def stream(self, prompts: Sequence[Any], params: SamplingParams | None = None) -> Iterator[Group]:
+        """Yield lists of (input index, Completion): first the prompts that cannot run, then one list per
+        block as it finishes. Every index is yielded exactly once. Type and parameter errors raise here,
+        before any work."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"prompts must be a list, got {type(prompts).__name__}")
+        if params.stop and self._tokenizer is None:
+            raise ValueError("SamplingParams.stop needs a tokenizer; this model has none")
+        encoded = encode_prompts(prompts, params, self._tokenizer, self.loaded.config.vocab_size, self.max_context)
+        if any(e.error is None for e in encoded):
+            self._constraint(params, 1)  # invalid grammar: raise now
+        return self._run(encoded, params)
+
+    def _run(self, encoded: list[Encoded], params: SamplingParams) -> Iterator[Group]:
+        errors = [(i, Completion("", finish_reason="error", prompt_tokens=len(e.ids), error=e.error))
+                  for i, e in enumerate(encoded) if e.error is not None]
+        if errors:
+            yield errors
+        valid = [i for i, e in enumerate(encoded) if e.error is None]
+        if not valid:
+            return
+        keys = sequence_keys(params.seed, [e.ids for e in encoded]) if params.temperature > 0 else None
+        policy = self._choose_policy([len(encoded[i].ids) for i in valid], params.max_new_tokens)
+        for block in plan_blocks([len(encoded[i].ids) for i in valid], policy.block_size):
+            indices = [valid[b] for b in block]
+            completions = self._run_block([encoded[i].ids for i in indices], params,
+                                          None if keys is None else [keys[i] for i in indices])
+            yield list(zip(indices, completions))
+
+    def _run_block(self, prompts: list[list[int]], params: SamplingParams, keys: list[int] | None) -> list[Completion]:
+        """Generate one block; on out-of-memory, halve the GPU batch size and rerun the block in pieces of
+        the new block size (saying so in the log). Nothing is lost: completions are per input row."""
+        decoder = BlockDecoder(prompts, [params.max_new_tokens] * len(prompts), params,
+                               eos_ids=self.eos_token_ids, tokenizer=self._tokenizer, keys=keys,
+                               constraint=self._constraint(params, len(prompts)))
+        try:
+            self._get_executor().generate_block(prompts, decoder.max_new_tokens, decoder)
+            return decoder.completions()
+        except torch.OutOfMemoryError:
+            policy = self._policy
+            if policy is None or policy.gpu_batch_size == 1:
+                raise
+        smaller = Policy.from_dict({**policy.to_dict(), "gpu_batch_size": max(1, policy.gpu_batch_size // 2)})
+        log.warning("out of memory with gpu_batch_size=%d; retrying the block with %d",
+                    policy.gpu_batch_size, smaller.gpu_batch_size)
+        self.close()
+        self._set_policy(smaller)
+        out: list[Completion] = []
+        for start in range(0, len(prompts), smaller.block_size):
+            part = slice(start, start + smaller.block_size)
+            out += self._run_block(prompts[part], params, None if keys is None else keys[part])
+        return out
+
+    def _constraint(self, params: SamplingParams, rows: int) -> GrammarConstraint | None:
+        if params.json_schema is None and params.choices is None and params.regex is None:
+            return None
+        if self._tokenizer is None:
+            raise ValueError("constrained decoding (json_schema/choices/regex) needs a tokenizer; this model has none")
+        n_vocab = max(self.loaded.config.vocab_size, self._tokenizer.vocab_size)
+        return GrammarConstraint.for_params(params, self._tokenizer.to_json(), self.eos_token_ids, n_vocab, rows)
+
+    # ---- policy and executor
+    def _choose_policy(self, prompt_lens: list[int], max_new_tokens: int) -> Policy:
+        if isinstance(self._policy_arg, Policy):
+            policy = self._policy_arg
+        else:
+            try:
+                from engine.policy.auto import choose_policy
+            except ImportError:
+                choose_policy = None
+            if choose_policy is None:
+                policy = Policy(gpu_batch_size=CPU_FALLBACK_BATCH, compress_weights=self.compress_weights,
+                                compress_cache=self.compress_cache)
+            else:
+                disk = shutil.disk_usage(self.disk_dir).free if self.disk_dir is not None else 0
+                policy = choose_policy(
+                    self.loaded.config, prompt_lens=prompt_lens, max_new_tokens=max_new_tokens,
+                    device=self.device, dtype=self.dtype, gpu_memory=self.gpu_memory, cpu_memory=self.cpu_memory,
+                    disk_memory=disk, compress_weights=self.compress_weights, compress_cache=self.compress_cache,
+                )
+        self._set_policy(policy)
+        return policy
+
+    def _set_policy(self, policy: Policy) -> None:
+        if self._executor is not None and not self._executor_fits(policy):
+            self.close()
+        self._policy = policy
+
+    def _executor_fits(self, policy: Policy) -> bool:
+        """Whether the open executor can run `policy`'s blocks: the same policy, or on the CPU (where
+        placement is moot) the same flags with one GPU batch per block no larger than the executor's.
+        Building an executor places every weight, so it is not rebuilt for every change of prompt count."""
+        held = self._executor_policy
+        if policy == held:
+            return True
+        shape = ("gpu_batch_size", "num_gpu_batches")
+        same_rest = {k: v for k, v in policy.to_dict().items() if k not in shape} == \
+            {k: v for k, v in held.to_dict().items() if k not in shape}
+        return (self.device.type == "cpu" and same_rest and policy.num_gpu_batches == held.num_gpu_batches == 1
+                and policy.gpu_batch_size <= held.gpu_batch_size)
+
+    def _get_executor(self) -> Any:
+        if self._executor is None:
+            from engine.runtime.executor import Executor
+
+            self._executor = Executor(self.loaded, self._policy, device=self.device, dtype=self.dtype,
+                                      gpu_memory=self.gpu_memory, cpu_memory=self.cpu_memory,
+                                      disk_dir=self.disk_dir)
+            self._executor_policy = self._policy
+        return self._executor
+
+    def close(self) -> None:
+        """Release the executor's buffers and files. The LLM can still generate afterwards (it rebuilds)."""
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,129 @@
+"""`choose_policy`: the policy `LLM(policy="auto")` runs with, from the real workload and the budgets.
+
+On a CUDA device the policy comes from `search()` with this machine's cached (or, once, measured) hardware
+profile. On a CPU device the gpu tier *is* host RAM, so there is nothing to place: everything stays on the
+gpu tier and the batch size is the largest that fits the memory budget, capped at `CPU_MAX_BATCH` and at the
+number of prompts; no microbenchmark runs (a cached profile or a cheap default is used for the estimate).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from engine.models.config import ModelConfig
+from engine.policy import model_stats as ms
+from engine.policy.cost_model import Workload, estimate
+from engine.policy.estimate import Budgets, NoFeasiblePolicy, PolicyEstimate, workload_dict
+from engine.policy.hardware import (
+    HardwareProfile, default_cpu_profile, host_memory_bytes, load_cached_profile, load_or_measure,
+)
+from engine.policy.policy import Policy
+from engine.policy.search import search
+from engine.sizes import format_size
+
+CPU_MAX_BATCH = 128
+CPU_RELAX = 0.85    # share of the CPU budget the heuristic lets weights + cache + working buffers use
+
+
+def workload_from_prompts(prompt_lens: Sequence[int], max_new_tokens: int) -> Workload:
+    """Mean prompt length for time, the longest for memory, the count as the block-size bound."""
+    lens = [max(1, int(n)) for n in prompt_lens] or [1]
+    return Workload(prompt_len=math.ceil(sum(lens) / len(lens)), gen_len=max(1, max_new_tokens),
+                    num_prompts=len(lens), max_prompt_len=max(lens))
+
+
+def _cpu_estimate(config: ModelConfig, workload: Workload, bytes_per_element: int, budget: int,
+                  compress_weights: bool, compress_cache: bool, profile: HardwareProfile,
+                  model_name: str) -> PolicyEstimate:
+    """Everything on the gpu tier (host RAM); the largest batch that fits `budget`."""
+    B = bytes_per_element
+    weights = ms.layer_weight_bytes(config, B, compress_weights) * config.num_hidden_layers
+    weights += ms.edge_weight_bytes(config, B)
+    s = workload.memory_prompt_len
+    per_seq = config.num_hidden_layers * (s + workload.gen_len) * ms.kv_bytes_per_token(config, B, compress_cache)
+    # one sequence's prefill intermediates: qkv, attention output and scores, MLP, logits (fp32)
+    per_seq += s * (4 * config.num_attention_heads * config.head_dim + 2 * config.intermediate_size) * B
+    per_seq += config.num_attention_heads * s * s * B + config.vocab_size * 4
+    room = CPU_RELAX * budget - weights
+    if room < per_seq:
+        raise NoFeasiblePolicy(
+            f"no policy fits {model_name} on the CPU: weights need {format_size(weights)} and one sequence of "
+            f"{s + workload.gen_len} tokens {format_size(per_seq)}, but the memory budget is "
+            f"{format_size(budget)} (usable {format_size(CPU_RELAX * budget)})"
+        )
+    batch = int(min(CPU_MAX_BATCH, workload.num_prompts or CPU_MAX_BATCH, room // per_seq))
+    policy = Policy(gpu_batch_size=batch, num_gpu_batches=1, compress_weights=compress_weights,
+                    compress_cache=compress_cache)
+    est = estimate(config, policy, workload, profile, B)
+    context = {"model": model_name, "device_name": profile.device_name, "profile_source": profile.source,
+               "workload": workload_dict(workload), "budgets_bytes": {"gpu": budget, "cpu": 0, "disk": 0}}
+    return PolicyEstimate(policy, est.tokens_per_s, est.prefill_s, est.decode_s, est.peak_memory_bytes,
+                          {"prefill": est.prefill_bottleneck, "decode": est.decode_bottleneck}, context)
+
+
+def choose_policy_estimate(
+    config: ModelConfig,
+    *,
+    prompt_lens: list[int],
+    max_new_tokens: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    gpu_memory: int | None,
+    cpu_memory: int | None,
+    disk_memory: int | None = None,
+    compress_weights: bool = False,
+    compress_cache: bool = False,
+    profile: HardwareProfile | None = None,
+    model_name: str = "model",
+) -> PolicyEstimate:
+    """Like `choose_policy`, returning the estimate (for logging and `explain()`)."""
+    device = torch.device(device)
+    workload = workload_from_prompts(prompt_lens, max_new_tokens)
+    B = ms.dtype_bytes(dtype)
+    if device.type != "cuda":
+        budget = gpu_memory if gpu_memory is not None else (cpu_memory if cpu_memory is not None
+                                                             else host_memory_bytes())
+        profile = profile or load_cached_profile(device) or default_cpu_profile()
+        return _cpu_estimate(config, workload, B, int(budget), compress_weights, compress_cache, profile,
+                             model_name)
+    profile = profile or load_or_measure(device)
+    if gpu_memory is None:
+        gpu_memory = torch.cuda.mem_get_info(device)[0]
+    budgets = Budgets(gpu_bytes=int(gpu_memory),
+                      cpu_bytes=int(cpu_memory if cpu_memory is not None else host_memory_bytes()),
+                      disk_bytes=int(disk_memory or 0))
+    return search(config, workload, budgets, profile, bytes_per_element=B, compress_weights=compress_weights,
+                  compress_cache=compress_cache, model_name=model_name)
+
+
+def choose_policy(
+    config: ModelConfig,
+    *,
+    prompt_lens: list[int],
+    max_new_tokens: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    gpu_memory: int | None,
+    cpu_memory: int | None,
+    disk_memory: int | None = None,
+    compress_weights: bool = False,
+    compress_cache: bool = False,
+    profile: HardwareProfile | None = None,
+) -> Policy:
+    """The policy for running `config` over prompts of `prompt_lens` tokens, `max_new_tokens` each.
+
+    Budgets are bytes (None: the device's free memory for the gpu, available RAM for the cpu, no disk).
+    The batch never exceeds the number of prompts. Raises NoFeasiblePolicy (a ValueError) naming what
+    does not fit. On CUDA the first call on a machine may run the ~1-minute hardware microbenchmark
+    (then cached); on CPU no benchmark runs.
+    """
+    return choose_policy_estimate(
+        config, prompt_lens=prompt_lens, max_new_tokens=max_new_tokens, device=device, dtype=dtype,
+        gpu_memory=gpu_memory, cpu_memory=cpu_memory, disk_memory=disk_memory,
+        compress_weights=compress_weights, compress_cache=compress_cache, profile=profile,
+    ).policy
+
+
+__all__ = ["choose_policy", "choose_policy_estimate", "workload_from_prompts", "NoFeasiblePolicy"]

@@ -1,0 +1,105 @@
+"""`PolicyEstimate`: a chosen policy with the cost model's prediction, explained for people and as JSON."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.policy.cost_model import TIERS, Workload
+from engine.policy.policy import Policy
+from engine.sizes import format_size
+
+
+class NoFeasiblePolicy(ValueError):
+    """No batch shape and placement fits the memory budgets; the message says what does not fit."""
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Memory each tier may hold, in bytes (hard limits; `search` relaxes them by its factors)."""
+
+    gpu_bytes: int
+    cpu_bytes: int
+    disk_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("gpu_bytes", "cpu_bytes", "disk_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Budgets.{name} must be >= 0, got {getattr(self, name)}")
+
+    def of(self, tier: str) -> int:
+        return int(getattr(self, f"{tier}_bytes"))
+
+
+@dataclass(frozen=True)
+class PolicyEstimate:
+    """The chosen `policy` and its prediction: generated tokens/s, seconds per block for the prefill and
+    the decode, and peak bytes per tier {gpu, cpu, disk}. `bottlenecks` names the channel bounding a
+    prefill layer and a decode layer; `context` holds what the estimate was made for (model, profile,
+    workload, budgets) for `explain()`."""
+
+    policy: Policy
+    predicted_tokens_per_s: float
+    prefill_s: float
+    decode_s: float
+    peak_memory_bytes: dict[str, int]
+    bottlenecks: dict[str, str] = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: policy fields, prediction, peak memory in bytes and GiB, bottlenecks, context."""
+        return {
+            "policy": self.policy.to_dict(),
+            "predicted_tokens_per_s": self.predicted_tokens_per_s,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "peak_memory_bytes": dict(self.peak_memory_bytes),
+            "peak_memory_gib": {t: self.peak_memory_bytes[t] / 1024**3 for t in TIERS},
+            "bottlenecks": dict(self.bottlenecks),
+            **self.context,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def explain(self) -> str:
+        """A few lines a person can read: placement, flags, prediction, the bottleneck, memory use."""
+        p, ctx = self.policy, self.context
+        lines = []
+        model = ctx.get("model", "model")
+        lines.append(f"Policy for {model} on {ctx.get('device_name', '?')} (profile: {ctx.get('profile_source', '?')})")
+        workload = ctx.get("workload")
+        if workload:
+            lines.append(
+                f"  workload   prompt {workload['prompt_len']} tokens, generate {workload['gen_len']}"
+                + (f", {workload['num_prompts']} prompts" if workload.get("num_prompts") else "")
+            )
+        lines.append(
+            f"  block      {p.block_size} sequences = {p.num_gpu_batches} GPU batch(es) x {p.gpu_batch_size}"
+        )
+        for label, name, compressed in (("weights", "w", p.compress_weights), ("kv cache", "cache", p.compress_cache),
+                                         ("hidden", "act", False)):
+            shares = [getattr(p, f"{name}_{tier}") for tier in TIERS]
+            text = "  ".join(f"{tier} {100 * v:5.1f}%" for tier, v in zip(TIERS, shares))
+            lines.append(f"  {label:<10} {text}" + ("  (4-bit)" if compressed else ""))
+        flags = [f for f in ("overlap", "cpu_attention", "compress_weights", "compress_cache") if getattr(p, f)]
+        lines.append(f"  flags      {', '.join(flags) or 'none'}")
+        lines.append(
+            f"Predicted  {self.predicted_tokens_per_s:.2f} generated tokens/s; per block prefill "
+            f"{self.prefill_s:.2f} s, decode {self.decode_s:.2f} s"
+        )
+        if self.bottlenecks:
+            lines.append(f"Bottleneck prefill: {self.bottlenecks.get('prefill')}; decode: {self.bottlenecks.get('decode')}")
+        budgets = ctx.get("budgets_bytes", {})
+        mem = []
+        for tier in TIERS:
+            used = format_size(self.peak_memory_bytes[tier])
+            cap = budgets.get(tier)
+            mem.append(f"{tier} {used}" + (f" of {format_size(cap)}" if cap is not None else ""))
+        lines.append("Peak memory " + ", ".join(mem))
+        return "\n".join(lines)
+
+
+def workload_dict(workload: Workload) -> dict[str, Any]:
+    return {"prompt_len": workload.prompt_len, "gen_len": workload.gen_len,
+            "num_prompts": workload.num_prompts, "max_prompt_len": workload.memory_prompt_len}

@@ -1,0 +1,242 @@
+"""`HardwareProfile`: what one machine can move and compute, measured once and cached as JSON.
+
+Units are in the field names (GiB/s are 2**30 bytes per second). The "gpu" tier is the compute device: on a
+machine without a GPU it is the CPU, and h2d/d2h become host memcpy. The cache file is keyed by hostname +
+device name + torch version, lives in `$LLMOPS_CACHE_DIR` or `~/.cache/llmops`, is written to a temporary
+name and renamed into place, and is re-measured (never used) when it does not parse or its key differs.
+The microbenchmark itself lives in `engine.policy.measure`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import tempfile
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+GIB = 1024**3
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """Bandwidths, compute rates and capacities of one machine (gpu = the compute device)."""
+
+    device_name: str
+    device_type: str                 # "cuda" or "cpu"
+    h2d_gib_s: float                 # pinned host -> device copy
+    d2h_gib_s: float                 # device -> pinned host copy
+    disk_read_gib_s: float           # cold read of a file under the disk dir
+    disk_write_gib_s: float          # write + fsync
+    gpu_tflops_bf16: float           # large matmul on the compute device (bf16; fp32 on a CPU device)
+    gpu_mem_gib_s: float             # device memory bandwidth (copy: read + write bytes)
+    cpu_gflops: float                # host fp32 matmul
+    cpu_mem_gib_s: float             # host attention-like batched GEMV, bytes of K/V read per second
+    gpu_memory_bytes: int
+    cpu_memory_bytes: int
+    disk_free_bytes: int
+    layer_overhead_ms: float = 0.3   # fixed cost of launching one layer's ~20 kernels for one GPU batch
+    hostname: str = ""
+    torch_version: str = ""
+    source: str = "measured"         # "measured", "reference:<name>", "default", "file:<path>"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "HardwareProfile":
+        """Build from a dict; raises ValueError naming missing/unknown fields or a wrongly typed value."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(f"HardwareProfile: unknown field(s) {unknown}")
+        required = [n for n, f in known.items() if f.default is MISSING and f.default_factory is MISSING]
+        missing = sorted(n for n in required if n not in data)
+        if missing:
+            raise ValueError(f"HardwareProfile: missing field(s) {missing}")
+        values: dict[str, Any] = {}
+        for name, value in data.items():
+            kind = known[name].type
+            if kind in ("float", float):
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                    raise ValueError(f"HardwareProfile.{name} must be a positive number, got {value!r}")
+                values[name] = float(value)
+            elif kind in ("int", int):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"HardwareProfile.{name} must be a non-negative integer, got {value!r}")
+                values[name] = value
+            else:
+                if not isinstance(value, str):
+                    raise ValueError(f"HardwareProfile.{name} must be a string, got {value!r}")
+                values[name] = value
+        return cls(**values)
+
+    def with_capacities(self, gpu_memory_bytes: int | None = None, cpu_memory_bytes: int | None = None,
+                        disk_free_bytes: int | None = None) -> "HardwareProfile":
+        """A copy with the given capacities replaced (None keeps the measured one)."""
+        data = self.to_dict()
+        for name, value in (("gpu_memory_bytes", gpu_memory_bytes), ("cpu_memory_bytes", cpu_memory_bytes),
+                            ("disk_free_bytes", disk_free_bytes)):
+            if value is not None:
+                data[name] = int(value)
+        return HardwareProfile(**data)
+
+
+def reference_profile(name: str) -> HardwareProfile:
+    """A built-in profile of a known machine. "h200": the lent H200 host (ENVIRONMENT.md, measured
+    2026-11-29): pinned copies 51.4/51.5 GiB/s, disk 1.30/1.35 GB/s, bf16 linear ~690 TFLOP/s sustained,
+    4.23 TB/s copy, CPU fp32 1.55 TFLOP/s, CPU batched GEMV ~105 GB/s, 139 GiB GPU, 126 GiB RAM, 64 GiB disk
+    (60 GiB counted free). The 0.5 ms per layer and GPU batch is what FlexGen's all-on-GPU OPT-6.7B run at
+    batch 2 implies (18 ms per decode step over 32 layers)."""
+    if name == "h200":
+        return HardwareProfile(
+            device_name="NVIDIA H200", device_type="cuda",
+            h2d_gib_s=51.4, d2h_gib_s=51.5,
+            disk_read_gib_s=1.30e9 / GIB, disk_write_gib_s=1.35e9 / GIB,
+            gpu_tflops_bf16=690.0, gpu_mem_gib_s=4.23e12 / GIB,
+            cpu_gflops=1550.0, cpu_mem_gib_s=105e9 / GIB,
+            gpu_memory_bytes=139 * GIB, cpu_memory_bytes=126 * GIB, disk_free_bytes=60 * GIB,
+            layer_overhead_ms=0.5, hostname="reference", torch_version="", source="reference:h200",
+        )
+    raise ValueError(f"unknown reference hardware {name!r}; known: ['h200']")
+
+
+REFERENCE_NAMES = ("h200",)
+
+
+def host_memory_bytes() -> int:
+    """Available host RAM in bytes (MemAvailable from /proc/meminfo; total pages as a fallback)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """Total memory of a CUDA device, or the available host RAM for a CPU device."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return host_memory_bytes()
+
+
+def device_display_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({os.cpu_count()} cores)"
+
+
+def default_cpu_profile() -> HardwareProfile:
+    """A cheap, unmeasured profile of this CPU-only machine (nominal desktop-class rates, real capacities):
+    what `choose_policy` uses on a CPU when no cached profile exists, so no test pays for a benchmark."""
+    ram = host_memory_bytes()
+    return HardwareProfile(
+        device_name=device_display_name(torch.device("cpu")), device_type="cpu",
+        h2d_gib_s=8.0, d2h_gib_s=8.0, disk_read_gib_s=1.0, disk_write_gib_s=0.5,
+        gpu_tflops_bf16=0.2, gpu_mem_gib_s=10.0, cpu_gflops=200.0, cpu_mem_gib_s=10.0,
+        gpu_memory_bytes=ram, cpu_memory_bytes=ram, disk_free_bytes=0, layer_overhead_ms=0.2,
+        hostname=socket.gethostname(), torch_version=torch.__version__, source="default",
+    )
+
+
+def cache_dir() -> Path:
+    """`$LLMOPS_CACHE_DIR` or `~/.cache/llmops`."""
+    env = os.environ.get("LLMOPS_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "llmops"
+
+
+def profile_key(device: torch.device) -> dict[str, str]:
+    """What identifies a machine's profile: hostname, device name, torch version."""
+    return {"hostname": socket.gethostname(), "device_name": device_display_name(device),
+            "torch_version": torch.__version__}
+
+
+def profile_cache_path(device: torch.device, directory: Path | None = None) -> Path:
+    key = profile_key(device)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return (directory or cache_dir()) / f"hardware-{digest}.json"
+
+
+def save_profile(profile: HardwareProfile, path: Path) -> None:
+    """Write atomically: a temporary file in the same folder, fsync, rename into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"version": PROFILE_VERSION, "profile": profile.to_dict()}
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_profile(path: Path | str) -> HardwareProfile:
+    """Read a profile JSON (the cache format `{"version", "profile"}` or a bare profile dict).
+    Raises ValueError naming the file when it does not parse or a field is wrong."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"hardware profile {path}: cannot read JSON ({exc})") from exc
+    if isinstance(data, dict) and "profile" in data:
+        if data.get("version") != PROFILE_VERSION:
+            raise ValueError(f"hardware profile {path}: version {data.get('version')!r}, "
+                             f"expected {PROFILE_VERSION}")
+        data = data["profile"]
+    if not isinstance(data, dict):
+        raise ValueError(f"hardware profile {path}: expected a JSON object")
+    try:
+        return HardwareProfile.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"hardware profile {path}: {exc}") from exc
+
+
+def load_cached_profile(device: torch.device, directory: Path | None = None) -> HardwareProfile | None:
+    """The cached profile of this machine and device, or None when absent, corrupt or for another key."""
+    path = profile_cache_path(device, directory)
+    if not path.exists():
+        return None
+    try:
+        profile = load_profile(path)
+    except ValueError:
+        return None
+    key = profile_key(device)
+    if any(getattr(profile, k) != v for k, v in key.items()):
+        return None
+    return profile
+
+
+def load_or_measure(
+    device: torch.device | str | None = None,
+    *,
+    directory: Path | None = None,
+    refresh: bool = False,
+    measure_fn: Callable[..., HardwareProfile] | None = None,
+    **measure_kwargs: Any,
+) -> HardwareProfile:
+    """This machine's profile: the cached one when valid, else measured (under a minute) and cached.
+
+    `refresh` re-measures even when a valid cache exists. A corrupt or mismatched cache file is replaced.
+    `measure_fn` (default `engine.policy.measure.measure`) is called as `measure_fn(device, **measure_kwargs)`.
+    """
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if not refresh:
+        cached = load_cached_profile(device, directory)
+        if cached is not None:
+            return cached
+    if measure_fn is None:
+        from engine.policy.measure import measure as measure_fn
+    profile = measure_fn(device, **measure_kwargs)
+    save_profile(profile, profile_cache_path(device, directory))
+    return profile

@@ -1,0 +1,171 @@
+"""The hardware microbenchmark behind `HardwareProfile` (under a minute at the default sizes).
+
+Each probe takes the best of a few repeats (bandwidths are upper bounds the cost model scales by).
+Copies between host and device use pinned host memory; the disk probe writes a file under a temporary
+folder with fsync, drops it from the page cache (posix_fadvise DONTNEED) and reads it back; the CPU
+attention probe is a batched GEMV over an fp32 "cache" (q @ K^T), counting the K bytes read.
+On a CPU device the gpu tier is the CPU: h2d/d2h are host memcpy and gpu_* are the CPU's rates.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from engine.policy.hardware import (
+    GIB, HardwareProfile, device_display_name, device_memory_bytes, host_memory_bytes,
+)
+
+MIB = 1024**2
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _best_seconds(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
+    """Smallest wall time of `repeats` calls of fn after one warm-up, device work included."""
+    fn()
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return max(best, 1e-9)
+
+
+def measure_copies(device: torch.device, size_mib: int, repeats: int) -> tuple[float, float]:
+    """(host->device, device->host) GiB/s for one `size_mib` buffer (pinned host side on CUDA)."""
+    numel = size_mib * MIB // 2
+    pin = device.type == "cuda"
+    host = torch.empty(numel, dtype=torch.float16, pin_memory=pin)
+    dev = torch.empty(numel, dtype=torch.float16, device=device)
+    nbytes = numel * 2
+    h2d = nbytes / _best_seconds(lambda: dev.copy_(host, non_blocking=pin), device, repeats) / GIB
+    d2h = nbytes / _best_seconds(lambda: host.copy_(dev, non_blocking=pin), device, repeats) / GIB
+    return h2d, d2h
+
+
+def measure_disk(disk_dir: Path | None, size_mib: int) -> tuple[float, float, int]:
+    """(read GiB/s, write GiB/s, free bytes) of a file under `disk_dir` (a temp folder when None)."""
+    parent = Path(disk_dir) if disk_dir else Path(tempfile.gettempdir())
+    parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="llmops-disk-probe-", dir=parent))
+    try:
+        path = folder / "probe.bin"
+        block = os.urandom(MIB)
+        start = time.perf_counter()
+        with open(path, "wb") as f:
+            for _ in range(size_mib):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        write_s = time.perf_counter() - start
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            start = time.perf_counter()
+            while os.read(fd, 16 * MIB):
+                pass
+            read_s = time.perf_counter() - start
+        finally:
+            os.close(fd)
+        free = shutil.disk_usage(folder).free
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    nbytes = size_mib * MIB
+    return nbytes / max(read_s, 1e-9) / GIB, nbytes / max(write_s, 1e-9) / GIB, free
+
+
+def measure_matmul_tflops(device: torch.device, n: int, dtype: torch.dtype, repeats: int) -> float:
+    """TFLOP/s of an n x n x n matmul in `dtype` on `device`."""
+    a = torch.randn(n, n, device=device).to(dtype)  # [n, n]
+    b = torch.randn(n, n, device=device).to(dtype)  # [n, n]
+    seconds = _best_seconds(lambda: torch.mm(a, b), device, repeats)
+    return 2 * n**3 / seconds / 1e12
+
+
+def measure_device_copy(device: torch.device, size_mib: int, repeats: int) -> float:
+    """Device memory GiB/s: a copy of `size_mib` reads and writes that many bytes."""
+    numel = size_mib * MIB // 4
+    src = torch.empty(numel, device=device)
+    dst = torch.empty_like(src)
+    return 2 * numel * 4 / _best_seconds(lambda: dst.copy_(src), device, repeats) / GIB
+
+
+def measure_cpu_attention(size_mib: int, repeats: int, head_dim: int = 128, context: int = 512) -> float:
+    """GiB/s of K read by a batched GEMV q [bh, 1, d] @ K^T [bh, d, s] in fp32 on the host."""
+    bh = max(1, size_mib * MIB // (4 * head_dim * context))
+    keys = torch.randn(bh, context, head_dim)  # [bh, s, d]
+    query = torch.randn(bh, 1, head_dim)  # [bh, 1, d]
+    cpu = torch.device("cpu")
+    seconds = _best_seconds(lambda: torch.bmm(query, keys.transpose(1, 2)), cpu, repeats)
+    return keys.numel() * 4 / seconds / GIB
+
+
+def measure_layer_overhead_ms(device: torch.device, iterations: int = 50) -> float:
+    """Milliseconds to launch a tiny decoder-layer-like sequence of ~20 kernels (norms, 6 matmuls, rotary-
+    style elementwise ops, softmax, activation, residuals): the per-layer, per-GPU-batch fixed cost."""
+    x = torch.randn(1, 64, device=device)  # [b, h]
+    w = torch.randn(64, 64, device=device)  # [h, h]
+
+    def layer() -> None:
+        h = torch.nn.functional.layer_norm(x, (64,))
+        q, k_, v = h @ w, h @ w, h @ w
+        q, k_ = q * 0.5 + k_, k_ * 0.5 - q
+        p = torch.softmax(q @ k_.T, dim=-1) @ v
+        h = x + p @ w
+        m = torch.nn.functional.layer_norm(h, (64,))
+        m = torch.relu(m @ w) * (m @ w)
+        _ = h + m @ w
+
+    def run() -> None:
+        for _ in range(iterations):
+            layer()
+
+    return _best_seconds(run, device, 2) / iterations * 1e3
+
+
+def measure(
+    device: torch.device | str,
+    *,
+    size_mib: int = 256,
+    disk_dir: Path | str | None = None,
+    disk_size_mib: int = 256,
+    matmul_n: int = 4096,
+    cpu_matmul_n: int = 2048,
+    repeats: int = 3,
+) -> HardwareProfile:
+    """Measure this machine with `device` as the gpu tier. Sizes trade accuracy for time; the defaults
+    finish in well under a minute on a GPU host (tests pass small ones)."""
+    device = torch.device(device)
+    cpu = torch.device("cpu")
+    h2d, d2h = measure_copies(device, size_mib, repeats)
+    disk_read, disk_write, disk_free = measure_disk(Path(disk_dir) if disk_dir else None, disk_size_mib)
+    cpu_gflops = measure_matmul_tflops(cpu, cpu_matmul_n, torch.float32, repeats) * 1e3
+    cpu_mem = measure_cpu_attention(size_mib, repeats)
+    overhead_ms = measure_layer_overhead_ms(device)
+    if device.type == "cuda":
+        gpu_tflops = measure_matmul_tflops(device, matmul_n, torch.bfloat16, repeats)
+        gpu_mem = measure_device_copy(device, size_mib, repeats)
+    else:
+        gpu_tflops = cpu_gflops / 1e3
+        gpu_mem = measure_device_copy(cpu, size_mib, repeats)
+    return HardwareProfile(
+        device_name=device_display_name(device), device_type=device.type,
+        h2d_gib_s=h2d, d2h_gib_s=d2h, disk_read_gib_s=disk_read, disk_write_gib_s=disk_write,
+        gpu_tflops_bf16=gpu_tflops, gpu_mem_gib_s=gpu_mem, cpu_gflops=cpu_gflops, cpu_mem_gib_s=cpu_mem,
+        gpu_memory_bytes=int(device_memory_bytes(device)), cpu_memory_bytes=int(host_memory_bytes()),
+        disk_free_bytes=int(disk_free), layer_overhead_ms=overhead_ms, hostname=socket.gethostname(), torch_version=torch.__version__,
+        source="measured",
+    )

@@ -1,0 +1,185 @@
+"""Sizes and work of a model, from its `ModelConfig` alone: weight elements/bytes per decoder layer, KV bytes
+per token, FLOPs per token (dense and activated experts). Pure functions; no tensors are built.
+
+Conventions: a "decoder layer" is one attention block plus one MLP (or sparse-MoE) block, with their norms
+and biases. Element counts are exact for the families we implement (OPT, Llama-shaped, Mixtral); byte
+counts multiply by `bytes_per_element`, and `compressed_bytes` gives the 4-bit group-wise size
+(4 bits per value plus an fp16 min and scale per group of 64: 36 / 128 = 0.28x of fp16).
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.models.config import ModelConfig
+
+QUANT_GROUP_SIZE = 64
+QUANT_BITS = 4
+QUANT_SCALE_BYTES = 2  # min and scale are stored in fp16, one pair per group
+
+
+def dtype_bytes(dtype: torch.dtype | str) -> int:
+    """Bytes per element of a floating dtype (torch dtype or name like "float16")."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.replace("torch.", ""))
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _is_opt(config: ModelConfig) -> bool:
+    return config.architecture.startswith("OPT")
+
+
+def attention_matmul_numel(config: ModelConfig) -> int:
+    """Elements of the q/k/v/o projection matrices of one layer (quantizable)."""
+    h, q_dim = config.hidden_size, config.num_attention_heads * config.head_dim
+    kv_dim = config.num_key_value_heads * config.head_dim
+    return h * q_dim + 2 * h * kv_dim + q_dim * h  # q_proj, k_proj + v_proj, o_proj
+
+
+def attention_other_numel(config: ModelConfig) -> int:
+    """Elements of one attention block's norm and biases (kept uncompressed)."""
+    h, q_dim = config.hidden_size, config.num_attention_heads * config.head_dim
+    kv_dim = config.num_key_value_heads * config.head_dim
+    if _is_opt(config):
+        bias = (q_dim + 2 * kv_dim + h) if config.enable_bias else 0
+        return bias + 2 * h  # biases + layer norm weight and bias
+    bias = (q_dim + 2 * kv_dim) if config.attention_bias else 0
+    return bias + h  # q/k/v biases + RMSNorm weight
+
+
+def expert_numel(config: ModelConfig) -> int:
+    """Elements of one feed-forward network: gate/up/down for gated MLPs, fc1/fc2 (+biases) for OPT."""
+    h, i = config.hidden_size, config.intermediate_size
+    if _is_opt(config):
+        return 2 * h * i + ((i + h) if config.enable_bias else 0)
+    return 3 * h * i
+
+
+def mlp_matmul_numel(config: ModelConfig) -> int:
+    """Elements of one MLP block's matrices: all experts for MoE (plus the router), else one FFN."""
+    h, i = config.hidden_size, config.intermediate_size
+    ffn_matmul = (2 if _is_opt(config) else 3) * h * i
+    if config.is_moe:
+        return config.num_local_experts * ffn_matmul + h * config.num_local_experts  # experts + router
+    return ffn_matmul
+
+
+def mlp_other_numel(config: ModelConfig) -> int:
+    """Elements of one MLP block's norm and biases."""
+    h, i = config.hidden_size, config.intermediate_size
+    if _is_opt(config):
+        return ((i + h) if config.enable_bias else 0) + 2 * h
+    return h
+
+
+def layer_numel(config: ModelConfig) -> int:
+    """Elements of one decoder layer (attention + MLP/experts, norms and biases)."""
+    return (attention_matmul_numel(config) + attention_other_numel(config)
+            + mlp_matmul_numel(config) + mlp_other_numel(config))
+
+
+def embed_numel(config: ModelConfig) -> int:
+    """Elements of the embedding stage: token embeddings (+ OPT's learned positions and projections)."""
+    h = config.hidden_size
+    d = config.word_embed_proj_dim or h
+    n = config.vocab_size * d
+    if _is_opt(config):
+        n += (config.max_position_embeddings + 2) * h  # learned positions (offset 2)
+        if d != h:
+            n += 2 * d * h  # project_in / project_out
+    return n
+
+
+def head_numel(config: ModelConfig) -> int:
+    """Elements of the head stage: final norm + lm_head (0 extra for tied embeddings)."""
+    h = config.hidden_size
+    norm = 2 * h if _is_opt(config) else h
+    if config.tie_word_embeddings or _is_opt(config):  # OPT ties lm_head to embed_tokens
+        return norm
+    return norm + config.vocab_size * h
+
+
+def total_numel(config: ModelConfig) -> int:
+    """All parameters of the model."""
+    return embed_numel(config) + config.num_hidden_layers * layer_numel(config) + head_numel(config)
+
+
+def compressed_bytes(numel: int | float) -> float:
+    """Bytes of `numel` values stored 4-bit group-wise: numel / 2 + 2 fp16 scalars per group of 64."""
+    return numel * QUANT_BITS / 8 + numel / QUANT_GROUP_SIZE * 2 * QUANT_SCALE_BYTES
+
+
+def layer_weight_bytes(config: ModelConfig, bytes_per_element: int, compress: bool = False) -> float:
+    """Stored bytes of one decoder layer; with `compress`, matmul weights are 4-bit, norms/biases not."""
+    matmul = attention_matmul_numel(config) + mlp_matmul_numel(config)
+    other = attention_other_numel(config) + mlp_other_numel(config)
+    if compress:
+        return compressed_bytes(matmul) + other * bytes_per_element
+    return (matmul + other) * bytes_per_element
+
+
+def edge_weight_bytes(config: ModelConfig, bytes_per_element: int) -> float:
+    """Bytes of embed + head (never compressed: the embedding is a lookup, the head small next to layers)."""
+    return (embed_numel(config) + head_numel(config)) * bytes_per_element
+
+
+def largest_stage_bytes(config: ModelConfig, bytes_per_element: int, compress: bool = False) -> float:
+    """Stored bytes of the biggest single stage the runtime loads at once (FlexGen's layer granularity:
+    an attention block, an MLP block, the embedding or the lm_head): the size of one in-flight buffer."""
+    B = bytes_per_element
+
+    def stored(matmul: int, other: int) -> float:
+        return (compressed_bytes(matmul) if compress else matmul * B) + other * B
+
+    head_matrix = 0 if (config.tie_word_embeddings or _is_opt(config)) else config.vocab_size * config.hidden_size
+    return max(stored(attention_matmul_numel(config), attention_other_numel(config)),
+               stored(mlp_matmul_numel(config), mlp_other_numel(config)),
+               embed_numel(config) * B, head_matrix * B)
+
+
+def kv_bytes_per_token(config: ModelConfig, bytes_per_element: int, compress: bool = False) -> float:
+    """KV-cache bytes one token adds to ONE layer: k and v, num_key_value_heads x head_dim each."""
+    numel = 2 * config.num_key_value_heads * config.head_dim
+    return compressed_bytes(numel) if compress else numel * bytes_per_element
+
+
+def hidden_bytes_per_token(config: ModelConfig, bytes_per_element: int) -> float:
+    """Bytes of one token's hidden state between layers: hidden_size values."""
+    return config.hidden_size * bytes_per_element
+
+
+def active_matmul_numel(config: ModelConfig) -> int:
+    """Matrix elements one token multiplies through in one layer: attention projections + the router and
+    `num_experts_per_tok` experts for MoE (activated experts), else the whole MLP."""
+    if config.is_moe:
+        h, i = config.hidden_size, config.intermediate_size
+        return attention_matmul_numel(config) + h * config.num_local_experts + config.num_experts_per_tok * 3 * h * i
+    return attention_matmul_numel(config) + mlp_matmul_numel(config)
+
+
+def matmul_flops_per_token(config: ModelConfig) -> float:
+    """FLOPs of one token through one layer's matmuls: 2 per multiply-add over the activated weights."""
+    return 2.0 * active_matmul_numel(config)
+
+
+def dense_flops_per_token(config: ModelConfig) -> float:
+    """FLOPs of one token through one layer if every expert ran (the dense upper bound)."""
+    return 2.0 * (attention_matmul_numel(config) + mlp_matmul_numel(config))
+
+
+def attention_flops_per_token(config: ModelConfig, context_len: float) -> float:
+    """FLOPs of one query token's attention core in one layer over `context_len` cached tokens:
+    q.k^T and p.v, 2 FLOPs per multiply-add each, over num_attention_heads x head_dim."""
+    return 4.0 * config.num_attention_heads * config.head_dim * context_len
+
+
+def head_flops_per_token(config: ModelConfig) -> float:
+    """FLOPs of the lm_head for one position: 2 x hidden (or proj dim) x vocab."""
+    d = config.word_embed_proj_dim or config.hidden_size
+    return 2.0 * d * config.vocab_size
+
+
+def attention_operational_intensity(config: ModelConfig, bytes_per_element: int, compress: bool = False) -> float:
+    """FLOPs per byte of KV cache read by decode attention (independent of batch and length):
+    4 nh hd FLOPs per token against kv_bytes_per_token bytes. ~1-4 for GQA models: far below any GPU's
+    ridge point, hence memory-bound wherever it runs (MoE-Lightning's case for host attention)."""
+    return attention_flops_per_token(config, 1.0) / kv_bytes_per_token(config, bytes_per_element, compress)

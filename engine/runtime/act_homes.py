@@ -1,0 +1,76 @@
+"""Homes of the hidden states between layers, per GPU batch, split along the hidden dim by the policy's
+act fractions. With all activations on the gpu tier (the usual case) every method is a no-op.
+
+`store` moves the non-gpu part of a batch's hidden [b, s, h] to its cpu/disk home and keeps only the gpu
+part on the device; `load` starts bringing it back; `ready` reassembles [b, s, h] on the device once
+the loads completed. A CPU-only machine treats the cpu tier as device memory (nothing moves).
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.runtime.arena import Arena
+from engine.runtime.transfers import Pending, Transfers
+from engine.storage.copy import copy
+from engine.storage.placement import split_ranges
+from engine.storage.tiers import Tier
+
+
+class _Parked:
+    """A hidden state whose parts live on several tiers: (tier, start, end, tensor, pending)."""
+
+    def __init__(self, shape: torch.Size, parts: list):
+        self.shape, self.parts = shape, parts
+
+
+class ActHomes:
+    def __init__(self, arena: Arena, act_gpu: float, act_cpu: float, num_batches: int):
+        self.arena, self.act_gpu, self.act_cpu = arena, act_gpu, act_cpu
+        self.device = arena.device
+        self.active = act_gpu < 1.0 and not (self.device.type == "cpu" and act_gpu + act_cpu >= 1.0)
+
+    def store(self, k: int, x, transfers: Transfers):
+        """x [b, s, h] on the device -> a parked hidden (or x itself when nothing moves)."""
+        if not self.active or not isinstance(x, torch.Tensor):
+            return x
+        parts = []
+        for n, (tier, a, b) in enumerate(split_ranges(x.shape[-1], self.act_gpu, self.act_cpu)):
+            piece = x[..., a:b]
+            if tier is Tier.GPU or (tier is Tier.CPU and self.device.type == "cpu"):
+                parts.append((Tier.GPU, a, b, piece.contiguous(), None))
+                continue
+            home = self.arena.get(f"act.{k}.{n}", tier, tuple(piece.shape), x.dtype)
+
+            def fn(stream, home=home, piece=piece):
+                if stream is not None:
+                    piece.record_stream(stream)
+                return copy(home, piece, stream=stream)
+            parts.append((tier, a, b, home, transfers.submit("store", fn, host_wait=True)))
+        return _Parked(x.shape, parts)
+
+    def load(self, k: int, parked, transfers: Transfers):
+        """Start copying a parked hidden's cpu/disk parts back to the device."""
+        if not isinstance(parked, _Parked):
+            return parked
+        parts = []
+        for tier, a, b, t, pending in parked.parts:
+            if tier is Tier.GPU:
+                parts.append((tier, a, b, t, None))
+                continue
+            if pending is not None:
+                pending.wait()
+            dev = torch.empty(t.shape, dtype=t.dtype, device=self.device)
+            parts.append((Tier.GPU, a, b, dev, transfers.submit("load", lambda s, d=dev, t=t: copy(d, t, stream=s),
+                                                                    threaded=tier is Tier.DISK)))
+        return _Parked(parked.shape, parts)
+
+    def ready(self, k: int, parked):
+        """The hidden [b, s, h] on the device (waits for pending loads)."""
+        if not isinstance(parked, _Parked):
+            return parked
+        pieces = []
+        for tier, a, b, t, pending in parked.parts:
+            if pending is not None:
+                pending.wait()
+            pieces.append(t if tier is Tier.GPU else t.to(self.device))
+        return torch.cat(pieces, dim=-1)                                                 # [b, s, h]

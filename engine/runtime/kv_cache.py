@@ -1,0 +1,200 @@
+"""The KV cache of one attention layer for one GPU batch: its homes on the tiers and the attention over it.
+
+The cache [b, nkv, S, hd] (S = padded prompt + max new tokens) is cut along kv heads into segments by the
+policy's cache fractions (`split_ranges`); each segment's keys/values live on one tier, dense or 4-bit
+(`QTensor`, groups along hd). Attention per segment runs where the policy says:
+  - gpu home: written in place, attention on the compute device;
+  - cpu/disk home, decode, cpu_attention: the new q/k/v go to the host, attention runs there, only the
+    output comes back;
+  - cpu/disk home otherwise: `load` copies the whole home into a device buffer before compute (the
+    executor overlaps it with the previous GPU batch), attention runs on the device, and `store` writes
+    the new positions back to the home after compute.
+On a machine without a GPU the cpu tier is the compute memory, so "loading" a dense cpu home is aliasing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.quant.config import QuantConfig
+from engine.quant.group import dequantize, quantize
+from engine.quant.qtensor import QTensor
+from engine.runtime.arena import Arena
+from engine.runtime.attention import cpu_decode_attention, decode_attention, prefill_attention
+from engine.runtime.transfers import Pending, Transfers
+from engine.storage.copy import copy
+from engine.storage.placement import split_ranges
+from engine.storage.tiers import Stored, Tier
+
+_ALL = slice(None)
+
+
+@dataclass
+class KVSegment:
+    tier: Tier
+    h0: int
+    h1: int
+    k: Stored                     # [b, h1-h0, S, hd]
+    v: Stored
+    buf: tuple[Stored, Stored] | None = None     # loaded device copy for this compute (dense or QTensor)
+    staged: list = field(default_factory=list)   # (k_new, v_new, t0) waiting for `store`
+
+
+def _write(dst: Stored, src: torch.Tensor, t0: int, quant: QuantConfig | None) -> None:
+    """dst[:, :, t0:t0+s] = src [b, h, s, hd] (quantized first when dst is a QTensor)."""
+    index = (_ALL, _ALL, slice(t0, t0 + src.shape[2]))
+    if isinstance(dst, QTensor):
+        dst[index].copy_(quantize(src, quant))
+    else:
+        dst[index].copy_(src)
+
+
+def _dense(x: Stored, t: int) -> torch.Tensor:
+    part = x[(_ALL, _ALL, slice(0, t))]
+    return dequantize(part) if isinstance(part, QTensor) else part
+
+
+class KVHome:
+    """Owner of the cache homes of (layer j, GPU batch k). `rows` shrinks on `compact`."""
+
+    def __init__(self, arena: Arena, key: str, *, rows: int, length: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, cache_gpu: float, cache_cpu: float, quant: QuantConfig | None,
+                 cpu_attention: bool):
+        self.arena, self.key, self.rows, self.length = arena, key, rows, length
+        self.dtype, self.quant, self.cpu_attention = dtype, quant, cpu_attention
+        self.device = arena.device
+        self.segments: list[KVSegment] = []
+        for n, (tier, h0, h1) in enumerate(split_ranges(num_kv_heads, cache_gpu, cache_cpu)):
+            shape = (rows, h1 - h0, length, head_dim)
+            k = arena.get(f"{key}.s{n}.k", tier, shape, dtype, quant)
+            v = arena.get(f"{key}.s{n}.v", tier, shape, dtype, quant)
+            self.segments.append(KVSegment(tier, h0, h1, k, v))
+
+    def _aliased(self, seg: KVSegment) -> bool:
+        """True when the segment's home is directly usable by compute (same memory, dense)."""
+        same = seg.tier is Tier.GPU or (seg.tier is Tier.CPU and self.device.type == "cpu")
+        return same and not isinstance(seg.k, QTensor)
+
+    def _host_side(self, seg: KVSegment, decode: bool) -> bool:
+        return decode and self.cpu_attention and seg.tier is not Tier.GPU
+
+    # ---- transfers ------------------------------------------------------------------------------------
+    def load(self, transfers: Transfers, slot: int) -> list[Pending]:
+        """Copy each cpu/disk home (not handled on the host) into a device buffer for a decode compute."""
+        pendings = []
+        for n, seg in enumerate(self.segments):
+            if self._host_side(seg, True) or seg.tier is Tier.GPU:
+                seg.buf = None
+                continue
+            if self._aliased(seg):
+                seg.buf = (seg.k, seg.v)
+                continue
+            quant = self.quant if isinstance(seg.k, QTensor) else None
+            shape = tuple(seg.k.shape)
+            bk = self.arena.get(f"kvbuf{slot}.s{n}.k", Tier.GPU, shape, self.dtype, quant)
+            bv = self.arena.get(f"kvbuf{slot}.s{n}.v", Tier.GPU, shape, self.dtype, quant)
+            seg.buf = (bk, bv)
+            relay = None
+            if seg.tier is Tier.DISK and self.device.type == "cuda":
+                relay = (self.arena.get(f"kvrelay{slot}.s{n}.k", Tier.CPU, shape, self.dtype, quant),
+                         self.arena.get(f"kvrelay{slot}.s{n}.v", Tier.CPU, shape, self.dtype, quant))
+
+            def fn(stream, seg=seg, bk=bk, bv=bv, relay=relay):
+                e1 = copy(bk, seg.k, stream=stream, relay=relay[0] if relay else None)
+                e2 = copy(bv, seg.v, stream=stream, relay=relay[1] if relay else None)
+                return e2 or e1
+            pendings.append(transfers.submit("load", fn, threaded=seg.tier is Tier.DISK))
+        return pendings
+
+    def store(self, transfers: Transfers, slot: int) -> list[Pending]:
+        """Write the positions staged by the last compute into the cpu/disk homes (complete on `wait`)."""
+        pendings = []
+        for n, seg in enumerate(self.segments):
+            for kn, vn, t0 in seg.staged:
+                quant = self.quant if isinstance(seg.k, QTensor) else None
+                if self.device.type != "cuda":
+                    _write(seg.k, kn, t0, quant)
+                    _write(seg.v, vn, t0, quant)
+                    continue
+                src_k = quantize(kn, quant) if quant else kn
+                src_v = quantize(vn, quant) if quant else vn
+                shape = tuple(kn.shape)
+                sk = self.arena.get(f"kvstage{slot}.s{n}.k", Tier.CPU, shape, self.dtype, quant)
+                sv = self.arena.get(f"kvstage{slot}.s{n}.v", Tier.CPU, shape, self.dtype, quant)
+
+                def fn(stream, sk=sk, sv=sv, src_k=src_k, src_v=src_v):
+                    copy(sk, src_k, stream=stream)
+                    return copy(sv, src_v, stream=stream)
+
+                def then(seg=seg, sk=sk, sv=sv, t0=t0):
+                    index = (_ALL, _ALL, slice(t0, t0 + sk.shape[2]))
+                    seg.k[index].copy_(sk)
+                    seg.v[index].copy_(sv)
+                pendings.append(transfers.submit("store", fn, host_wait=True, then=then))
+            seg.staged = []
+        return pendings
+
+    # ---- compute --------------------------------------------------------------------------------------
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                scale: float) -> torch.Tensor:
+        """Attention of the prompt's s new queries (q [b, nh, s, hd]) over its t keys (k/v [b, nkv, t, hd], a
+        shared prefix first when there is one), mask [b, 1, s, t]; the cache homes get positions [0, t) (gpu
+        homes now, the others on `store`). Returns [b, nh, s, hd]."""
+        out = prefill_attention(q, k, v, mask, scale)
+        for seg in self.segments:
+            ks, vs = k[:, seg.h0:seg.h1], v[:, seg.h0:seg.h1]
+            if seg.tier is Tier.GPU or self._aliased(seg):
+                _write(seg.k, ks, 0, self.quant)
+                _write(seg.v, vs, 0, self.quant)
+            else:
+                seg.staged.append((ks, vs, 0))
+        return out
+
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, key_valid: torch.Tensor,
+               key_valid_host: torch.Tensor, scale: float) -> torch.Tensor:
+        """One new token per row at cache position t: q [b, nh, 1, hd], k/v [b, nkv, 1, hd],
+        key_valid [b, t+1] bool on the device (key_valid_host: the same on the host). Returns [b, nh, 1, hd]."""
+        g = q.shape[1] // k.shape[1]
+        outs = []
+        for seg in self.segments:
+            qs = q[:, seg.h0 * g:seg.h1 * g]
+            ks, vs = k[:, seg.h0:seg.h1], v[:, seg.h0:seg.h1]
+            if seg.tier is Tier.GPU:
+                _write(seg.k, ks, t, self.quant)
+                _write(seg.v, vs, t, self.quant)
+                outs.append(decode_attention(qs, _dense(seg.k, t + 1), _dense(seg.v, t + 1), key_valid, scale))
+            elif self._host_side(seg, True):
+                kh, vh = ks.to("cpu"), vs.to("cpu")
+                _write(seg.k, kh, t, self.quant)
+                _write(seg.v, vh, t, self.quant)
+                index = (_ALL, _ALL, slice(0, t + 1))
+                out = cpu_decode_attention(qs.to("cpu"), seg.k[index], seg.v[index], key_valid_host, scale)
+                outs.append(out.to(q.device, non_blocking=True))
+            else:
+                bk, bv = seg.buf
+                if isinstance(bk, QTensor):
+                    bk, bv = _dense(bk, t), _dense(bv, t)
+                    bk = torch.cat((bk, ks), dim=2)                              # [b, hs, t+1, hd]
+                    bv = torch.cat((bv, vs), dim=2)
+                else:
+                    _write(bk, ks, t, None)
+                    _write(bv, vs, t, None)
+                    bk, bv = bk[:, :, :t + 1], bv[:, :, :t + 1]
+                outs.append(decode_attention(qs, bk, bv, key_valid, scale))
+                if not self._aliased(seg):
+                    seg.staged.append((ks, vs, t))
+                seg.buf = None
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)            # [b, nh, 1, hd]
+
+    def compact(self, keep: torch.Tensor) -> None:
+        """Keep only rows `keep` (ascending indices into the current rows), in place in every home."""
+        n = keep.numel()
+        for seg in self.segments:
+            for name in ("k", "v"):
+                home = getattr(seg, name)
+                idx = keep.to(home.device)
+                kept = home.index_select(0, idx)
+                home[:n].copy_(kept)
+                setattr(seg, name, home[:n])
+        self.rows = n

@@ -1,0 +1,78 @@
+"""Asynchronous transfer channels of the executor: CUDA streams and a disk-I/O thread pool.
+
+A transfer is a function `fn(stream)` that issues copies (usually through `engine.storage.copy`) and
+returns the CUDA event recorded after them, or None when it ran entirely on the host. `submit` runs it:
+inline, or on the thread pool when it touches the disk; `Pending.wait()` makes its result usable on the
+compute stream (and, with `host_wait`, on the host), then runs its `then` callback in the calling thread.
+With `overlap=False` every transfer is waited for as soon as it is submitted (no concurrency at all).
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
+
+import torch
+
+TransferFn = Callable[["torch.cuda.Stream | None"], "torch.cuda.Event | None"]
+CHANNELS = ("weight", "load", "store")
+
+
+class Pending:
+    def __init__(self, future: Future | None, event, host_wait: bool, then: Callable[[], None] | None):
+        self._future = future
+        self._event = event
+        self._host_wait = host_wait
+        self._then = then
+        self.done = False
+
+    def wait(self) -> None:
+        """Block until the transfer is usable by the compute stream (and the host, with host_wait)."""
+        if self.done:
+            return
+        event = self._future.result() if self._future is not None else self._event
+        if event is not None:
+            if self._host_wait:
+                event.synchronize()
+            else:
+                torch.cuda.current_stream().wait_event(event)
+        if self._then is not None:
+            self._then()
+        self.done = True
+
+
+class Transfers:
+    """Owns the side streams (CUDA only) and the I/O threads; `close` joins the threads."""
+
+    def __init__(self, device: torch.device, overlap: bool, io_threads: int = 2):
+        self.device = device
+        self.overlap = overlap
+        self.cuda = device.type == "cuda"
+        self.streams = {c: torch.cuda.Stream(device) for c in CHANNELS} if self.cuda else {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._io_threads = io_threads
+
+    def submit(self, channel: str, fn: TransferFn, *, threaded: bool = False, host_wait: bool = False,
+               then: Callable[[], None] | None = None) -> Pending:
+        """Run `fn` on `channel`'s stream (in a worker thread if `threaded` and overlapping)."""
+        stream = self.streams.get(channel)
+        if threaded and self.overlap:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._io_threads, thread_name_prefix="engine-io")
+            pending = Pending(self._pool.submit(self._run, fn, stream), None, host_wait, then)
+        else:
+            pending = Pending(None, self._run(fn, stream), host_wait, then)
+        if not self.overlap:
+            pending.wait()
+        return pending
+
+    def _run(self, fn: TransferFn, stream):
+        with torch.inference_mode():
+            if stream is None:
+                return fn(None)
+            with torch.cuda.device(self.device):
+                return fn(stream)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None

@@ -1,0 +1,150 @@
+"""Weight homes: every layer's tensors placed on gpu/cpu/disk, and their loads into device buffers.
+
+Placement per layer by cumulative-size fractions (`weight_tiers`), in stored size (4-bit when
+`compress_weights` and the WeightSpec is quantizable). gpu homes live on the compute device; cpu homes in
+(pinned) host memory; disk homes in the engine's verified per-tensor files under
+`<disk_dir>/weights/<fingerprint>-<dtype>-<compression>/`, built once and memory-mapped on later runs.
+Two device buffer slots (by layer parity) hold the loaded copy of a non-gpu layer while the next loads.
+Loads are paged: page p of P moves rows [r_p, r_p+1) of every non-gpu tensor (dim 0), so the transfer of
+one layer can be spread over the K GPU batches of the previous layer (MoE-Lightning's paged weights).
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from engine.models.base import LayerSpec
+from engine.quant.config import QuantConfig
+from engine.quant.group import dequantize, quantize
+from engine.quant.qtensor import QTensor, qtensor_nbytes
+from engine.runtime.arena import Arena
+from engine.runtime.transfers import Pending, Transfers
+from engine.storage.copy import copy
+from engine.storage.disk import WeightFiles
+from engine.storage.placement import weight_tiers
+from engine.storage.tiers import Handle, Stored, Tier
+
+_QUANT_CHUNK = 4 << 20          # elements quantized at once while placing weights
+
+
+def _page_rows(rows: int, lo: float, hi: float, start: float, end: float) -> tuple[int, int]:
+    """Rows of a tensor spanning bytes [lo, hi) of the layer that fall in the page [start, end)."""
+    span = max(hi - lo, 1e-9)
+    r0 = round(min(max((start - lo) / span, 0.0), 1.0) * rows)
+    r1 = round(min(max((end - lo) / span, 0.0), 1.0) * rows)
+    return r0, r1
+
+
+def _quantize_rows(x: torch.Tensor, quant: QuantConfig, device: torch.device) -> QTensor:
+    """quantize(x) computed on `device` a few rows at a time (bounded temporaries), result on the host."""
+    row = max(1, x[0].numel() if x.dim() > 1 else x.numel())
+    step = max(1, _QUANT_CHUNK // row)
+    parts = [quantize(x[r:r + step].to(device), quant) for r in range(0, x.shape[0], step)]
+    cat = [torch.cat([getattr(p, name) for p in parts]).cpu() for name in ("data", "mn", "scale")]
+    return QTensor(*cat, x.shape, quant, x.dtype)
+
+
+class WeightHomes:
+    def __init__(self, loaded, specs: list[LayerSpec], *, w_gpu: float, w_cpu: float, dtype: torch.dtype,
+                 quant: QuantConfig | None, arena: Arena, disk_dir: Path | None):
+        self.specs, self.dtype, self.quant, self.arena = specs, dtype, quant, arena
+        self.device = arena.device
+        self.homes: list[dict[str, Handle]] = []
+        self.files: WeightFiles | None = None
+        esize = torch.empty((), dtype=dtype).element_size()
+        for spec in specs:
+            names = list(spec.weights)
+            packed = [quant is not None and spec.weights[n].quantizable for n in names]
+            sizes = [qtensor_nbytes(spec.weights[n].shape, dtype, quant) if q else spec.weights[n].numel * esize
+                     for n, q in zip(names, packed)]
+            tiers = weight_tiers(sizes, w_gpu, w_cpu)
+            source: dict[str, torch.Tensor] = {}
+
+            def value(name: str, is_packed: bool) -> Stored:
+                if not source:
+                    source.update(loaded.weights.get(spec))
+                x = source[name].to(dtype)
+                return _quantize_rows(x, quant, self.device) if is_packed else x
+
+            if Tier.DISK in tiers:
+                files = self._weight_files(loaded, disk_dir)
+                disk_names = [n for n, t in zip(names, tiers) if t is Tier.DISK]
+                mapped = {}
+                for n in disk_names:
+                    is_packed = packed[names.index(n)]
+                    mapped.update(files.load(f"{spec.name}.{n}", lambda n=n, p=is_packed: {n: value(n, p)}))
+            homes = {}
+            for n, tier, is_packed, size in zip(names, tiers, packed, sizes):
+                if tier is Tier.DISK:
+                    homes[n] = Handle(tier, mapped[n])
+                    continue
+                v = value(n, is_packed)
+                dst = arena.get(f"home.{spec.name}.{n}", tier, tuple(v.shape), dtype, quant if is_packed else None)
+                copy(dst, v)
+                homes[n] = Handle(tier, dst)
+            if self.device.type == "cuda":
+                torch.cuda.current_stream().synchronize()
+            self.homes.append(homes)
+
+    def _weight_files(self, loaded, disk_dir: Path | None) -> WeightFiles:
+        if self.files is None:
+            if disk_dir is None:
+                raise ValueError("the policy puts weights on disk (w_gpu + w_cpu < 1) but no disk_dir was given")
+            fingerprint = getattr(loaded, "fingerprint", None) or "unfingerprinted"
+            tag = hashlib.sha256(f"{fingerprint}".encode()).hexdigest()[:16]
+            comp = f"q{self.quant.bits}g{self.quant.group_size}" if self.quant else "dense"
+            dtype = str(self.dtype).removeprefix("torch.")
+            self.files = WeightFiles(Path(disk_dir) / "weights" / f"{tag}-{dtype}-{comp}")
+        return self.files
+
+    def _direct(self, handle: Handle) -> bool:
+        """True when compute can read the home without a copy (gpu tier, or cpu tier on a CPU-only machine)."""
+        return handle.tier is Tier.GPU or (handle.tier is Tier.CPU and self.device.type == "cpu")
+
+    def _buffer(self, j: int, slot: int, name: str, handle: Handle) -> Stored:
+        spec = self.specs[j]
+        quant = self.quant if isinstance(handle.value, QTensor) else None
+        tier = Tier.GPU
+        return self.arena.get(f"wbuf{slot}.{spec.kind}.{name}", tier, tuple(handle.value.shape), self.dtype, quant)
+
+    def load(self, j: int, slot: int, page: int, pages: int, transfers: Transfers) -> list[Pending]:
+        """Start moving page `page` of `pages` of layer j's non-resident tensors into buffer slot `slot`."""
+        homes = self.homes[j]
+        moving = [(n, h) for n, h in homes.items() if not self._direct(h)]
+        total = sum(h.nbytes for _, h in moving)
+        if not moving:
+            return []
+        start, end = total * page / pages, total * (page + 1) / pages
+        pendings, lo = [], 0
+        for name, handle in moving:
+            hi = lo + handle.nbytes
+            rows = handle.value.shape[0]
+            r0, r1 = _page_rows(rows, lo, hi, start, end)
+            lo = hi
+            if r1 <= r0:
+                continue
+            dst = self._buffer(j, slot, name, handle)
+            relay = None
+            if handle.tier is Tier.DISK and self.device.type == "cuda":
+                quant = self.quant if isinstance(handle.value, QTensor) else None
+                relay = self.arena.get(f"wrelay{slot}.{self.specs[j].kind}.{name}", Tier.CPU,
+                                       tuple(handle.value.shape), self.dtype, quant)[r0:r1]
+
+            def fn(stream, dst=dst[r0:r1], src=handle.value[r0:r1], relay=relay):
+                return copy(dst, src, stream=stream, relay=relay)
+            pendings.append(transfers.submit("weight", fn, threaded=handle.tier is Tier.DISK))
+        return pendings
+
+    def get(self, j: int, slot: int) -> dict[str, torch.Tensor]:
+        """Layer j's dense weights on the compute device (after its loads into `slot` completed)."""
+        out = {}
+        for name, handle in self.homes[j].items():
+            value = handle.value if self._direct(handle) else self._buffer(j, slot, name, handle)
+            if isinstance(value, QTensor):
+                dense = self.arena.get(f"wdq{slot}.{self.specs[j].kind}.{name}", Tier.GPU, tuple(value.shape),
+                                       self.dtype)
+                value = dequantize(value, out=dense)
+            out[name] = value
+        return out

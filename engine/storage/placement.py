@@ -1,0 +1,35 @@
+"""Pure placement rules: which tier holds each weight tensor, and which index range of a split tensor.
+
+Weights: FlexGen's rule per layer: tensors in order, each goes to the tier whose cumulative-fraction
+interval contains the midpoint of the tensor's byte range. KV cache and activations: a dim of n items
+(kv heads, hidden features) is cut into contiguous gpu/cpu/disk ranges by rounded cumulative fractions.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from engine.storage.tiers import Tier
+
+
+def weight_tiers(sizes: Sequence[int], w_gpu: float, w_cpu: float) -> list[Tier]:
+    """Tier of each tensor of one layer given its byte `sizes` in order."""
+    total = sum(sizes) or 1
+    tiers, start = [], 0
+    for size in sizes:
+        mid = (start + size / 2) / total
+        start += size
+        if mid < w_gpu:
+            tiers.append(Tier.GPU)
+        elif mid < w_gpu + w_cpu:
+            tiers.append(Tier.CPU)
+        else:
+            tiers.append(Tier.DISK)
+    return tiers
+
+
+def split_ranges(n: int, gpu: float, cpu: float) -> list[tuple[Tier, int, int]]:
+    """Non-empty contiguous ranges [start, end) of n items per tier, in gpu, cpu, disk order."""
+    a = round(gpu * n)
+    b = max(a, min(n, round((gpu + cpu) * n)))
+    ranges = [(Tier.GPU, 0, a), (Tier.CPU, a, b), (Tier.DISK, b, n)]
+    return [r for r in ranges if r[2] > r[1]]

@@ -1,0 +1,23 @@
+"""llmops: run an open LLM over every row of a table (Polars, DuckDB, pipelines) with the `engine` below.
+
+Eager exports are Arrow-only (`MapSpec`, `map_table`, ...); `llm_map` (Polars) is imported on first use so
+that `import llmops` works without Polars. DuckDB support lives in `llmops.duckdb` (`register`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from llmops.core import (MapRun, MapSpec, RunSummary, last_summary, map_table, map_table_ordered,
+                         output_schema, output_type)
+from llmops.templates import TemplateError
+
+__all__ = ["MapRun", "MapSpec", "RunSummary", "TemplateError", "last_summary", "llm_map", "map_table",
+           "map_table_ordered", "output_schema", "output_type"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "llm_map":
+        from llmops.polars import llm_map
+
+        return llm_map
+    raise AttributeError(f"module 'llmops' has no attribute {name!r}")

@@ -1,0 +1,199 @@
+"""The `llmops` command line: run pipelines, one-off generation, model listing, policy and profiling.
+
+Exit codes (all commands): 0 success; 1 the job ran but rows failed (unless `--allow-errors`) or the
+engine/sink failed; 2 the input is invalid (bad pipeline YAML, missing file or column, bad option).
+Results go to stdout, progress and diagnostics to stderr.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+import click
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _invalid_errors() -> tuple[type[BaseException], ...]:
+    from llmops.pipeline.load import PipelineError
+    from llmops.pipeline.sources import SourceError
+    from llmops.pipeline.steps import StepError
+    from llmops.templates import TemplateError
+
+    return PipelineError, SourceError, StepError, TemplateError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Run an open LLM over every row of a table.
+
+    \b
+    Examples:
+      llmops run pipelines/extract_invoices.yaml --limit 5   # a YAML pipeline: source -> steps -> sink
+      llmops generate prompts.txt                            # one prompt per line, answers to stdout
+      llmops models                                          # model names you can use
+      llmops policy --model mixtral-8x7b --gpu-memory 24GiB  # how a big model would be placed
+    """
+
+
+@main.command("run")
+@click.argument("pipeline_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--limit", type=click.IntRange(min=0), help="Read at most N source rows (try a pipeline on a few).")
+@click.option("--dry-run", is_flag=True, help="Validate and print the plan (steps, an example prompt); generate nothing.")
+@click.option("--no-cache", is_flag=True, help="Neither read nor fill the result cache (everything is recomputed).")
+@click.option("--runner", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where to run: this process, or a Ray cluster.")
+@click.option("--allow-errors", is_flag=True, help="Exit 0 even when some rows failed (their values are null).")
+@click.option("--model", "model", help="Override the pipeline's model (and every step's) with this name or path.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+              help="Override a pipeline field, e.g. --set engine.gpu_memory=24GiB --set steps.1.llm_map.max_new_tokens=8.")
+@click.option("--json", "as_json", is_flag=True, help="Print the final summary (or the plan) as JSON.")
+@click.option("--progress/--no-progress", default=None, help="Show a progress bar (default: when stderr is a terminal).")
+def run_cmd(pipeline_file: Path, limit: int | None, dry_run: bool, no_cache: bool, runner: str, allow_errors: bool,
+            model: str | None, overrides: tuple[str, ...], as_json: bool, progress: bool | None) -> None:
+    """Run a pipeline YAML: read the source, apply the steps, write the sink.
+
+    Results stream to the sink as blocks finish and are published (renamed into place) when the run
+    completes. Finished rows are kept in the result cache, so rerunning a killed or edited pipeline
+    only computes what is missing. Exit code 1 when rows failed (see --allow-errors), 2 when the
+    pipeline is invalid.
+
+    \b
+    Examples:
+      llmops run pipelines/extract_invoices.yaml
+      llmops run pipelines/classify_tickets.yaml --limit 20 --dry-run
+      llmops run pipelines/extract_invoices.yaml --model /models/Mixtral-8x7B-Instruct \\
+          --set engine.gpu_memory=24GiB --set engine.cpu_memory=100GiB
+    """
+    from llmops.pipeline.load import load_pipeline
+    from llmops.pipeline.plan import format_plan, plan_pipeline
+    from llmops.pipeline.runner import run_pipeline
+
+    if runner == "ray":
+        _fail("--runner ray is not available yet; use --runner local (the default)", EXIT_INVALID)
+    invalid = _invalid_errors()
+    try:
+        pipeline = load_pipeline(pipeline_file, overrides=list(overrides) + _model_overrides(pipeline_file, model))
+        if dry_run:
+            plan = plan_pipeline(pipeline, limit=limit, use_cache=not no_cache)
+            click.echo(json.dumps(plan, indent=2, default=str) if as_json else format_plan(plan))
+            return
+        result = run_pipeline(pipeline, limit=limit, use_cache=not no_cache, progress=progress)
+    except invalid as exc:
+        _fail(str(exc), EXIT_INVALID)
+    except Exception as exc:  # noqa: BLE001 (any engine/sink failure is reported, not a traceback)
+        _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else str(result))
+    if result.failed_rows and not allow_errors:
+        click.echo(f"{result.failed_rows} row(s) failed (null values); pass --allow-errors to exit 0", err=True)
+        sys.exit(EXIT_FAILED)
+
+
+def _model_overrides(pipeline_file: Path, model: str | None) -> list[str]:
+    """`--set` items that point the pipeline and each of its llm_map steps at `model`."""
+    if model is None:
+        return []
+    from llmops.pipeline.load import PipelineError, parse_yaml
+
+    try:
+        data = parse_yaml(pipeline_file.read_text(encoding="utf-8"), filename=str(pipeline_file))
+    except OSError as exc:
+        raise PipelineError([f"{pipeline_file}: cannot read pipeline file: {exc.strerror}"]) from None
+    value = json.dumps(model)
+    items = [f"model={value}"]
+    steps = data.get("steps") if isinstance(data, dict) else None
+    for i, step in enumerate(steps if isinstance(steps, list) else []):
+        if isinstance(step, dict) and isinstance(step.get("llm_map"), dict) and "model" in step["llm_map"]:
+            items.append(f"steps.{i}.llm_map.model={value}")
+    return items
+
+
+@main.command("generate")
+@click.argument("input_file", default="-", type=click.Path(allow_dash=True, path_type=str))
+@click.option("--template", "-t", help="Prompt template with {column} placeholders (CSV/Parquet/JSONL input); "
+              "for text input the line is {prompt}.")
+@click.option("--model", "-m", default="smollm2-135m-instruct", show_default=True, help="Model name or path.")
+@click.option("--system", help="System prompt.")
+@click.option("--schema", help="JSON schema (or {field: type} shorthand) as JSON text, or @file.json.")
+@click.option("--choices", help="Comma-separated list: the answer is exactly one of them.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--output", "-o", "output", type=click.Path(dir_okay=False), help="Write a table (.csv/.parquet/.jsonl) "
+              "with the input columns and `output` instead of printing.")
+@click.option("--jsonl", is_flag=True, help="Print one JSON object per row (row, output, finish_reason, error).")
+@click.option("--no-cache", is_flag=True, help="Do not use the result cache.")
+@click.option("--allow-errors", is_flag=True, help="Exit 0 even when some rows failed (their values are null).")
+@click.option("--progress/--no-progress", default=None, help="Show a progress bar (default: when stderr is a terminal).")
+def generate_cmd(input_file: str, template: str | None, model: str, system: str | None, schema: str | None,
+                 choices: str | None, max_new_tokens: int, temperature: float, output: str | None, jsonl: bool,
+                 no_cache: bool, allow_errors: bool, progress: bool | None) -> None:
+    """One-off generation: one prompt per line of a text file (or stdin), or a template over a table.
+
+    \b
+    Examples:
+      printf 'Say hi\\nName a colour\\n' | llmops generate
+      llmops generate sample_data/tickets.csv -t "Classify: {subject}" --choices bug,billing,other
+      llmops generate sample_data/invoices.csv -t "Invoice number in: {body}" -o out/numbers.parquet
+    """
+    from llmops.pipeline.oneoff import generate
+
+    try:
+        failed = generate(input_file, template=template, model=model, system=system, schema=schema, choices=choices,
+                 max_new_tokens=max_new_tokens, temperature=temperature, output=output, jsonl=jsonl,
+                 use_cache=not no_cache, progress=progress)
+    except _invalid_errors() + (click.BadParameter,) as exc:
+        _fail(str(exc), EXIT_INVALID)
+    except Exception as exc:  # noqa: BLE001
+        _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
+    if failed and not allow_errors:
+        _fail(f"{failed} row(s) failed (null values); pass --allow-errors to exit 0", EXIT_FAILED)
+
+
+@main.command("models")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of a table.")
+@click.option("--dir", "dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Also list local models under this folder (HF folders with config.json, .gguf files).")
+def models_cmd(as_json: bool, dirs: tuple[Path, ...]) -> None:
+    """List the model names `--model` and pipelines accept: local aliases (e.g. the embedded
+    smollm2-135m-instruct), dummy-weight presets with their sizes (for benchmarks), and local folders.
+
+    \b
+    Examples:
+      llmops models
+      llmops models --dir ~/models --json
+    """
+    from llmops.pipeline.oneoff import list_all_models, models_table
+
+    try:
+        rows = list_all_models(dirs)
+    except Exception as exc:  # noqa: BLE001
+        _fail(f"cannot list models: {type(exc).__name__}: {exc}", EXIT_FAILED)
+    click.echo(json.dumps(rows, indent=2, default=str) if as_json else models_table(rows))
+
+
+def _register_policy_commands() -> None:
+    """Add `policy` and `profile` from llmops.cli_policy; placeholders when it cannot be imported."""
+    try:
+        from llmops.cli_policy import policy_cmd, profile_cmd
+    except Exception as exc:  # noqa: BLE001 (a broken optional module must not break the whole CLI)
+        reason = f"{type(exc).__name__}: {exc}"
+        for name in ("policy", "profile"):
+            @main.command(name, help=f"(unavailable: {reason})")
+            def _missing(reason: str = reason) -> None:
+                _fail(f"this command is unavailable: {reason}", EXIT_FAILED)
+        return
+    main.add_command(policy_cmd, "policy")
+    main.add_command(profile_cmd, "profile")
+
+
+_register_policy_commands()
+
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""`llmops policy` (explain the policy the search picks) and `llmops profile` (measure this machine).
+
+Registered in `llmops.cli` with `from llmops.cli_policy import policy_cmd, profile_cmd`. A budget no policy
+fits exits with status 2 and the reason on stderr.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from engine.sizes import format_size, parse_size
+
+
+class SizeType(click.ParamType):
+    """A byte size: "16GiB", "500GB", "4096"."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            return parse_size(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+SIZE = SizeType()
+
+
+def resolve_model_config(model: str):
+    """A ModelConfig for a preset name, a Hugging Face folder / config.json, or anything `load_model` takes."""
+    from engine.models.hf_config import config_from_hf
+    from engine.models.presets import PRESETS
+
+    if model in PRESETS:
+        return config_from_hf(PRESETS[model])
+    path = Path(model).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"
+    if path.is_file() and path.suffix == ".json":
+        return config_from_hf(json.loads(path.read_text()))
+    from engine.models.loader import load_model
+
+    return load_model(model).config
+
+
+def _pick_profile(profile_file: Path | None, hardware: str | None):
+    """(profile, description) from --profile, --hardware, or this machine (the reference H200 without a GPU)."""
+    import torch
+
+    from engine.policy.hardware import load_or_measure, load_profile, reference_profile
+
+    if profile_file is not None:
+        profile = load_profile(profile_file)
+        return profile, f"file {profile_file} ({profile.device_name})"
+    if hardware is None:
+        hardware = "local" if torch.cuda.is_available() else "h200"
+    if hardware == "local":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        profile = load_or_measure(device)
+        return profile, f"this machine, measured ({profile.device_name})"
+    profile = reference_profile(hardware)
+    return profile, f"built-in reference {hardware} ({profile.device_name})"
+
+
+POLICY_EXAMPLE = """
+\b
+Example:
+  llmops policy --model opt-30b --gpu-memory 16GiB --cpu-memory 100GiB \\
+      --disk-memory 500GiB --prompt-len 512 --gen-len 32
+  llmops policy --model mixtral-8x7b --gpu-memory 24GiB --cpu-memory 128GiB --json
+"""
+
+
+@click.command("policy", epilog=POLICY_EXAMPLE)
+@click.option("--model", required=True, help="A preset (opt-30b, mixtral-8x7b, ...), alias or model folder.")
+@click.option("--gpu-memory", type=SIZE, help="GPU budget, e.g. 16GiB (default: the profile's GPU memory).")
+@click.option("--cpu-memory", type=SIZE, help="CPU budget, e.g. 100GiB (default: the profile's RAM).")
+@click.option("--disk-memory", type=SIZE, default="0", show_default=True, help="Disk budget, e.g. 500GiB.")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Prompt length in tokens.")
+@click.option("--gen-len", type=click.IntRange(min=1), default=32, show_default=True,
+              help="New tokens per prompt.")
+@click.option("--num-prompts", type=click.IntRange(min=1), help="Number of prompts (bounds the block size).")
+@click.option("--dtype", default="auto", show_default=True, help="Compute dtype: auto, float16, bfloat16, float32.")
+@click.option("--compress-weights", is_flag=True, help="Store weights 4-bit (group-wise).")
+@click.option("--compress-cache", is_flag=True, help="Store the KV cache 4-bit (group-wise).")
+@click.option("--profile", "profile_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A hardware profile JSON (as written by `llmops profile --json`).")
+@click.option("--hardware", type=click.Choice(["local", "h200"]),
+              help="local: measure this machine (cached); h200: the built-in H200 reference. "
+                   "Default: local with a GPU, h200 without.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def policy_cmd(model: str, gpu_memory: int | None, cpu_memory: int | None, disk_memory: int, prompt_len: int,
+               gen_len: int, num_prompts: int | None, dtype: str, compress_weights: bool, compress_cache: bool,
+               profile_file: Path | None, hardware: str | None, as_json: bool) -> None:
+    """Choose and explain the offloading policy for MODEL under memory budgets."""
+    from engine.models.loader import resolve_dtype
+    from engine.policy.cost_model import Workload
+    from engine.policy.estimate import Budgets, NoFeasiblePolicy
+    from engine.policy.model_stats import dtype_bytes
+    from engine.policy.search import search
+
+    try:
+        config = resolve_model_config(model)
+        torch_dtype = resolve_dtype(dtype, config)
+        profile, profile_desc = _pick_profile(profile_file, hardware)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        raise click.UsageError(str(exc)) from None
+    budgets = Budgets(
+        gpu_bytes=gpu_memory if gpu_memory is not None else profile.gpu_memory_bytes,
+        cpu_bytes=cpu_memory if cpu_memory is not None else profile.cpu_memory_bytes,
+        disk_bytes=disk_memory,
+    )
+    workload = Workload(prompt_len=prompt_len, gen_len=gen_len, num_prompts=num_prompts)
+    try:
+        result = search(config, workload, budgets, profile, bytes_per_element=dtype_bytes(torch_dtype),
+                        compress_weights=compress_weights, compress_cache=compress_cache, model_name=model)
+    except NoFeasiblePolicy as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from None
+    if as_json:
+        data = result.to_dict()
+        data["profile"] = profile_desc
+        data["dtype"] = str(torch_dtype).removeprefix("torch.")
+        click.echo(json.dumps(data, sort_keys=True))
+    else:
+        click.echo(f"Hardware profile: {profile_desc}")
+        click.echo(result.explain())
+
+
+PROFILE_EXAMPLE = """
+\b
+Example:
+  llmops profile              # measure once (under a minute), then print the cached profile
+  llmops profile --refresh --json > h200.json
+  llmops policy --model opt-30b --gpu-memory 16GiB --profile h200.json
+"""
+
+
+@click.command("profile", epilog=PROFILE_EXAMPLE)
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+              help="The compute device (the gpu tier).")
+@click.option("--refresh", is_flag=True, help="Measure again even when a cached profile exists.")
+@click.option("--disk-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Measure the disk under this folder (default: the temp folder).")
+@click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON (loadable with --profile).")
+def profile_cmd(device: str, refresh: bool, disk_dir: Path | None, as_json: bool) -> None:
+    """Measure (or read the cached) hardware profile of this machine: bandwidths, compute, capacities."""
+    import torch
+
+    from engine.policy.hardware import load_or_measure, profile_cache_path
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise click.UsageError("--device cuda: no CUDA GPU is available")
+    kwargs = {"disk_dir": disk_dir} if disk_dir else {}
+    profile = load_or_measure(device, refresh=refresh, **kwargs)
+    if as_json:
+        click.echo(json.dumps(profile.to_dict(), indent=2, sort_keys=True))
+        return
+    click.echo(f"Hardware profile of {profile.hostname} ({profile.source}), cached at "
+               f"{profile_cache_path(torch.device(device))}")
+    rows = [
+        ("device", f"{profile.device_name} [{profile.device_type}]"),
+        ("host -> device", f"{profile.h2d_gib_s:.2f} GiB/s"),
+        ("device -> host", f"{profile.d2h_gib_s:.2f} GiB/s"),
+        ("disk read / write", f"{profile.disk_read_gib_s:.2f} / {profile.disk_write_gib_s:.2f} GiB/s"),
+        ("device matmul", f"{profile.gpu_tflops_bf16:.2f} TFLOP/s"),
+        ("device memory", f"{profile.gpu_mem_gib_s:.1f} GiB/s"),
+        ("host matmul (fp32)", f"{profile.cpu_gflops:.1f} GFLOP/s"),
+        ("host attention (GEMV)", f"{profile.cpu_mem_gib_s:.1f} GiB/s"),
+        ("layer launch overhead", f"{profile.layer_overhead_ms:.3f} ms"),
+        ("memory gpu / cpu / disk free", f"{format_size(profile.gpu_memory_bytes)} / "
+                                         f"{format_size(profile.cpu_memory_bytes)} / {format_size(profile.disk_free_bytes)}"),
+    ]
+    for name, value in rows:
+        click.echo(f"  {name:<30} {value}")

@@ -1,0 +1,348 @@
+"""The single bridge from the operator layer to `engine`: Arrow rows in, Arrow completions out.
+
+`map_table(table, spec)` renders one prompt per row (`spec.template` over the table's columns), skips null
+rows, dedupes identical prompts, serves what the result cache already holds, hands the rest to the engine
+in one `stream` call and yields Arrow record batches as the engine's blocks finish. Every other adapter
+(Polars, DuckDB, pipelines, CLI, Ray) goes through here, and this is the only module importing `engine`.
+
+Output batches (`output_schema(spec)`): `row` int64 (index into the input table), `output` (`output_type`),
+`finish_reason` ("stop" | "length" | "error" | null for null rows), `error` (null unless the row failed),
+`prompt_tokens`, `completion_tokens` (int64). Per-row failures never stop the job:
+- a null in any placeholder column -> null output, null finish_reason, no generation;
+- a render failure (invalid UTF-8 bytes) or an engine error (prompt too long) -> null output, "error";
+- a structured output (schema/choices/regex) cut by max_new_tokens -> null output, finish_reason "length".
+Job-level failures raise: a template naming a missing column (TemplateError, before any work), a bad
+spec (ValueError), an engine that cannot load or crashes (its exception; finished blocks stay cached).
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+
+from engine.params import Completion, SamplingParams
+from llmops import engines
+from llmops.progress import Progress
+from llmops.result_cache import CachedResult, open_cache, result_key
+from llmops.structured import arrow_type, parse_json_output, to_json_schema
+from llmops.templates import Prompt, RowOutcome, check_columns, check_examples, render_rows, template_fields
+
+CacheDir = str | Path | None | Literal[False]
+
+
+@dataclass(frozen=True)
+class MapSpec:
+    """What to generate per row. Hashable; `to_dict()`/`from_dict()` round-trip through JSON/YAML.
+
+    template: `{column}` placeholders (see llmops.templates). system / examples: few-shot chat turns,
+    examples being {"input": {column: value}, "output": str | dict}. At most one of schema (any spelling
+    `llmops.structured.to_json_schema` accepts; stored as a JSON schema), choices, regex. engine: settings
+    for `engine.LLM(model, **settings)` (policy, gpu_memory, dtype, ...), given as a dict or pairs.
+    on_long_prompt: "error" (the row fails) or "truncate" (the row's text is cut to fit the context)."""
+
+    template: str
+    model: str = "smollm2-135m-instruct"
+    system: str | None = None
+    examples: tuple[dict, ...] = ()
+    schema: dict | None = None
+    choices: tuple[str, ...] | None = None
+    regex: str | None = None
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    chat: bool | None = None
+    engine: tuple[tuple[str, Any], ...] = ()
+    on_long_prompt: Literal["error", "truncate"] = "error"
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__
+        put(self, "examples", tuple(dict(e) if isinstance(e, dict) else e for e in self.examples))
+        put(self, "stop", tuple(self.stop))
+        if self.choices is not None:
+            put(self, "choices", tuple(str(c) for c in self.choices))
+            if not self.choices:
+                raise ValueError("MapSpec.choices must not be empty")
+        if self.schema is not None:
+            put(self, "schema", to_json_schema(self.schema))
+        settings = self.engine.items() if isinstance(self.engine, dict) else self.engine
+        put(self, "engine", tuple(sorted((str(k), v) for k, v in settings)))
+        if self.on_long_prompt not in ("error", "truncate"):
+            raise ValueError(f"MapSpec.on_long_prompt must be 'error' or 'truncate', got {self.on_long_prompt!r}")
+        template_fields(self.template)
+        check_examples(self.template, self.examples)
+        sampling_params(self)
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.to_dict(), sort_keys=True, default=str))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict of every field (tuples as lists, engine settings as a dict)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["examples"] = [dict(e) for e in self.examples]
+        out["stop"] = list(self.stop)
+        out["choices"] = list(self.choices) if self.choices is not None else None
+        out["engine"] = dict(self.engine)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MapSpec:
+        """Inverse of to_dict; unknown keys are an error naming them."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"MapSpec: unknown field(s) {unknown}; known: {sorted(known)}")
+        data = dict(data)
+        for key in ("examples", "stop"):
+            if key in data and data[key] is not None:
+                data[key] = tuple(data[key])
+        return cls(**data)
+
+
+def sampling_params(spec: MapSpec) -> SamplingParams:
+    """The engine's SamplingParams for `spec` (raises ValueError on an invalid combination)."""
+    return SamplingParams(
+        max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
+        seed=spec.seed, stop=spec.stop, json_schema=spec.schema, choices=spec.choices, regex=spec.regex,
+        chat=spec.chat)
+
+
+def output_type(spec: MapSpec) -> pa.DataType:
+    """Arrow type of the `output` column: the schema's struct/type, else string (choices, regex, text)."""
+    return arrow_type(spec.schema) if spec.schema is not None else pa.string()
+
+
+def output_schema(spec: MapSpec) -> pa.Schema:
+    """Schema of every record batch `map_table` yields."""
+    return pa.schema([("row", pa.int64()), ("output", output_type(spec)), ("finish_reason", pa.string()),
+                      ("error", pa.string()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64())])
+
+
+@dataclass
+class RunSummary:
+    """Figures of one map run. rows: input rows; generated_rows: distinct prompts the engine ran;
+    generated_tokens / prompt_tokens: tokens the engine produced / read in this run; seconds: wall time;
+    cache_hits: rows served from the result cache; deduped: rows served by another row's identical
+    prompt; nulls: null-input rows; errors: rows with finish_reason "error"; truncated: structured rows
+    cut by max_new_tokens (null output, finish_reason "length")."""
+
+    rows: int = 0
+    generated_rows: int = 0
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    seconds: float = 0.0
+    cache_hits: int = 0
+    deduped: int = 0
+    nulls: int = 0
+    errors: int = 0
+    truncated: int = 0
+    done_rows: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per wall-clock second of the run so far."""
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tokens_per_s": self.tokens_per_s}
+
+    def __str__(self) -> str:
+        return (f"{self.rows} rows in {self.seconds:.1f}s: {self.generated_tokens} tokens generated "
+                f"({self.tokens_per_s:.1f} tok/s), {self.cache_hits} cache hits, {self.deduped} deduped, "
+                f"{self.nulls} nulls, {self.errors} errors, {self.truncated} cut by max_new_tokens")
+
+
+_last: list[RunSummary] = []
+_last_lock = threading.Lock()
+
+
+def last_summary() -> RunSummary | None:
+    """The summary of the most recent finished (or failed) map run in this process, any thread (DuckDB
+    runs UDFs on its own threads). None before the first run."""
+    with _last_lock:
+        return _last[-1] if _last else None
+
+
+def _make_llm(model: str, **settings: Any) -> Any:
+    from engine import LLM
+
+    return LLM(model, **settings)
+
+
+def get_engine(spec: MapSpec) -> Any:
+    """The process-wide cached engine for spec.model and spec.engine settings."""
+    return engines.get_engine(spec.model, spec.engine, _make_llm)
+
+
+class MapRun:
+    """One run of `spec` over `table`: an iterator of record batches (see module docstring).
+
+    `summary` is updated as batches are yielded and final once the iterator is exhausted. Construction
+    validates the template against the table's columns (TemplateError) and does nothing else."""
+
+    def __init__(self, table: pa.Table, spec: MapSpec, *, cache_dir: CacheDir = None,
+                 progress: bool | None = None, engine: Any = None) -> None:
+        self.table, self.spec = table, spec
+        self.fields = check_columns(spec.template, table.column_names)
+        self._cache_dir, self._progress, self._engine = cache_dir, progress, engine
+        self.summary = RunSummary(rows=table.num_rows)
+        self.schema = output_schema(spec)
+        self._out_type = output_type(spec)
+        self._iter: Iterator[pa.RecordBatch] | None = None
+
+    def __iter__(self) -> MapRun:
+        return self
+
+    def __next__(self) -> pa.RecordBatch:
+        if self._iter is None:
+            self._iter = self._run()
+        return next(self._iter)
+
+    def ordered(self) -> pa.Table:
+        """Consume the run and return every row's result in row order."""
+        batches = list(self)
+        table = pa.Table.from_batches(batches, schema=self.schema)
+        return table.sort_by("row") if table.num_rows else table
+
+    def _run(self) -> Iterator[pa.RecordBatch]:
+        start = time.perf_counter()
+        spec, summary = self.spec, self.summary
+        bar = Progress(self.table.num_rows, enabled=self._progress)
+        try:
+            outcomes = self._render()
+            early = [i for i, o in enumerate(outcomes) if o.prompt is None]
+            summary.nulls = sum(1 for i in early if outcomes[i].error is None)
+            rows_by_key: dict[str, list[int]] = {}
+            eng = None
+            if len(early) < len(outcomes):
+                eng = self._engine if self._engine is not None else get_engine(spec)
+                params = sampling_params(spec)
+                pdict = {**asdict(params), "on_long_prompt": spec.on_long_prompt}
+                fingerprint = str(getattr(eng, "fingerprint", spec.model))
+                for i, o in enumerate(outcomes):
+                    if o.prompt is not None:
+                        rows_by_key.setdefault(result_key(fingerprint, o.prompt, pdict), []).append(i)
+            summary.deduped = sum(len(r) - 1 for r in rows_by_key.values())
+            cache = open_cache(None if self._cache_dir is None else self._cache_dir) \
+                if self._cache_dir is not False and rows_by_key else None
+            hits = cache.get_many(list(rows_by_key)) if cache is not None else {}
+            first = [(i, None, outcomes[i].error) for i in early]
+            for key, res in hits.items():
+                first.extend((i, res, None) for i in rows_by_key[key])
+                summary.cache_hits += len(rows_by_key[key])
+            if first:
+                yield self._emit(first, start, bar)
+            pending = [k for k in rows_by_key if k not in hits]
+            if not pending:
+                return
+            prompts = [outcomes[rows_by_key[k][0]].prompt for k in pending]
+            if spec.on_long_prompt == "truncate":
+                prompts = [truncate_prompt(p, eng, spec.max_new_tokens) for p in prompts]
+            for group in _stream(eng, prompts, params):
+                done = [(pending[idx], _to_cached(c), c.error) for idx, c in group]
+                summary.generated_rows += len(done)
+                summary.generated_tokens += sum(r.completion_tokens for _, r, _ in done)
+                summary.prompt_tokens += sum(r.prompt_tokens for _, r, _ in done)
+                if cache is not None:
+                    cache.put_many((k, r) for k, r, _ in done)
+                yield self._emit([(i, r, err) for k, r, err in done for i in rows_by_key[k]], start, bar)
+        finally:
+            bar.close()
+            summary.seconds = time.perf_counter() - start
+            with _last_lock:
+                _last[:] = [summary]
+
+    def _render(self) -> list[RowOutcome]:
+        spec = self.spec
+        columns = {f: self.table.column(f).to_pylist() for f in self.fields}
+        return render_rows(spec.template, columns, self.table.num_rows, system=spec.system,
+                           examples=spec.examples)
+
+    def _emit(self, items: list[tuple[int, CachedResult | None, str | None]], start: float,
+              bar: Progress) -> pa.RecordBatch:
+        cols: dict[str, list[Any]] = {n: [] for n in self.schema.names}
+        for row, res, err in items:
+            value, reason, err = self._decode(res, err)
+            cols["row"].append(row)
+            cols["output"].append(value)
+            cols["finish_reason"].append(reason)
+            cols["error"].append(err)
+            cols["prompt_tokens"].append(res.prompt_tokens if res is not None else 0)
+            cols["completion_tokens"].append(res.completion_tokens if res is not None else 0)
+            self.summary.errors += reason == "error"
+            self.summary.truncated += reason == "length" and value is None
+        s = self.summary
+        s.done_rows += len(items)
+        s.seconds = time.perf_counter() - start
+        bar.update(len(items), tokens_per_s=s.tokens_per_s, cache_hits=s.cache_hits, errors=s.errors)
+        return pa.RecordBatch.from_pydict(cols, schema=self.schema)
+
+    def _decode(self, res: CachedResult | None, err: str | None) -> tuple[Any, str | None, str | None]:
+        """(output value, finish_reason, error) of one row from its completion."""
+        if res is None:
+            return None, ("error" if err is not None else None), err
+        if res.finish_reason == "error":
+            return None, "error", err or "engine error"
+        spec = self.spec
+        structured = spec.schema is not None or spec.choices is not None or spec.regex is not None
+        if structured and res.finish_reason != "stop":
+            return None, res.finish_reason, None
+        if spec.schema is not None:
+            try:
+                return parse_json_output(res.text, spec.schema, self._out_type), res.finish_reason, None
+            except ValueError as exc:
+                return None, "error", f"unparsable structured output: {exc}"
+        if spec.choices is not None and res.text not in spec.choices:
+            return None, "error", f"output {res.text[:80]!r} is not one of the choices"
+        return res.text, res.finish_reason, None
+
+
+def truncate_prompt(prompt: Prompt, eng: Any, max_new_tokens: int) -> Prompt:
+    """Cut the row's own text (a string prompt, or the last message) so that the prompt plus
+    `max_new_tokens` fits `eng.max_context`, counting the other messages and a margin for the chat
+    template's markup. Needs `eng.tokenizer` (encode/decode); prompts are returned unchanged without it."""
+    tok, limit = getattr(eng, "tokenizer", None), getattr(eng, "max_context", None)
+    if tok is None or not limit:
+        return prompt
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    overhead = 16 + sum(8 + len(tok.encode(m["content"], add_special_tokens=False)) for m in messages[:-1])
+    budget = max(1, int(limit) - max_new_tokens - overhead)
+    ids = tok.encode(messages[-1]["content"], add_special_tokens=False)
+    if len(ids) <= budget:
+        return prompt
+    text = tok.decode(ids[:budget])
+    return text if isinstance(prompt, str) else [*messages[:-1], {**messages[-1], "content": text}]
+
+
+def _to_cached(c: Completion) -> CachedResult:
+    return CachedResult(c.text, c.finish_reason, int(c.prompt_tokens), len(c.token_ids))
+
+
+def _stream(eng: Any, prompts: list[Any], params: SamplingParams) -> Iterator[list[tuple[int, Completion]]]:
+    if hasattr(eng, "stream"):
+        yield from eng.stream(prompts, params)
+    else:
+        yield list(enumerate(eng.generate(prompts, params)))
+
+
+def map_table(table: pa.Table, spec: MapSpec, *, cache_dir: CacheDir = None, progress: bool | None = None,
+              engine: Any = None) -> MapRun:
+    """Run `spec` over every row of `table`; an iterator of record batches as blocks finish (rows already
+    cached, null and unrenderable rows come first; not in row order). cache_dir: None = the default
+    result cache dir, False = no cache. progress: None = a bar when stderr is a TTY. engine: an object
+    with the `engine.LLM` API (default: the process-wide cached LLM for spec.model/spec.engine).
+    The returned MapRun's `.summary` holds the figures (final once exhausted)."""
+    return MapRun(table, spec, cache_dir=cache_dir, progress=progress, engine=engine)
+
+
+def map_table_ordered(table: pa.Table, spec: MapSpec, **kwargs: Any) -> pa.Table:
+    """All of `map_table`'s rows as one table in row order (same columns; kwargs as map_table)."""
+    return map_table(table, spec, **kwargs).ordered()

@@ -1,0 +1,226 @@
+"""Load a pipeline YAML file into a validated `Pipeline`, with errors that name file, line and key.
+
+YAML is read with a `yaml.SafeLoader` subclass whose mappings and sequences remember the line of each
+key / item (`LineDict`, `LineList`); duplicate keys are errors (plain YAML keeps the last silently).
+A pydantic error's location is walked through that data to find the line, and through the schema to
+say what was expected (e.g. the allowed keys for an unknown one). Every failure raises `PipelineError`.
+"""
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from llmops.pipeline.spec import Pipeline
+
+
+class PipelineError(ValueError):
+    """An invalid pipeline (a job-level error: the CLI exits 2). `problems` lists one line per error,
+    each `file:line: key.path: message`."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid pipeline:\n  " + "\n  ".join(problems))
+
+
+class LineDict(dict):
+    """A dict that knows the 1-based line of each key (`key_lines`) and of itself (`line`)."""
+    line: int = 0
+    key_lines: dict[Any, int]
+
+
+class LineList(list):
+    """A list that knows the 1-based line of each item (`item_lines`) and of itself (`line`)."""
+    line: int = 0
+    item_lines: list[int]
+
+
+class _LineLoader(yaml.SafeLoader):
+    pass
+
+
+def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> LineDict:
+    loader.flatten_mapping(node)
+    out, lines = LineDict(), {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in lines:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {lines[key]})", key_node.start_mark)
+        lines[key] = key_node.start_mark.line + 1
+        out[key] = loader.construct_object(value_node, deep=True)
+    out.key_lines, out.line = lines, node.start_mark.line + 1
+    return out
+
+
+def _construct_seq(loader: _LineLoader, node: yaml.SequenceNode) -> LineList:
+    out = LineList(loader.construct_object(child, deep=True) for child in node.value)
+    out.item_lines, out.line = [child.start_mark.line + 1 for child in node.value], node.start_mark.line + 1
+    return out
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_map)
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_seq)
+
+
+def parse_yaml(text: str, *, filename: str = "<string>") -> Any:
+    """Parse YAML safely into LineDict/LineList/scalars; a syntax error raises PipelineError with its line."""
+    try:
+        return yaml.load(text, Loader=_LineLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{filename}:{mark.line + 1}:{mark.column + 1}" if mark else filename
+        problem = " ".join(p for p in (exc.context, exc.problem) if p)
+        raise PipelineError([f"{where}: YAML syntax error: {problem}"]) from None
+    except yaml.YAMLError as exc:
+        raise PipelineError([f"{filename}: YAML error: {exc}"]) from None
+
+
+def locate(data: Any, loc: tuple) -> tuple[int | None, str]:
+    """The line of the deepest part of `loc` present in `data`, and `loc` as a readable key path.
+
+    Parts absent from the data (pydantic repeats a union's tag: steps.0.llm_map.llm_map) are skipped."""
+    line, node, path, previous = getattr(data, "line", None), data, "", None
+    for part in loc:
+        if part == previous:
+            continue
+        previous = part
+        if isinstance(node, LineDict) and part in node:
+            line, node = node.key_lines[part], node[part]
+            path += f".{part}" if path else str(part)
+        elif isinstance(node, LineList) and isinstance(part, int) and 0 <= part < len(node):
+            line, node = node.item_lines[part], node[part]
+            path += f"[{part}]"
+        elif isinstance(node, (LineDict, LineList)) and isinstance(part, str):
+            path += f".{part}" if path else part
+    return line, path or "(top level)"
+
+
+def _strip_annotated(tp: Any) -> Any:
+    while typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    return tp
+
+
+def _tag_of(tp: Any) -> str | None:
+    if typing.get_origin(tp) is typing.Annotated:
+        return next((getattr(m, "tag") for m in typing.get_args(tp)[1:] if hasattr(m, "tag")), None)
+    return None
+
+
+def expected_keys(model: type[BaseModel], loc: tuple) -> list[str] | None:
+    """The keys allowed in the mapping at `loc` (walking fields, lists and tagged unions), or None."""
+    tp: Any = model
+    for part in loc:
+        tp = _strip_annotated(tp)
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            by_key = {(f.alias or name): f for name, f in tp.model_fields.items()}
+            if part not in by_key:
+                return None
+            tp = by_key[part].annotation
+            continue
+        args = typing.get_args(tp)
+        if typing.get_origin(tp) in (list, LineList) and isinstance(part, int):
+            tp = args[0]
+        elif typing.get_origin(tp) is dict:
+            tp = args[1]
+        elif args:
+            tagged = [a for a in args if _tag_of(a) == part]
+            models = [_strip_annotated(a) for a in args if isinstance(_strip_annotated(a), type)
+                      and issubclass(_strip_annotated(a), BaseModel)]
+            if tagged:
+                tp = tagged[0]
+            elif len(models) == 1:
+                tp = models[0]
+                by_key = {(f.alias or name): f for name, f in tp.model_fields.items()}
+                if part not in by_key:
+                    return None
+                tp = by_key[part].annotation
+            else:
+                return None
+        else:
+            return None
+    tp = _strip_annotated(tp)
+    args = [_strip_annotated(a) for a in typing.get_args(tp)] or [tp]
+    models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+    if len(models) != 1:
+        return None
+    return sorted((f.alias or name) for name, f in models[0].model_fields.items())
+
+
+def _message(err: dict, model: type[BaseModel]) -> str:
+    kind, loc = err["type"], err["loc"]
+    if kind == "extra_forbidden":
+        allowed = expected_keys(model, loc[:-1])
+        hint = f"; expected one of: {', '.join(allowed)}" if allowed else ""
+        return f"unknown key {loc[-1]!r}{hint}"
+    if kind == "missing":
+        return f"missing required key {loc[-1]!r}"
+    if kind == "invalid_step":
+        got = list(err["input"]) if isinstance(err["input"], dict) else type(err["input"]).__name__
+        return f"{err['msg']}; got {got}"
+    msg = err["msg"].removeprefix("Value error, ")
+    if kind not in ("value_error", "assertion_error") and not isinstance(err.get("input"), (dict, list)):
+        msg += f" (got {err['input']!r})"
+    return msg
+
+
+def validation_problems(exc: ValidationError, data: Any, filename: str) -> list[str]:
+    """One `file:line: key.path: message` string per pydantic error."""
+    located = []
+    for err in exc.errors():
+        line, path = locate(data, tuple(err["loc"]))
+        where = f"{filename}:{line}" if line else filename
+        located.append((line or 0, f"{where}: {path}: {_message(err, Pipeline)}"))
+    return [text for _, text in sorted(located, key=lambda item: item[0])]
+
+
+def apply_overrides(data: Any, overrides: list[str]) -> None:
+    """Apply `KEY.PATH=VALUE` overrides in place (VALUE parsed as YAML; list items by index:
+    `steps.1.llm_map.max_new_tokens=8`). A malformed override raises PipelineError."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise PipelineError([f"--set {item!r}: expected KEY.PATH=VALUE"])
+        parts, node = key.split("."), data
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise PipelineError([f"--set {item!r}: {'.'.join(parts[:i]) or 'top'} has no item {part!r}"])
+                part = int(part)
+            elif not isinstance(node, dict):
+                raise PipelineError([f"--set {item!r}: {'.'.join(parts[:i])} is not a mapping"])
+            if last:
+                node[part] = yaml.safe_load(raw)
+            else:
+                if isinstance(node, dict) and part not in node:
+                    node[part] = {}
+                node = node[part]
+
+
+def load_pipeline(path: str | Path, *, overrides: list[str] = ()) -> Pipeline:
+    """Read and validate a pipeline YAML file. Raises PipelineError (file/line/key in each problem)."""
+    filename = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PipelineError([f"{filename}: cannot read pipeline file: {exc.strerror}"]) from None
+    data = parse_yaml(text, filename=filename)
+    if not isinstance(data, dict):
+        raise PipelineError([f"{filename}:1: a pipeline is a mapping with keys source, steps, sink; "
+                             f"got {type(data).__name__}"])
+    apply_overrides(data, list(overrides))
+    try:
+        return Pipeline.from_dict(data)
+    except ValidationError as exc:
+        raise PipelineError(validation_problems(exc, data, filename)) from None
+
+
+def dump_pipeline(pipeline: Pipeline) -> str:
+    """The pipeline as YAML (defaults omitted); `load_pipeline` of it gives an equal Pipeline."""
+    return yaml.safe_dump(pipeline.to_dict(), sort_keys=False, allow_unicode=True, width=110)
+

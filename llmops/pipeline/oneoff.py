@@ -1,0 +1,156 @@
+"""What `llmops generate` and `llmops models` do, kept out of the click layer.
+
+`generate` maps a template over a table file (CSV/Parquet/JSONL) or over the lines of a text file /
+stdin (each line is the column `prompt`), then prints one result per row or writes a table.
+`list_all_models` gathers the engine's aliases and presets plus model files found in local folders.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import click
+import pyarrow as pa
+
+from llmops.core import MapSpec, map_table
+from llmops.pipeline.sinks import SinkWriter
+from llmops.pipeline.sources import read_source
+from llmops.pipeline.spec import LlmMap, Sink, Source, schema_from_shorthand
+from llmops.pipeline.steps import ROW_COLUMN, attach_output
+
+TABLE_SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
+def _read_input(input_file: str, template: str | None, stdin: TextIO) -> tuple[pa.Table, str]:
+    suffix = Path(input_file).suffix.lower()
+    if input_file != "-" and suffix in TABLE_SUFFIXES:
+        if not template:
+            raise click.BadParameter(f"{input_file} is a table: give --template with {{column}} placeholders")
+        return read_source(Source(**{TABLE_SUFFIXES[suffix]: input_file})), template
+    if input_file == "-":
+        text = stdin.read()
+    else:
+        try:
+            text = Path(input_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {input_file}: {exc.strerror}") from None
+    lines = [line for line in text.splitlines() if line.strip()]
+    return pa.table({"prompt": pa.array(lines, pa.string())}), template or "{prompt}"
+
+
+def _schema(text: str | None) -> dict | None:
+    if text is None:
+        return None
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise click.BadParameter(f"--schema {text}: {exc.strerror}") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"--schema is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise click.BadParameter("--schema must be a JSON object")
+    return schema_from_shorthand(value)
+
+
+def _line(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value.replace("\\", "\\\\").replace("\n", "\\n")
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def generate(input_file: str, *, template: str | None, model: str, system: str | None, schema: str | None,
+             choices: str | None, max_new_tokens: int, temperature: float, output: str | None, jsonl: bool,
+             use_cache: bool, progress: bool | None, stdin: TextIO | None = None,
+             engine: Any = None) -> int:
+    """Run one template over the input; print (one line per row, in input order) or write `output`.
+    Returns the number of failed rows; job-level problems raise (click.BadParameter, TemplateError...)."""
+    table, template = _read_input(input_file, template, stdin or sys.stdin)
+    spec = MapSpec(template=template, model=model, system=system, schema=_schema(schema),
+                   choices=tuple(c.strip() for c in choices.split(",") if c.strip()) if choices else None,
+                   max_new_tokens=max_new_tokens, temperature=temperature)
+    run = map_table(table, spec, cache_dir=None if use_cache else False, progress=progress, engine=engine)
+    results = run.ordered()
+    if output is not None:
+        suffix = Path(output).suffix.lower()
+        if suffix not in TABLE_SUFFIXES:
+            raise click.BadParameter(f"--output {output}: use a .csv, .parquet or .jsonl name")
+        writer = SinkWriter(Sink(**{TABLE_SUFFIXES[suffix]: output}))
+        writer.write(attach_output(table, results, LlmMap(output="output", template=template)))
+        writer.commit()
+    else:
+        for rec in results.to_pylist():
+            click.echo(json.dumps({k: rec[k] for k in ("row", "output", "finish_reason", "error")},
+                                  ensure_ascii=False, default=str) if jsonl else _line(rec["output"]))
+    failed = run.summary.errors + run.summary.truncated
+    click.echo(str(run.summary), err=True)
+    return failed
+
+
+def _engine_models() -> list[dict[str, Any]]:
+    from llmops import core
+
+    lister = getattr(core, "list_models", None)
+    if lister is None:
+        from engine.models.loader import list_models as lister  # the CLI's only direct engine import
+    return list(lister())
+
+
+def _local_models(folder: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    if not folder.is_dir():
+        return rows
+    for p in sorted(folder.expanduser().iterdir()):
+        if p.is_dir() and (p / "config.json").exists():
+            size = sum(f.stat().st_size for f in p.glob("*.safetensors"))
+            rows.append({"name": str(p), "kind": "folder", "available": True, "bytes": size or None})
+        elif p.suffix == ".gguf":
+            rows.append({"name": str(p), "kind": "gguf", "available": True, "bytes": p.stat().st_size})
+    return rows
+
+
+def list_all_models(dirs: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
+    """Aliases and presets from the engine, then local models under `dirs` and `$LLMOPS_MODELS_DIR`."""
+    rows = _engine_models()
+    folders = list(dirs) + ([Path(os.environ["LLMOPS_MODELS_DIR"])] if os.environ.get("LLMOPS_MODELS_DIR") else [])
+    for folder in folders:
+        rows.extend(_local_models(Path(folder).expanduser()))
+    return rows
+
+
+def _count(n: float | None) -> str:
+    """135M, 6.86B: a parameter count."""
+    if not n:
+        return "-"
+    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return str(int(n))
+
+
+def _bytes(n: float | None) -> str:
+    """313MiB, 12.8GiB: a size in binary units."""
+    if not n:
+        return "-"
+    for suffix, scale in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return f"{int(n)}B"
+
+
+def models_table(rows: list[dict[str, Any]]) -> str:
+    """A fixed-width table: name, kind, parameters, size, availability and a note."""
+    table = [("NAME", "KIND", "PARAMS", "SIZE", "AVAILABLE", "NOTE")]
+    for r in rows:
+        note = r.get("install") or r.get("description") or r.get("architecture") or ""
+        table.append((str(r.get("name")), str(r.get("kind", "")), _count(r.get("params")), _bytes(r.get("bytes")),
+                      "yes" if r.get("available") else "no", str(note)))
+    widths = [max(len(row[i]) for row in table) for i in range(5)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:5], widths)) + "  " + row[5] for row in table)

@@ -1,0 +1,151 @@
+"""`llmops run --dry-run`: validate a pipeline against a sample of its data and describe what would run.
+
+Nothing is generated and no engine is created: the source is read with a small limit, table steps run
+on that sample, and each llm_map is checked (template columns, examples) and stands in null output
+columns of its declared type so later steps and templates can be checked too. The plan is a dict
+(JSON-ready); `format_plan` renders it for people.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+
+from llmops import core
+from llmops.core import output_schema, output_type
+from llmops.pipeline.runner import cache_setting
+from llmops.pipeline.sinks import SinkWriter
+from llmops.pipeline.sources import read_source
+from llmops.pipeline.spec import ROW_WISE, LlmMapStep, Pipeline, step_kind
+from llmops.pipeline.steps import ROW_COLUMN, apply_step, attach_output, map_spec, step_label
+from llmops.result_cache import default_cache_dir
+from llmops.templates import RowRenderError, TemplateError, build_prompt, check_columns
+
+POLICY_NOTE = ("chosen when the model loads, from this run's prompt lengths, max_new_tokens and the memory "
+               "budgets (see `llmops policy --model ...` to preview one)")
+
+
+def _null_outputs(table: pa.Table, step: LlmMapStep, pipeline: Pipeline) -> pa.Table:
+    spec = map_spec(step.llm_map, pipeline)
+    n = table.num_rows
+    cols = {f.name: pa.nulls(n, f.type) for f in output_schema(spec)}
+    cols["row"] = pa.array(range(n), pa.int64())
+    fake = pa.table(cols, schema=output_schema(spec))
+    return attach_output(table, fake, step.llm_map).drop_columns([ROW_COLUMN])
+
+
+def _example_prompt(table: pa.Table, step: LlmMapStep, label: str) -> Any:
+    cfg = step.llm_map
+    try:
+        check_columns(cfg.template, table.column_names)
+    except TemplateError as exc:
+        raise TemplateError(f"{label}: {exc}") from None
+    if table.num_rows == 0:
+        return "(no sample row reaches this step)"
+    row = table.slice(0, 1).to_pylist()[0]
+    try:
+        return build_prompt(cfg.template, row, system=cfg.system,
+                            examples=[{"input": e.input, "output": e.output} for e in cfg.examples])
+    except (TemplateError, RowRenderError) as exc:
+        return f"(the first sample row cannot be rendered: {exc})"
+
+
+def _policy_preview(pipeline: Pipeline, steps: list[dict[str, Any]]) -> str:
+    """The policy the engine would choose, when `llmops.core.explain_policy(spec, prompts) -> str` exists
+    (it must not generate); else POLICY_NOTE."""
+    explain = getattr(core, "explain_policy", None)
+    llm = [(s, e) for s, e in zip(pipeline.steps, steps) if isinstance(s, LlmMapStep)]
+    if explain is None or not llm:
+        return POLICY_NOTE
+    step, entry = llm[-1]
+    prompt = entry.get("example_prompt")
+    try:
+        return str(explain(map_spec(step.llm_map, pipeline), [prompt] if not isinstance(prompt, str)
+                           or not prompt.startswith("(") else []))
+    except Exception as exc:  # noqa: BLE001 (a preview only: the run decides for real)
+        return f"{POLICY_NOTE}; preview failed: {type(exc).__name__}: {exc}"
+
+
+def _describe(step: Any) -> str:
+    kind = step_kind(step)
+    if isinstance(step, LlmMapStep):
+        c = step.llm_map
+        constraint = ("schema " + ", ".join(c.schema_.get("properties", {})) if c.schema_ is not None else
+                      f"choices {c.choices}" if c.choices is not None else
+                      f"regex {c.regex!r}" if c.regex is not None else "free text")
+        target = "columns from the schema" if c.unnest else f"column {c.output!r}"
+        return (f"llm_map -> {target}: {constraint}; max_new_tokens={c.max_new_tokens}, "
+                f"{len(c.examples)} example(s)" + (f", model {c.model}" if c.model else ""))
+    value = getattr(step, kind)
+    return f"{kind}: {value if isinstance(value, str) else json.dumps(value)}"
+
+
+def plan_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: bool = True,
+                  sample_rows: int = 20) -> dict[str, Any]:
+    """Validate `pipeline` on at most `sample_rows` source rows and return its plan (no generation).
+    Raises what `run_pipeline` would raise for the same data (SourceError, StepError, TemplateError)."""
+    n = sample_rows if limit is None else min(limit, sample_rows)
+    table = read_source(pipeline.source, limit=n)
+    steps_out: list[dict[str, Any]] = []
+    for i, step in enumerate(pipeline.steps):
+        entry: dict[str, Any] = {"index": i, "kind": step_kind(step), "detail": _describe(step),
+                                 "rows_in_sample": None}
+        label = step_label(i, step)
+        if isinstance(step, LlmMapStep):
+            spec = map_spec(step.llm_map, pipeline)
+            entry.update(model=spec.model, output_type=str(output_type(spec)),
+                         example_prompt=_example_prompt(table, step, label))
+            table = _null_outputs(table, step, pipeline)
+        else:
+            table = apply_step(i, step, table)
+        entry["rows_in_sample"] = table.num_rows
+        steps_out.append(entry)
+    llm = [i for i, s in enumerate(pipeline.steps) if isinstance(s, LlmMapStep)]
+    streams = bool(llm) and all(isinstance(s, ROW_WISE) for s in pipeline.steps[llm[-1] + 1:])
+    cache = cache_setting(pipeline, use_cache)
+    writer = SinkWriter(pipeline.sink)
+    return {
+        "name": pipeline.name, "description": pipeline.description, "model": pipeline.model,
+        "engine": {"policy": pipeline.engine.policy, **pipeline.engine.llm_kwargs()},
+        "policy_note": _policy_preview(pipeline, steps_out),
+        "source": {"kind": pipeline.source.kind, "from": getattr(pipeline.source, pipeline.source.kind),
+                   "limit": limit, "sample_rows": n},
+        "steps": steps_out,
+        "output_columns": [c for c in table.column_names if c != ROW_COLUMN],
+        "sink": {"kind": pipeline.sink.kind, "target": pipeline.sink.target, "mode": pipeline.sink.mode,
+                 "staging": str(writer.staging), "streaming": streams},
+        "cache_dir": "disabled" if cache is False else str(cache or default_cache_dir()),
+    }
+
+
+def _indent(text: str, pad: str) -> str:
+    return "\n".join(pad + line for line in text.splitlines())
+
+
+def format_plan(plan: dict[str, Any]) -> str:
+    """The plan as readable text (what `llmops run --dry-run` prints)."""
+    src, sink = plan["source"], plan["sink"]
+    lines = [f"pipeline: {plan['name'] or '(unnamed)'}" + (f" - {plan['description']}" if plan["description"] else ""),
+             f"model: {plan['model']}",
+             "engine: " + ", ".join(f"{k}={v}" for k, v in plan["engine"].items()),
+             f"policy: {plan['engine']['policy']} ({plan['policy_note']})",
+             f"source: {src['kind']} {src['from']}" + (f" (limit {src['limit']})" if src["limit"] is not None else ""),
+             f"steps (checked on {src['sample_rows']} sample rows):"]
+    for s in plan["steps"]:
+        detail = "\n       ".join(s["detail"].splitlines())
+        lines.append(f"  {s['index']}. {detail}  [{s['rows_in_sample']} sample rows after]")
+        if "example_prompt" in s:
+            prompt = s["example_prompt"]
+            lines.append(f"     output type: {s['output_type']}; example prompt (first sample row):")
+            if isinstance(prompt, str):
+                lines.append(_indent(prompt, "       "))
+            else:
+                for m in prompt:
+                    lines.append(_indent(f"[{m['role']}] {m['content']}", "       "))
+    lines += [f"output columns: {', '.join(plan['output_columns'])}",
+              f"sink: {sink['kind']} {sink['target']} ({'streamed' if sink['streaming'] else 'collected'} into "
+              f"{sink['staging']}, published at the end)",
+              f"result cache: {plan['cache_dir']}",
+              "dry run: nothing was generated"]
+    return "\n".join(lines)

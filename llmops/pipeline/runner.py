@@ -1,0 +1,160 @@
+"""Run a validated `Pipeline`: source -> steps -> sink, streaming the last llm_map's results to the sink.
+
+Steps before the last `llm_map` run on the whole table (an earlier llm_map is collected in row order).
+The last llm_map streams: each batch of finished rows is joined to its input rows, passed through the
+row-wise steps after it (filter, parse, select) and written to the sink's staging file at once. When a
+non-row-wise step (sql, dedupe) follows it, its results are collected first and the tail runs on the
+whole table. The sink is published atomically at the end (see `sinks.py`); with the result cache on, a
+rerun after a crash recomputes only the rows that had not finished.
+
+Job-level problems raise: `SourceError`, `StepError`, `TemplateError` (the pipeline does not fit its
+data: the CLI exits 2), `SinkError` or the engine's own exception (exit 1). Per-row failures are counted
+in `RunResult.failed_rows`, never raised.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+from llmops.core import CacheDir, MapRun, map_table, output_schema
+from llmops.pipeline.sinks import SinkWriter
+from llmops.pipeline.sources import read_source
+from llmops.pipeline.spec import ROW_WISE, LlmMapStep, Pipeline
+from llmops.pipeline.steps import ROW_COLUMN, StepError, apply_step, attach_output, map_spec, step_label
+from llmops.templates import TemplateError
+
+
+@dataclass
+class RunResult:
+    """Figures of one pipeline run. failed_rows: rows whose llm_map output is null because of an error or
+    a structured output cut by max_new_tokens (summed over llm_map steps); tokens count this run's
+    engine work only (cached rows cost none)."""
+
+    name: str
+    output: str
+    source_rows: int = 0
+    rows_written: int = 0
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    cache_hits: int = 0
+    failed_rows: int = 0
+    seconds: float = 0.0
+    llm_steps: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per wall-clock second of the whole run."""
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tokens_per_s": round(self.tokens_per_s, 2)}
+
+    def __str__(self) -> str:
+        return (f"{self.name}: {self.source_rows} rows read, {self.rows_written} written to {self.output} in "
+                f"{self.seconds:.1f}s; {self.generated_tokens} tokens generated ({self.tokens_per_s:.1f} tok/s), "
+                f"{self.cache_hits} cache hits, {self.failed_rows} failed rows")
+
+
+def cache_setting(pipeline: Pipeline, use_cache: bool) -> CacheDir:
+    """The `cache_dir` argument of map_table: False when caching is off, else the pipeline's setting."""
+    return False if not use_cache else pipeline.cache_dir
+
+
+def _with_positions(table: pa.Table) -> pa.Table:
+    """`table` with ROW_COLUMN set to each row's position."""
+    if ROW_COLUMN in table.column_names:
+        table = table.drop_columns([ROW_COLUMN])
+    return table.append_column(ROW_COLUMN, pa.array(range(table.num_rows), pa.int64()))
+
+
+class _Run:
+    """State of one run: the options, the figures and the MapRuns whose summaries feed them."""
+
+    def __init__(self, pipeline: Pipeline, *, limit: int | None, use_cache: bool, progress: bool | None,
+                 engine: Any) -> None:
+        self.pipeline, self.limit, self.progress, self.engine = pipeline, limit, progress, engine
+        self.cache_dir = cache_setting(pipeline, use_cache)
+        self.result = RunResult(name=pipeline.name or "pipeline", output=pipeline.sink.target)
+        self.maps: list[tuple[int, MapRun]] = []
+
+    def start_map(self, index: int, step: LlmMapStep, table: pa.Table) -> MapRun:
+        label = step_label(index, step)
+        try:
+            run = map_table(table, map_spec(step.llm_map, self.pipeline), cache_dir=self.cache_dir,
+                            progress=self.progress, engine=self.engine)
+        except TemplateError as exc:
+            raise TemplateError(f"{label}: {exc}") from None
+        self.maps.append((index, run))
+        return run
+
+    def tally(self) -> None:
+        res = self.result
+        for index, run in self.maps:
+            s = run.summary
+            res.generated_tokens += s.generated_tokens
+            res.prompt_tokens += s.prompt_tokens
+            res.cache_hits += s.cache_hits
+            res.failed_rows += s.errors + s.truncated
+            res.llm_steps.append({"step": index, "output": self.pipeline.steps[index].llm_map.output,
+                                  **s.to_dict()})
+
+
+def _batches(table: pa.Table, run: MapRun, step: LlmMapStep) -> Iterator[pa.Table]:
+    """Joined output batches of a MapRun; one empty batch when the table has no rows."""
+    produced = False
+    for batch in run:
+        produced = True
+        yield attach_output(table, batch, step.llm_map)
+    if not produced:
+        yield attach_output(table, output_schema(run.spec).empty_table(), step.llm_map)
+
+
+def run_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: bool = True,
+                 progress: bool | None = None, engine: Any = None) -> RunResult:
+    """Run `pipeline` to completion and publish its sink. limit: read at most this many source rows.
+    use_cache False: ignore and do not fill the result cache. progress: None = a bar when stderr is a
+    TTY. engine: an `engine.LLM`-like object for every llm_map (tests); default: the cached engine."""
+    start = time.perf_counter()
+    state = _Run(pipeline, limit=limit, use_cache=use_cache, progress=progress, engine=engine)
+    table = read_source(pipeline.source, limit=limit)
+    state.result.source_rows = table.num_rows
+    steps = pipeline.steps
+    llm_indices = [i for i, s in enumerate(steps) if isinstance(s, LlmMapStep)]
+    last = llm_indices[-1] if llm_indices else -1
+    for i, step in enumerate(steps[:max(last, 0)]):
+        if isinstance(step, LlmMapStep):
+            ordered = state.start_map(i, step, table).ordered()
+            table = attach_output(table, ordered, step.llm_map).drop_columns([ROW_COLUMN])
+        else:
+            table = apply_step(i, step, table)
+    tail = list(enumerate(steps))[last + 1:]
+    writer = SinkWriter(pipeline.sink)
+    try:
+        if last < 0:
+            parts: Iterator[pa.Table] = iter([_with_positions(table)])
+        else:
+            parts = _batches(table, state.start_map(last, steps[last], table), steps[last])
+        if all(isinstance(s, ROW_WISE) for _, s in tail):
+            for part in parts:
+                for i, step in tail:
+                    part = apply_step(i, step, part, keep=(ROW_COLUMN,))
+                writer.write(part)
+        else:
+            whole = pa.concat_tables(list(parts)).sort_by(ROW_COLUMN).drop_columns([ROW_COLUMN])
+            for i, step in tail:
+                whole = apply_step(i, step, whole)
+            writer.write(_with_positions(whole))
+        state.result.rows_written = writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        state.tally()
+        state.result.seconds = time.perf_counter() - start
+    return state.result
+
+
+__all__ = ["RunResult", "StepError", "run_pipeline"]

@@ -1,0 +1,314 @@
+"""The pipeline schema: pydantic models for `source -> steps -> sink` (every model `extra="forbid"`).
+
+A pipeline is data. `Pipeline.from_dict(p.to_dict()) == p` for every valid pipeline; `to_dict()` omits
+defaults so it reads like what a person would write. Paths (source/sink files, databases, cache and disk
+dirs) expand `${VAR}` and `${VAR:-default}` from the environment when validated; an unset variable without
+a default is an error naming the variable. Relative paths are relative to the working directory.
+
+YAML shape (see `pipelines/*.yaml`):
+
+    model: smollm2-135m-instruct         # alias, preset, HF folder or .gguf path; steps may override
+    engine: {policy: auto, gpu_memory: 16GiB, device: auto}
+    cache_dir: out/cache                  # result cache (resume); false disables; null: $LLMOPS_CACHE_DIR
+    source: {csv: sample_data/invoices.csv}
+    steps:
+      - sql: SELECT * FROM input WHERE body IS NOT NULL     # DuckDB; the current table is `input`
+      - llm_map: {output: fields, template: "...{body}", schema: {total: number}, unnest: true}
+      - filter: total > 0                                     # a DuckDB boolean expression
+      - dedupe: [invoice_number]                             # keep the first row per key (all columns: [])
+      - parse: {total: double, due: date}                    # TRY_CAST: unparsable -> null
+      - select: [id, invoice_number, total]                  # or {new_name: SQL expression}
+    sink: {parquet: out/invoices.parquet}
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_env(value: str) -> str:
+    """Replace `${VAR}` / `${VAR:-default}` with the environment's value; unset and no default: error."""
+    def sub(match: re.Match) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise ValueError(f"environment variable {name} is not set (used in {value!r}; "
+                         f"write ${{{name}:-default}} for a fallback)")
+    return _ENV.sub(sub, value)
+
+
+PathStr = Annotated[str, AfterValidator(expand_env)]
+
+TYPE_ALIASES: dict[str, str] = {
+    "string": "VARCHAR", "str": "VARCHAR", "text": "VARCHAR", "varchar": "VARCHAR",
+    "int": "BIGINT", "integer": "BIGINT", "bigint": "BIGINT",
+    "float": "DOUBLE", "double": "DOUBLE", "number": "DOUBLE",
+    "bool": "BOOLEAN", "boolean": "BOOLEAN",
+    "date": "DATE", "timestamp": "TIMESTAMP", "datetime": "TIMESTAMP",
+}
+_DECIMAL = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$", re.IGNORECASE)
+
+
+def duckdb_type(name: str) -> str:
+    """The DuckDB type for a `parse` type name (see TYPE_ALIASES, or decimal(p,s)); else ValueError."""
+    key = name.strip().lower()
+    if key in TYPE_ALIASES:
+        return TYPE_ALIASES[key]
+    match = _DECIMAL.match(key)
+    if match:
+        return f"DECIMAL({match.group(1)},{match.group(2)})"
+    raise ValueError(f"unknown type {name!r}; expected one of {', '.join(sorted(TYPE_ALIASES))} or decimal(p,s)")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def _exactly_one(model: BaseModel, names: tuple[str, ...], what: str) -> str:
+    given = [n for n in names if getattr(model, n) is not None]
+    if len(given) != 1:
+        raise ValueError(f"{what} needs exactly one of {', '.join(names)}; got "
+                         f"{', '.join(given) if given else 'none'}")
+    return given[0]
+
+
+class Source(_Strict):
+    """Where rows come from: one file (csv, parquet, jsonl), a DuckDB `query` (optionally over a
+    `database` file), or a `table` of a `database` file. `limit` caps the rows read."""
+
+    csv: PathStr | None = None
+    parquet: PathStr | None = None
+    jsonl: PathStr | None = None
+    query: str | None = None
+    table: str | None = None
+    database: PathStr | None = None
+    limit: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "Source":
+        kind = _exactly_one(self, ("csv", "parquet", "jsonl", "query", "table"), "source")
+        if kind == "table" and self.database is None:
+            raise ValueError("source.table needs source.database (a DuckDB file)")
+        if self.database is not None and kind not in ("query", "table"):
+            raise ValueError(f"source.database goes with query or table, not {kind}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(n for n in ("csv", "parquet", "jsonl", "query", "table") if getattr(self, n) is not None)
+
+
+class Sink(_Strict):
+    """Where results go: a parquet/csv/jsonl file or a DuckDB `table` in a `database` file. Files are
+    written under a temporary name and renamed when the run completes; a DuckDB table is replaced
+    (`mode: replace`) or appended to (`mode: append`) in one transaction at the end."""
+
+    parquet: PathStr | None = None
+    csv: PathStr | None = None
+    jsonl: PathStr | None = None
+    database: PathStr | None = None
+    table: str | None = None
+    mode: Literal["replace", "append"] = "replace"
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "Sink":
+        kind = _exactly_one(self, ("parquet", "csv", "jsonl", "database"), "sink")
+        if kind == "database" and not self.table:
+            raise ValueError("sink.database needs sink.table (the DuckDB table to write)")
+        if kind != "database" and self.table is not None:
+            raise ValueError("sink.table goes with sink.database")
+        if kind != "database" and self.mode != "replace":
+            raise ValueError("sink.mode 'append' is only for a DuckDB table; files are always replaced")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(n for n in ("parquet", "csv", "jsonl", "database") if getattr(self, n) is not None)
+
+    @property
+    def target(self) -> str:
+        """A human name for where the rows end up."""
+        return f"{self.database}:{self.table}" if self.kind == "database" else str(getattr(self, self.kind))
+
+
+class EngineSettings(_Strict):
+    """Arguments of `engine.LLM(...)`. Sizes are bytes or strings like "16GiB"; None: no budget."""
+
+    policy: str = "auto"
+    gpu_memory: int | str | None = None
+    cpu_memory: int | str | None = None
+    disk_dir: PathStr | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    compress_weights: bool = False
+    compress_cache: bool = False
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """The settings that differ from `LLM`'s defaults, as keyword arguments."""
+        return self.model_dump(exclude_defaults=True)
+
+
+class Example(_Strict):
+    """A few-shot example: `input` fills the template's columns, `output` is the ideal answer."""
+
+    input: dict[str, Any]
+    output: str | dict[str, Any]
+
+
+_JSON_TYPES = {"string", "number", "integer", "boolean"}
+
+
+def schema_from_shorthand(schema: dict[str, Any]) -> dict[str, Any]:
+    """Accept a full JSON schema (has `properties`, or `type: object`) or the shorthand
+    `{field: "string"|"number"|"integer"|"boolean"|{json schema}}`; return a full object schema."""
+    if "properties" in schema or schema.get("type") == "object":
+        return schema
+    props: dict[str, Any] = {}
+    for name, spec in schema.items():
+        if isinstance(spec, str):
+            if spec not in _JSON_TYPES:
+                raise ValueError(f"schema field {name!r}: type {spec!r} is not one of {sorted(_JSON_TYPES)}")
+            props[name] = {"type": spec}
+        elif isinstance(spec, dict):
+            props[name] = spec
+        else:
+            raise ValueError(f"schema field {name!r}: expected a type name or a JSON schema, got {spec!r}")
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+class LlmMap(_Strict):
+    """Generate one value per row into column `output` from `template` (`{column}` placeholders).
+
+    At most one of `schema` (JSON schema or shorthand: struct output), `choices` (one of these strings)
+    and `regex` constrains decoding. `unnest: true` turns a struct output into one column per field
+    (`unnest: "prefix_"` prefixes them). `error_column` names an optional column holding each row's error.
+    `model` overrides the pipeline's model for this step."""
+
+    output: str = Field(min_length=1)
+    template: str = Field(min_length=1)
+    system: str | None = None
+    examples: list[Example] = []
+    schema_: Annotated[dict[str, Any] | None, AfterValidator(
+        lambda s: None if s is None else schema_from_shorthand(s))] = Field(None, alias="schema")
+    choices: list[str] | None = Field(None, min_length=1)
+    regex: str | None = None
+    model: str | None = None
+    max_new_tokens: int = Field(64, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    seed: int = 0
+    stop: list[str] = []
+    chat: bool | None = None
+    on_long_prompt: Literal["error", "truncate"] = "error"
+    unnest: bool | str = False
+    error_column: str | None = None
+
+    @model_validator(mode="after")
+    def _constraints(self) -> "LlmMap":
+        given = [n for n, v in (("schema", self.schema_), ("choices", self.choices), ("regex", self.regex))
+                 if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"llm_map takes at most one of schema, choices, regex; got {', '.join(given)}")
+        if self.unnest and self.schema_ is None:
+            raise ValueError("llm_map.unnest needs a schema (only struct outputs can be unnested)")
+        for i, ex in enumerate(self.examples):
+            if self.choices is not None and ex.output not in self.choices:
+                raise ValueError(f"examples[{i}].output {ex.output!r} is not one of choices {self.choices}")
+            if self.schema_ is not None and not isinstance(ex.output, dict):
+                raise ValueError(f"examples[{i}].output must be a mapping matching the schema")
+        return self
+
+
+class SqlStep(_Strict):
+    """Replace the table with a DuckDB query's result; the current table is named `input`."""
+    sql: str = Field(min_length=1)
+
+
+class LlmMapStep(_Strict):
+    llm_map: LlmMap
+
+
+class FilterStep(_Strict):
+    """Keep the rows where a DuckDB boolean expression over the columns is true."""
+    filter: str = Field(min_length=1)
+
+
+class DedupeStep(_Strict):
+    """Keep the first row for each distinct value of these columns (empty list: all columns)."""
+    dedupe: list[str]
+
+
+def _check_type(name: str) -> str:
+    duckdb_type(name)
+    return name
+
+
+class ParseStep(_Strict):
+    """Cast columns ({column: type}); a value that does not parse becomes null (TRY_CAST)."""
+    parse: dict[str, Annotated[str, AfterValidator(_check_type)]]
+
+
+class SelectStep(_Strict):
+    """Keep these columns, in this order: a list of names, or {new_name: DuckDB expression} (a bare
+    column name is an expression: {ident: id, amount: "CAST(replace(total, ',', '') AS DOUBLE)"}).
+    Expressions must be row-wise (no aggregates or windows: use a `sql` step for those)."""
+    select: list[str] | dict[str, str]
+
+
+STEP_KINDS: dict[str, type[_Strict]] = {
+    "sql": SqlStep, "llm_map": LlmMapStep, "filter": FilterStep, "dedupe": DedupeStep,
+    "parse": ParseStep, "select": SelectStep,
+}
+ROW_WISE = (FilterStep, ParseStep, SelectStep)  # steps that can run on each finished batch independently
+
+
+def step_kind(value: Any) -> str | None:
+    """The tag of a step: its single key (a mapping) or its model's kind (an instance)."""
+    if isinstance(value, dict):
+        return next(iter(value)) if len(value) == 1 else None
+    for name, cls in STEP_KINDS.items():
+        if isinstance(value, cls):
+            return name
+    return None
+
+
+Step = Annotated[
+    Union[tuple(Annotated[cls, Tag(name)] for name, cls in STEP_KINDS.items())],  # type: ignore[misc]
+    Discriminator(step_kind, custom_error_type="invalid_step",
+                  custom_error_message="a step is a mapping with exactly one key, one of: "
+                                       + ", ".join(STEP_KINDS)),
+]
+
+
+class Pipeline(_Strict):
+    """`source -> steps -> sink` with the model, engine settings and result cache they run with."""
+
+    name: str | None = None
+    description: str | None = None
+    model: str = "smollm2-135m-instruct"
+    engine: EngineSettings = EngineSettings()
+    cache_dir: PathStr | Literal[False] | None = None
+    source: Source
+    steps: list[Step] = []
+    sink: Sink
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (YAML-ready) without defaults; `Pipeline.from_dict` reads it back equal."""
+        return self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Pipeline":
+        """Validate a dict (raises pydantic.ValidationError; `load.py` turns it into a PipelineError)."""
+        return cls.model_validate(data)
+
+    @property
+    def llm_steps(self) -> list[LlmMap]:
+        return [s.llm_map for s in self.steps if isinstance(s, LlmMapStep)]

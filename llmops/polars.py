@@ -1,0 +1,111 @@
+"""Polars adapter: `llm_map(template, ...) -> pl.Expr`, usable in select/with_columns, eager, lazy, streaming.
+
+The template's placeholders become the expression's inputs (`pl.struct` of those columns, or of the
+expressions given in `columns`), and one `map_batches` call (not elementwise, so Polars hands it the whole
+column in one call in every engine) runs `llmops.core.map_table_ordered` with an explicit `return_dtype`
+so Polars never calls it on dummy data. One expression never generates twice for one input: the last
+input and output are kept and a repeated call with equal input returns the kept output (Polars may call
+a UDF twice, e.g. with `.struct.unnest()`, pola-rs/polars#20260); across evaluations the result cache
+serves repeats.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import polars as pl
+import pyarrow as pa
+
+from llmops.core import MapSpec, map_table_ordered, output_type
+from llmops.templates import template_fields
+
+_META = ("output", "finish_reason", "error", "prompt_tokens", "completion_tokens")
+
+
+def polars_dtype(arrow: pa.DataType) -> pl.DataType:
+    """The Polars dtype Polars gives an Arrow array of type `arrow`."""
+    return pl.Series(pa.array([], type=arrow)).dtype
+
+
+class _MapBatches:
+    """The UDF of one `llm_map` expression: owns the spec and the last (input, output) pair."""
+
+    def __init__(self, spec: MapSpec, dtype: pl.DataType, meta: bool, cache_dir: Any, progress: bool | None,
+                 engine: Any) -> None:
+        self.spec, self.dtype, self.meta = spec, dtype, meta
+        self.kw = {"cache_dir": cache_dir, "progress": progress, "engine": engine}
+        self._lock = threading.Lock()
+        self._last: tuple[pl.Series, pl.Series] | None = None
+        self.generations = 0
+
+    def __call__(self, inputs: pl.Series) -> pl.Series:
+        with self._lock:
+            if self._last is not None and self._last[0].equals(inputs):
+                return self._last[1]
+            out = self._compute(inputs)
+            self._last = (inputs, out)
+            return out
+
+    def _compute(self, inputs: pl.Series) -> pl.Series:
+        if inputs.len() == 0:
+            return pl.Series(inputs.name, [], dtype=self.dtype)
+        table = inputs.struct.unnest().to_arrow()
+        self.generations += 1
+        result = map_table_ordered(table, self.spec, **self.kw)
+        if self.meta:
+            arr = pa.StructArray.from_arrays([result.column(n).combine_chunks() for n in _META], names=_META)
+        else:
+            arr = result.column("output").combine_chunks()
+        return pl.Series(inputs.name, arr).cast(self.dtype)
+
+
+def _declared_dtype(schema: Any) -> pl.DataType | None:
+    """The Struct dtype a schema given in Polars terms asks for (so `pl.Int32` stays Int32), else None."""
+    if isinstance(schema, pl.Struct):
+        return schema
+    if isinstance(schema, pl.Schema):
+        return pl.Struct(dict(schema))
+    if isinstance(schema, Mapping) and schema and all(
+            isinstance(v, pl.DataType) or (isinstance(v, type) and issubclass(v, pl.DataType)) for v in schema.values()):
+        return pl.Struct(dict(schema))
+    return None
+
+
+def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any = None,
+            choices: Sequence[str] | None = None, regex: str | None = None, system: str | None = None,
+            examples: Sequence[Mapping[str, Any]] | None = None, max_new_tokens: int = 64,
+            temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+            stop: Sequence[str] = (), chat: bool | None = None, engine_settings: Mapping[str, Any] | None = None,
+            on_long_prompt: Literal["error", "truncate"] = "error", columns: Mapping[str, str | pl.Expr] | None = None,
+            with_meta: bool = False, cache_dir: str | Path | None | Literal[False] = None,
+            progress: bool | None = None, engine: Any = None) -> pl.Expr:
+    """An expression generating one value per row from `template` (see `llmops.core.MapSpec` for the
+    generation arguments). Output dtype: String, or a Struct matching `schema`; with `with_meta=True` a
+    Struct {output, finish_reason, error, prompt_tokens, completion_tokens}. Null in any placeholder column
+    -> null. `columns` binds placeholder names to other columns or expressions (default `pl.col(name)`).
+    `engine` is an object with the `engine.LLM` API (default: the process-wide engine for `model`).
+    Template errors (bad syntax) raise here; unknown columns raise Polars' ColumnNotFoundError (naming
+    the column and listing the frame's columns) when the query runs, before any generation."""
+    spec = MapSpec(template=template, model=model, system=system, examples=tuple(examples or ()), schema=schema,
+                   choices=tuple(choices) if choices is not None else None, regex=regex,
+                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                   stop=tuple(stop), chat=chat, engine=tuple((engine_settings or {}).items()),
+                   on_long_prompt=on_long_prompt)
+    names = template_fields(template)
+    if not names:
+        raise ValueError(f"template {template!r} has no {{column}} placeholder: nothing to map over")
+    bound = dict(columns or {})
+    unknown = sorted(set(bound) - set(names))
+    if unknown:
+        raise ValueError(f"columns {unknown} are not placeholders of template {template!r} (placeholders: {list(names)})")
+    exprs = [(pl.col(bound[n]) if isinstance(bound.get(n), str) else bound.get(n, pl.col(n))).alias(n) for n in names]
+    out = output_type(spec)
+    if with_meta:
+        out = pa.struct([("output", out), ("finish_reason", pa.string()), ("error", pa.string()),
+                         ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64())])
+    declared = None if with_meta else _declared_dtype(schema)
+    dtype = declared if declared is not None else polars_dtype(out)
+    udf = _MapBatches(spec, dtype, with_meta, cache_dir, progress, engine)
+    return pl.struct(exprs).map_batches(udf, return_dtype=dtype).alias("llm_map")

@@ -1,0 +1,185 @@
+"""Structured output: schemas in many spellings -> one JSON schema -> an Arrow type and typed values.
+
+`to_json_schema` accepts a JSON schema (dict with "type"/"properties"/"$ref"...), a mapping of field name to
+a type (Polars dtype, Python type or a JSON type name: `{"amount": pl.Float64, "city": str}`), a Polars
+`Struct`/`Schema`, or a pydantic model class. Schemas built here are strict objects (every property
+required, no extra properties) so the engine's constrained decoding yields every field. `arrow_type`
+maps a JSON schema to the Arrow type of the output column and `parse_json_output` turns a finished
+generation into a value of that type (raising ValueError naming the field at fault).
+Nothing here imports polars or pydantic eagerly.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+
+_NAMES = {
+    "string": "string", "str": "string", "utf8": "string", "text": "string", "varchar": "string",
+    "integer": "integer", "int": "integer", "int64": "integer", "bigint": "integer",
+    "number": "number", "float": "number", "float64": "number", "double": "number",
+    "boolean": "boolean", "bool": "boolean",
+}
+
+
+def _is_json_schema(d: Mapping[str, Any]) -> bool:
+    return any(k in d for k in ("type", "properties", "$ref", "anyOf", "oneOf", "enum", "$defs"))
+
+
+def _from_python_type(tp: Any, where: str) -> dict[str, Any]:
+    if tp is bool:
+        return {"type": "boolean"}
+    if tp is int:
+        return {"type": "integer"}
+    if tp is float:
+        return {"type": "number"}
+    if tp is str:
+        return {"type": "string"}
+    if isinstance(tp, str) and tp.lower() in _NAMES:
+        return {"type": _NAMES[tp.lower()]}
+    if isinstance(tp, Mapping):
+        return to_json_schema(tp)
+    raise TypeError(f"schema field {where!r}: unsupported type {tp!r} (use str, int, float, bool, a Polars "
+                    "dtype or a nested mapping)")
+
+
+def _from_polars_dtype(dtype: Any, where: str) -> dict[str, Any]:
+    import polars as pl
+
+    if isinstance(dtype, type):
+        dtype = dtype()
+    if isinstance(dtype, pl.Enum):
+        return {"type": "string", "enum": list(dtype.categories)}
+    if isinstance(dtype, pl.Struct):
+        return _strict_object({f.name: _from_polars_dtype(f.dtype, f"{where}.{f.name}") for f in dtype.fields})
+    if isinstance(dtype, (pl.List, pl.Array)):
+        return {"type": "array", "items": _from_polars_dtype(dtype.inner, f"{where}[]")}
+    if dtype.is_integer():
+        return {"type": "integer"}
+    if dtype.is_float() or dtype.is_decimal():
+        return {"type": "number"}
+    if isinstance(dtype, pl.Boolean):
+        return {"type": "boolean"}
+    if isinstance(dtype, (pl.String, pl.Categorical)):
+        return {"type": "string"}
+    if isinstance(dtype, pl.Date):
+        return {"type": "string", "format": "date"}
+    raise TypeError(f"schema field {where!r}: Polars dtype {dtype} has no JSON-schema equivalent here")
+
+
+def _is_polars(obj: Any) -> bool:
+    mod = (obj if isinstance(obj, type) else type(obj)).__module__
+    return mod.startswith("polars")
+
+
+def _strict_object(properties: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": list(properties),
+            "additionalProperties": False}
+
+
+def to_json_schema(schema: Any) -> dict[str, Any]:
+    """Normalize any supported schema spelling to a JSON schema dict (see module docstring)."""
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        return schema.model_json_schema()
+    if _is_polars(schema):
+        import polars as pl
+
+        if isinstance(schema, pl.Schema):
+            return _strict_object({k: _from_polars_dtype(v, k) for k, v in schema.items()})
+        return _from_polars_dtype(schema, "$")
+    if isinstance(schema, Mapping):
+        if _is_json_schema(schema):
+            return json.loads(json.dumps(schema))
+        props = {}
+        for name, tp in schema.items():
+            props[str(name)] = _from_polars_dtype(tp, name) if _is_polars(tp) else _from_python_type(tp, name)
+        if not props:
+            raise TypeError("schema has no fields")
+        return _strict_object(props)
+    raise TypeError(f"unsupported schema {schema!r}: give a JSON schema dict, a mapping of field -> type, a "
+                    "Polars Struct or a pydantic model class")
+
+
+def _resolve(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+    seen = 0
+    while "$ref" in node:
+        ref = node["$ref"]
+        if not ref.startswith("#/"):
+            raise ValueError(f"schema $ref {ref!r}: only local references are supported")
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target[part]
+        node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        seen += 1
+        if seen > 32:
+            raise ValueError(f"schema $ref {ref!r} is recursive: not supported as an Arrow type")
+    return node
+
+
+def _non_null_variants(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+    for key in ("anyOf", "oneOf"):
+        if key in node:
+            return [v for v in node[key] if v.get("type") != "null"]
+    return None
+
+
+def arrow_type(schema: dict[str, Any], _root: dict[str, Any] | None = None) -> pa.DataType:
+    """The Arrow type of values matching JSON schema `schema` (nullable everywhere). Untyped nodes,
+    free-form objects and unions of several types become strings holding JSON text."""
+    root = _root if _root is not None else schema
+    node = _resolve(schema, root)
+    variants = _non_null_variants(node)
+    if variants is not None:
+        return arrow_type(variants[0], root) if len(variants) == 1 else pa.string()
+    kind = node.get("type")
+    if isinstance(kind, list):
+        kinds = [k for k in kind if k != "null"]
+        kind = kinds[0] if len(kinds) == 1 else None
+    if kind is None and "enum" in node:
+        kind = "string" if all(isinstance(v, str) for v in node["enum"]) else None
+    if kind is None and "properties" in node:
+        kind = "object"
+    if kind == "object" and node.get("properties"):
+        return pa.struct([pa.field(k, arrow_type(v, root)) for k, v in node["properties"].items()])
+    if kind == "array" and isinstance(node.get("items"), dict):
+        return pa.list_(arrow_type(node["items"], root))
+    return {"integer": pa.int64(), "number": pa.float64(), "boolean": pa.bool_()}.get(kind, pa.string())
+
+
+def coerce(value: Any, typ: pa.DataType, where: str = "$") -> Any:
+    """Convert a decoded JSON value to a Python value Arrow accepts for `typ`; ValueError names `where`."""
+    if value is None:
+        return None
+    if pa.types.is_struct(typ):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
+        return {f.name: coerce(value.get(f.name), f.type, f"{where}.{f.name}") for f in typ}
+    if pa.types.is_list(typ):
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: expected an array, got {type(value).__name__}")
+        return [coerce(v, typ.value_type, f"{where}[{i}]") for i, v in enumerate(value)]
+    if pa.types.is_boolean(typ):
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: expected a boolean, got {value!r}")
+        return value
+    if pa.types.is_integer(typ):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+            raise ValueError(f"{where}: expected an integer, got {value!r}")
+        return int(value)
+    if pa.types.is_floating(typ):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def parse_json_output(text: str, schema: dict[str, Any], typ: pa.DataType) -> Any:
+    """Parse a finished generation into a value of Arrow type `typ` (see `arrow_type(schema)`)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"output is not valid JSON ({exc.msg} at char {exc.pos})") from None
+    return coerce(value, typ)

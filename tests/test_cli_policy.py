@@ -1,0 +1,96 @@
+"""`llmops policy` / `llmops profile` through click's CliRunner, and the shared size parser."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from engine.policy.hardware import default_cpu_profile, reference_profile, save_profile
+from engine.sizes import format_size, parse_size
+from llmops.cli_policy import policy_cmd, profile_cmd
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("16GiB", 16 * 1024**3), ("500GB", 500 * 10**9), ("1.5 TiB", int(1.5 * 1024**4)), ("4096", 4096),
+    (4096, 4096), ("64mib", 64 * 1024**2), ("0", 0), ("2k", 2000),
+])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["16 GiBs", "lots", "-1GB", "", "1..2GB"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="size"):
+        parse_size(text)
+
+
+def test_format_size():
+    assert format_size(16 * 1024**3) == "16.00 GiB"
+
+
+BASE = ["--model", "opt-30b", "--gpu-memory", "16GiB", "--cpu-memory", "100GiB", "--disk-memory", "500GiB",
+        "--prompt-len", "512", "--gen-len", "32", "--hardware", "h200"]
+
+
+def test_policy_json_keys():
+    result = CliRunner().invoke(policy_cmd, BASE + ["--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert {"policy", "predicted_tokens_per_s", "prefill_s", "decode_s", "peak_memory_gib"} <= set(data)
+    assert set(data["peak_memory_gib"]) == {"gpu", "cpu", "disk"}
+    assert data["peak_memory_gib"]["gpu"] <= 16
+    assert {"gpu_batch_size", "num_gpu_batches", "w_gpu", "cache_cpu", "cpu_attention"} <= set(data["policy"])
+    assert "h200" in data["profile"]
+
+
+def test_policy_text_names_the_profile():
+    result = CliRunner().invoke(policy_cmd, BASE)
+    assert result.exit_code == 0, result.output
+    assert "built-in reference h200" in result.output and "tokens/s" in result.output
+
+
+def test_policy_from_profile_file(tmp_path):
+    path = tmp_path / "hw.json"
+    save_profile(reference_profile("h200"), path)
+    result = CliRunner().invoke(policy_cmd, ["--model", "opt-6.7b", "--profile", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert str(path) in json.loads(result.output)["profile"]
+
+
+def test_no_fit_exits_2_with_the_reason():
+    result = CliRunner().invoke(policy_cmd, ["--model", "opt-175b", "--gpu-memory", "16GiB", "--cpu-memory",
+                                             "64GiB", "--hardware", "h200"])
+    assert result.exit_code == 2
+    assert "no policy fits opt-175b" in result.output
+
+
+def test_bad_size_is_a_usage_error():
+    result = CliRunner().invoke(policy_cmd, ["--model", "opt-30b", "--gpu-memory", "sixteen"])
+    assert result.exit_code == 2 and "cannot parse size 'sixteen'" in result.output
+
+
+def test_unknown_model_is_a_usage_error():
+    result = CliRunner().invoke(policy_cmd, ["--model", "no-such-model", "--hardware", "h200"])
+    assert result.exit_code == 2 and "no-such-model" in result.output
+
+
+@pytest.mark.parametrize("cmd", [policy_cmd, profile_cmd])
+def test_help_has_an_example(cmd):
+    result = CliRunner().invoke(cmd, ["--help"])
+    assert result.exit_code == 0 and "Example:" in result.output and "llmops" in result.output
+
+
+def test_profile_measures_once_and_prints_json(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMOPS_CACHE_DIR", str(tmp_path))
+    import engine.policy.measure as measure_mod
+
+    calls = []
+    monkeypatch.setattr(measure_mod, "measure", lambda device, **kw: calls.append(device) or default_cpu_profile())
+    runner = CliRunner()
+    first = runner.invoke(profile_cmd, ["--device", "cpu", "--json"])
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.output)["device_type"] == "cpu"
+    second = runner.invoke(profile_cmd, ["--device", "cpu"])
+    assert second.exit_code == 0 and "host -> device" in second.output
+    assert len(calls) == 1
+    runner.invoke(profile_cmd, ["--device", "cpu", "--refresh"])
+    assert len(calls) == 2

@@ -1,0 +1,113 @@
+"""Model statistics and the analytical cost model: sizes, compression, KV growth, CPU attention, memory."""
+from dataclasses import replace
+
+import pytest
+
+from engine.models.hf_config import config_from_hf
+from engine.models.presets import PRESETS
+from engine.policy import model_stats as ms
+from engine.policy.affine import placement_vector
+from engine.policy.cost_model import Workload, cost_terms, estimate
+from engine.policy.hardware import GIB, reference_profile
+from engine.policy.policy import Policy
+
+H200 = reference_profile("h200")
+WORKLOAD = Workload(prompt_len=512, gen_len=32)
+
+
+def preset(name):
+    return config_from_hf(PRESETS[name])
+
+
+@pytest.mark.parametrize("name, params", [
+    ("opt-6.7b", 6.66e9), ("opt-30b", 29.97e9), ("opt-175b", 174.6e9), ("llama-3-8b", 8.03e9),
+    ("llama-3-70b", 70.55e9), ("mixtral-8x7b", 46.70e9),
+])
+def test_total_parameters_match_published_sizes(name, params):
+    assert ms.total_numel(preset(name)) == pytest.approx(params, rel=0.01)
+
+
+def test_moe_activated_flops_count_top_k_experts():
+    c = preset("mixtral-8x7b")
+    active = ms.active_matmul_numel(c) * c.num_hidden_layers
+    assert active == pytest.approx(12.6e9, rel=0.02)        # ~12.9B activated incl. embeddings
+    assert ms.matmul_flops_per_token(c) < ms.dense_flops_per_token(c) / 3
+
+
+def test_kv_bytes_and_operational_intensity():
+    c = preset("llama-3-8b")
+    assert ms.kv_bytes_per_token(c, 2) == 2 * 8 * 128 * 2
+    assert ms.attention_operational_intensity(c, 2) == pytest.approx(4.0)   # GQA 32 q heads / 8 kv heads
+    assert ms.attention_operational_intensity(preset("opt-30b"), 2) == pytest.approx(1.0)
+
+
+def test_compression_is_028_of_fp16():
+    assert ms.compressed_bytes(64 * 1000) / (64 * 1000 * 2) == pytest.approx(0.28125)
+    c = preset("opt-30b")
+    ratio = ms.layer_weight_bytes(c, 2, compress=True) / ms.layer_weight_bytes(c, 2)
+    assert 0.28 <= ratio < 0.29
+
+
+def test_compressed_weights_move_fewer_bytes():
+    c = preset("opt-30b")
+    base = Policy(gpu_batch_size=32, w_gpu=0.0, w_cpu=1.0, cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True)
+    plain = cost_terms(c, base, WORKLOAD, H200, 2)
+    packed = cost_terms(c, replace(base, compress_weights=True), WORKLOAD, H200, 2)
+    x = placement_vector(base)
+    ratio = (packed.decode["cpu->gpu"][:6] @ x + packed.decode["cpu->gpu"][6]) / (
+        plain.decode["cpu->gpu"][:6] @ x + plain.decode["cpu->gpu"][6])
+    assert ratio == pytest.approx(0.28, abs=0.02)
+    # dequantization is paid in compute
+    assert packed.decode["compute"][6] > plain.decode["compute"][6]
+
+
+def test_kv_cache_growth_raises_decode_traffic():
+    c = preset("opt-6.7b")
+    p = Policy(gpu_batch_size=64, w_gpu=1.0, cache_gpu=0.0, cache_cpu=1.0)
+    short = estimate(c, p, Workload(prompt_len=128, gen_len=32), H200)
+    long = estimate(c, p, Workload(prompt_len=128, gen_len=512), H200)
+    per_step_short = short.decode_s / 31
+    per_step_long = long.decode_s / 511
+    assert per_step_long > per_step_short * 2          # mean context 128 + 256 against 128 + 16
+    assert long.peak_memory_bytes["cpu"] > short.peak_memory_bytes["cpu"]
+
+
+def test_cpu_attention_avoids_moving_the_cache():
+    c = preset("opt-30b")
+    p = Policy(gpu_batch_size=32, num_gpu_batches=2, w_gpu=0.0, w_cpu=1.0, cache_gpu=0.0, cache_cpu=1.0)
+    x = placement_vector(p)
+    gpu_att = cost_terms(c, p, WORKLOAD, H200, 2).decode["cpu->gpu"]
+    cpu_att_terms = cost_terms(c, replace(p, cpu_attention=True), WORKLOAD, H200, 2)
+    assert cpu_att_terms.decode["cpu->gpu"] @ [*x, 1] < gpu_att @ [*x, 1]
+    assert "cpu compute" in cpu_att_terms.decode     # overlapped with gpu work of another GPU batch
+
+
+def test_overlap_never_slower_than_serial():
+    c = preset("opt-30b")
+    p = Policy(gpu_batch_size=16, num_gpu_batches=4, w_gpu=0.2, w_cpu=0.8, cache_gpu=0.0, cache_cpu=1.0)
+    fast = estimate(c, p, WORKLOAD, H200)
+    slow = estimate(c, replace(p, overlap=False), WORKLOAD, H200)
+    assert slow.tokens_per_s < fast.tokens_per_s
+
+
+def test_peak_memory_homes_by_tier():
+    c = preset("opt-6.7b")
+    weights = ms.total_numel(c) * 2
+    on_gpu = estimate(c, Policy(gpu_batch_size=8), WORKLOAD, H200)
+    assert on_gpu.peak_memory_bytes["gpu"] > weights
+    assert on_gpu.peak_memory_bytes["cpu"] == 0 and on_gpu.peak_memory_bytes["disk"] == 0
+    on_disk = estimate(c, Policy(gpu_batch_size=8, w_gpu=0.0, w_cpu=0.0), WORKLOAD, H200)
+    assert on_disk.peak_memory_bytes["disk"] == pytest.approx(weights, rel=0.01)
+    assert on_disk.peak_memory_bytes["gpu"] < on_gpu.peak_memory_bytes["gpu"] - weights / 2
+    assert on_disk.peak_memory_bytes["cpu"] > 0       # pinned relay buffers for the disk reads
+
+
+def test_estimate_is_consistent():
+    c = preset("mixtral-8x7b")
+    p = Policy(gpu_batch_size=64, num_gpu_batches=4, w_gpu=0.1, w_cpu=0.9, cache_gpu=0.0, cache_cpu=1.0,
+               cpu_attention=True)
+    e = estimate(c, p, WORKLOAD, H200)
+    assert e.total_s == pytest.approx(e.prefill_s + e.decode_s)
+    assert e.tokens_per_s == pytest.approx(p.block_size * 32 / e.total_s)
+    assert e.decode_bottleneck in ("cpu->gpu", "gpu->cpu", "disk->cpu", "cpu->disk", "gpu compute", "cpu compute")
+    assert e.peak_memory_bytes["gpu"] < 139 * GIB

@@ -1,0 +1,195 @@
+"""The executor on the CPU: greedy parity with transformers, per-row limits, budgets, compression, reuse.
+
+Also home of the runtime tests' shared helpers (GreedyRecorder, make_prompts, run_policy), imported by
+test_offload_matrix.py and test_gpu_runtime.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.models.loader import load_model
+from engine.policy.policy import Policy
+from engine.runtime.executor import Executor
+from engine.storage import BudgetExceeded
+
+
+class GreedyRecorder:
+    """TokenSelector: argmax; finishes a row when it emits one of `stop_ids`. Records tokens per row."""
+
+    def __init__(self, stop_ids: tuple[int, ...] = ()):
+        self.stop_ids = set(stop_ids)
+        self.tokens: dict[int, list[int]] = {}
+        self.calls = 0
+
+    def __call__(self, rows, logits):
+        assert logits.dim() == 2 and logits.shape[0] == len(rows) and logits.dtype == torch.float32
+        self.calls += 1
+        picked = logits.argmax(-1).tolist()
+        for r, t in zip(rows, picked):
+            self.tokens.setdefault(r, []).append(t)
+        return picked, [t in self.stop_ids for t in picked]
+
+
+def make_prompts(n: int, vocab: int, seed: int = 1, lo: int = 3, hi: int = 30) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lens = sorted(torch.randint(lo, hi, (n,), generator=g).tolist())
+    return [torch.randint(3, vocab, (m,), generator=g).tolist() for m in lens]
+
+
+def run_policy(loaded, policy: Policy, prompts, max_new, *, device="cpu", dtype=torch.float32,
+               disk_dir: Path | None = None, stop_ids=(), gpu_memory=None, cpu_memory=None, hook=None):
+    ex = Executor(loaded, policy, device=torch.device(device), dtype=dtype, disk_dir=disk_dir,
+                  gpu_memory=gpu_memory, cpu_memory=cpu_memory)
+    try:
+        ex.on_action = hook
+        sel = GreedyRecorder(stop_ids)
+        ex.generate_block(prompts, max_new, sel)
+        return sel.tokens, ex
+    finally:
+        ex.close()
+
+
+def _hf_greedy(model, prompt, n):
+    """Greedy continuation by full transformers forwards (no EOS handling: every token is an argmax)."""
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+@pytest.mark.parametrize("kind", ["llama", "opt", "mixtral"])
+def test_greedy_matches_transformers(tiny_checkpoints, kind):
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoints[kind], dtype=torch.float32).eval()
+    loaded = load_model(tiny_checkpoints[kind], dtype=torch.float32)
+    prompts = make_prompts(8, loaded.config.vocab_size, seed=11, lo=2, hi=40)
+    assert len({len(p) for p in prompts}) >= 6
+    tokens, _ = run_policy(loaded, Policy(gpu_batch_size=8), prompts, [10] * 8)
+    with torch.inference_mode():
+        for r, p in enumerate(prompts):
+            assert tokens[r] == _hf_greedy(hf, p, 10), f"row {r} (prompt length {len(p)})"
+
+
+@pytest.mark.parametrize("kind", ["llama", "opt", "mixtral"])
+def test_shared_prefix_matches_transformers(tiny_checkpoints, kind):
+    """Prompts sharing a system-prompt-like prefix: the prefix is computed once per GPU batch."""
+    import transformers
+
+    from engine.runtime.batch import shared_prefix_len
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoints[kind], dtype=torch.float32).eval()
+    loaded = load_model(tiny_checkpoints[kind], dtype=torch.float32)
+    prefix = make_prompts(1, loaded.config.vocab_size, seed=12, lo=9, hi=10)[0]
+    prompts = [prefix + p for p in make_prompts(6, loaded.config.vocab_size, seed=13, lo=1, hi=12)]
+    assert shared_prefix_len(prompts) >= 9
+    tokens, _ = run_policy(loaded, Policy(gpu_batch_size=3, num_gpu_batches=2), prompts, [6] * 6)
+    with torch.inference_mode():
+        for r, p in enumerate(prompts):
+            assert tokens[r] == _hf_greedy(hf, p, 6), f"row {r}"
+
+
+def test_shared_prefix_len():
+    from engine.runtime.batch import shared_prefix_len
+
+    assert shared_prefix_len([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9]]) == 2
+    assert shared_prefix_len([[1, 2], [1, 2]]) == 1                           # one own token is kept per row
+    assert shared_prefix_len([[1], [2]]) == 0
+
+
+def test_bf16_runs_and_mostly_agrees(tiny_checkpoints):
+    loaded32 = load_model(tiny_checkpoints["llama"], dtype=torch.float32)
+    prompts = make_prompts(8, loaded32.config.vocab_size, seed=2)
+    ref, _ = run_policy(loaded32, Policy(gpu_batch_size=8), prompts, [5] * 8)
+    got, _ = run_policy(load_model(tiny_checkpoints["llama"], dtype=torch.bfloat16), Policy(gpu_batch_size=8),
+                        prompts, [5] * 8, dtype=torch.bfloat16)
+    assert sum(got[r][0] == ref[r][0] for r in range(8)) >= 6
+
+
+def test_per_row_limits_and_selector_finish(tiny_checkpoints):
+    loaded = load_model(tiny_checkpoints["llama"], dtype=torch.float32)
+    prompts = make_prompts(6, loaded.config.vocab_size, seed=4)
+    max_new = [1, 4, 2, 7, 3, 5]
+    tokens, _ = run_policy(loaded, Policy(gpu_batch_size=4, num_gpu_batches=2), prompts, max_new)
+    assert [len(tokens[r]) for r in range(6)] == max_new
+    stop = tokens[3][2]
+    stopped, _ = run_policy(loaded, Policy(gpu_batch_size=4, num_gpu_batches=2), prompts, max_new, stop_ids=(stop,))
+    assert stopped[3] == tokens[3][:tokens[3].index(stop) + 1]
+
+
+def test_rejects_bad_blocks(tiny_checkpoints):
+    loaded = load_model(tiny_checkpoints["llama"], dtype=torch.float32)
+    ex = Executor(loaded, Policy(gpu_batch_size=2), device=torch.device("cpu"), dtype=torch.float32)
+    try:
+        with pytest.raises(ValueError, match="block size 2"):
+            ex.generate_block([[5], [6], [7]], [1, 1, 1], GreedyRecorder())
+        with pytest.raises(ValueError, match="row 1"):
+            ex.generate_block([[5], []], [1, 1], GreedyRecorder())
+        ex.generate_block([], [], GreedyRecorder())
+    finally:
+        ex.close()
+
+
+def test_gpu_budget_fails_fast_with_a_clear_message(tiny_checkpoints):
+    loaded = load_model(tiny_checkpoints["llama"], dtype=torch.float32)
+    with pytest.raises(BudgetExceeded, match="gpu memory budget exceeded: home.*weight"):
+        Executor(loaded, Policy(), device=torch.device("cpu"), dtype=torch.float32, gpu_memory=10_000)
+    ex = Executor(loaded, Policy(w_gpu=0.0, w_cpu=1.0, gpu_batch_size=64), device=torch.device("cpu"),
+                  dtype=torch.float32, gpu_memory=32 << 20)
+    try:
+        with pytest.raises(BudgetExceeded, match="gpu memory budget exceeded"):
+            ex.generate_block([[5] * 200] * 64, [50] * 64, GreedyRecorder())
+        ex.generate_block([[5, 6, 7]] * 2, [3, 3], GreedyRecorder())       # a small block still fits
+        assert ex.memory_report()["gpu"]["peak"] <= 32 << 20
+    finally:
+        ex.close()
+
+
+class _FirstLogits(GreedyRecorder):
+    def __call__(self, rows, logits):
+        if self.calls == 0:
+            self.first = logits.clone()
+        return super().__call__(rows, logits)
+
+
+@pytest.mark.parametrize("flags", [dict(compress_weights=True), dict(compress_cache=True),
+                                   dict(compress_weights=True, compress_cache=True, cache_gpu=0.0, cache_cpu=1.0,
+                                        w_gpu=0.5, w_cpu=0.5)])
+def test_compression_stays_close(tiny_checkpoints, flags):
+    loaded = load_model(tiny_checkpoints["llama"], dtype=torch.float32)
+    prompts = make_prompts(4, loaded.config.vocab_size, seed=6)
+    results = []
+    for policy in (Policy(gpu_batch_size=4), Policy(gpu_batch_size=4, **flags)):
+        ex = Executor(loaded, policy, device=torch.device("cpu"), dtype=torch.float32)
+        sel = _FirstLogits()
+        ex.generate_block(prompts, [4] * 4, sel)
+        ex.close()
+        results.append(sel)
+    ref, got = results[0].first, results[1].first
+    assert torch.isfinite(got).all()
+    assert (got - ref).norm() / ref.norm() < 0.15
+    assert results[1].tokens.keys() == results[0].tokens.keys()
+
+
+def test_disk_weights_built_once_and_reused(tiny_checkpoints, tmp_path):
+    loaded = load_model(tiny_checkpoints["llama"], dtype=torch.float32)
+    policy = Policy(w_gpu=0.0, w_cpu=0.0, compress_weights=True)
+    first = Executor(loaded, policy, device=torch.device("cpu"), dtype=torch.float32, disk_dir=tmp_path)
+    assert first.weights.files is not None and len(first.weights.files.rebuilt) > 0
+    first.close()
+    second = Executor(loaded, policy, device=torch.device("cpu"), dtype=torch.float32, disk_dir=tmp_path)
+    assert second.weights.files.rebuilt == []
+    second.close()
+
+
+def test_hook_sees_the_one_loop(tiny_checkpoints):
+    loaded = load_model(tiny_checkpoints["llama"], dtype=torch.float32)
+    seen = []
+    prompts = make_prompts(4, loaded.config.vocab_size, seed=8)
+    run_policy(loaded, Policy(gpu_batch_size=2, num_gpu_batches=2), prompts, [2] * 4,
+               hook=lambda a: seen.append(a.verb))
+    n_layers = len(loaded.family.layer_specs())
+    assert seen.count("compute") == 2 * n_layers * 2
+    assert {"load_weight", "load_cache", "store_cache", "sync"} <= set(seen)

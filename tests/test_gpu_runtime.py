@@ -1,0 +1,66 @@
+"""The offload matrix on CUDA (fp32, tiny checkpoints) and the hard gpu budget (skipped without a GPU)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import requires_cuda
+from engine.models.loader import load_model
+from engine.policy.policy import Policy
+from test_executor import make_prompts, run_policy
+from test_offload_matrix import BASE, MATRIX
+
+pytestmark = requires_cuda
+
+
+@pytest.fixture(scope="module")
+def cuda_reference(tiny_checkpoints):
+    out = {}
+    for kind in ("llama", "opt", "mixtral"):
+        loaded = load_model(tiny_checkpoints[kind], dtype=torch.float32)
+        prompts = make_prompts(9, loaded.config.vocab_size, seed=3)
+        max_new = [6, 9, 3, 9, 7, 9, 5, 9, 8]
+        tokens, _ = run_policy(loaded, Policy(**BASE), prompts, max_new, device="cuda")
+        out[kind] = (loaded, prompts, max_new, tokens)
+    return out
+
+
+@pytest.mark.parametrize("name", list(MATRIX) + ["compress_all"])
+@pytest.mark.parametrize("kind", ["llama", "opt", "mixtral"])
+def test_cuda_policy_matches_reference(cuda_reference, kind, name, tmp_path):
+    loaded, prompts, max_new, tokens = cuda_reference[kind]
+    if name == "compress_all":
+        policy = Policy(**BASE, w_gpu=0.3, w_cpu=0.5, cache_gpu=0.5, cache_cpu=0.5, compress_weights=True,
+                        compress_cache=True)
+        got, _ = run_policy(loaded, policy, prompts, max_new, device="cuda", disk_dir=tmp_path)
+        assert [len(got[r]) for r in range(len(prompts))] == max_new
+        return
+    got, _ = run_policy(loaded, Policy(**{**BASE, **MATRIX[name]}), prompts, max_new, device="cuda",
+                        disk_dir=tmp_path)
+    assert got == tokens
+
+
+def test_cuda_matches_cpu(cuda_reference):
+    loaded, prompts, max_new, tokens = cuda_reference["llama"]
+    cpu, _ = run_policy(loaded, Policy(**BASE), prompts, max_new)
+    assert cpu == tokens
+
+
+@pytest.mark.parametrize("policy", [
+    dict(w_gpu=0.0, w_cpu=1.0, cache_gpu=1.0),
+    dict(w_gpu=0.2, w_cpu=0.8, cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True),
+    dict(w_gpu=0.5, w_cpu=0.5, cache_gpu=0.5, cache_cpu=0.5, compress_weights=True, compress_cache=True),
+])
+def test_peak_device_memory_within_budget(policy):
+    loaded = load_model("opt-1.3b", dtype=torch.float16)
+    budget = 1 << 30
+    prompts = [[7] * 256 for _ in range(16)]
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    tokens, ex = run_policy(loaded, Policy(gpu_batch_size=8, num_gpu_batches=2, **policy), prompts, [8] * 16,
+                            device="cuda", dtype=torch.float16, gpu_memory=budget)
+    peak = torch.cuda.max_memory_allocated() - base
+    assert len(tokens) == 16
+    assert peak <= budget, f"peak {peak / 2**20:.0f} MiB > budget {budget / 2**20:.0f} MiB"

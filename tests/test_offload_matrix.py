@@ -1,0 +1,92 @@
+"""Every placement/flag policy gives the same greedy tokens as the all-in-memory run (CPU, fp32)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import requires_smollm2
+from engine.models.loader import load_model
+from engine.policy.policy import Policy
+from test_executor import make_prompts, run_policy
+
+BASE = dict(gpu_batch_size=3, num_gpu_batches=3)
+MATRIX = {
+    "w_half_cpu": dict(w_gpu=0.5, w_cpu=0.5),
+    "w_all_cpu": dict(w_gpu=0.0, w_cpu=1.0),
+    "w_disk": dict(w_gpu=0.2, w_cpu=0.3),
+    "w_all_disk": dict(w_gpu=0.0, w_cpu=0.0),
+    "cache_cpu": dict(cache_gpu=0.0, cache_cpu=1.0),
+    "cache_split": dict(cache_gpu=0.5, cache_cpu=0.5),
+    "cache_disk": dict(cache_gpu=0.0, cache_cpu=0.0),
+    "cache_cpu_attn": dict(cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True),
+    "cache_disk_attn": dict(cache_gpu=0.5, cache_cpu=0.0, cpu_attention=True),
+    "act_cpu_disk": dict(act_gpu=0.25, act_cpu=0.25),
+    "no_overlap_all_off": dict(w_gpu=0.0, w_cpu=0.5, cache_gpu=0.0, cache_cpu=0.5, act_gpu=0.5, act_cpu=0.0,
+                               overlap=False),
+    "one_batch_all_off": dict(gpu_batch_size=9, num_gpu_batches=1, w_gpu=0.3, w_cpu=0.3, cache_gpu=0.0,
+                              cache_cpu=0.5, cpu_attention=True),
+}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_checkpoints):
+    out = {}
+    for kind in ("llama", "opt", "mixtral"):
+        loaded = load_model(tiny_checkpoints[kind], dtype=torch.float32)
+        prompts = make_prompts(9, loaded.config.vocab_size, seed=3)
+        max_new = [6, 9, 3, 9, 7, 9, 5, 9, 8]
+        tokens, _ = run_policy(loaded, Policy(**BASE), prompts, max_new)
+        out[kind] = (loaded, prompts, max_new, tokens)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["llama", "opt", "mixtral"])
+def test_batch_shapes_agree(reference, kind):
+    loaded, prompts, max_new, tokens = reference[kind]
+    one, _ = run_policy(loaded, Policy(gpu_batch_size=9, num_gpu_batches=1), prompts, max_new)
+    assert one == tokens
+    assert [len(tokens[r]) for r in range(9)] == max_new
+
+
+@pytest.mark.parametrize("name", list(MATRIX))
+@pytest.mark.parametrize("kind", ["llama", "opt", "mixtral"])
+def test_policy_matches_reference(reference, kind, name, tmp_path):
+    loaded, prompts, max_new, tokens = reference[kind]
+    policy = Policy(**{**BASE, **MATRIX[name]})
+    got, ex = run_policy(loaded, policy, prompts, max_new, disk_dir=tmp_path)
+    assert got == tokens
+
+
+def test_stop_rows_compact_and_match(reference, tmp_path):
+    """Rows finished by the selector stop early (compaction) and the others are unaffected."""
+    loaded, prompts, max_new, tokens = reference["llama"]
+    stop = {tokens[0][1], tokens[4][2]}
+    got, _ = run_policy(loaded, Policy(**BASE), prompts, max_new, stop_ids=tuple(stop))
+    off, _ = run_policy(loaded, Policy(**{**BASE, **MATRIX["no_overlap_all_off"]}), prompts, max_new,
+                        stop_ids=tuple(stop), disk_dir=tmp_path)
+    assert off == got
+    for r, seq in got.items():
+        cut = next((n + 1 for n, t in enumerate(tokens[r]) if t in stop), len(tokens[r]))
+        assert seq == tokens[r][:cut]
+
+
+@requires_smollm2
+def test_smollm2_offloaded_matches():
+    loaded = load_model("smollm2-135m-instruct", dtype=torch.float32)
+    prompts = make_prompts(4, 40000, seed=5, lo=5, hi=12)
+    max_new = [4, 4, 4, 4]
+    ref, _ = run_policy(loaded, Policy(gpu_batch_size=2, num_gpu_batches=2), prompts, max_new)
+    got, _ = run_policy(loaded, Policy(gpu_batch_size=2, num_gpu_batches=2, w_gpu=0.5, w_cpu=0.5, cache_gpu=0.0,
+                                       cache_cpu=1.0, cpu_attention=True), prompts, max_new)
+    assert got == ref
+
+
+@pytest.mark.parametrize("name", ["cache_disk", "cache_cpu_attn", "cache_split", "no_overlap_all_off"])
+def test_shared_prefix_policies_match(tiny_checkpoints, name, tmp_path):
+    loaded = load_model(tiny_checkpoints["llama"], dtype=torch.float32)
+    prefix = make_prompts(1, loaded.config.vocab_size, seed=21, lo=8, hi=9)[0]
+    prompts = [prefix + p for p in make_prompts(9, loaded.config.vocab_size, seed=22, lo=1, hi=10)]
+    max_new = [5, 2, 5, 4, 5, 5, 1, 5, 3]
+    ref, _ = run_policy(loaded, Policy(**BASE), prompts, max_new)
+    got, _ = run_policy(loaded, Policy(**{**BASE, **MATRIX[name]}), prompts, max_new, disk_dir=tmp_path)
+    assert got == ref

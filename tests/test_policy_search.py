@@ -1,0 +1,144 @@
+"""LP policy search and choose_policy: feasibility, fraction sums, monotonicity, speed, no-fit errors."""
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+
+from engine.models.hf_config import config_from_hf
+from engine.models.presets import PRESETS
+from engine.policy.auto import choose_policy, choose_policy_estimate
+from engine.policy.cost_model import Workload, estimate
+from engine.policy.estimate import Budgets, NoFeasiblePolicy
+from engine.policy.hardware import GIB, reference_profile
+from engine.policy.search import search
+
+H200 = reference_profile("h200")
+WORKLOAD = Workload(prompt_len=512, gen_len=32)
+
+
+def preset(name):
+    return config_from_hf(PRESETS[name])
+
+
+CASES = [
+    ("opt-6.7b", Budgets(16 * GIB, 64 * GIB), False),
+    ("opt-30b", Budgets(16 * GIB, 100 * GIB), False),
+    ("opt-30b", Budgets(16 * GIB, 100 * GIB), True),
+    ("opt-175b", Budgets(16 * GIB, 120 * GIB, 500 * GIB), True),
+    ("mixtral-8x7b", Budgets(24 * GIB, 128 * GIB), False),
+    ("llama-3-70b", Budgets(24 * GIB, 100 * GIB, 200 * GIB), False),
+]
+
+
+@pytest.mark.parametrize("name, budgets, compress", CASES)
+def test_search_result_is_feasible_and_consistent(name, budgets, compress):
+    config = preset(name)
+    result = search(config, WORKLOAD, budgets, H200, compress_weights=compress, compress_cache=compress)
+    p = result.policy
+    for cls in ("w", "cache", "act"):
+        shares = [getattr(p, f"{cls}_{tier}") for tier in ("gpu", "cpu", "disk")]
+        assert all(0.0 <= v <= 1.0 for v in shares)
+        assert sum(shares) == pytest.approx(1.0, abs=1e-9)
+    for tier in ("gpu", "cpu", "disk"):
+        assert result.peak_memory_bytes[tier] <= budgets.of(tier) * 0.95 + 1
+    again = estimate(config, p, WORKLOAD, H200)
+    assert again.tokens_per_s == pytest.approx(result.predicted_tokens_per_s)
+    assert result.predicted_tokens_per_s > 0
+
+
+def test_model_that_fits_stays_on_gpu():
+    result = search(preset("opt-6.7b"), WORKLOAD, Budgets(139 * GIB, 100 * GIB), H200)
+    p = result.policy
+    assert (p.w_gpu, p.cache_gpu, p.act_gpu) == (1.0, 1.0, 1.0)
+
+
+def test_block_never_exceeds_the_number_of_prompts():
+    for n in (1, 5, 37):
+        result = search(preset("opt-30b"), Workload(512, 32, num_prompts=n), Budgets(16 * GIB, 100 * GIB), H200)
+        assert result.policy.block_size <= n
+
+
+@pytest.mark.parametrize("field, values", [
+    ("gpu_bytes", [4, 8, 12, 16, 24, 48, 96]),
+    ("cpu_bytes", [40, 60, 80, 100, 150, 300]),
+])
+def test_more_memory_never_predicts_lower_throughput(field, values):
+    config = preset("opt-30b")
+    base = Budgets(16 * GIB, 100 * GIB, 100 * GIB)
+    speeds = [search(config, WORKLOAD, replace(base, **{field: v * GIB}), H200,
+                     gpu_batch_sizes=(4, 16, 64, 256), num_gpu_batches=(1, 4)).predicted_tokens_per_s
+              for v in values]
+    assert all(b >= a * (1 - 1e-6) for a, b in zip(speeds, speeds[1:])), speeds
+    assert speeds[-1] > speeds[0]
+
+
+@pytest.mark.parametrize("field", ["h2d_gib_s", "cpu_mem_gib_s", "disk_read_gib_s", "gpu_tflops_bf16"])
+def test_more_bandwidth_never_predicts_lower_throughput(field):
+    config = preset("opt-30b")
+    budgets = Budgets(12 * GIB, 48 * GIB, 200 * GIB)
+    speeds = []
+    for scale in (0.25, 0.5, 1.0, 2.0, 4.0):
+        profile = replace(H200, **{field: getattr(H200, field) * scale})
+        speeds.append(search(config, WORKLOAD, budgets, profile, gpu_batch_sizes=(4, 16, 64),
+                             num_gpu_batches=(1, 4)).predicted_tokens_per_s)
+    assert all(b >= a * (1 - 1e-6) for a, b in zip(speeds, speeds[1:])), speeds
+
+
+def test_full_search_is_fast():
+    start = time.perf_counter()
+    search(preset("mixtral-8x7b"), WORKLOAD, Budgets(24 * GIB, 128 * GIB, 200 * GIB), H200)
+    assert time.perf_counter() - start < 5.0
+
+
+def test_no_fit_says_what_does_not_fit():
+    with pytest.raises(NoFeasiblePolicy, match=r"no policy fits opt-175b .*disk budget") as info:
+        search(preset("opt-175b"), WORKLOAD, Budgets(16 * GIB, 100 * GIB), H200, model_name="opt-175b")
+    assert "325" in str(info.value)                       # the weights' size in GiB
+    with pytest.raises(NoFeasiblePolicy, match="two in-flight copies of the largest layer"):
+        search(preset("opt-30b"), WORKLOAD, Budgets(1 * GIB, 100 * GIB), H200)
+
+
+def test_relaxation_is_an_argument():
+    config, budgets = preset("opt-30b"), Budgets(16 * GIB, 100 * GIB)
+    tight = search(config, WORKLOAD, budgets, H200, relax_gpu=0.6, relax_cpu=0.7)
+    loose = search(config, WORKLOAD, budgets, H200, relax_gpu=0.95, relax_cpu=0.95)
+    assert tight.peak_memory_bytes["gpu"] <= 0.6 * budgets.gpu_bytes + 1
+    assert tight.peak_memory_bytes["cpu"] <= 0.7 * budgets.cpu_bytes + 1
+    assert loose.predicted_tokens_per_s >= tight.predicted_tokens_per_s
+
+
+def test_explain_and_json():
+    result = search(preset("opt-30b"), WORKLOAD, Budgets(16 * GIB, 100 * GIB), H200, model_name="opt-30b")
+    text = result.explain()
+    assert "opt-30b" in text and "tokens/s" in text and "reference:h200" in text
+    data = result.to_dict()
+    assert set(data["peak_memory_gib"]) == {"gpu", "cpu", "disk"}
+    assert data["policy"]["gpu_batch_size"] == result.policy.gpu_batch_size
+
+
+def test_choose_policy_on_cpu_keeps_everything_on_the_compute_tier(monkeypatch, tmp_path):
+    monkeypatch.setenv("LLMOPS_CACHE_DIR", str(tmp_path))
+    import engine.policy.measure as measure_mod
+
+    monkeypatch.setattr(measure_mod, "measure", lambda *a, **k: pytest.fail("CPU must not benchmark"))
+    config = preset("tiny-llama")
+    p = choose_policy(config, prompt_lens=[10, 20, 30], max_new_tokens=8, device=torch.device("cpu"),
+                      dtype=torch.float32, gpu_memory=None, cpu_memory=None)
+    assert p.block_size == 3 and (p.w_gpu, p.cache_gpu, p.act_gpu) == (1.0, 1.0, 1.0)
+    many = choose_policy(config, prompt_lens=[10] * 1000, max_new_tokens=8, device=torch.device("cpu"),
+                         dtype=torch.float32, gpu_memory=None, cpu_memory=None)
+    assert 64 <= many.gpu_batch_size <= 256
+    with pytest.raises(NoFeasiblePolicy, match="weights need"):
+        choose_policy(preset("opt-6.7b"), prompt_lens=[10], max_new_tokens=8, device=torch.device("cpu"),
+                      dtype=torch.float16, gpu_memory=2 * GIB, cpu_memory=None)
+
+
+def test_choose_policy_on_cuda_uses_the_search_with_a_given_profile():
+    est = choose_policy_estimate(
+        preset("opt-30b"), prompt_lens=[500, 512, 480] * 40, max_new_tokens=32, device=torch.device("cuda"),
+        dtype=torch.float16, gpu_memory=16 * GIB, cpu_memory=100 * GIB, profile=H200,
+    )
+    assert est.policy.block_size <= 120
+    assert est.policy.w_gpu < 1.0                      # 56 GiB of weights cannot sit in 16 GiB
+    assert est.peak_memory_bytes["gpu"] <= 16 * GIB

@@ -1,0 +1,61 @@
+"""The block schedule against the naive loop: coverage and dependencies (torch-free)."""
+from __future__ import annotations
+
+import pytest
+
+from engine.runtime.schedule import block_schedule, slots
+
+
+@pytest.mark.parametrize("steps,layers,batches", [(1, 4, 1), (3, 6, 1), (2, 6, 2), (3, 5, 3), (2, 8, 4)])
+@pytest.mark.parametrize("paged", [True, False])
+def test_covers_and_respects_dependencies(steps, layers, batches, paged):
+    actions = list(block_schedule(steps, layers, batches, paged=paged))
+    computes = [(a.i, a.j, a.k) for a in actions if a.verb == "compute"]
+    assert computes == list(slots(steps, layers, batches))           # each (i, j, k) once, zig-zag order
+    seen = {}
+    for n, a in enumerate(actions):
+        seen.setdefault((a.verb, a.i, a.j, a.k if a.verb != "load_weight" else a.page), n)
+    pages = batches if paged else 1
+    for n, a in enumerate(actions):
+        if a.verb != "compute":
+            continue
+        for p in range(pages):
+            assert seen[("load_weight", a.i, a.j, p)] < n                   # weights (all pages) before compute
+        assert seen[("load_cache", a.i, a.j, a.k)] < n
+        assert seen[("load_hidden", a.i, a.j, a.k)] < n
+        if (a.i, a.j, a.k) != (0, 0, 0):                                   # prefetched cache: a sync in between
+            syncs = [m for m in range(seen[("load_cache", a.i, a.j, a.k)], n) if actions[m].verb == "sync"]
+            assert syncs
+    for a in actions:
+        if a.verb in ("store_cache", "store_hidden"):
+            assert seen[("compute", a.i, a.j, a.k)] < seen[(a.verb, a.i, a.j, a.k)]
+
+
+@pytest.mark.parametrize("batches", [1, 2, 3])
+def test_hidden_load_after_producer_store(batches):
+    steps, layers = 2, 5
+    actions = list(block_schedule(steps, layers, batches))
+    pos = {}
+    for n, a in enumerate(actions):
+        pos.setdefault((a.verb, a.i, a.j, a.k), n)
+    order = list(slots(steps, layers, batches))
+    for m, (i, j, k) in enumerate(order):
+        if m < batches:
+            continue
+        producer = order[m - batches]
+        assert pos[("store_hidden", *producer)] < pos[("load_hidden", i, j, k)]
+        sync_between = [n for n in range(pos[("store_hidden", *producer)], pos[("load_hidden", i, j, k)])
+                        if actions[n].verb == "sync"]
+        assert sync_between or batches == 1, "a store and the dependent load must be separated by a sync"
+
+
+def test_weight_pages_spread_over_batches():
+    actions = list(block_schedule(1, 3, 4, paged=True))
+    loads = [(a.j, a.page, a.k) for a in actions if a.verb == "load_weight" and a.j == 1]
+    assert loads == [(1, p, p) for p in range(4)]                         # page p issued with GPU batch p
+    unpaged = [a for a in block_schedule(1, 3, 4, paged=False) if a.verb == "load_weight" and a.j == 1]
+    assert len(unpaged) == 1 and unpaged[0].pages == 1
+
+
+def test_empty_schedule():
+    assert list(block_schedule(0, 4, 2)) == []

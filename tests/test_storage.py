@@ -1,0 +1,93 @@
+"""Storage: placement rules, budgets, the copy function, and the verified disk layout."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine.quant import dequantize, quantize
+from engine.storage import BudgetExceeded, MemoryBudget, Tier, copy, split_ranges, weight_tiers
+from engine.storage.disk import ScratchFiles, WeightFiles
+
+
+def test_weight_tiers_by_cumulative_midpoints():
+    assert weight_tiers([10, 10, 10, 10], 0.5, 0.5) == [Tier.GPU, Tier.GPU, Tier.CPU, Tier.CPU]
+    assert weight_tiers([10, 10, 10, 10], 0.25, 0.25) == [Tier.GPU, Tier.CPU, Tier.DISK, Tier.DISK]
+    assert weight_tiers([100, 1], 0.4, 0.0) == [Tier.DISK, Tier.DISK]
+    assert weight_tiers([1, 100], 1.0, 0.0) == [Tier.GPU, Tier.GPU]
+
+
+def test_split_ranges_cover_once():
+    for n in (1, 2, 3, 8, 9):
+        for gpu, cpu in ((1, 0), (0, 1), (0, 0), (0.5, 0.5), (0.3, 0.3), (0.5, 0.0)):
+            ranges = split_ranges(n, gpu, cpu)
+            covered = [i for _, a, b in ranges for i in range(a, b)]
+            assert covered == list(range(n))
+    assert split_ranges(4, 0.5, 0.25) == [(Tier.GPU, 0, 2), (Tier.CPU, 2, 3), (Tier.DISK, 3, 4)]
+
+
+def test_budget_fails_fast_naming_the_item():
+    budget = MemoryBudget({Tier.GPU: 1000, Tier.CPU: None})
+    budget.reserve(Tier.GPU, 600, "home.layers.0.mlp.weight")
+    budget.reserve(Tier.CPU, 10**12, "anything")
+    with pytest.raises(BudgetExceeded, match=r"gpu memory budget exceeded: kv.1.0.*needs 500 B.*600 B of the 1000 B"):
+        budget.reserve(Tier.GPU, 500, "kv.1.0 [2, 2]")
+    budget.release(Tier.GPU, 600, "home.layers.0.mlp.weight")
+    budget.reserve(Tier.GPU, 500, "kv.1.0")
+    assert budget.peak[Tier.GPU] == 600
+
+
+def test_copy_dense_and_quantized_between_host_and_disk(tmp_path):
+    scratch = ScratchFiles(tmp_path)
+    x = torch.randn(4, 64)
+    on_disk = scratch.empty((4, 64), torch.float32)
+    assert copy(on_disk, x) is None                                              # host copies complete on return
+    back = torch.empty(4, 64)
+    copy(back, on_disk)
+    assert torch.equal(back, x)
+    q = quantize(x)
+    q2 = quantize(torch.zeros(4, 64))
+    copy(q2, q)
+    assert torch.equal(dequantize(q2), dequantize(q))
+    with pytest.raises(TypeError):
+        copy(back, q)
+    scratch.close()
+    assert not scratch.dir.exists()
+
+
+def _tensors():
+    torch.manual_seed(0)
+    return {"w": torch.randn(300, 64, dtype=torch.bfloat16), "q": quantize(torch.randn(16, 128))}
+
+
+def test_weight_file_written_once_and_reused(tmp_path):
+    files = WeightFiles(tmp_path)
+    built = []
+    first = files.load("layer0", lambda: built.append(1) or _tensors())
+    again = WeightFiles(tmp_path).load("layer0", lambda: built.append(1) or _tensors())
+    assert built == [1]
+    assert torch.equal(again["w"], _tensors()["w"]) and torch.equal(first["w"], again["w"])
+    assert torch.equal(dequantize(again["q"]), dequantize(_tensors()["q"]))
+    assert not list(tmp_path.glob(".*tmp*"))                                      # temp names renamed away
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "marker"])
+def test_damaged_weight_file_is_rebuilt(tmp_path, damage):
+    files = WeightFiles(tmp_path)
+    files.load("layer0", _tensors)
+    data, marker = files.paths("layer0")
+    if damage == "truncate":
+        with open(data, "r+b") as f:
+            f.truncate(data.stat().st_size // 2)
+    elif damage == "flip":
+        raw = bytearray(data.read_bytes())
+        raw[10] ^= 0xFF
+        data.write_bytes(bytes(raw))
+    else:
+        marker.write_text(json.dumps({"format": 2}))
+    built = []
+    fresh = WeightFiles(tmp_path)
+    got = fresh.load("layer0", lambda: built.append(1) or _tensors())
+    assert built == [1] and fresh.rebuilt == ["layer0"]
+    assert torch.equal(got["w"], _tensors()["w"])
