@@ -1,4 +1,4 @@
-"""CPU throughput: our engine vs transformers' `generate` on SmolLM2-135M-Instruct, bf16, same prompts.
+"""CPU throughput: our engine vs transformers' `generate` on SmolLM2-135M-Instruct, same prompts, per dtype.
 
 Each side runs at its best batch size from a small sweep; prompts (>= 256, varied lengths, chat-templated
 row texts: invoices, addresses, tickets) are sorted by length for both, so neither pays more padding than
@@ -7,7 +7,7 @@ the first EOS count (transformers keeps computing finished rows of a batch: that
 Writes JSON (tokens/s each, ratio, batch sizes, peak RSS, machine, command) to
 benchmarks/results/cpu_generate.json.
 
-    python benchmarks/cpu_generate.py [--prompts 256] [--ours 16,64,128,256] [--hf 16,64]
+    python benchmarks/cpu_generate.py [--prompts 256] [--ours 16,64,128,256] [--hf 16,64] [--dtypes bfloat16,float32]
 """
 from __future__ import annotations
 
@@ -96,8 +96,8 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_ours(prompts: list[str], batch: int, max_new: int) -> dict:
-    with LLM("smollm2-135m-instruct", dtype="bfloat16", device="cpu", policy=Policy(gpu_batch_size=batch)) as llm:
+def run_ours(prompts: list[str], batch: int, max_new: int, dtype: str) -> dict:
+    with LLM("smollm2-135m-instruct", dtype=dtype, device="cpu", policy=Policy(gpu_batch_size=batch)) as llm:
         llm.generate(prompts[:batch][:8], SamplingParams(max_new_tokens=4))  # warm-up
         start = time.perf_counter()
         out = llm.generate(prompts, SamplingParams(max_new_tokens=max_new))
@@ -131,37 +131,44 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--ours", default="16,64,128,256", help="our batch sizes to sweep")
     ap.add_argument("--hf", default="16,64", help="transformers batch sizes to sweep")
+    ap.add_argument("--dtypes", default="bfloat16,float32", help="dtypes to compare (both sides, each)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cpu_generate.json")
     args = ap.parse_args()
     torch.manual_seed(0)
     prompts, source = build_prompts(args.prompts)
 
-    ours = [run_ours(prompts, int(b), args.max_new_tokens) for b in args.ours.split(",")]
-    rss_ours = peak_rss_mib()
-
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    probe = LLM("smollm2-135m-instruct", dtype="bfloat16", device="cpu")
+    probe = LLM("smollm2-135m-instruct", dtype="float32", device="cpu")
     folder, our_tok = probe.loaded.tokenizer_dir, probe.tokenizer
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     prompt_ids = [e.ids for e in encode_prompts(prompts, params, our_tok, probe.config.vocab_size, probe.max_context)]
     tok = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), eos_token=our_tok.eos_token,
                                   pad_token=our_tok.eos_token)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
-    hf = [run_hf(model, tok, prompt_ids, int(b), args.max_new_tokens, set(probe.eos_token_ids))
-          for b in args.hf.split(",")]
-
-    best_ours = max(ours, key=lambda r: r["tokens_per_s"])
-    best_hf = max(hf, key=lambda r: r["tokens_per_s"])
+    eos = set(probe.eos_token_ids)
+    per_dtype = {}
+    for dtype in args.dtypes.split(","):
+        ours = [run_ours(prompts, int(b), args.max_new_tokens, dtype) for b in args.ours.split(",")]
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+        hf = [run_hf(model, tok, prompt_ids, int(b), args.max_new_tokens, eos) for b in args.hf.split(",")]
+        del model
+        best_ours = max(ours, key=lambda r: r["tokens_per_s"])
+        best_hf = max(hf, key=lambda r: r["tokens_per_s"])
+        per_dtype[dtype] = {"ours": {"best": best_ours, "sweep": ours}, "transformers": {"best": best_hf, "sweep": hf},
+                            "ratio": best_ours["tokens_per_s"] / best_hf["tokens_per_s"]}
+    best_ours = max((d["ours"]["best"]["tokens_per_s"], k) for k, d in per_dtype.items())
+    best_hf = max((d["transformers"]["best"]["tokens_per_s"], k) for k, d in per_dtype.items())
     lengths = [len(p) for p in prompt_ids]
     result = {
-        "model": "smollm2-135m-instruct", "dtype": "bfloat16", "max_new_tokens": args.max_new_tokens,
+        "model": "smollm2-135m-instruct", "max_new_tokens": args.max_new_tokens,
         "token_count": "generated tokens up to and including EOS, both sides stop at EOS",
         "prompts": len(prompts), "prompt_source": source,
         "prompt_tokens": {"min": min(lengths), "mean": sum(lengths) / len(lengths), "max": max(lengths)},
-        "ours": {"best": best_ours, "sweep": ours, "peak_rss_mib": rss_ours},
-        "transformers": {"best": best_hf, "sweep": hf, "peak_rss_mib_process": peak_rss_mib()},
-        "ratio": best_ours["tokens_per_s"] / best_hf["tokens_per_s"],
+        "per_dtype": per_dtype,
+        "best_vs_best": {"ours_tokens_per_s": best_ours[0], "ours_dtype": best_ours[1],
+                         "transformers_tokens_per_s": best_hf[0], "transformers_dtype": best_hf[1],
+                         "ratio": best_ours[0] / best_hf[0]},
+        "peak_rss_mib_process": peak_rss_mib(),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                     "load_average": os.getloadavg()},
@@ -171,8 +178,8 @@ def main() -> None:
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=2))
     tmp.replace(args.out)
-    sys.stdout.write(json.dumps({k: result[k] for k in ("ratio", "prompts")} |
-                                {"ours_tok_s": best_ours["tokens_per_s"], "hf_tok_s": best_hf["tokens_per_s"]}) + "\n")
+    sys.stdout.write(json.dumps({"per_dtype_ratio": {k: d["ratio"] for k, d in per_dtype.items()},
+                                 "best_vs_best": result["best_vs_best"]}) + "\n")
 
 
 if __name__ == "__main__":

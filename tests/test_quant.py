@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.quant import QuantConfig, QTensor, dequantize, empty_qtensor, qtensor_nbytes, quantize
+from engine.quant import QuantConfig, dequantize, empty_qtensor, qtensor_nbytes, quantize
 
 
 def _half_step(x: torch.Tensor, gs: int) -> torch.Tensor:

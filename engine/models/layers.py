@@ -96,6 +96,30 @@ def rope_cos_sin(
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+class RopeTable:
+    """cos/sin of positions 0..n-1 per (device, dtype), built once and gathered per layer.
+
+    Values equal `rope_cos_sin`'s (float32 products, cast to `dtype` last); the table grows by doubling when
+    a larger position appears, so a decode step costs one gather per layer instead of a cos and a sin."""
+
+    def __init__(self, inv_freq: torch.Tensor) -> None:
+        self.inv_freq = inv_freq  # [hd/2] float32
+        self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [b, s] int64 -> cos, sin [b, s, hd] in `dtype`."""
+        key = (positions.device, dtype)
+        cos, sin = self._tables.get(key, (None, None))
+        needed = int(positions.max()) + 1 if positions.numel() else 1
+        if cos is None or cos.shape[0] < needed:
+            size = max(needed, 2 * (0 if cos is None else cos.shape[0]), 256)
+            grid = torch.arange(size, device=positions.device)[None, :]  # [1, n]
+            cos, sin = rope_cos_sin(self.inv_freq, grid, dtype)  # [1, n, hd]
+            cos, sin = cos[0], sin[0]  # [n, hd]
+            self._tables[key] = (cos, sin)
+        return F.embedding(positions, cos), F.embedding(positions, sin)  # [b, s, hd]
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from engine.models.base import LayerSpec, Weights, WeightSpec
 from engine.models.config import ModelConfig
-from engine.models.layers import activation, apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
+from engine.models.layers import RopeTable, activation, apply_rope, linear, rms_norm, rope_inv_freq
 
 
 class LlamaFamily:
@@ -19,7 +19,7 @@ class LlamaFamily:
 
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
-        self.inv_freq = rope_inv_freq(config)  # [hd/2] float32
+        self.rope = RopeTable(rope_inv_freq(config))
         self.act = activation(config.hidden_act)
 
     # ---- specs -------------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ class LlamaFamily:
         q = q.view(b, s, c.num_attention_heads, c.head_dim).transpose(1, 2)  # [b, nh, s, hd]
         k = k.view(b, s, c.num_key_value_heads, c.head_dim).transpose(1, 2)  # [b, nkv, s, hd]
         v = v.view(b, s, c.num_key_value_heads, c.head_dim).transpose(1, 2)  # [b, nkv, s, hd]
-        cos, sin = rope_cos_sin(self.inv_freq, positions, hidden.dtype)  # [b, s, hd]
+        cos, sin = self.rope.lookup(positions, hidden.dtype)  # [b, s, hd]
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.contiguous()
 
     def attn_out(self, w: Weights, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from engine.runtime.arena import Arena
-from engine.runtime.transfers import Pending, Transfers
+from engine.runtime.transfers import Transfers
 from engine.storage.copy import copy
 from engine.storage.placement import split_ranges
 from engine.storage.tiers import Tier

@@ -129,7 +129,10 @@ class Executor:
         finally:
             self._drain()
             self.budget.release(Tier.GPU, work, "working memory of one GPU batch")
+            # drop every reference into this block's buffers (pending transfers' closures hold cache views),
+            # so the next block's homes are never allocated while this block's are still alive
             self.kv, self.batches, self.hidden = {}, [], []
+            self._wpend, self._cpend, self._w = {}, {}, None
 
     def _all_done(self) -> bool:
         return all(b.done for b in self.batches)
