@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PIPELINE ?= pipelines/extract_invoices.yaml
+RUN_ARGS ?= --limit 80 --allow-errors
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 run: $(VENV)/.installed
-	$(VENV)/bin/llmops run $(PIPELINE)
+	$(VENV)/bin/llmops run $(PIPELINE) $(RUN_ARGS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests

@@ -7,22 +7,15 @@ import torch
 from conftest import requires_cuda
 from engine.models.loader import load_model
 from engine.policy.policy import Policy
-from test_executor import make_prompts, run_policy
-from test_offload_matrix import BASE, MATRIX
+from test_executor import run_policy
+from test_offload_matrix import BASE, MATRIX, reference_runs
 
 pytestmark = requires_cuda
 
 
 @pytest.fixture(scope="module")
 def cuda_reference(tiny_checkpoints):
-    out = {}
-    for kind in ("llama", "opt", "mixtral"):
-        loaded = load_model(tiny_checkpoints[kind], dtype=torch.float32)
-        prompts = make_prompts(9, loaded.config.vocab_size, seed=3)
-        max_new = [6, 9, 3, 9, 7, 9, 5, 9, 8]
-        tokens, _ = run_policy(loaded, Policy(**BASE), prompts, max_new, device="cuda")
-        out[kind] = (loaded, prompts, max_new, tokens)
-    return out
+    return reference_runs(tiny_checkpoints, device="cuda")
 
 
 @pytest.mark.parametrize("name", list(MATRIX) + ["compress_all"])

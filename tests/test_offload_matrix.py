@@ -28,16 +28,21 @@ MATRIX = {
 }
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_checkpoints):
+def reference_runs(tiny_checkpoints, device: str = "cpu") -> dict:
+    """Per family: (loaded, prompts, max_new, tokens of the all-in-memory policy on `device`)."""
     out = {}
     for kind in ("llama", "opt", "mixtral"):
         loaded = load_model(tiny_checkpoints[kind], dtype=torch.float32)
         prompts = make_prompts(9, loaded.config.vocab_size, seed=3)
         max_new = [6, 9, 3, 9, 7, 9, 5, 9, 8]
-        tokens, _ = run_policy(loaded, Policy(**BASE), prompts, max_new)
+        tokens, _ = run_policy(loaded, Policy(**BASE), prompts, max_new, device=device)
         out[kind] = (loaded, prompts, max_new, tokens)
     return out
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_checkpoints):
+    return reference_runs(tiny_checkpoints)
 
 
 @pytest.mark.parametrize("kind", ["llama", "opt", "mixtral"])

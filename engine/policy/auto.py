@@ -8,7 +8,7 @@ number of prompts; no microbenchmark runs (a cached profile or a cheap default i
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -98,32 +98,15 @@ def choose_policy_estimate(
                   compress_cache=compress_cache, model_name=model_name)
 
 
-def choose_policy(
-    config: ModelConfig,
-    *,
-    prompt_lens: list[int],
-    max_new_tokens: int,
-    device: torch.device,
-    dtype: torch.dtype,
-    gpu_memory: int | None,
-    cpu_memory: int | None,
-    disk_memory: int | None = None,
-    compress_weights: bool = False,
-    compress_cache: bool = False,
-    profile: HardwareProfile | None = None,
-) -> Policy:
+def choose_policy(config: ModelConfig, **kwargs: Any) -> Policy:
     """The policy for running `config` over prompts of `prompt_lens` tokens, `max_new_tokens` each.
 
-    Budgets are bytes (None: the device's free memory for the gpu, available RAM for the cpu, no disk).
-    The batch never exceeds the number of prompts. Raises NoFeasiblePolicy (a ValueError) naming what
-    does not fit. On CUDA the first call on a machine may run the ~1-minute hardware microbenchmark
-    (then cached); on CPU no benchmark runs.
+    Keyword arguments are `choose_policy_estimate`'s. Budgets are bytes (None: the device's free memory for
+    the gpu, available RAM for the cpu, no disk). The batch never exceeds the number of prompts. Raises
+    NoFeasiblePolicy (a ValueError) naming what does not fit. On CUDA the first call on a machine may run
+    the ~1-minute hardware microbenchmark (then cached); on CPU no benchmark runs.
     """
-    return choose_policy_estimate(
-        config, prompt_lens=prompt_lens, max_new_tokens=max_new_tokens, device=device, dtype=dtype,
-        gpu_memory=gpu_memory, cpu_memory=cpu_memory, disk_memory=disk_memory,
-        compress_weights=compress_weights, compress_cache=compress_cache, profile=profile,
-    ).policy
+    return choose_policy_estimate(config, **kwargs).policy
 
 
 __all__ = ["choose_policy", "choose_policy_estimate", "workload_from_prompts", "NoFeasiblePolicy"]

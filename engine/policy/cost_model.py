@@ -100,7 +100,7 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     """Channel times and tier memory, affine in the placement fractions (those of `policy` are ignored)."""
     L, g, k = config.num_hidden_layers, policy.gpu_batch_size, policy.num_gpu_batches
     b, s, n = policy.block_size, workload.prompt_len, workload.gen_len
-    s_mem, ctx = workload.memory_prompt_len, workload.prompt_len + workload.gen_len / 2
+    ctx = workload.prompt_len + workload.gen_len / 2
     B, cw, cc = bytes_per_element, policy.compress_weights, policy.compress_cache
     cpu_att = policy.cpu_attention
     h2d, d2h = profile.h2d_gib_s * GIB, profile.d2h_gib_s * GIB

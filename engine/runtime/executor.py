@@ -116,6 +116,8 @@ class Executor:
             self._wpend: dict[tuple[int, int], list[Pending]] = {}
             self._cpend: dict[tuple[int, int, int], list[Pending]] = {}
             self._w: tuple[int, int, dict] | None = None
+            self._sync_event: torch.cuda.Event | None = None
+            self._all_resident = p.w_gpu >= 1.0 and p.cache_gpu >= 1.0 and p.act_gpu >= 1.0
             self._t0 = time.perf_counter()
             self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0}
             num_steps = max(max_new_tokens)
@@ -174,6 +176,14 @@ class Executor:
         for pending in self._inflight:
             pending.wait()
         self._inflight = []
+        if self.device.type == "cuda" and not self._all_resident:
+            # Bound the host's run-ahead to one sync interval: a tensor used on a side stream stays allocated
+            # until the GPU passes it, so an unbounded run-ahead piles such tensors up past the gpu budget
+            # (measured: 26-32 GiB torch peak under a 16 GiB budget with num_gpu_batches > 1).
+            if self._sync_event is not None:
+                self._sync_event.synchronize()
+            self._sync_event = torch.cuda.Event()
+            self._sync_event.record()
 
     def _drain(self) -> None:
         for pending in getattr(self, "_inflight", []):

@@ -19,7 +19,7 @@ from llmops.core import MapSpec, map_table
 from llmops.pipeline.sinks import SinkWriter
 from llmops.pipeline.sources import read_source
 from llmops.pipeline.spec import LlmMap, Sink, Source, schema_from_shorthand
-from llmops.pipeline.steps import ROW_COLUMN, attach_output
+from llmops.pipeline.steps import attach_output
 
 TABLE_SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
