@@ -1,11 +1,14 @@
-"""Where device memory peaks inside the block schedule: torch's allocator peak per schedule action.
+"""Where device memory peaks inside the block schedule, and which allocations hold it.
 
-Runs one dummy preset under one policy (a warm-up block, then a measured block, as gpu_offload.py does) and
-prints, per (verb, phase, layer kind, GPU batch), the highest `torch.cuda.max_memory_allocated` seen while
-that action ran, next to the executor's own accounting. Used to find allocations the budget does not count.
+Runs one dummy preset under one policy (a warm-up block, then a measured block, as gpu_offload.py does).
+Per schedule action it records the allocator's bytes in use: `--sync` synchronizes before each reading
+(device-side truth per action), the default does not (the host may run ahead, as in a real run). With
+`--snapshot`, allocation history with Python stacks is recorded and, each time usage climbs past the highest
+so far by 256 MiB, the live blocks are summarized by state (active / pending free after a cross-stream use)
+and by the innermost engine frame that allocated them. Prints the summary and writes it as JSON to --out.
 
     python benchmarks/gpu_memory_trace.py --model opt-6.7b --policy '{"gpu_batch_size": 16, "num_gpu_batches": 2,
-        "w_gpu": 0, "w_cpu": 1}' --gen-len 8
+        "w_gpu": 0, "w_cpu": 1}' --gen-len 4 --snapshot --out /tmp/trace.json
 """
 from __future__ import annotations
 
@@ -25,11 +28,34 @@ from engine.runtime.executor import Executor  # noqa: E402
 from engine.sizes import parse_size  # noqa: E402
 
 GIB = 2 ** 30
+_STEP = 256 << 20
 
 
 class _Greedy:
     def __call__(self, rows, logits):
         return logits.argmax(-1).tolist(), [False] * len(rows)
+
+
+def _site(frames: list[dict]) -> str:
+    """The innermost frame inside this repository's engine/ or benchmarks/ code."""
+    for f in frames:
+        name = f.get("filename", "")
+        if "/engine/" in name or "/benchmarks/" in name:
+            return f"{name.split('/engine/')[-1] if '/engine/' in name else Path(name).name}:{f.get('line')}"
+    return "other"
+
+
+def summarize_snapshot() -> dict:
+    """Live device blocks grouped by (state, allocation site): bytes, largest first."""
+    groups: dict[tuple[str, str], int] = defaultdict(int)
+    for seg in torch.cuda.memory._snapshot()["segments"]:
+        for block in seg["blocks"]:
+            if block["state"] == "inactive":
+                continue
+            groups[(block["state"], _site(block.get("frames", [])))] += block["size"]
+    top = sorted(groups.items(), key=lambda kv: -kv[1])[:25]
+    return {"allocated_gib": torch.cuda.memory_allocated() / GIB,
+            "blocks": [{"state": s, "site": site, "gib": n / GIB} for (s, site), n in top]}
 
 
 def main() -> None:
@@ -39,6 +65,9 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen-len", type=int, default=8)
     ap.add_argument("--gpu-memory", default="16GiB")
+    ap.add_argument("--sync", action="store_true", help="synchronize before each reading")
+    ap.add_argument("--snapshot", action="store_true", help="summarize live blocks at each new peak")
+    ap.add_argument("--out", type=Path, help="write the result as JSON here")
     args = ap.parse_args()
     loaded = load_model(args.model, dtype=torch.float16)
     policy = Policy.from_dict(json.loads(args.policy))
@@ -48,27 +77,37 @@ def main() -> None:
     n = policy.block_size
     prompts = torch.randint(10, loaded.config.vocab_size - 1, (n, args.prompt_len),
                             generator=torch.Generator().manual_seed(0)).tolist()
+    if args.snapshot:
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
+    result = {"model": args.model, "policy": policy.to_dict(), "sync": args.sync, "blocks": []}
     for label, gen in (("warm-up", 1), ("measured", args.gen_len)):
         peaks: dict[tuple, int] = defaultdict(int)
-        last = {"action": None}
+        state = {"high": torch.cuda.memory_allocated(), "snapshot": None}
 
-        def hook(action, peaks=peaks, last=last):
-            torch.cuda.synchronize()
-            a = last["action"]
-            if a is not None:
-                key = (a.verb, "prefill" if a.i == 0 else "decode", specs[a.j].kind, a.k)
-                peaks[key] = max(peaks[key], torch.cuda.max_memory_allocated())
-            torch.cuda.reset_peak_memory_stats()
-            last["action"] = action
+        def hook(action, peaks=peaks, state=state):
+            if args.sync:
+                torch.cuda.synchronize()
+            used = torch.cuda.memory_allocated()
+            key = (action.verb, "prefill" if action.i == 0 else "decode", specs[action.j].kind, action.k)
+            peaks[key] = max(peaks[key], used)
+            if args.snapshot and used > state["high"] + _STEP:
+                state["snapshot"] = dict(summarize_snapshot(), at=list(key))
+            state["high"] = max(state["high"], used)
 
         ex.on_action = hook
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         ex.generate_block(prompts, [gen] * n, _Greedy())
-        print(f"== {label} block: executor {json.dumps(ex.memory_report()['gpu'])}, "
-              f"allocated after {torch.cuda.memory_allocated() / GIB:.2f} GiB")
-        for key, value in sorted(peaks.items(), key=lambda kv: -kv[1])[:10]:
-            print(f"   {value / GIB:6.2f} GiB  {key}")
+        block = {"label": label, "executor_gpu": ex.memory_report()["gpu"],
+                 "torch_peak_gib": torch.cuda.max_memory_allocated() / GIB,
+                 "top_actions": [{"action": list(k), "gib": v / GIB}
+                                 for k, v in sorted(peaks.items(), key=lambda kv: -kv[1])[:10]],
+                 "snapshot_at_peak": state["snapshot"]}
+        result["blocks"].append(block)
+        print(json.dumps(block, indent=1))
     ex.close()
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

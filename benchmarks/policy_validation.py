@@ -1,19 +1,29 @@
 """Does the cost model rank policies the way the engine runs them? Predicted vs measured throughput.
 
-For each model (dummy-weight presets, default OPT-6.7B and OPT-30B) under a GPU budget (default 16 GiB),
-runs the auto policy (`search`) and several hand-made ones through `engine.runtime.executor.Executor`: one
-block of token-id prompts (length 512, 32 new tokens, every row runs to the end). Records per policy the
-prediction, the measured generated tokens/s (wall clock of `generate_block`, device synchronized) or the
-error (out-of-memory and others are caught and recorded), then per model and overall the Spearman rank
-correlation and the auto policy's measured / best measured ratio. Results are rewritten after every
-policy to `<out>/policy_validation.json`, so a run cut short still leaves what it measured.
+For each model (dummy-weight presets, default OPT-6.7B at gen 32 and OPT-30B at gen 8) under a GPU budget
+(default 16 GiB), runs through `engine.runtime.executor.Executor` one block of token-id prompts (length
+512, every row runs to the end) of each distinct policy among:
+  - "auto (model only)": `search_top(...)[0]`, the cost model's choice;
+  - "auto (with trials)": the best measured of `search_top`'s `--trials` candidates, each run for one short
+    block on a 2-layer copy of the model (`engine.policy.trial.best_by_trials`, what
+    `choose_policy_estimate(trials=N)` does on CUDA);
+  - >= 8 hand-made grid policies spanning the space (`grid_policies`), or with `--grid-from FILE` the grid
+    measured by an earlier run (only the autos run; each copied record names its source).
+With `--compress auto` (default) the autos may choose 4-bit weights/cache and are compared with the whole
+grid; with `--compress off` they may not, and are compared with the grid's uncompressed policies.
+A policy chosen under several names is measured once. Records per policy the prediction, the measured
+generated tokens/s (wall clock of `generate_block`, device synchronized) or the error, then per model the
+Spearman rank correlation over all measured policies, the best one and each auto's measured / best
+measured. Results are rewritten after every policy to `<out>/policy_validation.json`.
 
-Time bound: a policy is skipped (and recorded as skipped) when its expected setup + run time, from the
-prediction with a safety factor, exceeds what remains of `--time-budget-s` (default 450 s).
+Time bound: autos run first, then the grid from the cheapest predicted; a policy is skipped (and recorded
+as skipped) when its expected setup + run time exceeds what remains of this model's share of
+`--time-budget-s` (default 420 s; a model's unused share passes to the next). The first policy of a model
+pins its cpu-tier memory (~1.5 GiB/s); later ones reuse torch's cached pinned blocks.
 
-    python benchmarks/policy_validation.py --out "$OUT"                 # on the H200, ~8 minutes
+    python benchmarks/policy_validation.py --out "$OUT"                 # on the H200, ~7 minutes
     python benchmarks/policy_validation.py --models tiny-opt --device cpu --gpu-memory 1GiB --cpu-memory 2GiB \
-        --prompt-len 16 --gen-len 4 --hardware default                  # smoke test on a CPU
+        --prompt-len 16 --gen-len 4 --hardware default --max-block 8    # smoke test on a CPU
 """
 from __future__ import annotations
 
@@ -37,37 +47,61 @@ from engine.policy.cost_model import Workload, estimate  # noqa: E402
 from engine.policy.estimate import Budgets, NoFeasiblePolicy  # noqa: E402
 from engine.policy.hardware import GIB, default_cpu_profile, load_or_measure, reference_profile  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
-from engine.policy.search import search  # noqa: E402
 from engine.sizes import parse_size  # noqa: E402
 
 PIN_GIB_S = 1.5          # host pinning rate (ENVIRONMENT.md: 1.58 GiB/s) for the setup-time guess
 SAFETY = 3.0             # measured runs may be this much slower than predicted
 
 
-def hand_policies(name: str) -> list[tuple[str, Policy]]:
-    """Hand-made policies spanning the space (batch shapes, placement, cpu attention, compression)."""
+def _p(g: int, k: int = 1, **kw) -> Policy:
+    return Policy(gpu_batch_size=g, num_gpu_batches=k, **kw)
+
+
+CPU_CACHE = dict(cache_gpu=0.0, cache_cpu=1.0)
+W_CPU = dict(w_gpu=0.0, w_cpu=1.0)
+Q4 = dict(compress_weights=True, compress_cache=True)
+
+
+def grid_policies(name: str) -> list[tuple[str, Policy]]:
+    """Hand-made policies spanning the space: batch shapes (one big GPU batch to many small ones), weights
+    on gpu / split / on cpu, cache on gpu / split / on cpu with gpu or CPU attention, 4-bit weights and
+    cache. Fractions are ones the executor realizes as stated (OPT-30B's weights cannot be split under
+    16 GiB: a whole fc1 or qkv_proj per layer is already more)."""
     if name == "opt-6.7b":
         return [
-            ("all-gpu bs2", Policy(gpu_batch_size=2)),
-            ("all-gpu bs8", Policy(gpu_batch_size=8)),
-            ("w80 cache-cpu cpu-att bs32", Policy(gpu_batch_size=32, w_gpu=0.8, w_cpu=0.2, cache_gpu=0.0,
-                                                  cache_cpu=1.0, cpu_attention=True)),
-            ("w50 bs16x2", Policy(gpu_batch_size=16, num_gpu_batches=2, w_gpu=0.5, w_cpu=0.5)),
-            ("4bit all-gpu bs64", Policy(gpu_batch_size=64, compress_weights=True, compress_cache=True)),
+            ("all-gpu bs2", _p(2)),
+            ("all-gpu bs8", _p(8)),
+            ("all-gpu bs2x4", _p(2, 4)),
+            ("4bit all-gpu bs64", _p(64, **Q4)),
+            ("4bit-w all-gpu bs16", _p(16, compress_weights=True)),
+            ("w50 bs8", _p(8, w_gpu=0.5, w_cpu=0.5)),
+            ("w80 cache-cpu cpu-att bs32", _p(32, w_gpu=0.8, w_cpu=0.2, cpu_attention=True, **CPU_CACHE)),
+            ("w0 cache-cpu cpu-att bs64x2", _p(64, 2, cpu_attention=True, **W_CPU, **CPU_CACHE)),
+            ("w50 cache-cpu gpu-att bs16x4", _p(16, 4, w_gpu=0.5, w_cpu=0.5, **CPU_CACHE)),
+            ("4bit w-cpu cache-cpu cpu-att bs64x2", _p(64, 2, cpu_attention=True, **W_CPU, **CPU_CACHE, **Q4)),
         ]
     if name == "opt-30b":
         return [
-            ("w20 cache-cpu cpu-att bs8x8", Policy(gpu_batch_size=8, num_gpu_batches=8, w_gpu=0.2, w_cpu=0.8,
-                                                   cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True)),
-            ("w20 cache-gpu bs4", Policy(gpu_batch_size=4, w_gpu=0.2, w_cpu=0.8)),
-            ("w0 cache-cpu cpu-att bs32x2", Policy(gpu_batch_size=32, num_gpu_batches=2, w_gpu=0.0, w_cpu=1.0,
-                                                   cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True)),
-            ("4bit w-cpu cache-gpu bs48", Policy(gpu_batch_size=48, w_gpu=0.0, w_cpu=1.0,
-                                                 compress_weights=True, compress_cache=True)),
+            ("w0 cache-cpu cpu-att bs8x8", _p(8, 8, cpu_attention=True, **W_CPU, **CPU_CACHE)),
+            ("w0 cache-cpu cpu-att bs32x2", _p(32, 2, cpu_attention=True, **W_CPU, **CPU_CACHE)),
+            ("w0 cache-cpu cpu-att bs4x16", _p(4, 16, cpu_attention=True, **W_CPU, **CPU_CACHE)),
+            ("w0 cache-gpu bs8", _p(8, **W_CPU)),
+            ("w0 cache-gpu bs4x2", _p(4, 2, **W_CPU)),
+            ("w0 cache-cpu gpu-att bs32x2", _p(32, 2, **W_CPU, **CPU_CACHE)),
+            ("w0 cache-half cpu-att bs8x4", _p(8, 4, cpu_attention=True, cache_gpu=0.5, cache_cpu=0.5, **W_CPU)),
+            ("4bit w-cpu cache-gpu bs32", _p(32, **W_CPU, **Q4)),
+            ("4bit w-cpu cache-cpu cpu-att bs32x4", _p(32, 4, cpu_attention=True, **W_CPU, **CPU_CACHE, **Q4)),
+            ("4bit-w cache-cpu cpu-att bs48x2", _p(48, 2, cpu_attention=True, compress_weights=True, **W_CPU,
+                                                  **CPU_CACHE)),
         ]
-    return [("all-gpu bs2", Policy(gpu_batch_size=2)), ("all-gpu bs4x2", Policy(gpu_batch_size=4, num_gpu_batches=2)),
-            ("w50 cache-cpu cpu-att bs4", Policy(gpu_batch_size=4, w_gpu=0.5, w_cpu=0.5, cache_gpu=0.0,
-                                                 cache_cpu=1.0, cpu_attention=True))]
+    return [
+        ("all-gpu bs2", _p(2)), ("all-gpu bs4x2", _p(4, 2)), ("all-gpu bs1x4", _p(1, 4)),
+        ("w50 bs4", _p(4, w_gpu=0.5, w_cpu=0.5)),
+        ("w50 cache-cpu cpu-att bs4", _p(4, w_gpu=0.5, w_cpu=0.5, cpu_attention=True, **CPU_CACHE)),
+        ("w0 cache-cpu gpu-att bs2x2", _p(2, 2, **W_CPU, **CPU_CACHE)),
+        ("4bit all-gpu bs8", _p(8, **Q4)),
+        ("4bit w-cpu cache-cpu cpu-att bs4x2", _p(4, 2, cpu_attention=True, **W_CPU, **CPU_CACHE, **Q4)),
+    ]
 
 
 class RunToEnd:
@@ -123,34 +157,101 @@ def write(out_dir: Path, payload: dict) -> None:
     os.replace(tmp, out_dir / "policy_validation.json")
 
 
+AUTO_MODEL, AUTO_TRIALS = "auto (model only)", "auto (with trials)"
+
+
 def summarize(payload: dict) -> None:
+    """Per model: Spearman of predicted vs measured over every measured distinct policy, the best measured,
+    and each auto policy's measured / best measured; overall Spearman."""
     all_pred, all_meas = [], []
-    for model, entry in payload["models"].items():
+    for entry in payload["models"].values():
         ok = [r for r in entry["policies"] if "measured_tokens_per_s" in r]
         pred = [r["predicted_tokens_per_s"] for r in ok]
         meas = [r["measured_tokens_per_s"] for r in ok]
         all_pred += pred
         all_meas += meas
         entry["spearman"] = spearman(pred, meas)
-        best = max(meas, default=None)
-        auto = next((r for r in ok if r["name"] == "auto"), None)
-        entry["auto_measured_over_best"] = (auto["measured_tokens_per_s"] / best) if (auto and best) else None
+        entry["measured_policies"] = len(ok)
+        if entry.get("compress", "off") == "off":      # the autos were not allowed to compress: compare alike
+            ok = [r for r in ok if not (r["policy"]["compress_weights"] or r["policy"]["compress_cache"])]
+        best = max(ok, key=lambda r: r["measured_tokens_per_s"], default=None)
+        entry["best"] = best["names"] if best else None
+        for label, key in ((AUTO_MODEL, "auto_model_measured_over_best"), (AUTO_TRIALS, "auto_trials_measured_over_best")):
+            auto = next((r for r in ok if label in r["names"]), None)
+            entry[key] = auto["measured_tokens_per_s"] / best["measured_tokens_per_s"] if (auto and best) else None
     payload["spearman_all"] = spearman(all_pred, all_meas)
+
+
+def earlier_grid(path: Path, name: str, gen_len: int) -> list[dict]:
+    """The measured grid (non-auto) policies of `name` from an earlier result file, marked with their source."""
+    earlier = json.loads(Path(path).read_text())["models"].get(name)
+    if earlier is None or earlier.get("gen_len") != gen_len:
+        raise SystemExit(f"--grid-from {path}: no {name} results at gen_len {gen_len}")
+    return [dict(r, names=[n for n in r["names"] if not n.startswith("auto")], source=str(path))
+            for r in earlier["policies"]
+            if "measured_tokens_per_s" in r and any(not n.startswith("auto") for n in r["names"])]
+
+
+def parse_models(text: str, gen_len: int) -> list[tuple[str, int]]:
+    """"opt-6.7b,opt-30b:8" -> [("opt-6.7b", gen_len), ("opt-30b", 8)]."""
+    out = []
+    for item in text.split(","):
+        name, _, gen = item.partition(":")
+        out.append((name, int(gen) if gen else gen_len))
+    return out
+
+
+def autos(loaded, name: str, workload: Workload, budgets: Budgets, profile, device: torch.device, args,
+          entry: dict) -> list[tuple[str, Policy]]:
+    """The model-only auto policy (`search`) and the trial-refined one (`choose_policy_estimate(trials=N)`
+    on CUDA; on a CPU the same `search_top` + `best_by_trials` path, for the smoke test)."""
+    from engine.policy.search import search_top
+    from engine.policy.trial import best_by_trials
+
+    bpe = ms.dtype_bytes(loaded.dtype)
+    out = []
+    try:
+        t0 = time.perf_counter()
+        allow = None if args.compress == "auto" else False
+        top = search_top(loaded.config, workload, budgets, profile, top=max(1, args.trials), bytes_per_element=bpe,
+                         compress_weights=allow, compress_cache=allow, model_name=name)
+        entry["search_s"] = time.perf_counter() - t0
+        out.append((AUTO_MODEL, top[0].policy))
+        entry["auto_model_explain"] = top[0].explain()
+        if args.trials > 0:
+            t0 = time.perf_counter()
+            chosen = best_by_trials(loaded.config, top, workload, device, loaded.dtype, budgets,
+                                    time_budget_s=args.trial_time_s, disk_dir=args.disk_dir)
+            entry["trials_s"] = time.perf_counter() - t0
+            entry["auto_trials_explain"] = chosen.explain()
+            entry["auto_trials_log"] = chosen.context.get("trials")
+            out.append((AUTO_TRIALS, chosen.policy))
+    except NoFeasiblePolicy as exc:
+        entry["auto_error"] = str(exc)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
-    ap.add_argument("--models", default="opt-6.7b,opt-30b")
+    ap.add_argument("--models", default="opt-6.7b,opt-30b:8",
+                    help="comma-separated NAME[:GEN_LEN] (default gen: --gen-len)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--gpu-memory", default="16GiB")
     ap.add_argument("--cpu-memory", default=None, help="default: 85%% of available RAM, at most 110GiB")
     ap.add_argument("--disk-dir", default=None)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen-len", type=int, default=32)
-    ap.add_argument("--max-block", type=int, default=256, help="bound on the auto policy's block size")
+    ap.add_argument("--max-block", type=int, default=256, help="bound on the auto policies' block size")
     ap.add_argument("--hardware", default="local", choices=["local", "h200", "default"])
-    ap.add_argument("--time-budget-s", type=float, default=450.0)
+    ap.add_argument("--trials", type=int, default=4, help="candidates the trial-refined auto measures")
+    ap.add_argument("--trial-time-s", type=float, default=20.0)
+    ap.add_argument("--time-budget-s", type=float, default=420.0)
+    ap.add_argument("--compress", choices=["auto", "off"], default="auto",
+                    help="auto: the auto policies may choose 4-bit weights/cache and are compared with the whole "
+                         "grid; off: they may not, and are compared with the uncompressed grid policies only")
+    ap.add_argument("--grid-from", type=Path,
+                    help="run only the autos; take the grid's measurements from this earlier result JSON")
     args = ap.parse_args()
     start = time.perf_counter()
     device = torch.device(args.device)
@@ -160,38 +261,53 @@ def main() -> None:
         args.cpu_memory = int(min(0.85 * host_memory_bytes(), 110 * GIB))
     else:
         args.cpu_memory = parse_size(args.cpu_memory)
+    t0 = time.perf_counter()
     profile = {"local": lambda: load_or_measure(device), "h200": lambda: reference_profile("h200"),
                "default": default_cpu_profile}[args.hardware]()
-    workload = Workload(args.prompt_len, args.gen_len, num_prompts=args.max_block)
-    budgets = Budgets(args.gpu_memory, args.cpu_memory, 0)
-    payload = {"device": str(device), "profile": profile.to_dict(), "workload": vars(args) | {"out": str(args.out)},
-               "models": {}}
+    payload = {"device": str(device), "profile": profile.to_dict(), "profile_s": time.perf_counter() - t0,
+               "args": vars(args) | {"out": str(args.out)}, "models": {}}
     out_dir = Path(args.out)
-    for name in args.models.split(","):
+    models = parse_models(args.models, args.gen_len)
+    budgets = Budgets(args.gpu_memory, args.cpu_memory, 0)
+    for m, (name, gen_len) in enumerate(models):
+        now = time.perf_counter()
+        model_deadline = now + (args.time_budget_s - (now - start)) / (len(models) - m)   # leftovers pass on
         loaded = load_model(name, dtype=torch.float16 if device.type == "cuda" else torch.float32)
         bpe = ms.dtype_bytes(loaded.dtype)
-        entry = payload["models"][name] = {"policies": []}
-        candidates: list[tuple[str, Policy]] = []
-        try:
-            auto = search(loaded.config, workload, budgets, profile, bytes_per_element=bpe, model_name=name)
-            candidates.append(("auto", auto.policy))
-            entry["auto_explain"] = auto.explain()
-        except NoFeasiblePolicy as exc:
-            entry["auto_error"] = str(exc)
-        candidates += hand_policies(name)
-        weights_gib = ms.total_numel(loaded.config) * bpe / GIB
-        for label, policy in candidates:
+        workload = Workload(args.prompt_len, gen_len, num_prompts=args.max_block)
+        entry = payload["models"][name] = {"gen_len": gen_len, "policies": []}
+        entry["compress"] = args.compress
+        named = autos(loaded, name, workload, budgets, profile, device, args, entry)
+        if args.grid_from is None:
+            named += grid_policies(name)
+        else:
+            entry["policies"] += earlier_grid(args.grid_from, name, gen_len)
+        distinct: dict[Policy, list[str]] = {}
+        for label, policy in named:
+            distinct.setdefault(policy, []).append(label)
+        records = []
+        for policy, names in distinct.items():
             est = estimate(loaded.config, policy, replace(workload, num_prompts=None), profile, bpe)
-            record = {"name": label, "policy": policy.to_dict(), "predicted_tokens_per_s": est.tokens_per_s,
-                      "predicted_prefill_s": est.prefill_s, "predicted_decode_s": est.decode_s,
-                      "predicted_peak_gib": {t: v / GIB for t, v in est.peak_memory_bytes.items()}}
-            expected = weights_gib / PIN_GIB_S + SAFETY * est.total_s + 5
-            remaining = args.time_budget_s - (time.perf_counter() - start)
-            if expected > remaining:
-                record["skipped"] = f"expected {expected:.0f} s > {remaining:.0f} s left of the time budget"
+            records.append({"names": names, "policy": policy.to_dict(), "predicted_tokens_per_s": est.tokens_per_s,
+                            "predicted_prefill_s": est.prefill_s, "predicted_decode_s": est.decode_s,
+                            "predicted_peak_gib": {t: v / GIB for t, v in est.peak_memory_bytes.items()},
+                            "_total_s": est.total_s, "_auto": names[0].startswith("auto")})
+        records.sort(key=lambda r: (not r["_auto"], r["_total_s"]))    # autos first, then the cheapest
+        first = True
+        for record in records:
+            policy = Policy.from_dict(record["policy"])
+            cpu_gib = record["predicted_peak_gib"]["cpu"]
+            expected = 5 + cpu_gib / (PIN_GIB_S if first else 8.0) + SAFETY * record.pop("_total_s")
+            record.pop("_auto")
+            remaining = model_deadline - time.perf_counter()
+            if record["predicted_peak_gib"]["gpu"] * GIB > args.gpu_memory:
+                record["skipped"] = "predicted not to fit the gpu budget"
+            elif expected > remaining:
+                record["skipped"] = f"expected {expected:.0f} s > {remaining:.0f} s left of this model's time"
             else:
                 try:
-                    record.update(run_policy(loaded, policy, args, device))
+                    record.update(run_policy(loaded, policy, replace_gen(args, gen_len), device))
+                    first = False
                 except BaseException as exc:  # noqa: BLE001 - OOM and engine errors are results here
                     if isinstance(exc, KeyboardInterrupt):
                         raise
@@ -205,14 +321,22 @@ def main() -> None:
             summarize(payload)
             payload["elapsed_s"] = time.perf_counter() - start
             write(out_dir, payload)
-            print(json.dumps({k: record.get(k) for k in ("name", "predicted_tokens_per_s", "measured_tokens_per_s",
+            print(json.dumps({k: record.get(k) for k in ("names", "predicted_tokens_per_s", "measured_tokens_per_s",
                                                           "error", "skipped")}), flush=True)
         del loaded
         gc.collect()
     summarize(payload)
     write(out_dir, payload)
-    print(json.dumps({m: {"spearman": e.get("spearman"), "auto_measured_over_best": e.get("auto_measured_over_best")}
+    print(json.dumps({m: {k: e.get(k) for k in ("spearman", "measured_policies", "best",
+                                                "auto_model_measured_over_best", "auto_trials_measured_over_best")}
                       for m, e in payload["models"].items()} | {"spearman_all": payload.get("spearman_all")}))
+
+
+def replace_gen(args, gen_len: int):
+    """`args` with this model's generation length (run_policy reads args.gen_len)."""
+    copy = argparse.Namespace(**vars(args))
+    copy.gen_len = gen_len
+    return copy
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from engine.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 CPU_FALLBACK_BATCH = 64
+AUTO_TRIALS = 4         # on a GPU, policy="auto" measures the cost model's best 4 candidates on a 2-layer copy
 Group = list[tuple[int, Completion]]
 
 
@@ -219,6 +220,7 @@ class LLM:
                     self.loaded.config, prompt_lens=prompt_lens, max_new_tokens=max_new_tokens,
                     device=self.device, dtype=self.dtype, gpu_memory=self.gpu_memory, cpu_memory=self.cpu_memory,
                     disk_memory=disk, compress_weights=self.compress_weights, compress_cache=self.compress_cache,
+                    trials=AUTO_TRIALS if torch.device(self.device).type == "cuda" else 0, disk_dir=self.disk_dir,
                 )
         self._set_policy(policy)
         return policy

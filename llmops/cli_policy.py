@@ -87,6 +87,8 @@ Example:
 @click.option("--dtype", default="auto", show_default=True, help="Compute dtype: auto, float16, bfloat16, float32.")
 @click.option("--compress-weights", is_flag=True, help="Store weights 4-bit (group-wise).")
 @click.option("--compress-cache", is_flag=True, help="Store the KV cache 4-bit (group-wise).")
+@click.option("--allow-compression", is_flag=True,
+              help="Let the search choose 4-bit weights and/or cache (outputs then differ slightly).")
 @click.option("--profile", "profile_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="A hardware profile JSON (as written by `llmops profile --json`).")
 @click.option("--hardware", type=click.Choice(["local", "h200"]),
@@ -95,7 +97,7 @@ Example:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def policy_cmd(model: str, gpu_memory: int | None, cpu_memory: int | None, disk_memory: int, prompt_len: int,
                gen_len: int, num_prompts: int | None, dtype: str, compress_weights: bool, compress_cache: bool,
-               profile_file: Path | None, hardware: str | None, as_json: bool) -> None:
+               allow_compression: bool, profile_file: Path | None, hardware: str | None, as_json: bool) -> None:
     """Choose and explain the offloading policy for MODEL under memory budgets."""
     from engine.models.loader import resolve_dtype
     from engine.policy.cost_model import Workload
@@ -117,7 +119,8 @@ def policy_cmd(model: str, gpu_memory: int | None, cpu_memory: int | None, disk_
     workload = Workload(prompt_len=prompt_len, gen_len=gen_len, num_prompts=num_prompts)
     try:
         result = search(config, workload, budgets, profile, bytes_per_element=dtype_bytes(torch_dtype),
-                        compress_weights=compress_weights, compress_cache=compress_cache, model_name=model)
+                        compress_weights=compress_weights or (None if allow_compression else False),
+                        compress_cache=compress_cache or (None if allow_compression else False), model_name=model)
     except NoFeasiblePolicy as exc:
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from None

@@ -9,6 +9,7 @@ from engine.policy import model_stats as ms
 from engine.policy.affine import placement_vector
 from engine.policy.cost_model import Workload, cost_terms, estimate
 from engine.policy.hardware import GIB, reference_profile
+from engine.policy.memory import model_layout
 from engine.policy.policy import Policy
 
 H200 = reference_profile("h200")
@@ -56,7 +57,8 @@ def test_compressed_weights_move_fewer_bytes():
     x = placement_vector(base)
     ratio = (packed.decode["cpu->gpu"][:6] @ x + packed.decode["cpu->gpu"][6]) / (
         plain.decode["cpu->gpu"][:6] @ x + plain.decode["cpu->gpu"][6])
-    assert ratio == pytest.approx(0.28, abs=0.02)
+    # groups of 32 with float16 min/scale: 4 + 32/32 = 5 bits of 16 (0.3125), plus the dense output head
+    assert ratio == pytest.approx(0.33, abs=0.015)
     # dequantization is paid in compute
     assert packed.decode["compute"][6] > plain.decode["compute"][6]
 
@@ -79,7 +81,11 @@ def test_cpu_attention_avoids_moving_the_cache():
     gpu_att = cost_terms(c, p, WORKLOAD, H200, 2).decode["cpu->gpu"]
     cpu_att_terms = cost_terms(c, replace(p, cpu_attention=True), WORKLOAD, H200, 2)
     assert cpu_att_terms.decode["cpu->gpu"] @ [*x, 1] < gpu_att @ [*x, 1]
-    assert "cpu compute" in cpu_att_terms.decode     # overlapped with gpu work of another GPU batch
+    # the executor waits for q/k/v before attending on the host: one serial compute channel, no overlap
+    assert "compute" in cpu_att_terms.decode and "gpu compute" not in cpu_att_terms.decode
+    serial = cpu_att_terms.decode["compute"] @ [*x, 1]
+    slots = 2 * (H200.decode_slot_s + H200.cpu_attention_slot_s)
+    assert serial > slots                              # slot latencies + host attention over the cache
 
 
 def test_overlap_never_slower_than_serial():
@@ -97,7 +103,9 @@ def test_peak_memory_homes_by_tier():
     assert on_gpu.peak_memory_bytes["gpu"] > weights
     assert on_gpu.peak_memory_bytes["cpu"] == 0 and on_gpu.peak_memory_bytes["disk"] == 0
     on_disk = estimate(c, Policy(gpu_batch_size=8, w_gpu=0.0, w_cpu=0.0), WORKLOAD, H200)
-    assert on_disk.peak_memory_bytes["disk"] == pytest.approx(weights, rel=0.01)
+    stored = model_layout(c, 2, False).total_bytes            # OPT's head keeps its own lm_head copy
+    assert stored == pytest.approx(weights + c.vocab_size * c.hidden_size * 2)
+    assert on_disk.peak_memory_bytes["disk"] == stored
     assert on_disk.peak_memory_bytes["gpu"] < on_gpu.peak_memory_bytes["gpu"] - weights / 2
     assert on_disk.peak_memory_bytes["cpu"] > 0       # pinned relay buffers for the disk reads
 

@@ -193,3 +193,23 @@ def test_hook_sees_the_one_loop(tiny_checkpoints):
     n_layers = len(loaded.family.layer_specs())
     assert seen.count("compute") == 2 * n_layers * 2
     assert {"load_weight", "load_cache", "store_cache", "sync"} <= set(seen)
+
+
+def test_close_frees_every_buffer_without_the_cyclic_gc(tiny_checkpoints):
+    """After close() the executor holds no tensor: its buffers die at once even while it is referenced and the
+    cyclic GC is off (a self-referencing executor kept a whole model's device weights alive across runs)."""
+    import gc
+    import weakref
+
+    loaded = load_model(tiny_checkpoints["opt"], dtype=torch.float32)
+    ex = Executor(loaded, Policy(gpu_batch_size=2, num_gpu_batches=2), device=torch.device("cpu"),
+                  dtype=torch.float32)
+    ex.generate_block(make_prompts(4, loaded.config.vocab_size), [3] * 4, GreedyRecorder())
+    refs = [weakref.ref(flat) for _, flat in ex.arena._flat.values()]
+    assert len(refs) > 4 and all(r() is not None for r in refs)
+    gc.disable()
+    try:
+        ex.close()
+        assert [r for r in refs if r() is not None] == []
+    finally:
+        gc.enable()

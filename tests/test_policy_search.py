@@ -148,3 +148,22 @@ def test_choose_policy_on_cuda_uses_the_search_with_a_given_profile():
     assert est.policy.block_size <= 120
     assert est.policy.w_gpu < 1.0                      # 56 GiB of weights cannot sit in 16 GiB
     assert est.peak_memory_bytes["gpu"] <= 16 * GIB
+
+
+def test_search_may_choose_compression_when_allowed():
+    """compress_* None: the search tries both settings; OPT-30B under 16 GiB gains from 4-bit (fewer bytes over
+    the link), and the trial candidates cover every flag kind before any kind's second shape."""
+    from engine.policy.search import search_top
+
+    config = preset("opt-30b")
+    workload = Workload(512, 32, num_prompts=256)
+    budgets = Budgets(16 << 30, 100 << 30)
+    profile = reference_profile("h200")
+    plain = search(config, workload, budgets, profile)
+    free = search(config, workload, budgets, profile, compress_weights=None, compress_cache=None)
+    assert not plain.policy.compress_weights and not plain.policy.compress_cache
+    assert free.policy.compress_weights or free.policy.compress_cache
+    assert free.predicted_tokens_per_s >= plain.predicted_tokens_per_s
+    top = search_top(config, workload, budgets, profile, top=8, compress_weights=None, compress_cache=None)
+    kinds = [(e.policy.cpu_attention, e.policy.compress_weights, e.policy.compress_cache) for e in top]
+    assert len(set(kinds)) == len(kinds) == 8

@@ -71,3 +71,71 @@ def test_bad_config():
         QuantConfig(bits=3)
     with pytest.raises(ValueError, match="even"):
         QuantConfig(group_size=63)
+
+
+@pytest.mark.parametrize("n", [2, 32, 64, 128])
+def test_hadamard_is_symmetric_orthonormal_involution(n):
+    from engine.quant.group import hadamard
+
+    h = hadamard(n)
+    assert torch.equal(h, h.T)
+    assert torch.allclose(h @ h, torch.eye(n), atol=1e-6)
+    assert torch.allclose(h.abs(), torch.full((n, n), n ** -0.5))
+    with pytest.raises(ValueError, match="power of two"):
+        hadamard(48)
+
+
+@pytest.mark.parametrize("gs", [32, 64])
+@pytest.mark.parametrize("shape", [(3, 2, 5, 64), (4, 100)])
+def test_rotated_round_trip_within_half_step_in_rotated_basis(gs, shape):
+    from engine.quant.group import hadamard
+
+    torch.manual_seed(3)
+    x = torch.randn(shape) * 3
+    x[..., 5] *= 30                                                              # an outlier channel
+    cfg = QuantConfig(group_size=gs, rotate=True)
+    y = dequantize(quantize(x, cfg))
+    assert y.shape == x.shape and y.dtype == x.dtype
+    h = hadamard(gs)
+    pad = (-shape[-1]) % gs
+
+    def rotated(t):                                                              # [*lead, g, gs] in H basis
+        return F.pad(t, (0, pad)).reshape(*shape[:-1], -1, gs) @ h
+
+    xr, yr = rotated(x), rotated(y)
+    err = (yr - xr).abs().reshape(*shape[:-1], -1)
+    bound = _half_step(xr.reshape(*shape[:-1], -1), gs) * (1 + 1e-5) + 1e-4
+    assert bool((err <= bound).all()), float((err - bound).max())
+    plain = dequantize(quantize(x, QuantConfig(group_size=gs)))
+    assert (y - x).norm() < 0.6 * (plain - x).norm()                             # rotation tames the outlier
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rotated_round_trip_half_dtypes(dtype):
+    torch.manual_seed(4)
+    x = torch.randn(6, 4, 64).to(dtype)
+    y = dequantize(quantize(x, QuantConfig(rotate=True)))
+    assert y.dtype == dtype
+    rel = (y.float() - x.float()).norm() / x.float().norm()
+    assert rel < 0.12
+
+
+def test_rotated_slicing_and_out():
+    torch.manual_seed(5)
+    cfg = QuantConfig(group_size=32, rotate=True)
+    x = torch.randn(4, 3, 10, 64)
+    q = quantize(x, cfg)
+    dst = empty_qtensor((4, 3, 10, 64), torch.float32, cfg)
+    dst[:, :, 2:5].copy_(q[:, :, 2:5])
+    assert torch.equal(dequantize(dst[:, :, 2:5]), dequantize(q)[:, :, 2:5])
+    out = torch.empty(4, 3, 10, 64)
+    assert dequantize(q, out=out) is out and torch.equal(out, dequantize(q))
+    assert q.nbytes == quantize(x, QuantConfig(group_size=32)).nbytes              # rotation costs no bytes
+
+
+def test_rotate_config_validation_and_tag():
+    with pytest.raises(ValueError, match="power-of-two"):
+        QuantConfig(group_size=48, rotate=True)
+    assert QuantConfig(group_size=48).tag == "q4g48"
+    assert QuantConfig(group_size=32, rotate=True).tag == "q4g32r"
+    assert QuantConfig(rotate=True) != QuantConfig()

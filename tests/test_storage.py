@@ -91,3 +91,18 @@ def test_damaged_weight_file_is_rebuilt(tmp_path, damage):
     got = fresh.load("layer0", lambda: built.append(1) or _tensors())
     assert built == [1] and fresh.rebuilt == ["layer0"]
     assert torch.equal(got["w"], _tensors()["w"])
+
+
+def test_weight_file_records_rotation(tmp_path):
+    from engine.quant import QuantConfig
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 64)
+    cfg = QuantConfig(group_size=32, rotate=True)
+    WeightFiles(tmp_path).load("layer0", lambda: {"q": quantize(x, cfg)})
+    _, marker = WeightFiles(tmp_path).paths("layer0")
+    entry = [e for e in json.loads(marker.read_text())["entries"] if "qshape" in e][0]
+    assert entry["rotate"] is True and entry["group_size"] == 32
+    again = WeightFiles(tmp_path).load("layer0", lambda: pytest.fail("rebuilt a valid file"))
+    assert again["q"].config == cfg
+    assert torch.equal(dequantize(again["q"]), dequantize(quantize(x, cfg)))

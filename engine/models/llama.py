@@ -72,7 +72,7 @@ class LlamaFamily:
         source = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
         w = {
             "norm.weight": WeightSpec((c.hidden_size,), ("model.norm.weight",)),
-            "lm_head.weight": WeightSpec((c.vocab_size, c.hidden_size), (source,), quantizable=True),
+            "lm_head.weight": WeightSpec((c.vocab_size, c.hidden_size), (source,)),
         }
         return LayerSpec("head", "head", -1, w)
 

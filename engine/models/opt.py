@@ -74,7 +74,7 @@ class OPTFamily:
         if self.proj_dim != c.hidden_size:
             w.update(self._linear("project_out", ("model.decoder.project_out",), self.proj_dim, c.hidden_size, False))
         source = "model.decoder.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-        w["lm_head.weight"] = WeightSpec((c.vocab_size, self.proj_dim), (source,), quantizable=True)
+        w["lm_head.weight"] = WeightSpec((c.vocab_size, self.proj_dim), (source,))
         return LayerSpec("head", "head", -1, w)
 
     def _ln(self, w: Weights, name: str, x: torch.Tensor) -> torch.Tensor:

@@ -1,13 +1,15 @@
 """`choose_policy`: the policy `LLM(policy="auto")` runs with, from the real workload and the budgets.
 
 On a CUDA device the policy comes from `search()` with this machine's cached (or, once, measured) hardware
-profile. On a CPU device the gpu tier *is* host RAM, so there is nothing to place: everything stays on the
-gpu tier and the batch size is the largest that fits the memory budget, capped at `CPU_MAX_BATCH` and at the
-number of prompts; no microbenchmark runs (a cached profile or a cheap default is used for the estimate).
+profile, refined by measured trials of the best few candidates when `trials` > 0 (`LLM` asks for 4).
+On a CPU device the gpu tier *is* host RAM, so there is nothing to place: everything stays on the gpu tier
+and the batch size is the largest that fits the memory budget, capped at `CPU_MAX_BATCH` and at the number
+of prompts; no microbenchmark runs (a cached profile or a cheap default is used for the estimate).
 """
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -20,7 +22,8 @@ from engine.policy.hardware import (
     HardwareProfile, default_cpu_profile, host_memory_bytes, load_cached_profile, load_or_measure,
 )
 from engine.policy.policy import Policy
-from engine.policy.search import search
+from engine.policy.search import search, search_top
+from engine.policy.trial import best_by_trials
 from engine.sizes import format_size
 
 CPU_MAX_BATCH = 128
@@ -73,12 +76,21 @@ def choose_policy_estimate(
     gpu_memory: int | None,
     cpu_memory: int | None,
     disk_memory: int | None = None,
-    compress_weights: bool = False,
-    compress_cache: bool = False,
+    compress_weights: bool | None = False,
+    compress_cache: bool | None = False,
     profile: HardwareProfile | None = None,
     model_name: str = "model",
+    trials: int = 0,
+    trial_time_s: float = 20.0,
+    disk_dir: Path | None = None,
 ) -> PolicyEstimate:
-    """Like `choose_policy`, returning the estimate (for logging and `explain()`)."""
+    """Like `choose_policy`, returning the estimate (for logging and `explain()`).
+
+    On CUDA with `trials` > 0, the `trials` best distinct candidates of `search_top` are each run for one
+    short block on a 2-layer copy of the model (`engine.policy.trial`), within about `trial_time_s`
+    seconds, and the best measured one is returned; its estimate holds the extrapolated measurement and
+    the cost model's prediction (`context["predicted"]`, `context["trials"]`). `compress_weights` /
+    `compress_cache` None let the search decide (on CUDA; a CPU device never compresses then)."""
     device = torch.device(device)
     workload = workload_from_prompts(prompt_lens, max_new_tokens)
     B = ms.dtype_bytes(dtype)
@@ -86,16 +98,21 @@ def choose_policy_estimate(
         budget = gpu_memory if gpu_memory is not None else (cpu_memory if cpu_memory is not None
                                                              else host_memory_bytes())
         profile = profile or load_cached_profile(device) or default_cpu_profile()
-        return _cpu_estimate(config, workload, B, int(budget), compress_weights, compress_cache, profile,
-                             model_name)
+        return _cpu_estimate(config, workload, B, int(budget), bool(compress_weights), bool(compress_cache),
+                             profile, model_name)
     profile = profile or load_or_measure(device)
     if gpu_memory is None:
         gpu_memory = torch.cuda.mem_get_info(device)[0]
     budgets = Budgets(gpu_bytes=int(gpu_memory),
                       cpu_bytes=int(cpu_memory if cpu_memory is not None else host_memory_bytes()),
                       disk_bytes=int(disk_memory or 0))
-    return search(config, workload, budgets, profile, bytes_per_element=B, compress_weights=compress_weights,
-                  compress_cache=compress_cache, model_name=model_name)
+    kwargs = dict(bytes_per_element=B, compress_weights=compress_weights, compress_cache=compress_cache,
+                  model_name=model_name)
+    if trials <= 0:
+        return search(config, workload, budgets, profile, **kwargs)
+    candidates = search_top(config, workload, budgets, profile, top=trials, **kwargs)
+    return best_by_trials(config, candidates, workload, device, dtype, budgets, time_budget_s=trial_time_s,
+                          disk_dir=disk_dir)
 
 
 def choose_policy(config: ModelConfig, **kwargs: Any) -> Policy:

@@ -3,32 +3,37 @@
 For one batch shape and flag set (a `Policy`'s gpu_batch_size, num_gpu_batches and flags), `cost_terms`
 returns affine expressions (see `affine`) in the placement fractions:
   - per decoder layer, the busy time of each channel during prefill and during one decode step
-    (cpu->gpu, gpu->cpu, disk->cpu, cpu->disk, gpu compute, cpu compute);
-  - the peak bytes held on each tier (homes + working buffers).
+    (cpu->gpu, gpu->cpu, disk->cpu, cpu->disk, gpu compute, host);
+  - the peak bytes held on each tier, as the executor counts them (`memory.memory_terms`).
 A layer's time is the max over its channels when `overlap` (Algorithm 1's six threads), else their sum.
+"host" is the executor's own time per (decoder layer, GPU batch) slot, measured on the real executor
+(`HardwareProfile.decode_slot_s`): many small GPU batches cost what they really cost. With CPU attention
+the executor waits for each GPU batch's q/k/v, attends on the host and then launches the rest of the layer,
+so gpu work, host attention (at the measured `cpu_decode_attention` rate) and slot latencies add up in
+one "compute" channel. On a CPU device the host is the device: host time adds to compute.
 A block of bls = gpu_batch_size x num_gpu_batches sequences takes
     T = L * T_pre + L * (n - 1) * T_gen,   throughput = bls * n / T   (generated tokens per second).
-Symbols: L layers, b = bls, g = gpu_batch_size, s prompt length, n tokens generated, ctx = s + n / 2 the
-mean decode context (the KV cache grows from s to s + n), W a layer's stored weight bytes (embed and head
-spread over the L layers), kv / kv16 the KV bytes per token per layer stored / uncompressed, hb the
-hidden bytes per token. Compressed tensors (4-bit) move 0.28x the bytes and cost a dequantization pass.
+Symbols: L layers, b = bls, g = gpu_batch_size, k = num_gpu_batches, s prompt length, n tokens generated,
+ctx = s + n / 2 the mean decode context (the KV cache grows from s to s + n), W a layer's stored weight
+bytes as the executor stores them (embed and head spread over the L layers), kv / kv16 the KV bytes per
+token per layer stored / uncompressed, hb the hidden bytes per token. Compressed tensors (4-bit) move
+0.28x the bytes and cost a device dequantization pass at the measured rate (weights once per layer and
+step; a compressed cache on every read).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
-import torch
 
 from engine.models.config import ModelConfig
 from engine.policy import model_stats as ms
-from engine.policy.affine import const, evaluate, placement_vector, share
+from engine.policy.affine import const, evaluate, share
 from engine.policy.hardware import GIB, HardwareProfile
+from engine.policy.memory import (
+    TIERS, ModelLayout, memory_terms, model_layout, peak_memory, realized_placement,
+)
 from engine.policy.policy import Policy
-from engine.runtime.working import working_bytes
-
-TIERS = ("gpu", "cpu", "disk")
-_DTYPE_OF_SIZE = {2: torch.float16, 4: torch.float32, 8: torch.float64}
 
 
 @dataclass(frozen=True)
@@ -96,21 +101,25 @@ def _expected_expert_bytes(config: ModelConfig, tokens: float, bytes_per_expert:
 
 
 def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile: HardwareProfile,
-               bytes_per_element: int) -> CostTerms:
-    """Channel times and tier memory, affine in the placement fractions (those of `policy` are ignored)."""
+               bytes_per_element: int, layout: ModelLayout | None = None) -> CostTerms:
+    """Channel times and tier memory, affine in the placement fractions (those of `policy` are ignored).
+
+    `layout` (from `memory.model_layout`, for this dtype and weight compression) is built when not given."""
     L, g, k = config.num_hidden_layers, policy.gpu_batch_size, policy.num_gpu_batches
     b, s, n = policy.block_size, workload.prompt_len, workload.gen_len
     ctx = workload.prompt_len + workload.gen_len / 2
     B, cw, cc = bytes_per_element, policy.compress_weights, policy.compress_cache
-    cpu_att = policy.cpu_attention
+    cpu_att, on_cpu = policy.cpu_attention, profile.device_type == "cpu"
+    layout = layout or model_layout(config, B, cw)
     h2d, d2h = profile.h2d_gib_s * GIB, profile.d2h_gib_s * GIB
     d_read, d_write = profile.disk_read_gib_s * GIB, profile.disk_write_gib_s * GIB
     gpu_flops, gpu_bw = profile.gpu_tflops_bf16 * 1e12, profile.gpu_mem_gib_s * GIB
-    cpu_flops, cpu_bw = profile.cpu_gflops * 1e9, profile.cpu_mem_gib_s * GIB
+    cpu_flops, dq_bw = profile.cpu_gflops * 1e9, profile.dequant_bytes_s
+    cpu_att_bw = profile.cpu_attention_q4_bytes_s if cc else profile.cpu_attention_bytes_s
 
-    edge = ms.edge_weight_bytes(config, B)
-    W = ms.layer_weight_bytes(config, B, cw) + edge / L             # stored bytes moved per layer
-    W16 = ms.layer_weight_bytes(config, B) + edge / L               # bytes the matmuls read, uncompressed
+    W = layout.total_bytes / L                                      # stored bytes moved per layer (edge spread)
+    W16 = ms.layer_weight_bytes(config, B) + ms.edge_weight_bytes(config, B) / L   # bytes the matmuls read
+    Wq = sum(k_.count * sum(d for d, p in zip(k_.dense, k_.packed) if p) for k_ in layout.kinds) / L
     kv, kv16 = ms.kv_bytes_per_token(config, B, cc), ms.kv_bytes_per_token(config, B)
     hb = ms.hidden_bytes_per_token(config, B)
     q_bytes = config.num_attention_heads * config.head_dim * B      # one token's q (or attention output)
@@ -127,8 +136,7 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     w_off, w_disk = share("w", "off"), share("w", "disk")
     c_gpu, c_off, c_disk = share("cache", "gpu"), share("cache", "off"), share("cache", "disk")
     h_off, h_disk = share("act", "off"), share("act", "disk")
-    dequant_w = (W16 / gpu_bw) * k if cw else 0.0                   # dequantize a layer per GPU batch
-    launch = k * profile.layer_overhead_ms * 1e-3                   # fixed cost per layer and GPU batch
+    dequant_w = Wq / dq_bw                                          # compressed weights: once per layer and step
 
     # ---- prefill, one layer, whole block ----
     prefill = {
@@ -141,17 +149,20 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
         # disk share of the new cache and of the hidden states
         "cpu->disk": (b * s * kv * c_disk + b * s * hb * h_disk) / d_write,
         # matmuls per GPU batch (roofline over weight reads) + causal attention (mean context s/2)
-        # + dequantizing weights + quantizing the new cache + launching the layer per GPU batch
+        # + dequantizing weights + quantizing the new cache
         "gpu compute": const(
-            launch + k * _roofline(g * s * mm, weight_read(g * s), gpu_flops, gpu_bw)
+            k * _roofline(g * s * mm, weight_read(g * s), gpu_flops, gpu_bw)
             + b * s * ms.attention_flops_per_token(config, s / 2) / gpu_flops
-            + dequant_w + (b * s * kv16 / gpu_bw if cc else 0.0)
+            + dequant_w + (b * s * kv16 / dq_bw if cc else 0.0)
         ),
+        # the executor's host time: one (decoder layer, GPU batch) slot per GPU batch
+        "host": const(k * profile.prefill_slot_s),
     }
 
     # ---- decode, one layer, one step averaged over the n - 1 steps ----
-    attn_cpu_s = b * ctx * max(kv16 / cpu_bw, ms.attention_flops_per_token(config, 1.0) / cpu_flops)
     attn_gpu_s = b * ctx * max(kv16 / gpu_bw, ms.attention_flops_per_token(config, 1.0) / gpu_flops)
+    attn_cpu_s = b * ctx * max(kv16 / cpu_att_bw, ms.attention_flops_per_token(config, 1.0) / cpu_flops)
+    dequant_cache_s = b * ctx * kv16 / dq_bw if cc else 0.0          # a compressed cache read on the device
     kv_to_cpu = (q_bytes + kv) if cpu_att else kv                    # cpu attention ships q with new k/v
     decode = {
         # offloaded weights + (gpu attention) the offloaded cache over mean context, (cpu attention) the
@@ -164,63 +175,26 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
         # the new token's k/v and hidden states homed on disk
         "cpu->disk": (b * kv * c_disk + b * hb * h_disk) / d_write,
     }
-    # matmuls per GPU batch (roofline) + dequantization of weights (and of the cache read on gpu)
-    matmul_s = launch + k * _roofline(g * mm, weight_read(g), gpu_flops, gpu_bw) + dequant_w
+    # matmuls per GPU batch (roofline) + dequantization of the weights
+    matmul_s = k * _roofline(g * mm, weight_read(g), gpu_flops, gpu_bw) + dequant_w
+    host_s = k * profile.decode_slot_s
     if cpu_att:
-        # gpu attention over the gpu-homed cache only; the cpu attends over the rest where it lives
-        gpu_comp = const(matmul_s) + (attn_gpu_s * (2.0 if cc else 1.0)) * c_gpu
-        cpu_comp = attn_cpu_s * c_off
-        if policy.overlap and k >= 2:   # cpu attention of one GPU batch overlaps gpu work of another
-            decode["gpu compute"], decode["cpu compute"] = gpu_comp, cpu_comp
-        else:
-            decode["compute"] = gpu_comp + cpu_comp
+        # the executor waits for each GPU batch's q/k/v before attending on the host, and launches the
+        # rest of the layer after it: gpu work, host attention and per-slot latencies add up
+        decode["compute"] = (const(matmul_s + host_s + k * profile.cpu_attention_slot_s)
+                             + (attn_gpu_s + dequant_cache_s) * c_gpu + attn_cpu_s * c_off)
     else:
         # gpu attention over the whole cache (moved in as needed), dequantized first when compressed
-        decode["gpu compute"] = const(matmul_s + attn_gpu_s * (2.0 if cc else 1.0))
+        decode["gpu compute"] = const(matmul_s + attn_gpu_s + dequant_cache_s)
+        decode["host"] = const(host_s)
+    if on_cpu:                         # the host is the device: its launch time adds to the compute
+        for channels in (prefill, decode):
+            host = channels.pop("host", const(0.0))
+            key = "compute" if "compute" in channels else "gpu compute"
+            channels[key] = channels[key] + host
 
-    memory = _memory_terms(config, policy, workload, profile, bytes_per_element)
+    memory = memory_terms(config, layout, policy, workload.memory_prompt_len, n, B, profile.device_type)
     return CostTerms(prefill, decode, memory, L, n, b, policy.overlap)
-
-
-def _memory_terms(config: ModelConfig, policy: Policy, workload: Workload, profile: HardwareProfile,
-                  bytes_per_element: int) -> dict[str, np.ndarray]:
-    """Peak bytes per tier at the end of decoding (largest cache) plus prefill working buffers."""
-    L, g, b = config.num_hidden_layers, policy.gpu_batch_size, policy.block_size
-    s, n, B = workload.memory_prompt_len, workload.gen_len, bytes_per_element
-    cw, cc, cpu_att = policy.compress_weights, policy.compress_cache, policy.cpu_attention
-    weights = ms.layer_weight_bytes(config, B, cw) * L + ms.edge_weight_bytes(config, B)
-    stage, stage16 = ms.largest_stage_bytes(config, B, cw), ms.largest_stage_bytes(config, B)
-    kv, kv16 = ms.kv_bytes_per_token(config, B, cc), ms.kv_bytes_per_token(config, B)
-    cache = L * b * (s + n) * kv                                    # the whole block's cache at the last step
-    hidden = b * s * ms.hidden_bytes_per_token(config, B)           # the block's hidden states at one layer
-    g_cache, g_hidden = g * (s + n) * kv, g * s * ms.hidden_bytes_per_token(config, B)
-
-    nh = config.num_attention_heads
-    # one GPU batch's working memory as the executor reserves it: prefill intermediates, mask, fp32
-    # logits and (compressed cache) one dequantized segment
-    act_work = working_bytes(config, g, s, s + n, _DTYPE_OF_SIZE[B], cc)
-    if profile.device_type == "cpu":
-        act_work += g * nh * s * s * B                               # the math SDPA path materializes scores
-
-    gpu = (
-        share("w", "gpu") * weights + share("cache", "gpu") * cache + share("act", "gpu") * hidden
-        # two stages of offloaded weights in flight (current + prefetched), one dequantized stage
-        + share("w", "off") * (2 * stage) + const(stage16 if cw else 0.0)
-        # (gpu attention) the offloaded cache of two GPU batches in flight
-        + share("cache", "off") * (0.0 if cpu_att else 2 * g_cache)
-        # hidden states of two GPU batches in flight, and one batch's intermediates
-        + share("act", "off") * (2 * g_hidden) + const(act_work)
-    )
-    cpu = (
-        share("w", "cpu") * weights + share("cache", "cpu") * cache + share("act", "cpu") * hidden
-        # pinned relay buffers for disk weights, disk cache and disk hidden states (two in flight)
-        + share("w", "disk") * (2 * stage) + share("cache", "disk") * (2 * g_cache)
-        + share("act", "disk") * (2 * g_hidden)
-        # cpu attention: fp32 scores and an upcast copy of one batch's cache for one layer
-        + const(g * nh * (s + n) * 4 + g * (s + n) * kv16 * 2 if cpu_att else 0.0)
-    )
-    disk = share("w", "disk") * weights + share("cache", "disk") * cache + share("act", "disk") * hidden
-    return {"gpu": gpu, "cpu": cpu, "disk": disk}
 
 
 def layer_seconds(channels: dict[str, np.ndarray], x: np.ndarray, overlap: bool) -> tuple[float, str]:
@@ -242,7 +216,14 @@ def estimate_terms(terms: CostTerms, x: np.ndarray) -> CostEstimate:
 
 
 def estimate(config: ModelConfig, policy: Policy, workload: Workload, profile: HardwareProfile,
-             bytes_per_element: int = 2) -> CostEstimate:
-    """The model's prediction for one fully specified policy."""
-    terms = cost_terms(config, policy, workload, profile, bytes_per_element)
-    return estimate_terms(terms, placement_vector(policy))
+             bytes_per_element: int = 2, layout: ModelLayout | None = None,
+             terms: CostTerms | None = None) -> CostEstimate:
+    """The model's prediction for one fully specified policy: times at the placement the executor really
+    makes (tensors whole, kv heads and hidden features rounded), peak memory as the executor counts it
+    plus its untracked device memory (`memory.peak_memory`)."""
+    layout = layout or model_layout(config, bytes_per_element, policy.compress_weights)
+    terms = terms or cost_terms(config, policy, workload, profile, bytes_per_element, layout)
+    result = estimate_terms(terms, realized_placement(config, layout, policy))
+    peak = peak_memory(config, layout, policy, workload.memory_prompt_len, workload.gen_len, bytes_per_element,
+                       profile.device_type)
+    return replace(result, peak_memory_bytes=peak)

@@ -88,6 +88,18 @@ class PolicyEstimate:
             f"Predicted  {self.predicted_tokens_per_s:.2f} generated tokens/s; per block prefill "
             f"{self.prefill_s:.2f} s, decode {self.decode_s:.2f} s"
         )
+        predicted, trials = ctx.get("predicted"), ctx.get("trials")
+        if trials:
+            lines.append(f"Selected by {ctx.get('selected_by', 'trial')} among {len(trials)} candidate(s); the numbers "
+                         f"above are the trial's, extrapolated from a 2-layer run"
+                         + (f" (cost model: {predicted['tokens_per_s']:.2f} tokens/s)" if predicted else ""))
+            for t in trials:
+                p_ = t["policy"]
+                shape = (f"{p_['num_gpu_batches']}x{p_['gpu_batch_size']}"
+                         + (" cpu-attention" if p_["cpu_attention"] else ""))
+                got = (f"trial {t['trial_tokens_per_s']:.2f}" if "trial_tokens_per_s" in t
+                       else t.get("error") or t.get("skipped") or "not run")
+                lines.append(f"  candidate {shape:<22} predicted {t['predicted_tokens_per_s']:.2f}, {got}")
         if self.bottlenecks:
             lines.append(f"Bottleneck prefill: {self.bottlenecks.get('prefill')}; decode: {self.bottlenecks.get('decode')}")
         budgets = ctx.get("budgets_bytes", {})

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 GIB = 1024**3
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2    # 2: executor slot, CPU attention and dequantization probes
 
 
 @dataclass(frozen=True)
@@ -41,12 +41,49 @@ class HardwareProfile:
     cpu_memory_bytes: int
     disk_free_bytes: int
     layer_overhead_ms: float = 0.3   # fixed cost of launching one layer's ~20 kernels for one GPU batch
+    # Measured on the real executor and kernels (0 = not measured: derived, see the properties below)
+    slot_prefill_ms: float = 0.0     # executor host time per (decoder layer, GPU batch) at prefill
+    slot_decode_ms: float = 0.0      # executor host time per (decoder layer, GPU batch) per decode step
+    cpu_attention_slot_ms: float = 0.0   # extra per (decoder layer, GPU batch) with CPU attention (sync, copies)
+    cpu_attention_gib_s: float = 0.0     # cpu_decode_attention, dense K+V bytes read per second
+    cpu_attention_q4_gib_s: float = 0.0  # the same over a 4-bit cache, in dense-equivalent bytes per second
+    dequant_gib_s: float = 0.0           # 4-bit dequantization on the device, dense bytes written per second
     hostname: str = ""
     torch_version: str = ""
     source: str = "measured"         # "measured", "reference:<name>", "default", "file:<path>"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def prefill_slot_s(self) -> float:
+        """Seconds of executor host time per (decoder layer, GPU batch) at prefill."""
+        return (self.slot_prefill_ms or self.layer_overhead_ms) * 1e-3
+
+    @property
+    def decode_slot_s(self) -> float:
+        """Seconds of executor host time per (decoder layer, GPU batch) per decode step."""
+        return (self.slot_decode_ms or self.layer_overhead_ms) * 1e-3
+
+    @property
+    def cpu_attention_slot_s(self) -> float:
+        """Extra seconds per (decoder layer, GPU batch) of a decode step with CPU attention (default 0.1 ms)."""
+        return (self.cpu_attention_slot_ms or 0.1) * 1e-3
+
+    @property
+    def cpu_attention_bytes_s(self) -> float:
+        """Bytes of dense K+V per second CPU attention reads (default: the GEMV probe's rate)."""
+        return (self.cpu_attention_gib_s or self.cpu_mem_gib_s) * GIB
+
+    @property
+    def cpu_attention_q4_bytes_s(self) -> float:
+        """Dense-equivalent K+V bytes per second of CPU attention over a 4-bit cache (default: 1/4 of dense)."""
+        return self.cpu_attention_q4_gib_s * GIB if self.cpu_attention_q4_gib_s else self.cpu_attention_bytes_s / 4
+
+    @property
+    def dequant_bytes_s(self) -> float:
+        """Dense bytes per second the device's 4-bit dequantization writes (default: 1/4 of the copy rate)."""
+        return self.dequant_gib_s * GIB if self.dequant_gib_s else self.gpu_mem_gib_s * GIB / 4
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "HardwareProfile":
@@ -63,7 +100,9 @@ class HardwareProfile:
         for name, value in data.items():
             kind = known[name].type
             if kind in ("float", float):
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                optional = known[name].default == 0.0
+                if (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+                        or (value == 0 and not optional)):
                     raise ValueError(f"HardwareProfile.{name} must be a positive number, got {value!r}")
                 values[name] = float(value)
             elif kind in ("int", int):
@@ -190,7 +229,7 @@ def load_profile(path: Path | str) -> HardwareProfile:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"hardware profile {path}: cannot read JSON ({exc})") from exc
     if isinstance(data, dict) and "profile" in data:
-        if data.get("version") != PROFILE_VERSION:
+        if data.get("version") not in (1, PROFILE_VERSION):
             raise ValueError(f"hardware profile {path}: version {data.get('version')!r}, "
                              f"expected {PROFILE_VERSION}")
         data = data["profile"]
@@ -214,6 +253,8 @@ def load_cached_profile(device: torch.device, directory: Path | None = None) -> 
     key = profile_key(device)
     if any(getattr(profile, k) != v for k, v in key.items()):
         return None
+    if profile.source == "measured" and not profile.slot_decode_ms:
+        return None                      # measured before the executor probes existed: measure again
     return profile
 
 

@@ -3,7 +3,9 @@
 Each probe takes the best of a few repeats (bandwidths are upper bounds the cost model scales by).
 Copies between host and device use pinned host memory; the disk probe writes a file under a temporary
 folder with fsync, drops it from the page cache (posix_fadvise DONTNEED) and reads it back; the CPU
-attention probe is a batched GEMV over an fp32 "cache" (q @ K^T), counting the K bytes read.
+attention probe is a batched GEMV over an fp32 "cache" (q @ K^T), counting the K bytes read. Probes of
+the real runtime: the executor's host time per (decoder layer, GPU batch) slot on a tiny model, the
+runtime's `cpu_decode_attention` (dense and 4-bit cache, in the device's half dtype) and 4-bit dequantize.
 On a CPU device the gpu tier is the CPU: h2d/d2h are host memcpy and gpu_* are the CPU's rates.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from engine.policy.hardware import (
     GIB, HardwareProfile, device_display_name, device_memory_bytes, host_memory_bytes,
 )
+from engine.policy.policy import Policy
 
 MIB = 1024**2
 
@@ -136,6 +139,56 @@ def measure_layer_overhead_ms(device: torch.device, iterations: int = 50) -> flo
     return _best_seconds(run, device, 2) / iterations * 1e3
 
 
+def measure_executor_slots(device: torch.device, dtype: torch.dtype) -> tuple[float, float, float]:
+    """(prefill, decode, extra with CPU attention) milliseconds per (decoder layer, GPU batch) slot of the
+    real executor on a tiny OPT (all resident, 4 GPU batches of 1 row; then the cache on the cpu tier with
+    CPU attention): the host cost the cost model charges per slot."""
+    from engine.models.hf_config import config_from_hf
+    from engine.models.presets import PRESETS
+    from engine.policy.trial import slot_seconds
+
+    config = config_from_hf(PRESETS["tiny-opt"])
+    resident = Policy(gpu_batch_size=1, num_gpu_batches=4)
+    pre, dec = slot_seconds(config, resident, device, dtype)
+    host_att = Policy(gpu_batch_size=1, num_gpu_batches=4, cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True)
+    _, dec_att = slot_seconds(config, host_att, device, dtype)
+    return pre * 1e3, dec * 1e3, max(dec_att - dec, 1e-3 * dec) * 1e3
+
+
+def measure_cpu_decode_attention(dtype: torch.dtype, repeats: int, batch: int = 4, heads: int = 32,
+                                 head_dim: int = 128, context: int = 512) -> tuple[float, float]:
+    """(dense, 4-bit) GiB/s of K+V (dense-equivalent bytes) that the runtime's `cpu_decode_attention`
+    reads, timed on a realistic shape: q [batch, heads, 1, hd] over k/v [batch, heads, context, hd]."""
+    from engine.quant.config import CACHE_QUANT
+    from engine.quant.group import quantize
+    from engine.runtime.attention import cpu_decode_attention
+
+    cpu = torch.device("cpu")
+    q = torch.randn(batch, heads, 1, head_dim).to(dtype)                    # [b, nh, 1, hd]
+    k = torch.randn(batch, heads, context, head_dim).to(dtype)              # [b, nkv, t, hd]
+    v = torch.randn(batch, heads, context, head_dim).to(dtype)
+    valid = torch.ones(batch, context, dtype=torch.bool)                    # [b, t]
+    scale = head_dim ** -0.5
+    nbytes = 2 * k.numel() * k.element_size()
+    dense = _best_seconds(lambda: cpu_decode_attention(q, k, v, valid, scale), cpu, repeats)
+    kq, vq = quantize(k, CACHE_QUANT), quantize(v, CACHE_QUANT)
+    packed = _best_seconds(lambda: cpu_decode_attention(q, kq, vq, valid, scale), cpu, repeats)
+    return nbytes / dense / GIB, nbytes / packed / GIB
+
+
+def measure_dequant(device: torch.device, dtype: torch.dtype, size_mib: int, repeats: int) -> float:
+    """GiB/s of dense output of the runtime's 4-bit `dequantize` on `device` (a [rows, 4096] weight)."""
+    from engine.quant.config import WEIGHT_QUANT
+    from engine.quant.group import dequantize, quantize
+
+    rows = max(1, size_mib * MIB // (4096 * torch.empty((), dtype=dtype).element_size()))
+    w = torch.randn(rows, 4096, device=device).to(dtype)                    # [rows, 4096]
+    packed = quantize(w, WEIGHT_QUANT)
+    out = torch.empty_like(w)
+    seconds = _best_seconds(lambda: dequantize(packed, out=out), device, repeats)
+    return w.numel() * w.element_size() / seconds / GIB
+
+
 def measure(
     device: torch.device | str,
     *,
@@ -155,6 +208,10 @@ def measure(
     cpu_gflops = measure_matmul_tflops(cpu, cpu_matmul_n, torch.float32, repeats) * 1e3
     cpu_mem = measure_cpu_attention(size_mib, repeats)
     overhead_ms = measure_layer_overhead_ms(device)
+    half = torch.float16 if device.type == "cuda" else torch.float32
+    slot_pre, slot_dec, slot_att = measure_executor_slots(device, half)
+    att_dense, att_q4 = measure_cpu_decode_attention(half, repeats)
+    dequant = measure_dequant(device, half, min(size_mib, 64), repeats)
     if device.type == "cuda":
         gpu_tflops = measure_matmul_tflops(device, matmul_n, torch.bfloat16, repeats)
         gpu_mem = measure_device_copy(device, size_mib, repeats)
@@ -166,6 +223,8 @@ def measure(
         h2d_gib_s=h2d, d2h_gib_s=d2h, disk_read_gib_s=disk_read, disk_write_gib_s=disk_write,
         gpu_tflops_bf16=gpu_tflops, gpu_mem_gib_s=gpu_mem, cpu_gflops=cpu_gflops, cpu_mem_gib_s=cpu_mem,
         gpu_memory_bytes=int(device_memory_bytes(device)), cpu_memory_bytes=int(host_memory_bytes()),
-        disk_free_bytes=int(disk_free), layer_overhead_ms=overhead_ms, hostname=socket.gethostname(), torch_version=torch.__version__,
-        source="measured",
+        disk_free_bytes=int(disk_free), layer_overhead_ms=overhead_ms, slot_prefill_ms=slot_pre,
+        slot_decode_ms=slot_dec, cpu_attention_slot_ms=slot_att, cpu_attention_gib_s=att_dense,
+        cpu_attention_q4_gib_s=att_q4, dequant_gib_s=dequant, hostname=socket.gethostname(),
+        torch_version=torch.__version__, source="measured",
     )

@@ -7,12 +7,17 @@ times t_pre, t_gen are found by `scipy.optimize.linprog(method="highs")`:
                channel_c(x) <= t_gen for every decode channel
                memory_tier(x) <= relax_tier * budget_tier         (tier in gpu, cpu, disk)
                w_gpu + w_cpu <= 1, cache_gpu + cache_cpu <= 1, act_gpu + act_cpu <= 1, 0 <= x <= 1
-The shape with the highest predicted throughput wins (ties: the smaller block). Times are scaled to ms and
-bytes to GiB inside the LP for conditioning.
+The LP's fractions are then rounded to placements the executor realizes exactly (weights move as whole
+tensors, the cache as whole kv heads: `memory.weight_settings`, `split_ranges`); the fastest rounding whose
+exact memory (`memory.peak_memory`, the executor's own accounting) fits the relaxed budgets is kept, and
+when none fits the LP is solved again with the overshoot taken off the budgets. The shape with the highest
+predicted throughput wins (ties: the smaller block); `search_top` returns the best few for trials. Times
+are scaled to ms and bytes to GiB inside the LP for conditioning.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -20,10 +25,11 @@ from scipy.optimize import linprog
 
 from engine.models.config import ModelConfig
 from engine.policy import model_stats as ms
-from engine.policy.affine import NUM_VARS, VARS
-from engine.policy.cost_model import TIERS, CostTerms, Workload, cost_terms, estimate_terms
+from engine.policy.affine import NUM_VARS
+from engine.policy.cost_model import TIERS, CostEstimate, CostTerms, Workload, cost_terms, estimate
 from engine.policy.estimate import Budgets, NoFeasiblePolicy, PolicyEstimate, workload_dict
 from engine.policy.hardware import GIB, HardwareProfile
+from engine.policy.memory import ModelLayout, model_layout, weight_fraction_on, weight_settings
 from engine.policy.policy import Policy
 from engine.sizes import format_size
 
@@ -45,7 +51,7 @@ def candidate_shapes(num_prompts: int | None, gpu_batch_sizes: Sequence[int] = G
     return sorted(shapes)
 
 
-def _solve(terms: CostTerms, budgets: Budgets, relax: dict[str, float]) -> np.ndarray | None:
+def _solve(terms: CostTerms, limits: dict[str, float]) -> np.ndarray | None:
     """The LP's optimal placement x [6], or None when infeasible."""
     n_vars = NUM_VARS + 2                                   # x, t_pre, t_gen
     rows, rhs = [], []
@@ -65,7 +71,7 @@ def _solve(terms: CostTerms, budgets: Budgets, relax: dict[str, float]) -> np.nd
         row = np.zeros(n_vars)
         row[:NUM_VARS] = terms.memory[tier][:NUM_VARS] / GIB
         rows.append(row)
-        rhs.append((relax[tier] * budgets.of(tier) - terms.memory[tier][NUM_VARS]) / GIB)
+        rhs.append((limits[tier] - terms.memory[tier][NUM_VARS]) / GIB)
     for i in range(0, NUM_VARS, 2):                        # gpu + cpu share of each class <= 1
         row = np.zeros(n_vars)
         row[i] = row[i + 1] = 1.0
@@ -81,13 +87,6 @@ def _solve(terms: CostTerms, budgets: Budgets, relax: dict[str, float]) -> np.nd
     return result.x[:NUM_VARS] if result.status == 0 else None
 
 
-def _better(tokens_per_s: float, block: int, best_tokens_per_s: float, best_block: int) -> bool:
-    """Higher throughput wins; within a relative 1e-6 the smaller block wins."""
-    if tokens_per_s > best_tokens_per_s * (1 + 1e-6):
-        return True
-    return tokens_per_s >= best_tokens_per_s * (1 - 1e-6) and block < best_block
-
-
 def _snap(x: np.ndarray) -> np.ndarray:
     """Clip to [0, 1], snap near-0/near-1 values and keep gpu + cpu <= 1 per class."""
     x = np.clip(x, 0.0, 1.0)
@@ -98,62 +97,174 @@ def _snap(x: np.ndarray) -> np.ndarray:
     return np.round(x, 6)
 
 
-def search(
+def _floor_ceil(values: Sequence[float], realized: Sequence[float], target: float) -> list[float]:
+    """The settings whose realized fractions are the nearest at or below and at or above `target`."""
+    below = [v for v, r in zip(values, realized) if r <= target + 1e-9]
+    above = [v for v, r in zip(values, realized) if r >= target - 1e-9]
+    return sorted({below[-1] if below else values[0], above[0] if above else values[-1]})
+
+
+def _grid(n: int, target: float) -> list[float]:
+    """m / n for the m just below and just above target * n (kv heads: `split_ranges` rounds to these)."""
+    return sorted({min(n, max(0, math.floor(target * n + 1e-9))) / n, min(n, max(0, math.ceil(target * n - 1e-9))) / n})
+
+
+def _realizations(config: ModelConfig, layout: ModelLayout, shape: Policy, x: np.ndarray) -> list[Policy]:
+    """Policies near the LP's fractions x [6] that the executor places exactly as stated: weights split at
+    tensor boundaries, the cache at kv-head boundaries, hidden states at feature boundaries."""
+    settings = weight_settings(layout)
+    realized = [weight_fraction_on(layout, v, 0.0)[0] for v in settings]
+    nkv, h = config.num_key_value_heads, config.hidden_size
+    ag = round(x[4] * h) / h
+    ac = max(0.0, min(1.0, round((x[4] + x[5]) * h) / h) - ag)
+    out = []
+    for wg in _floor_ceil(settings, realized, x[0]):
+        for wu in _floor_ceil(settings, realized, x[0] + x[1]):
+            if wu < wg:
+                continue
+            for cg in _grid(nkv, x[2]):
+                for cu in _grid(nkv, x[2] + x[3]):
+                    if cu < cg:
+                        continue
+                    out.append(replace(shape, w_gpu=wg, w_cpu=round(wu - wg, 9), cache_gpu=cg,
+                                       cache_cpu=round(cu - cg, 9), act_gpu=ag, act_cpu=ac))
+    return out
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    tokens_per_s: float
+    policy: Policy
+    estimate: CostEstimate
+
+
+def _best_realization(config: ModelConfig, layout: ModelLayout, shape: Policy, terms: CostTerms,
+                      workload: Workload, profile: HardwareProfile, bytes_per_element: int,
+                      limits: dict[str, float], retries: int = 3) -> _Candidate | None:
+    """Solve the LP, round its placement to what the executor realizes, keep the fastest rounding whose
+    exact memory fits `limits`; when none fits, tighten the LP's limits by the overshoot and solve again."""
+    lp_limits = dict(limits)
+    for _ in range(retries + 1):
+        x = _solve(terms, lp_limits)
+        if x is None:
+            return None
+        best, overshoot = None, {t: 0.0 for t in TIERS}
+        for policy in _realizations(config, layout, shape, _snap(x)):
+            est = estimate(config, policy, workload, profile, bytes_per_element, layout=layout, terms=terms)
+            over = {t: est.peak_memory_bytes[t] - limits[t] for t in TIERS}
+            if all(v <= 0 for v in over.values()):
+                if best is None or est.tokens_per_s > best.tokens_per_s * (1 + 1e-9):
+                    best = _Candidate(est.tokens_per_s, policy, est)
+            else:
+                overshoot = {t: max(overshoot[t], over[t]) for t in TIERS}
+        if best is not None:
+            return best
+        for tier in TIERS:
+            if overshoot[tier] > 0:
+                lp_limits[tier] -= overshoot[tier]
+    return None
+
+
+def search_top(
     config: ModelConfig,
     workload: Workload,
     budgets: Budgets,
     profile: HardwareProfile,
     *,
+    top: int = 1,
     bytes_per_element: int = 2,
-    compress_weights: bool = False,
-    compress_cache: bool = False,
+    compress_weights: bool | None = False,
+    compress_cache: bool | None = False,
     cpu_attention: bool | None = None,
     overlap: bool = True,
     gpu_batch_sizes: Sequence[int] = GPU_BATCH_SIZES,
     num_gpu_batches: Sequence[int] = NUM_GPU_BATCHES,
-    relax_gpu: float = 0.9,
+    relax_gpu: float = 0.95,
     relax_cpu: float = 0.9,
     relax_disk: float = 0.95,
     model_name: str = "model",
-) -> PolicyEstimate:
-    """The policy with the highest predicted throughput that fits `budgets` (bytes) under the cost model.
+) -> list[PolicyEstimate]:
+    """The `top` distinct policies with the highest predicted throughput that fit `budgets` (bytes), best
+    first: at most one per (batch shape, flags); the candidates are taken round-robin over the flag kinds
+    (cpu_attention, compress_weights, compress_cache), best kind first, so trials compare every kind.
 
-    `relax_*` scale each budget (head-room for allocator rounding and fragmentation); `cpu_attention`
-    None tries both. Raises NoFeasiblePolicy, saying what does not fit, when no shape fits.
+    Each policy's placement is what the executor realizes (whole tensors, whole kv heads) and its peak
+    memory per tier, as the executor counts it, fits `relax_* x budget`. `relax_*` scale each budget
+    (head-room for allocator rounding and fragmentation); `cpu_attention`, `compress_weights` and
+    `compress_cache` None try both settings (compression changes the outputs slightly: callers that
+    need exact outputs pass False). Raises NoFeasiblePolicy, saying what does not fit, when no shape fits.
     """
+    if top < 1:
+        raise ValueError(f"search_top: top must be >= 1, got {top}")
     relax = {"gpu": relax_gpu, "cpu": relax_cpu, "disk": relax_disk}
-    flag_sets = [False, True] if cpu_attention is None else [cpu_attention]
-    best: tuple[float, int, Policy, CostTerms, np.ndarray] | None = None
-    infeasible_from: dict[tuple[int, bool], int] = {}       # (k, cpu_att) -> smallest infeasible g
+    limits = {t: relax[t] * budgets.of(t) for t in TIERS}
+    both = (False, True)
+    flag_sets = [(att, cw, cc) for att in (both if cpu_attention is None else (cpu_attention,))
+                 for cw in (both if compress_weights is None else (compress_weights,))
+                 for cc in (both if compress_cache is None else (compress_cache,))]
+    layouts = {cw: model_layout(config, bytes_per_element, cw) for _, cw, _ in flag_sets}
+    found: list[_Candidate] = []
+    infeasible_from: dict[tuple, int] = {}                  # (k, flags) -> smallest infeasible g
     for g, k in candidate_shapes(workload.num_prompts, gpu_batch_sizes, num_gpu_batches):
-        for cpu_att in flag_sets:
-            if g >= infeasible_from.get((k, cpu_att), g + 1):
+        for flags in flag_sets:
+            if g >= infeasible_from.get((k, flags), g + 1):
                 continue                                    # memory only grows with g: also infeasible
+            cpu_att, cw, cc = flags
             shape = Policy(gpu_batch_size=g, num_gpu_batches=k, overlap=overlap, cpu_attention=cpu_att,
-                           compress_weights=compress_weights, compress_cache=compress_cache)
-            terms = cost_terms(config, shape, workload, profile, bytes_per_element)
-            x = _solve(terms, budgets, relax)
-            if x is None:
-                infeasible_from[(k, cpu_att)] = g
+                           compress_weights=cw, compress_cache=cc)
+            terms = cost_terms(config, shape, workload, profile, bytes_per_element, layouts[cw])
+            best = _best_realization(config, layouts[cw], shape, terms, workload, profile, bytes_per_element,
+                                     limits)
+            if best is None:
+                infeasible_from[(k, flags)] = g
                 continue
-            x = _snap(x)
-            tokens_per_s = estimate_terms(terms, x).tokens_per_s
-            if best is None or _better(tokens_per_s, shape.block_size, best[0], best[1]):
-                best = (tokens_per_s, shape.block_size, shape, terms, x)
-    if best is None:
+            found.append(best)
+    if not found:
         raise NoFeasiblePolicy(_no_fit_message(config, workload, budgets, relax, bytes_per_element,
-                                               compress_weights, compress_cache, model_name))
-    _, _, shape, terms, x = best
-    policy = replace(shape, **{name: float(v) for name, v in zip(VARS, x)})
-    result = estimate_terms(terms, x)
+                                               compress_weights is not False, compress_cache is not False,
+                                               model_name))
+    found.sort(key=lambda c: (-c.tokens_per_s, c.policy.block_size))
+    chosen = _diverse(found, top)
     context = {
         "model": model_name, "device_name": profile.device_name, "profile_source": profile.source,
         "workload": workload_dict(workload),
         "budgets_bytes": {t: budgets.of(t) for t in TIERS},
     }
-    return PolicyEstimate(policy, result.tokens_per_s, result.prefill_s, result.decode_s,
-                          result.peak_memory_bytes,
-                          {"prefill": result.prefill_bottleneck, "decode": result.decode_bottleneck}, context)
+    return [PolicyEstimate(c.policy, c.tokens_per_s, c.estimate.prefill_s, c.estimate.decode_s,
+                           c.estimate.peak_memory_bytes,
+                           {"prefill": c.estimate.prefill_bottleneck, "decode": c.estimate.decode_bottleneck},
+                           context)
+            for c in chosen]
+
+
+def _kind(c: _Candidate) -> tuple[bool, bool, bool]:
+    p = c.policy
+    return p.cpu_attention, p.compress_weights, p.compress_cache
+
+
+def _diverse(ranked: list[_Candidate], top: int) -> list[_Candidate]:
+    """The best `top` of `ranked` (best first), taken round-robin over the flag kinds (`_kind`) in the order
+    of each kind's best: every kind's best before any kind's second. The first is always the best."""
+    kinds: dict[tuple[bool, bool, bool], list[_Candidate]] = {}
+    for c in ranked:
+        kinds.setdefault(_kind(c), []).append(c)
+    queues = list(kinds.values())                           # ranked is best first, so is this order
+    chosen: list[_Candidate] = []
+    depth = 0
+    while len(chosen) < top and any(depth < len(q) for q in queues):
+        chosen.extend(q[depth] for q in queues if depth < len(q))
+        depth += 1
+    return sorted(chosen[:top], key=lambda c: (-c.tokens_per_s, c.policy.block_size))
+
+
+def search(config: ModelConfig, workload: Workload, budgets: Budgets, profile: HardwareProfile,
+           **kwargs) -> PolicyEstimate:
+    """The policy with the highest predicted throughput that fits `budgets` (bytes) under the cost model.
+
+    Keyword arguments are `search_top`'s (except `top`). Raises NoFeasiblePolicy, saying what does not
+    fit, when no shape fits.
+    """
+    return search_top(config, workload, budgets, profile, top=1, **kwargs)[0]
 
 
 def _no_fit_message(config: ModelConfig, workload: Workload, budgets: Budgets, relax: dict[str, float],

@@ -2,15 +2,35 @@
 
 `quantize(x, config) -> QTensor` and `dequantize(q) -> Tensor` round-trip with an absolute error of at most
 half a step per element: (max - min) / (2 * 15) of the element's group, plus rounding of min/scale to the
-tensor's dtype. Both run on whatever device the input lives on, with batched torch ops.
+tensor's dtype. With `config.rotate` the bound holds in the rotated basis (each group times the normalized
+Hadamard matrix H); since H is orthonormal, a group's L2 error is the same in both bases. Both run on
+whatever device the input lives on, with batched torch ops.
+
+Dequantization is two steps: `_affine_dequant` (codes -> mn + code * scale, the part a fused kernel may
+replace) and, for rotated configs, `_unrotate` (a matmul by H over the last group dim).
 """
 from __future__ import annotations
+
+import functools
+import math
 
 import torch
 import torch.nn.functional as F
 
 from engine.quant.config import QuantConfig
+from engine.quant.kernels import affine_dequant
 from engine.quant.qtensor import QTensor, scale_dtype
+
+
+@functools.lru_cache(maxsize=32)
+def hadamard(n: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Normalized Sylvester-Hadamard matrix [n, n] (n a power of two): symmetric, H @ H = I."""
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"hadamard: size must be a power of two, got {n}")
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)   # [2m, 2m]
+    return (h / math.sqrt(n)).to(dtype=dtype, device=device)
 
 
 def quantize(x: torch.Tensor, config: QuantConfig = QuantConfig()) -> QTensor:
@@ -22,6 +42,8 @@ def quantize(x: torch.Tensor, config: QuantConfig = QuantConfig()) -> QTensor:
     if groups * gs != d:
         xf = F.pad(xf, (0, groups * gs - d))                               # pad with zeros to whole groups
     xf = xf.reshape(*lead, groups, gs)                                     # [*lead, g, gs]
+    if config.rotate:
+        xf = xf @ hadamard(gs, torch.float32, xf.device)                  # [*lead, g, gs] rotated basis
     mn = xf.amin(dim=-1, keepdim=True)                                     # [*lead, g, 1]
     mx = xf.amax(dim=-1, keepdim=True)
     scale = (mx - mn) / config.levels
@@ -33,13 +55,27 @@ def quantize(x: torch.Tensor, config: QuantConfig = QuantConfig()) -> QTensor:
                    x.dtype)
 
 
+def _affine_dequant(q: QTensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Codes -> mn + code * scale: [*lead, g, gs] in q.dtype (still in the rotated basis if q.config.rotate),
+    written into `out` ([*lead, g, gs] or [*lead, g*gs]) when given; one fused kernel on CUDA."""
+    return affine_dequant(q.data, q.mn, q.scale, q.dtype, out=out)         # [*lead, g, gs]
+
+
+def _unrotate(grouped: torch.Tensor, config: QuantConfig) -> torch.Tensor:
+    """[*lead, g, gs] in the rotated basis -> original basis (times H, its own inverse), same dtype."""
+    h = hadamard(config.group_size, grouped.dtype, grouped.device)        # [gs, gs]
+    return grouped @ h                                                     # [*lead, g, gs]
+
+
 def dequantize(q: QTensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """QTensor -> dense tensor of q.shape in q.dtype on q.device (written into `out` when given)."""
-    *lead, d = q.shape
-    low = q.data & 0x0F                                                    # [*lead, g, gs/2]
-    high = q.data >> 4
-    codes = torch.stack((low, high), dim=-1).flatten(-2)                   # [*lead, g, gs]
-    dense = torch.addcmul(q.mn, codes.to(q.mn.dtype), q.scale).to(q.dtype)  # [*lead, g, gs]
+    d = q.shape[-1]
+    if out is not None and not q.config.rotate and d == 2 * q.data.shape[-2] * q.data.shape[-1]:
+        _affine_dequant(q, out=out)                                        # no padding: straight into out
+        return out
+    dense = _affine_dequant(q)                                             # [*lead, g, gs]
+    if q.config.rotate:
+        dense = _unrotate(dense, q.config)
     dense = dense.flatten(-2)[..., :d]                                     # [*lead, d]
     if out is None:
         return dense

@@ -8,8 +8,8 @@ All cores run natively in the cache dtype (bf16/fp16 SDPA kernels), never upcast
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from engine.models.layers import sdpa
 from engine.quant.group import dequantize
 from engine.quant.qtensor import QTensor
 
@@ -19,8 +19,7 @@ _CPU_CHUNK_BYTES = 64 << 20
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                       scale: float) -> torch.Tensor:
     """q [b, nh, s, hd], k/v [b, nkv, s, hd], mask [b, 1, s, s] bool (True = attend) -> [b, nh, s, hd]."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
-                                          enable_gqa=k.shape[1] != q.shape[1])
+    return sdpa(q, k, v, mask, scale, enable_gqa=k.shape[1] != q.shape[1])
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor,
@@ -30,7 +29,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_vali
     nkv = k.shape[1]
     qg = q.reshape(b, nkv, nh // nkv, hd)                                   # [b, nkv, g, hd]
     mask = key_valid[:, None, None, :]                                      # [b, 1, 1, t]
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)  # [b, nkv, g, hd]
+    out = sdpa(qg, k, v, mask, scale)                                       # [b, nkv, g, hd]
     return out.reshape(b, nh, 1, hd)
 
 

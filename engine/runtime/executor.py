@@ -15,7 +15,7 @@ import torch
 
 from engine.models.layers import causal_mask
 from engine.policy.policy import Policy
-from engine.quant.config import QuantConfig
+from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT, QuantConfig
 from engine.runtime.act_homes import ActHomes
 from engine.runtime.arena import Arena
 from engine.runtime.attention import prefill_attention
@@ -29,6 +29,10 @@ from engine.runtime.working import working_bytes
 from engine.storage.tiers import MemoryBudget, Tier
 
 _MIN_SHARED_PREFIX = 4   # a GPU batch's common leading tokens are computed once when at least this many
+# schedule verb -> method name (looked up per action: a dict of bound methods would make the executor a
+# reference cycle, so its device tensors would outlive `close()` until the cyclic GC happened to run)
+_VERBS = {verb: f"_{verb}" for verb in
+          ("load_weight", "load_cache", "load_hidden", "store_cache", "store_hidden", "compute", "sync")}
 
 
 class Executor:
@@ -36,12 +40,12 @@ class Executor:
 
     `on_action(action)` (optional hook) is called before each schedule action; `stats` holds the last
     block's `prefill_s`, `decode_s` (wall clock; the device is synchronized at step ends only when
-    `timing` is True) and `steps`. `quant_config` is the compression used when the policy compresses
-    weights or cache (default: 4-bit, groups of 64)."""
+    `timing` is True) and `steps`. `quant_config` is the weights' compression when the policy compresses
+    weights, `cache_quant_config` the KV cache's when it compresses the cache (defaults in engine.quant.config)."""
 
     def __init__(self, loaded, policy: Policy, *, device: torch.device, dtype: torch.dtype,
                  gpu_memory: int | None = None, cpu_memory: int | None = None, disk_dir: Path | None = None,
-                 quant_config: QuantConfig = QuantConfig()):
+                 quant_config: QuantConfig = WEIGHT_QUANT, cache_quant_config: QuantConfig = CACHE_QUANT):
         self.loaded, self.policy = loaded, policy
         self.config, self.family = loaded.config, loaded.family
         self.device, self.dtype = torch.device(device), dtype
@@ -50,7 +54,7 @@ class Executor:
         self.arena = Arena(self.device, self.budget, Path(disk_dir) if disk_dir is not None else None)
         self.transfers = Transfers(self.device, policy.overlap)
         self.wquant = quant_config if policy.compress_weights else None
-        self.cquant = quant_config if policy.compress_cache else None
+        self.cquant = cache_quant_config if policy.compress_cache else None
         self.on_action: Callable[[Action], None] | None = None
         self.timing = False
         self.stats: dict[str, float] = {}
@@ -61,11 +65,6 @@ class Executor:
         except BaseException:
             self.close()
             raise
-        self._verbs = {
-            "load_weight": self._load_weight, "load_cache": self._load_cache, "load_hidden": self._load_hidden,
-            "store_cache": self._store_cache, "store_hidden": self._store_hidden, "compute": self._compute,
-            "sync": self._sync,
-        }
 
     # ---- the block ------------------------------------------------------------------------------------
     def generate_block(self, prompts: list[list[int]], max_new_tokens: list[int], select: TokenSelector) -> None:
@@ -116,8 +115,6 @@ class Executor:
             self._wpend: dict[tuple[int, int], list[Pending]] = {}
             self._cpend: dict[tuple[int, int, int], list[Pending]] = {}
             self._w: tuple[int, int, dict] | None = None
-            self._sync_event: torch.cuda.Event | None = None
-            self._all_resident = p.w_gpu >= 1.0 and p.cache_gpu >= 1.0 and p.act_gpu >= 1.0
             self._t0 = time.perf_counter()
             self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0}
             num_steps = max(max_new_tokens)
@@ -126,7 +123,7 @@ class Executor:
                     break
                 if self.on_action is not None:
                     self.on_action(action)
-                self._verbs[action.verb](action)
+                getattr(self, _VERBS[action.verb])(action)
             self._sync(None)
         finally:
             self._drain()
@@ -176,14 +173,6 @@ class Executor:
         for pending in self._inflight:
             pending.wait()
         self._inflight = []
-        if self.device.type == "cuda" and not self._all_resident:
-            # Bound the host's run-ahead to one sync interval: a tensor used on a side stream stays allocated
-            # until the GPU passes it, so an unbounded run-ahead piles such tensors up past the gpu budget
-            # (measured: 26-32 GiB torch peak under a 16 GiB budget with num_gpu_batches > 1).
-            if self._sync_event is not None:
-                self._sync_event.synchronize()
-            self._sync_event = torch.cuda.Event()
-            self._sync_event.record()
 
     def _drain(self) -> None:
         for pending in getattr(self, "_inflight", []):
@@ -303,6 +292,11 @@ class Executor:
                 for t in Tier}
 
     def close(self) -> None:
-        """Free every buffer and file of this executor (idempotent)."""
+        """Free every buffer and file of this executor (idempotent): afterwards it holds no tensor, so the
+        device memory is back in torch's allocator at once, whoever still references the executor."""
         self.transfers.close()
+        self.weights = None
+        self.kv, self.batches, self.hidden = {}, [], []
+        self._wpend, self._cpend, self._w, self._inflight = {}, {}, None, []
+        self.select = self.on_action = None
         self.arena.close()

@@ -55,6 +55,16 @@ def _dense(x: Stored, t: int) -> torch.Tensor:
     return dequantize(part) if isinstance(part, QTensor) else part
 
 
+def _dense_with_new(x: QTensor, new: torch.Tensor, t: int) -> torch.Tensor:
+    """Positions [0, t) of x dequantized and `new` [b, h, 1, hd] at position t, in one fresh buffer
+    [b, h, t+1, hd] (no torch.cat: the dequantization writes straight into the buffer's first t positions)."""
+    b, h, _, hd = x.shape
+    dense = torch.empty((b, h, t + 1, hd), dtype=x.dtype, device=new.device)   # [b, h, t+1, hd]
+    dequantize(x[(_ALL, _ALL, slice(0, t))], out=dense[:, :, :t])
+    dense[:, :, t:].copy_(new)
+    return dense
+
+
 class KVHome:
     """Owner of the cache homes of (layer j, GPU batch k). `rows` shrinks on `compact`."""
 
@@ -174,9 +184,7 @@ class KVHome:
             else:
                 bk, bv = seg.buf
                 if isinstance(bk, QTensor):
-                    bk, bv = _dense(bk, t), _dense(bv, t)
-                    bk = torch.cat((bk, ks), dim=2)                              # [b, hs, t+1, hd]
-                    bv = torch.cat((bv, vs), dim=2)
+                    bk, bv = _dense_with_new(bk, ks, t), _dense_with_new(bv, vs, t)  # [b, hs, t+1, hd]
                 else:
                     _write(bk, ks, t, None)
                     _write(bv, vs, t, None)

@@ -94,7 +94,7 @@ class WeightHomes:
                 raise ValueError("the policy puts weights on disk (w_gpu + w_cpu < 1) but no disk_dir was given")
             fingerprint = getattr(loaded, "fingerprint", None) or "unfingerprinted"
             tag = hashlib.sha256(f"{fingerprint}".encode()).hexdigest()[:16]
-            comp = f"q{self.quant.bits}g{self.quant.group_size}" if self.quant else "dense"
+            comp = self.quant.tag if self.quant else "dense"
             dtype = str(self.dtype).removeprefix("torch.")
             self.files = WeightFiles(Path(disk_dir) / "weights" / f"{tag}-{dtype}-{comp}")
         return self.files

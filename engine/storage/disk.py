@@ -108,7 +108,8 @@ class WeightFiles:
                     offset += -(-raw.size // _ALIGN) * _ALIGN
                 if isinstance(value, QTensor):
                     entries.append({"name": tname, "qshape": list(value.shape), "qdtype": _dtype_name(value.dtype),
-                                    "group_size": value.config.group_size, "bits": value.config.bits})
+                                    "group_size": value.config.group_size, "bits": value.config.bits,
+                                    "rotate": value.config.rotate})
             f.truncate(max(offset, 1))
             f.flush()
             os.fsync(f.fileno())
@@ -134,7 +135,8 @@ class WeightFiles:
             if "qshape" in e:
                 n = e["name"]
                 out[n] = QTensor(parts.pop(f"{n}.data"), parts.pop(f"{n}.mn"), parts.pop(f"{n}.scale"),
-                                 torch.Size(e["qshape"]), QuantConfig(bits=e["bits"], group_size=e["group_size"]),
+                                 torch.Size(e["qshape"]), QuantConfig(bits=e["bits"], group_size=e["group_size"],
+                                                                      rotate=e.get("rotate", False)),
                                  getattr(torch, e["qdtype"]))
         out.update(parts)
         return out

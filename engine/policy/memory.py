@@ -1,0 +1,248 @@
+"""Memory per tier of a policy, counted the way the executor counts it (pure arithmetic, no tensors).
+
+`executor_memory` mirrors, buffer by buffer, what `engine.runtime.executor.Executor` reserves against its
+hard budgets for one block of `num_gpu_batches x gpu_batch_size` rows (prompt P, gen n, S = P + n - 1
+cache positions):
+  - weight homes: each layer spec's tensors on the tier `weight_tiers` gives them (stored size: 4-bit
+    `qtensor_nbytes` for quantizable tensors when compressing weights), disk homes are files (disk tier);
+  - `wbuf{slot}.{kind}.{name}`: a device buffer per non-resident tensor, per layer kind and weight slot
+    (slot = (i * J + j) % 2); `wdq{slot}...`: a dense device buffer per compressed tensor; `wrelay` pinned
+    relay buffers for disk tensors (CUDA only);
+  - the working memory of one GPU batch (`working_bytes`);
+  - KV homes `kv.{j}.{k}.s{n}`: [g, heads of segment n, S, hd] keys and values per attention layer and GPU
+    batch, segments cut along kv heads by `split_ranges`; `kvbuf{slot}` device copies of non-gpu segments
+    (decode without CPU attention), `kvrelay{slot}` for disk segments, `kvstage{slot}` pinned staging of
+    the new positions (CUDA; slot = ((i * J + j) * K + k) % 2);
+  - hidden-state homes `act.{k}.{n}` of the non-gpu hidden parts.
+`memory_terms` gives the same sums as affine expressions in the placement fractions (for the LP), with
+the tiers' shares taken as exact fractions of bytes; `realized_placement` gives the fractions of bytes a
+policy's rounded placement really puts on each tier.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.models.config import ModelConfig
+from engine.models.registry import build_family
+from engine.policy.affine import const, share
+from engine.policy.policy import Policy
+from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT
+from engine.quant.qtensor import qtensor_nbytes
+from engine.runtime.working import working_bytes
+from engine.storage.placement import split_ranges, weight_tiers
+from engine.storage.tiers import Tier
+
+TIERS = ("gpu", "cpu", "disk")
+_DTYPE_OF_SIZE = {2: torch.float16, 4: torch.float32, 8: torch.float64}
+_STEP = 1e-6          # a placement fraction just past a tensor's midpoint
+
+
+def dtype_of_size(bytes_per_element: int) -> torch.dtype:
+    if bytes_per_element not in _DTYPE_OF_SIZE:
+        raise ValueError(f"bytes_per_element must be one of {sorted(_DTYPE_OF_SIZE)}, got {bytes_per_element}")
+    return _DTYPE_OF_SIZE[bytes_per_element]
+
+
+@dataclass(frozen=True)
+class KindLayout:
+    """The tensors of one layer kind (embed, attention, mlp, head): `count` specs of that kind, each with
+    tensors (stored bytes, dense bytes, compressed?) in order, and the weight slots its loads use."""
+
+    kind: str
+    count: int
+    stored: tuple[int, ...]
+    dense: tuple[int, ...]
+    packed: tuple[bool, ...]
+    slots: int
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """What the executor's weight homes hold for one model, dtype and weight compression."""
+
+    kinds: tuple[KindLayout, ...]
+    num_specs: int
+    attention_js: tuple[int, ...]
+    total_bytes: int
+    midpoints: tuple[float, ...]          # sorted fractions at which some tensor changes tier
+
+
+def model_layout(config: ModelConfig, bytes_per_element: int, compress_weights: bool) -> ModelLayout:
+    """The executor's per-kind weight tensors (every decoder layer of a kind has the same shapes)."""
+    dtype = dtype_of_size(bytes_per_element)
+    specs = build_family(config).layer_specs()
+    J = len(specs)
+    first: dict[str, object] = {}
+    counts: dict[str, int] = {}
+    js: dict[str, list[int]] = {}
+    for j, spec in enumerate(specs):
+        first.setdefault(spec.kind, spec)
+        counts[spec.kind] = counts.get(spec.kind, 0) + 1
+        js.setdefault(spec.kind, []).append(j)
+    kinds, mids = [], set()
+    for kind, spec in first.items():
+        packed = tuple(compress_weights and w.quantizable for w in spec.weights.values())
+        dense = tuple(w.numel * bytes_per_element for w in spec.weights.values())
+        stored = tuple(qtensor_nbytes(w.shape, dtype, WEIGHT_QUANT) if p else d
+                       for w, p, d in zip(spec.weights.values(), packed, dense))
+        slots = len({(i * J + j) % 2 for i in (0, 1) for j in js[kind]})
+        kinds.append(KindLayout(kind, counts[kind], stored, dense, packed, slots))
+        total, start = sum(stored) or 1, 0
+        for size in stored:
+            mids.add((start + size / 2) / total)
+            start += size
+    total_bytes = sum(k.count * sum(k.stored) for k in kinds)
+    return ModelLayout(tuple(kinds), J, tuple(js.get("attention", [])), total_bytes, tuple(sorted(mids)))
+
+
+def _kv_bytes(rows: int, heads: int, length: int, head_dim: int, dtype: torch.dtype, compressed: bool) -> int:
+    """Bytes of one keys (or values) tensor [rows, heads, length, head_dim], dense or 4-bit."""
+    if compressed:
+        return qtensor_nbytes((rows, heads, length, head_dim), dtype, CACHE_QUANT)
+    return rows * heads * length * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def _kv_slots(layout: ModelLayout, steps: tuple[int, ...], num_batches: int) -> int:
+    """How many distinct KV buffer slots (parities of (i * J + j) * K + k) the given steps use."""
+    J = layout.num_specs
+    return len({((i * J + j) * num_batches + k) % 2 for i in steps for j in layout.attention_js
+                for k in range(num_batches)})
+
+
+def _decode_steps(gen_len: int) -> tuple[int, ...]:
+    return tuple(i for i in (1, 2) if i < gen_len)
+
+
+def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, prompt_len: int, gen_len: int,
+                    bytes_per_element: int, device_type: str) -> dict[str, int]:
+    """Peak bytes per tier the executor reserves for one full block (its budgets' accounting), exactly."""
+    dtype, e = dtype_of_size(bytes_per_element), bytes_per_element
+    cuda = device_type == "cuda"
+    mem = {t: 0 for t in TIERS}
+    for kl in layout.kinds:
+        tiers = weight_tiers(list(kl.stored), policy.w_gpu, policy.w_cpu)
+        for stored, dense, packed, tier in zip(kl.stored, kl.dense, kl.packed, tiers):
+            mem[tier.value] += kl.count * stored
+            if not (tier is Tier.GPU or (tier is Tier.CPU and not cuda)):
+                mem["gpu"] += kl.slots * stored                             # wbuf
+                if tier is Tier.DISK and cuda:
+                    mem["cpu"] += kl.slots * stored                         # wrelay
+            if packed:
+                mem["gpu"] += kl.slots * dense                              # wdq
+    g, K, L = policy.gpu_batch_size, policy.num_gpu_batches, len(layout.attention_js)
+    P, S, hd = prompt_len, prompt_len + gen_len - 1, config.head_dim
+    cc = policy.compress_cache
+    mem["gpu"] += working_bytes(config, g, P, S, dtype, cc)
+    decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
+    stage_slots = _kv_slots(layout, (0,) + (() if policy.cpu_attention else _decode_steps(gen_len)), K)
+    for tier, h0, h1 in split_ranges(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu):
+        home = 2 * _kv_bytes(g, h1 - h0, S, hd, dtype, cc)
+        mem[tier.value] += L * K * home
+        if tier is Tier.GPU:
+            continue
+        aliased = tier is Tier.CPU and not cuda and not cc
+        if not policy.cpu_attention and not aliased:
+            mem["gpu"] += decode_slots * home                               # kvbuf
+            if tier is Tier.DISK and cuda:
+                mem["cpu"] += decode_slots * home                           # kvrelay
+        if cuda:
+            mem["cpu"] += stage_slots * 2 * _kv_bytes(g, h1 - h0, P, hd, dtype, cc)   # kvstage
+    if policy.act_gpu < 1.0 and not (not cuda and policy.act_gpu + policy.act_cpu >= 1.0):
+        for tier, a, b in split_ranges(config.hidden_size, policy.act_gpu, policy.act_cpu):
+            if tier is Tier.GPU or (tier is Tier.CPU and not cuda):
+                continue
+            mem[tier.value] += K * g * P * (b - a) * e                     # act homes
+    return mem
+
+
+def untracked_gpu_bytes(config: ModelConfig, policy: Policy, prompt_len: int, bytes_per_element: int,
+                        device_type: str) -> int:
+    """Device memory the executor uses but does not reserve: the hidden states of the other GPU batches
+    between layers, and on a CPU device the attention scores of the math SDPA path."""
+    g, K, P, e = policy.gpu_batch_size, policy.num_gpu_batches, prompt_len, bytes_per_element
+    extra = (K - 1) * g * P * config.hidden_size * e * policy.act_gpu
+    if device_type == "cpu":
+        extra += g * config.num_attention_heads * P * P * e
+    return int(extra)
+
+
+def peak_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, prompt_len: int, gen_len: int,
+                bytes_per_element: int, device_type: str) -> dict[str, int]:
+    """`executor_memory` plus the untracked device memory: what the budgets must hold."""
+    mem = executor_memory(config, layout, policy, prompt_len, gen_len, bytes_per_element, device_type)
+    mem["gpu"] += untracked_gpu_bytes(config, policy, prompt_len, bytes_per_element, device_type)
+    return mem
+
+
+def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, prompt_len: int, gen_len: int,
+                 bytes_per_element: int, device_type: str) -> dict[str, np.ndarray]:
+    """`peak_memory` as affine expressions in the placement fractions (shares as fractions of bytes)."""
+    dtype, e = dtype_of_size(bytes_per_element), bytes_per_element
+    cuda = device_type == "cuda"
+    g, K, L = policy.gpu_batch_size, policy.num_gpu_batches, len(layout.attention_js)
+    P, S, hd, nkv = prompt_len, prompt_len + gen_len - 1, config.head_dim, config.num_key_value_heads
+    cc = policy.compress_cache
+    buffers = sum(k.slots * sum(k.stored) for k in layout.kinds)             # every tensor off the gpu
+    dequant = sum(k.slots * sum(d for d, p in zip(k.dense, k.packed) if p) for k in layout.kinds)
+    home = 2 * _kv_bytes(g, nkv, S, hd, dtype, cc)                           # one (layer, batch) cache
+    stage = 2 * _kv_bytes(g, nkv, P, hd, dtype, cc)
+    decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
+    stage_slots = _kv_slots(layout, (0,) + (() if policy.cpu_attention else _decode_steps(gen_len)), K)
+    hidden = K * g * P * config.hidden_size * e
+    w_moved = share("w", "off") if cuda else share("w", "disk")
+    c_loaded = share("cache", "off") if (cuda or cc) else share("cache", "disk")
+    gpu = (share("w", "gpu") * layout.total_bytes + w_moved * buffers + const(dequant)
+           + share("cache", "gpu") * (L * K * home)
+           + (c_loaded * (decode_slots * home) if not policy.cpu_attention else const(0.0))
+           + const(working_bytes(config, g, P, S, dtype, cc))
+           + share("act", "gpu") * ((K - 1) * g * P * config.hidden_size * e)
+           + const(g * config.num_attention_heads * P * P * e if not cuda else 0.0))
+    cpu = share("w", "cpu") * layout.total_bytes + share("cache", "cpu") * (L * K * home)
+    if cuda:
+        cpu = (cpu + share("w", "disk") * buffers + share("cache", "off") * (stage_slots * stage)
+               + share("act", "cpu") * hidden
+               + (share("cache", "disk") * (decode_slots * home) if not policy.cpu_attention else const(0.0)))
+    disk = share("w", "disk") * layout.total_bytes + share("cache", "disk") * (L * K * home)
+    disk = disk + share("act", "disk") * hidden
+    return {"gpu": gpu, "cpu": cpu, "disk": disk}
+
+
+def weight_fraction_on(layout: ModelLayout, w_gpu: float, w_cpu: float) -> tuple[float, float]:
+    """(gpu, cpu) fractions of all weight bytes the executor places for these policy fractions."""
+    on = {t: 0 for t in Tier}
+    for kl in layout.kinds:
+        for size, tier in zip(kl.stored, weight_tiers(list(kl.stored), w_gpu, w_cpu)):
+            on[tier] += kl.count * size
+    total = layout.total_bytes or 1
+    return on[Tier.GPU] / total, on[Tier.CPU] / total
+
+
+def split_fraction_on(n: int, gpu: float, cpu: float) -> tuple[float, float]:
+    """(gpu, cpu) fractions of n items (kv heads, hidden features) `split_ranges` puts on each tier."""
+    on = {t: 0 for t in Tier}
+    for tier, a, b in split_ranges(n, gpu, cpu):
+        on[tier] += b - a
+    return on[Tier.GPU] / n, on[Tier.CPU] / n
+
+
+def realized_placement(config: ModelConfig, layout: ModelLayout, policy: Policy) -> np.ndarray:
+    """The fractions of bytes [6] (VARS order) the executor really puts on gpu/cpu for `policy`."""
+    wg, wc = weight_fraction_on(layout, policy.w_gpu, policy.w_cpu)
+    cg, ccpu = split_fraction_on(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu)
+    ag, ac = split_fraction_on(config.hidden_size, policy.act_gpu, policy.act_cpu)
+    return np.array([wg, wc, cg, ccpu, ag, ac])
+
+
+def weight_settings(layout: ModelLayout) -> list[float]:
+    """Policy weight fractions giving every distinct placement once, ascending: 0, just past each tensor
+    midpoint, 1 (a placement that 0 or 1 already gives is represented by 0 or 1)."""
+    values = sorted({0.0, 1.0, *(m + _STEP for m in layout.midpoints if m + _STEP < 1.0)})
+    by_realized: dict[float, float] = {}
+    for v in values:
+        r = weight_fraction_on(layout, v, 0.0)[0]
+        if r not in by_realized or v in (0.0, 1.0):
+            by_realized[r] = v
+    return sorted(by_realized.values())

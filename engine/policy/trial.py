@@ -1,0 +1,197 @@
+"""Measured refinement of the cost model ("trials"): run a policy on a 2-layer copy of the model.
+
+`trial_seconds` builds the real `Executor` on a truncated copy of the model (same shapes, fewer decoder
+layers, dummy weights), runs a short warm-up block and then one block of the policy's full size (every row
+`steps` new tokens), and extrapolates the full model's block time. A hook synchronizes the device at the
+first decoder layer and at the head of each step, so the time of the decoder layers is measured apart
+from the embedding, the head and the step boundary (fixed per step):
+    full step  = trial step + (L - l) * (decoder layers' time in the trial step) / l
+and per-layer times are full step / L (prefill: step 0; decode: mean over the decode steps). The trial's
+prompt is the workload's mean prompt; its decode context is s + steps / 2 (the full run's mean is
+s + n / 2). `trial_estimate` turns the numbers into a `PolicyEstimate` that records both the cost
+model's prediction and the trial's measurement.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from engine.models.config import ModelConfig
+from engine.models.dummy_source import DummySource
+from engine.models.loader import LoadedModel
+from engine.models.registry import build_family
+from engine.policy.cost_model import Workload
+from engine.policy.estimate import Budgets, PolicyEstimate
+from engine.policy.policy import Policy
+
+TRIAL_LAYERS = 2
+TRIAL_STEPS = 4
+
+
+class TrialTimes(NamedTuple):
+    """Extrapolated seconds per decoder layer of the full model: prefill (whole block) and one decode step."""
+
+    prefill_s_per_layer: float
+    decode_s_per_layer_step: float
+
+
+def truncated_model(config: ModelConfig, layers: int, dtype: torch.dtype, name: str = "trial") -> LoadedModel:
+    """`config` with `layers` decoder layers and deterministic dummy weights (no files)."""
+    if layers < 1:
+        raise ValueError(f"truncated_model: layers must be >= 1, got {layers}")
+    small = replace(config, num_hidden_layers=layers)
+    digest = hashlib.sha256(f"{name}:{small.to_dict()}".encode()).hexdigest()[:32]
+    return LoadedModel(small, build_family(small), DummySource(name, dtype), None, digest, dtype)
+
+
+class _RunToEnd:
+    """A TokenSelector: greedy argmax, never finished (rows stop at their max_new_tokens)."""
+
+    def __call__(self, rows, logits):
+        return logits.argmax(dim=-1).tolist(), [False] * len(rows)
+
+
+class _LayerClock:
+    """An executor `on_action` hook: per step, the wall time from the first decoder layer's compute to the
+    head's compute (device synchronized at both ends)."""
+
+    def __init__(self, device: torch.device, num_specs: int):
+        self.device, self.last = device, num_specs - 1
+        self.start: dict[int, float] = {}
+        self.layers_s: dict[int, float] = {}
+
+    def __call__(self, action) -> None:
+        if action.verb != "compute" or action.k != 0 or action.j not in (1, self.last):
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        if action.j == 1:
+            self.start[action.i] = now
+        elif action.i in self.start:
+            self.layers_s[action.i] = now - self.start[action.i]
+
+
+def extrapolate(step_s: float, layers_s: float, trial_layers: int, num_layers: int) -> float:
+    """Seconds of one full-model step from a trial step of `step_s` whose decoder layers took `layers_s`."""
+    return step_s + (num_layers - trial_layers) * layers_s / trial_layers
+
+
+def trial_seconds(config: ModelConfig, policy: Policy, workload: Workload, device: torch.device | str,
+                  dtype: torch.dtype, budgets: Budgets | None = None, *, layers: int = TRIAL_LAYERS,
+                  steps: int = TRIAL_STEPS, disk_dir: Path | None = None) -> TrialTimes:
+    """Run `policy` for one block on a `layers`-layer copy of `config` on `device`; return the full model's
+    extrapolated seconds per layer (prefill of the block; one decode step).
+
+    `budgets` are the run's hard limits (the trial needs less: only `layers` layers' weights and cache);
+    None: unlimited. Raises what the executor raises (BudgetExceeded, out of memory) when it does not run.
+    """
+    from engine.runtime.executor import Executor
+
+    device = torch.device(device)
+    loaded = truncated_model(config, layers, dtype)
+    block = policy.block_size
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, config.vocab_size, (workload.prompt_len,), generator=g).tolist()
+               for _ in range(block)]
+    gpu_memory = budgets.gpu_bytes if budgets is not None else None
+    cpu_memory = budgets.cpu_bytes if budgets is not None else None
+    executor = Executor(loaded, policy, device=device, dtype=dtype, gpu_memory=gpu_memory, cpu_memory=cpu_memory,
+                        disk_dir=disk_dir)
+    try:
+        executor.timing = True
+        executor.generate_block(prompts, [2] * block, _RunToEnd())           # warm-up: buffers, kernels
+        clock = _LayerClock(device, len(executor.specs))
+        executor.on_action = clock
+        executor.generate_block(prompts, [steps + 1] * block, _RunToEnd())
+        stats = dict(executor.stats)
+    finally:
+        executor.close()
+    L = config.num_hidden_layers
+    decode_steps = [i for i in clock.layers_s if i >= 1]
+    if 0 not in clock.layers_s or not decode_steps:
+        raise RuntimeError(f"trial of {policy} measured no complete step")
+    prefill = extrapolate(stats["prefill_s"], clock.layers_s[0], layers, L)
+    decode_layers = sum(clock.layers_s[i] for i in decode_steps) / len(decode_steps)
+    decode = extrapolate(stats["decode_s"] / max(1, stats["steps"] - 1), decode_layers, layers, L)
+    return TrialTimes(prefill / L, decode / L)
+
+
+def slot_seconds(config: ModelConfig, policy: Policy, device: torch.device | str, dtype: torch.dtype, *,
+                 prompt_len: int = 8, steps: int = 4, layers: int = TRIAL_LAYERS) -> tuple[float, float]:
+    """(prefill, decode) seconds per (decoder layer, GPU batch) slot of the real executor running `policy`
+    on a `layers`-layer copy of `config`: for a tiny config, the executor's own per-slot cost."""
+    from engine.runtime.executor import Executor
+
+    device = torch.device(device)
+    loaded = truncated_model(config, layers, dtype, name="slot-probe")
+    prompts = [list(range(3, 3 + prompt_len))] * policy.block_size
+    executor = Executor(loaded, policy, device=device, dtype=dtype)
+    try:
+        executor.generate_block(prompts, [2] * len(prompts), _RunToEnd())
+        clock = _LayerClock(device, len(executor.specs))
+        executor.on_action = clock
+        executor.generate_block(prompts, [steps + 1] * len(prompts), _RunToEnd())
+    finally:
+        executor.close()
+    slots = layers * policy.num_gpu_batches
+    decode = [t for i, t in clock.layers_s.items() if i >= 1]
+    return clock.layers_s[0] / slots, min(decode) / slots
+
+
+def trial_estimate(config: ModelConfig, predicted: PolicyEstimate, workload: Workload, times: TrialTimes,
+                   trial_info: dict | None = None) -> PolicyEstimate:
+    """`predicted` with its times and throughput replaced by the trial's extrapolation; the context keeps the
+    cost model's numbers under "predicted" and the trial's under "trial"."""
+    L, n, b = config.num_hidden_layers, workload.gen_len, predicted.policy.block_size
+    prefill_s = L * times.prefill_s_per_layer
+    decode_s = L * (n - 1) * times.decode_s_per_layer_step
+    context = dict(predicted.context)
+    context["predicted"] = {"tokens_per_s": predicted.predicted_tokens_per_s, "prefill_s": predicted.prefill_s,
+                            "decode_s": predicted.decode_s}
+    context["trial"] = {"tokens_per_s": b * n / (prefill_s + decode_s), "prefill_s_per_layer": times[0],
+                        "decode_s_per_layer_step": times[1], **(trial_info or {})}
+    return replace(predicted, predicted_tokens_per_s=b * n / (prefill_s + decode_s), prefill_s=prefill_s,
+                   decode_s=decode_s, context=context)
+
+
+def best_by_trials(config: ModelConfig, candidates: list[PolicyEstimate], workload: Workload,
+                   device: torch.device | str, dtype: torch.dtype, budgets: Budgets | None = None, *,
+                   time_budget_s: float = 20.0, layers: int = TRIAL_LAYERS, steps: int = TRIAL_STEPS,
+                   disk_dir: Path | None = None) -> PolicyEstimate:
+    """Trial each candidate (best predicted first) and return the one with the highest measured throughput,
+    its estimate carrying the trial's numbers; `context["trials"]` lists every candidate's prediction and
+    measurement (or error, or "skipped" once `time_budget_s` of trials has passed: the first always runs).
+    When no trial runs, the best predicted candidate is returned with the errors recorded."""
+    if not candidates:
+        raise ValueError("best_by_trials: no candidates")
+    start = time.perf_counter()
+    measured: list[PolicyEstimate] = []
+    log: list[dict] = []
+    for n, cand in enumerate(candidates):
+        entry = {"policy": cand.policy.to_dict(), "predicted_tokens_per_s": cand.predicted_tokens_per_s}
+        log.append(entry)
+        if n > 0 and time.perf_counter() - start > time_budget_s:
+            entry["skipped"] = f"trial time budget of {time_budget_s:.0f} s spent"
+            continue
+        t0 = time.perf_counter()
+        try:
+            times = trial_seconds(config, cand.policy, workload, device, dtype, budgets, layers=layers, steps=steps,
+                                  disk_dir=disk_dir)
+        except (torch.OutOfMemoryError, RuntimeError, ValueError) as exc:
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            continue
+        est = trial_estimate(config, cand, workload, times, {"layers": layers, "steps": steps,
+                                                              "wall_s": time.perf_counter() - t0})
+        entry["trial_tokens_per_s"] = est.predicted_tokens_per_s
+        measured.append(est)
+    best = max(measured, key=lambda e: e.predicted_tokens_per_s) if measured else candidates[0]
+    context = dict(best.context)
+    context["trials"] = log
+    context["selected_by"] = "trial" if measured else "model (no trial ran)"
+    return replace(best, context=context)

@@ -1,0 +1,165 @@
+"""The cost model's memory agrees with the executor's own accounting; trials run the real executor."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from conftest import requires_cuda
+from engine.models.hf_config import config_from_hf
+from engine.models.presets import PRESETS
+from engine.policy import trial as trial_mod
+from engine.policy.cost_model import Workload, estimate
+from engine.policy.estimate import Budgets
+from engine.policy.hardware import default_cpu_profile, reference_profile
+from engine.policy.memory import executor_memory, model_layout
+from engine.policy.policy import Policy
+from engine.policy.search import search, search_top
+from engine.policy.trial import (
+    TrialTimes, best_by_trials, extrapolate, trial_estimate, trial_seconds, truncated_model,
+)
+from engine.runtime.executor import Executor
+from engine.storage.tiers import BudgetExceeded
+
+torch.set_num_threads(1)
+WORKLOAD = Workload(prompt_len=7, gen_len=4)
+POLICIES = [
+    Policy(gpu_batch_size=2),
+    Policy(gpu_batch_size=2, num_gpu_batches=3, w_gpu=0.3, w_cpu=0.4, cache_gpu=0.5, cache_cpu=0.25,
+           act_gpu=0.5, act_cpu=0.25),
+    Policy(gpu_batch_size=3, num_gpu_batches=2, w_gpu=0.0, w_cpu=1.0, cache_gpu=0.0, cache_cpu=1.0,
+           cpu_attention=True, compress_weights=True, compress_cache=True),
+    Policy(gpu_batch_size=1, num_gpu_batches=2, w_gpu=0.6, w_cpu=0.0, cache_gpu=0.5, cache_cpu=0.0,
+           compress_cache=True),
+]
+
+
+class RunToEnd:
+    def __call__(self, rows, logits):
+        return logits.argmax(dim=-1).tolist(), [False] * len(rows)
+
+
+def preset(name):
+    return config_from_hf(PRESETS[name])
+
+
+def run_block(name, policy, device, gpu_memory, cpu_memory, disk_dir):
+    """One block of `policy` on the tiny preset's real executor under the given hard budgets."""
+    loaded = truncated_model(preset(name), 2, torch.float32)
+    ex = Executor(loaded, policy, device=device, dtype=torch.float32, gpu_memory=gpu_memory,
+                  cpu_memory=cpu_memory, disk_dir=disk_dir)
+    try:
+        prompts = [[3 + (r + t) % 50 for t in range(WORKLOAD.prompt_len)] for r in range(policy.block_size)]
+        ex.generate_block(prompts, [WORKLOAD.gen_len] * policy.block_size, RunToEnd())
+        return ex.memory_report()
+    finally:
+        ex.close()
+
+
+def check_budget_consistency(name, policy, device, profile, tmp_path):
+    config = preset(name)
+    predicted = estimate(config, policy, WORKLOAD, profile, 4).peak_memory_bytes
+    counted = executor_memory(config, model_layout(config, 4, policy.compress_weights), policy,
+                              WORKLOAD.prompt_len, WORKLOAD.gen_len, 4, device.type)
+    assert predicted["gpu"] >= counted["gpu"] and predicted["cpu"] == counted["cpu"]
+    report = run_block(name, policy, device, predicted["gpu"] + 1024, predicted["cpu"] + 1024, tmp_path)
+    assert report["gpu"]["peak"] == counted["gpu"] and report["cpu"]["peak"] == counted["cpu"]
+    with pytest.raises(BudgetExceeded):
+        run_block(name, policy, device, int(0.97 * counted["gpu"]), None, tmp_path)
+    if counted["cpu"] > 0:
+        with pytest.raises(BudgetExceeded):
+            run_block(name, policy, device, None, int(0.97 * counted["cpu"]), tmp_path)
+
+
+@pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama", "tiny-mixtral"])
+@pytest.mark.parametrize("policy", POLICIES, ids=range(len(POLICIES)))
+def test_predicted_memory_is_the_executors_accounting(name, policy, tmp_path):
+    check_budget_consistency(name, policy, torch.device("cpu"), default_cpu_profile(), tmp_path)
+
+
+@requires_cuda
+@pytest.mark.parametrize("policy", POLICIES, ids=range(len(POLICIES)))
+def test_predicted_memory_is_the_executors_accounting_on_cuda(policy, tmp_path):
+    profile = replace(reference_profile("h200"), device_type="cuda")
+    check_budget_consistency("tiny-llama", policy, torch.device("cuda"), profile, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["tiny-opt", "tiny-mixtral"])
+def test_searched_policies_fit_the_executor(name, tmp_path):
+    """Budgets that force offloading: every policy search_top returns runs within them."""
+    config = preset(name)
+    profile = default_cpu_profile()
+    all_gpu = estimate(config, Policy(gpu_batch_size=4), WORKLOAD, profile, 4).peak_memory_bytes["gpu"]
+    weights = model_layout(config, 4, False).total_bytes
+    budgets = Budgets(gpu_bytes=int((all_gpu - weights // 2) / 0.9), cpu_bytes=64 << 20, disk_bytes=64 << 20)
+    found = search_top(config, replace(WORKLOAD, num_prompts=8), budgets, profile, top=3, bytes_per_element=4,
+                       gpu_batch_sizes=(1, 2, 4), num_gpu_batches=(1, 2), relax_gpu=0.9, relax_cpu=0.9)
+    assert any(e.policy.w_gpu < 1.0 for e in found)
+    for est in found:
+        for tier in ("gpu", "cpu"):
+            assert est.peak_memory_bytes[tier] <= 0.9 * budgets.of(tier)
+        run_block(name, est.policy, torch.device("cpu"), budgets.gpu_bytes, budgets.cpu_bytes, tmp_path)
+
+
+def test_search_top_is_distinct_sorted_and_starts_with_search():
+    config = preset("opt-30b")
+    workload = Workload(512, 32, num_prompts=256)
+    budgets = Budgets(16 << 30, 100 << 30)
+    profile = reference_profile("h200")
+    top = search_top(config, workload, budgets, profile, top=4)
+    assert len(top) == 4
+    speeds = [e.predicted_tokens_per_s for e in top]
+    assert speeds == sorted(speeds, reverse=True)
+    assert len({(e.policy.gpu_batch_size, e.policy.num_gpu_batches, e.policy.cpu_attention) for e in top}) == 4
+    assert {e.policy.cpu_attention for e in top} == {False, True}       # both kinds reach the trials
+    assert top[0].policy == search(config, workload, budgets, profile).policy
+
+
+def test_extrapolation_arithmetic():
+    # a 2-layer trial step of 1.0 s whose decoder layers took 0.6 s -> 10 layers: 1.0 + 8 * 0.3
+    assert extrapolate(1.0, 0.6, 2, 10) == pytest.approx(3.4)
+    config = preset("opt-30b")
+    cand = search(config, Workload(512, 32, num_prompts=64), Budgets(16 << 30, 100 << 30), reference_profile("h200"))
+    est = trial_estimate(config, cand, Workload(512, 32), TrialTimes(0.01, 0.02))
+    L, b = config.num_hidden_layers, cand.policy.block_size
+    assert est.prefill_s == pytest.approx(L * 0.01) and est.decode_s == pytest.approx(L * 31 * 0.02)
+    assert est.predicted_tokens_per_s == pytest.approx(b * 32 / (L * 0.01 + L * 31 * 0.02))
+    assert est.context["predicted"]["tokens_per_s"] == cand.predicted_tokens_per_s
+    assert est.policy == cand.policy
+
+
+def test_trial_runs_the_real_executor_on_two_layers(monkeypatch):
+    seen = []
+    real = Executor.generate_block
+
+    def spy(self, prompts, max_new, select):
+        seen.append((self.config.num_hidden_layers, len(prompts), max(max_new)))
+        return real(self, prompts, max_new, select)
+
+    monkeypatch.setattr(Executor, "generate_block", spy)
+    config = preset("opt-125m")
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=2, cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True)
+    times = trial_seconds(config, policy, Workload(8, 16), "cpu", torch.float32, steps=3)
+    assert seen == [(2, 4, 2), (2, 4, 4)]                 # warm-up, then the measured block
+    assert times.prefill_s_per_layer > 0 and times.decode_s_per_layer_step > 0
+
+
+def test_best_by_trials_picks_the_best_measured(monkeypatch):
+    config = preset("opt-30b")
+    workload = Workload(512, 32, num_prompts=256)
+    cands = search_top(config, workload, Budgets(16 << 30, 100 << 30), reference_profile("h200"), top=3)
+    slow_first = {cands[0].policy: TrialTimes(0.05, 0.5)}        # the model's favourite measures worst
+
+    def fake(config_, policy, *args, **kwargs):
+        if policy == cands[2].policy:
+            raise torch.OutOfMemoryError("trial ran out of memory")
+        return slow_first.get(policy, TrialTimes(0.01, 0.01))
+
+    monkeypatch.setattr(trial_mod, "trial_seconds", fake)
+    best = best_by_trials(config, cands, workload, "cuda", torch.float16)
+    assert best.policy == cands[1].policy
+    assert best.context["selected_by"] == "trial"
+    log = best.context["trials"]
+    assert [t["policy"] for t in log] == [c.policy.to_dict() for c in cands]
+    assert log[0]["trial_tokens_per_s"] < log[1]["trial_tokens_per_s"] and "OutOfMemoryError" in log[2]["error"]
+    text = best.explain()
+    assert "trial" in text and "predicted" in text
