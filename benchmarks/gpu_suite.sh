@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl): bash benchmarks/gpu_suite.sh [tests|offload|policy|all]
+# Usage (device tool, carry .whl): bash benchmarks/gpu_suite.sh [tests|kernels|offload|policy|all]
 # Results land in $OUT (JSON + logs); the lead commits them under benchmarks/results/.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -15,10 +15,16 @@ python3 -c 'import torch, platform; print(torch.__version__, torch.version.cuda,
 if [[ $what == tests || $what == all ]]; then
   python3 -m pytest -q -p no:cacheprovider tests/test_gpu_runtime.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 fi
+if [[ $what == kernels || $what == all ]]; then
+  { python3 -m pytest -q -p no:cacheprovider tests/test_quant_kernels.py tests/test_quant.py tests/test_policy_trial.py
+    python3 benchmarks/dequant_speed.py --out "$OUT/dequant_speed.json" --repeat 50
+    python3 benchmarks/cpu_attention_speed.py --out "$OUT/cpu_attention_speed.json"
+  } 2>&1 | tee "$OUT/kernels.log" | tail -30
+fi
 if [[ $what == offload || $what == all ]]; then
   python3 benchmarks/gpu_offload.py --out-dir "$OUT" 2>&1 | tee "$OUT/gpu_offload.log" | tail -30
 fi
 if [[ $what == policy || $what == all ]]; then
-  python3 benchmarks/policy_validation.py --out "$OUT" --time-budget-s "${POLICY_BUDGET_S:-400}" 2>&1 \
+  python3 benchmarks/policy_validation.py --out "$OUT" --trials 8 --time-budget-s "${POLICY_BUDGET_S:-400}" 2>&1 \
     | tee "$OUT/policy_validation.log" | tail -30
 fi
