@@ -118,12 +118,14 @@ class Executor:
             self._t0 = time.perf_counter()
             self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0}
             num_steps = max(max_new_tokens)
+            skip = self._noop_verbs()
             for action in block_schedule(num_steps, J, K, paged=K > 1):
                 if action.verb == "compute" and action.j == 0 and action.k == 0 and self._all_done():
                     break
                 if self.on_action is not None:
                     self.on_action(action)
-                getattr(self, _VERBS[action.verb])(action)
+                if action.verb not in skip:
+                    getattr(self, _VERBS[action.verb])(action)
             self._sync(None)
         finally:
             self._drain()
@@ -132,6 +134,17 @@ class Executor:
             # so the next block's homes are never allocated while this block's are still alive
             self.kv, self.batches, self.hidden = {}, [], []
             self._wpend, self._cpend, self._w = {}, {}, None
+
+    def _noop_verbs(self) -> frozenset[str]:
+        """Verbs that move nothing under this policy (skipped without a call: host time is decode time)."""
+        p, skip = self.policy, set()
+        if self.weights.all_direct:
+            skip.add("load_weight")
+        if p.cache_gpu >= 1.0:
+            skip |= {"load_cache", "store_cache"}
+        if not self.acts.active:
+            skip |= {"load_hidden", "store_hidden"}
+        return frozenset(skip)
 
     def _all_done(self) -> bool:
         return all(b.done for b in self.batches)

@@ -17,14 +17,14 @@ small urgent transfers never wait behind a whole layer.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterator, Literal
+from typing import Iterator, Literal, NamedTuple
 
 Verb = Literal["load_weight", "load_cache", "load_hidden", "store_cache", "store_hidden", "compute", "sync"]
 
 
-@dataclass(frozen=True)
-class Action:
+class Action(NamedTuple):
+    """One schedule step (immutable; a NamedTuple because a block issues tens of thousands of them)."""
+
     verb: Verb
     i: int
     j: int

@@ -87,6 +87,13 @@ class WeightHomes:
             if self.device.type == "cuda":
                 torch.cuda.current_stream().synchronize()
             self.homes.append(homes)
+        # per layer, the tensors a load moves (the rest compute reads in place)
+        self._moving = [[(n, h) for n, h in homes.items() if not self._direct(h)] for homes in self.homes]
+
+    @property
+    def all_direct(self) -> bool:
+        """True when compute reads every layer's weights in place (loads are no-ops)."""
+        return not any(self._moving)
 
     def _weight_files(self, loaded, disk_dir: Path | None) -> WeightFiles:
         if self.files is None:
@@ -111,11 +118,10 @@ class WeightHomes:
 
     def load(self, j: int, slot: int, page: int, pages: int, transfers: Transfers) -> list[Pending]:
         """Start moving page `page` of `pages` of layer j's non-resident tensors into buffer slot `slot`."""
-        homes = self.homes[j]
-        moving = [(n, h) for n, h in homes.items() if not self._direct(h)]
-        total = sum(h.nbytes for _, h in moving)
+        moving = self._moving[j]
         if not moving:
             return []
+        total = sum(h.nbytes for _, h in moving)
         start, end = total * page / pages, total * (page + 1) / pages
         pendings, lo = [], 0
         for name, handle in moving:
