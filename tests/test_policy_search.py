@@ -167,3 +167,18 @@ def test_search_may_choose_compression_when_allowed():
     top = search_top(config, workload, budgets, profile, top=8, compress_weights=None, compress_cache=None)
     kinds = [(e.policy.cpu_attention, e.policy.compress_weights, e.policy.compress_cache) for e in top]
     assert len(set(kinds)) == len(kinds) == 8
+
+
+def test_trial_candidates_hedge_with_one_gpu_batch():
+    """Each flag kind's best one-GPU-batch shape comes right after its best, before any kind's third."""
+    from engine.policy.search import _Candidate, _diverse
+    from engine.policy.policy import Policy
+
+    def cand(speed: float, k: int, att: bool) -> _Candidate:
+        return _Candidate(speed, Policy(gpu_batch_size=8, num_gpu_batches=k, cpu_attention=att), None)
+
+    a, b, c = cand(100, 4, False), cand(90, 2, False), cand(80, 1, False)
+    d, e = cand(95, 8, True), cand(70, 1, True)
+    chosen = _diverse([a, d, b, c, e], top=4)
+    assert chosen == [a, d, c, e]                      # b (a second many-batch shape) waits behind the hedges
+    assert b in _diverse([a, d, b, c, e], top=5)
