@@ -25,15 +25,11 @@ import torch  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
+from engine.runtime.selector import GreedyToEnd  # noqa: E402
 from engine.sizes import parse_size  # noqa: E402
 
 GIB = 2 ** 30
 _STEP = 256 << 20
-
-
-class _Greedy:
-    def __call__(self, rows, logits):
-        return logits.argmax(-1).tolist(), [False] * len(rows)
 
 
 def _site(frames: list[dict]) -> str:
@@ -97,7 +93,7 @@ def main() -> None:
         ex.on_action = hook
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        ex.generate_block(prompts, [gen] * n, _Greedy())
+        ex.generate_block(prompts, [gen] * n, GreedyToEnd())
         block = {"label": label, "executor_gpu": ex.memory_report()["gpu"],
                  "torch_peak_gib": torch.cuda.max_memory_allocated() / GIB,
                  "top_actions": [{"action": list(k), "gib": v / GIB}

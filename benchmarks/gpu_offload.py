@@ -27,6 +27,7 @@ import torch  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
+from engine.runtime.selector import GreedyToEnd  # noqa: E402
 from engine.sizes import parse_size  # noqa: E402
 
 SUITES: dict[str, dict[str, dict]] = {
@@ -45,17 +46,6 @@ SUITES: dict[str, dict[str, dict]] = {
                                           cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True),
     },
 }
-
-
-class _Counter:
-    """TokenSelector: greedy, never finishes (every row generates exactly gen_len tokens, as FlexGen measures)."""
-
-    def __init__(self):
-        self.tokens = 0
-
-    def __call__(self, rows, logits):
-        self.tokens += len(rows)
-        return logits.argmax(-1).tolist(), [False] * len(rows)
 
 
 def machine() -> dict:
@@ -86,11 +76,11 @@ def run_one(loaded, name: str, policy: Policy, args) -> dict:
         g = torch.Generator().manual_seed(0)
         prompts = torch.randint(10, loaded.config.vocab_size - 1, (n, args.prompt_len), generator=g).tolist()
         if args.warmup:
-            ex.generate_block(prompts, [1] * n, _Counter())
+            ex.generate_block(prompts, [1] * n, GreedyToEnd())
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        counter = _Counter()
+        counter = GreedyToEnd()
         t0 = time.perf_counter()
         ex.generate_block(prompts, [args.gen_len] * n, counter)
         total = time.perf_counter() - t0

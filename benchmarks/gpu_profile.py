@@ -24,12 +24,8 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
+from engine.runtime.selector import GreedyToEnd  # noqa: E402
 from engine.sizes import parse_size  # noqa: E402
-
-
-class _Greedy:
-    def __call__(self, rows, logits):
-        return logits.argmax(-1).tolist(), [False] * len(rows)
 
 
 def profile_policy(loaded, name: str, policy: Policy, args) -> dict:
@@ -40,7 +36,7 @@ def profile_policy(loaded, name: str, policy: Policy, args) -> dict:
     n = policy.block_size
     prompts = torch.randint(10, loaded.config.vocab_size - 1, (n, args.prompt_len),
                             generator=torch.Generator().manual_seed(0)).tolist()
-    ex.generate_block(prompts, [2] * n, _Greedy())
+    ex.generate_block(prompts, [2] * n, GreedyToEnd())
     host: dict[str, float] = defaultdict(float)
     last = {"key": None, "t": 0.0}
 
@@ -55,7 +51,7 @@ def profile_policy(loaded, name: str, policy: Policy, args) -> dict:
     ex.timing = True
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
-        ex.generate_block(prompts, [args.gen_len] * n, _Greedy())
+        ex.generate_block(prompts, [args.gen_len] * n, GreedyToEnd())
     ex.close()
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     events = sorted(prof.key_averages(), key=lambda e: -getattr(e, key, 0))[:20]

@@ -47,6 +47,7 @@ from engine.policy.cost_model import Workload, estimate  # noqa: E402
 from engine.policy.estimate import Budgets, NoFeasiblePolicy  # noqa: E402
 from engine.policy.hardware import GIB, default_cpu_profile, load_or_measure, reference_profile  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
+from engine.runtime.selector import GreedyToEnd  # noqa: E402
 from engine.sizes import parse_size  # noqa: E402
 
 PIN_GIB_S = 1.5          # host pinning rate (ENVIRONMENT.md: 1.58 GiB/s) for the setup-time guess
@@ -104,13 +105,6 @@ def grid_policies(name: str) -> list[tuple[str, Policy]]:
     ]
 
 
-class RunToEnd:
-    """A TokenSelector: greedy argmax, never finished (rows stop at max_new_tokens)."""
-
-    def __call__(self, rows, logits):
-        return logits.argmax(dim=-1).tolist(), [False] * len(rows)
-
-
 def spearman(xs: list[float], ys: list[float]) -> float | None:
     if len(xs) < 3:
         return None
@@ -136,7 +130,7 @@ def run_policy(loaded, policy: Policy, args, device: torch.device) -> dict:
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
         t1 = time.perf_counter()
-        executor.generate_block(prompts, [args.gen_len] * len(prompts), RunToEnd())
+        executor.generate_block(prompts, [args.gen_len] * len(prompts), GreedyToEnd())
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         run_s = time.perf_counter() - t1

@@ -246,7 +246,8 @@ def _diverse(ranked: list[_Candidate], top: int) -> list[_Candidate]:
     """The best `top` of `ranked` (best first), taken round-robin over the flag kinds (`_kind`) in the order
     of each kind's best: every kind's best before any kind's second. Within a kind, the best shape with one
     GPU batch comes second (a hedge: on the H200 the model's many-batch choices measured 2-5x below their
-    prediction, from per-slot costs it undercounts, while its one-batch predictions held within ~10-20%).
+    prediction, from per-slot costs it undercounts, and the best measured policies had one GPU batch;
+    benchmarks/results/h200/policy_validation*.json).
     The first is always the best."""
     kinds: dict[tuple[bool, bool, bool], list[_Candidate]] = {}
     for c in ranked:

@@ -28,6 +28,7 @@ from engine.models.registry import build_family
 from engine.policy.cost_model import Workload
 from engine.policy.estimate import Budgets, PolicyEstimate
 from engine.policy.policy import Policy
+from engine.runtime.selector import GreedyToEnd
 
 TRIAL_LAYERS = 2
 TRIAL_STEPS = 4
@@ -47,13 +48,6 @@ def truncated_model(config: ModelConfig, layers: int, dtype: torch.dtype, name: 
     small = replace(config, num_hidden_layers=layers)
     digest = hashlib.sha256(f"{name}:{small.to_dict()}".encode()).hexdigest()[:32]
     return LoadedModel(small, build_family(small), DummySource(name, dtype), None, digest, dtype)
-
-
-class _RunToEnd:
-    """A TokenSelector: greedy argmax, never finished (rows stop at their max_new_tokens)."""
-
-    def __call__(self, rows, logits):
-        return logits.argmax(dim=-1).tolist(), [False] * len(rows)
 
 
 class _LayerClock:
@@ -82,6 +76,27 @@ def extrapolate(step_s: float, layers_s: float, trial_layers: int, num_layers: i
     return step_s + (num_layers - trial_layers) * layers_s / trial_layers
 
 
+def _clocked_run(loaded: LoadedModel, policy: Policy, prompts: list[list[int]], steps: int, device: torch.device,
+                 dtype: torch.dtype, **executor_kwargs) -> tuple[dict[int, float], dict[str, float]]:
+    """A warm-up block (buffers, kernels), then one block of `steps` decode steps under `_LayerClock`, on the
+    real executor: (decoder layers' seconds per step index, the executor's stats of that block)."""
+    from engine.runtime.executor import Executor
+
+    executor = Executor(loaded, policy, device=device, dtype=dtype, **executor_kwargs)
+    try:
+        executor.timing = True
+        executor.generate_block(prompts, [2] * len(prompts), GreedyToEnd())
+        clock = _LayerClock(device, len(executor.specs))
+        executor.on_action = clock
+        executor.generate_block(prompts, [steps + 1] * len(prompts), GreedyToEnd())
+        stats = dict(executor.stats)
+    finally:
+        executor.close()
+    if 0 not in clock.layers_s or not any(i >= 1 for i in clock.layers_s):
+        raise RuntimeError(f"trial of {policy} measured no complete step")
+    return clock.layers_s, stats
+
+
 def trial_seconds(config: ModelConfig, policy: Policy, workload: Workload, device: torch.device | str,
                   dtype: torch.dtype, budgets: Budgets | None = None, *, layers: int = TRIAL_LAYERS,
                   steps: int = TRIAL_STEPS, disk_dir: Path | None = None) -> TrialTimes:
@@ -91,33 +106,18 @@ def trial_seconds(config: ModelConfig, policy: Policy, workload: Workload, devic
     `budgets` are the run's hard limits (the trial needs less: only `layers` layers' weights and cache);
     None: unlimited. Raises what the executor raises (BudgetExceeded, out of memory) when it does not run.
     """
-    from engine.runtime.executor import Executor
-
     device = torch.device(device)
-    loaded = truncated_model(config, layers, dtype)
-    block = policy.block_size
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, config.vocab_size, (workload.prompt_len,), generator=g).tolist()
-               for _ in range(block)]
-    gpu_memory = budgets.gpu_bytes if budgets is not None else None
-    cpu_memory = budgets.cpu_bytes if budgets is not None else None
-    executor = Executor(loaded, policy, device=device, dtype=dtype, gpu_memory=gpu_memory, cpu_memory=cpu_memory,
-                        disk_dir=disk_dir)
-    try:
-        executor.timing = True
-        executor.generate_block(prompts, [2] * block, _RunToEnd())           # warm-up: buffers, kernels
-        clock = _LayerClock(device, len(executor.specs))
-        executor.on_action = clock
-        executor.generate_block(prompts, [steps + 1] * block, _RunToEnd())
-        stats = dict(executor.stats)
-    finally:
-        executor.close()
+               for _ in range(policy.block_size)]
+    layers_s, stats = _clocked_run(
+        truncated_model(config, layers, dtype), policy, prompts, steps, device, dtype,
+        gpu_memory=budgets.gpu_bytes if budgets is not None else None,
+        cpu_memory=budgets.cpu_bytes if budgets is not None else None, disk_dir=disk_dir)
     L = config.num_hidden_layers
-    decode_steps = [i for i in clock.layers_s if i >= 1]
-    if 0 not in clock.layers_s or not decode_steps:
-        raise RuntimeError(f"trial of {policy} measured no complete step")
-    prefill = extrapolate(stats["prefill_s"], clock.layers_s[0], layers, L)
-    decode_layers = sum(clock.layers_s[i] for i in decode_steps) / len(decode_steps)
+    decode_steps = [i for i in layers_s if i >= 1]
+    prefill = extrapolate(stats["prefill_s"], layers_s[0], layers, L)
+    decode_layers = sum(layers_s[i] for i in decode_steps) / len(decode_steps)
     decode = extrapolate(stats["decode_s"] / max(1, stats["steps"] - 1), decode_layers, layers, L)
     return TrialTimes(prefill / L, decode / L)
 
@@ -126,22 +126,11 @@ def slot_seconds(config: ModelConfig, policy: Policy, device: torch.device | str
                  prompt_len: int = 8, steps: int = 4, layers: int = TRIAL_LAYERS) -> tuple[float, float]:
     """(prefill, decode) seconds per (decoder layer, GPU batch) slot of the real executor running `policy`
     on a `layers`-layer copy of `config`: for a tiny config, the executor's own per-slot cost."""
-    from engine.runtime.executor import Executor
-
-    device = torch.device(device)
-    loaded = truncated_model(config, layers, dtype, name="slot-probe")
     prompts = [list(range(3, 3 + prompt_len))] * policy.block_size
-    executor = Executor(loaded, policy, device=device, dtype=dtype)
-    try:
-        executor.generate_block(prompts, [2] * len(prompts), _RunToEnd())
-        clock = _LayerClock(device, len(executor.specs))
-        executor.on_action = clock
-        executor.generate_block(prompts, [steps + 1] * len(prompts), _RunToEnd())
-    finally:
-        executor.close()
+    layers_s, _ = _clocked_run(truncated_model(config, layers, dtype, name="slot-probe"), policy, prompts, steps,
+                               torch.device(device), dtype)
     slots = layers * policy.num_gpu_batches
-    decode = [t for i, t in clock.layers_s.items() if i >= 1]
-    return clock.layers_s[0] / slots, min(decode) / slots
+    return layers_s[0] / slots, min(t for i, t in layers_s.items() if i >= 1) / slots
 
 
 def trial_estimate(config: ModelConfig, predicted: PolicyEstimate, workload: Workload, times: TrialTimes,
@@ -151,13 +140,14 @@ def trial_estimate(config: ModelConfig, predicted: PolicyEstimate, workload: Wor
     L, n, b = config.num_hidden_layers, workload.gen_len, predicted.policy.block_size
     prefill_s = L * times.prefill_s_per_layer
     decode_s = L * (n - 1) * times.decode_s_per_layer_step
+    tokens_per_s = b * n / (prefill_s + decode_s)
     context = dict(predicted.context)
     context["predicted"] = {"tokens_per_s": predicted.predicted_tokens_per_s, "prefill_s": predicted.prefill_s,
                             "decode_s": predicted.decode_s}
-    context["trial"] = {"tokens_per_s": b * n / (prefill_s + decode_s), "prefill_s_per_layer": times[0],
+    context["trial"] = {"tokens_per_s": tokens_per_s, "prefill_s_per_layer": times[0],
                         "decode_s_per_layer_step": times[1], **(trial_info or {})}
-    return replace(predicted, predicted_tokens_per_s=b * n / (prefill_s + decode_s), prefill_s=prefill_s,
-                   decode_s=decode_s, context=context)
+    return replace(predicted, predicted_tokens_per_s=tokens_per_s, prefill_s=prefill_s, decode_s=decode_s,
+                   context=context)
 
 
 def best_by_trials(config: ModelConfig, candidates: list[PolicyEstimate], workload: Workload,

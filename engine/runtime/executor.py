@@ -130,10 +130,13 @@ class Executor:
         finally:
             self._drain()
             self.budget.release(Tier.GPU, work, "working memory of one GPU batch")
-            # drop every reference into this block's buffers (pending transfers' closures hold cache views),
-            # so the next block's homes are never allocated while this block's are still alive
-            self.kv, self.batches, self.hidden = {}, [], []
-            self._wpend, self._cpend, self._w = {}, {}, None
+            self._drop_block_state()
+
+    def _drop_block_state(self) -> None:
+        """Drop every reference into a block's buffers (pending transfers' closures hold cache views), so the
+        next block's homes are never allocated while this block's are still alive."""
+        self.kv, self.batches, self.hidden = {}, [], []
+        self._wpend, self._cpend, self._w, self._inflight = {}, {}, None, []
 
     def _noop_verbs(self) -> frozenset[str]:
         """Verbs that move nothing under this policy (skipped without a call: host time is decode time)."""
@@ -308,8 +311,6 @@ class Executor:
         """Free every buffer and file of this executor (idempotent): afterwards it holds no tensor, so the
         device memory is back in torch's allocator at once, whoever still references the executor."""
         self.transfers.close()
-        self.weights = None
-        self.kv, self.batches, self.hidden = {}, [], []
-        self._wpend, self._cpend, self._w, self._inflight = {}, {}, None, []
-        self.select = self.on_action = None
+        self._drop_block_state()
+        self.weights = self.select = self.on_action = None
         self.arena.close()

@@ -20,3 +20,15 @@ class TokenSelector(Protocol):
         Returns (token_ids, finished), one entry per row. A finished row's token is still part of its
         output (the selector records it); the executor never feeds a finished row again.
         """
+
+
+class GreedyToEnd:
+    """A `TokenSelector` for trials and benchmarks: greedy argmax, never finishes a row (every row runs to its
+    own max_new_tokens, as FlexGen measures throughput); `tokens` counts the tokens chosen."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+
+    def __call__(self, rows: Sequence[int], logits: torch.Tensor) -> tuple[list[int], list[bool]]:
+        self.tokens += len(rows)
+        return logits.argmax(dim=-1).tolist(), [False] * len(rows)

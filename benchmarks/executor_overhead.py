@@ -1,0 +1,67 @@
+"""The executor's own host cost: Python calls and CPU seconds per block on a tiny, deep model.
+
+A 32-layer copy of the `tiny-opt` preset (hidden 64, dummy weights) on the CPU, so the torch ops are cheap and
+the executor's bookkeeping shows: per GPU-batch count (1 and 2 batches of 4 rows, 16-token prompts, 16 new
+tokens), the Python function calls of one block (cProfile, deterministic) and the median CPU time
+(`time.process_time`, one thread) of `--repeats` blocks. Writes JSON to --out with the git commit.
+
+    python benchmarks/executor_overhead.py --out /tmp/executor_overhead.json
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from engine.models.hf_config import config_from_hf  # noqa: E402
+from engine.models.presets import PRESETS  # noqa: E402
+from engine.policy.policy import Policy  # noqa: E402
+from engine.policy.trial import truncated_model  # noqa: E402
+from engine.runtime.executor import Executor  # noqa: E402
+from engine.runtime.selector import GreedyToEnd  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    loaded = truncated_model(config_from_hf(PRESETS["tiny-opt"]), args.layers, torch.float32, name="overhead")
+    results = []
+    for batches in (1, 2):
+        ex = Executor(loaded, Policy(gpu_batch_size=4, num_gpu_batches=batches), device=torch.device("cpu"),
+                      dtype=torch.float32)
+        prompts = [[5] * 16 for _ in range(4 * batches)]
+        ex.generate_block(prompts, [2] * len(prompts), GreedyToEnd())
+        profiler = cProfile.Profile()
+        profiler.enable()
+        ex.generate_block(prompts, [16] * len(prompts), GreedyToEnd())
+        profiler.disable()
+        seconds = []
+        for _ in range(args.repeats):
+            t0 = time.process_time()
+            ex.generate_block(prompts, [16] * len(prompts), GreedyToEnd())
+            seconds.append(time.process_time() - t0)
+        ex.close()
+        results.append({"gpu_batches": batches, "python_calls": pstats.Stats(profiler).total_calls,
+                        "cpu_s_median": statistics.median(seconds), "cpu_s_min": min(seconds)})
+        print(json.dumps(results[-1]))
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    args.out.write_text(json.dumps({"commit": commit, "layers": args.layers, "command": sys.argv,
+                                    "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
