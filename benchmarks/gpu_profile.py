@@ -1,15 +1,20 @@
-"""Where a decode step's time goes: host seconds per schedule verb and the top device kernels.
+"""Where a block's time goes: host seconds per schedule verb and the top device kernels.
 
 Runs one dummy preset under one or more policies (a warm-up block, then a measured block of --gen-len steps,
 as gpu_offload.py does). Host time per verb comes from the executor's `on_action` hook (time between one
-action's start and the next's); device kernels come from torch.profiler over the measured block. Writes one
-JSON object per policy to --out.
+action's start and the next's; "sync" is the host waiting for transfers); device kernels come from
+torch.profiler over the measured block (`--no-kernels` skips it). With `--trial`, each policy is also run the
+same way on the 2-layer copy the policy trials use (`engine.policy.trial`), and the trial's extrapolated
+tokens/s is recorded next to the full model's measurement, with both runs' seconds per decoder layer: where
+a trial mispredicts, the verbs say which part does not scale. Writes one JSON object per policy to --out.
 
     python benchmarks/gpu_profile.py --model opt-6.7b --policy all_gpu_b8='{"gpu_batch_size": 8}' --out /tmp/p.json
+    python benchmarks/gpu_profile.py --model opt-30b --trial --no-kernels --policy A='{...}' --out /tmp/t.json
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -22,10 +27,20 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from engine.models.loader import load_model  # noqa: E402
+from engine.policy.cost_model import Workload  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
+from engine.policy.trial import TRIAL_LAYERS, trial_estimate, trial_seconds, truncated_model  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
 from engine.runtime.selector import GreedyToEnd  # noqa: E402
 from engine.sizes import parse_size  # noqa: E402
+
+
+def release_memory() -> None:
+    """Give a closed executor's memory back: device blocks and the pinned host blocks torch caches."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        getattr(torch._C, "_host_emptyCache", lambda: None)()
 
 
 def profile_policy(loaded, name: str, policy: Policy, args) -> dict:
@@ -49,19 +64,48 @@ def profile_policy(loaded, name: str, policy: Policy, args) -> dict:
 
     ex.on_action = hook
     ex.timing = True
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    top_ops = []
+    if args.kernels:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            ex.generate_block(prompts, [args.gen_len] * n, GreedyToEnd())
+        key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        events = sorted(prof.key_averages(), key=lambda e: -getattr(e, key, 0))[:20]
+        top_ops = [{"op": e.key, "count": e.count, "self_ms": getattr(e, key, 0) / 1e3,
+                    "cpu_ms": e.self_cpu_time_total / 1e3} for e in events]
+    else:
         ex.generate_block(prompts, [args.gen_len] * n, GreedyToEnd())
+    stats = dict(ex.stats)
     ex.close()
-    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda e: -getattr(e, key, 0))[:20]
+    release_memory()
+    layers = loaded.config.num_hidden_layers
+    decode_steps = max(1, stats["steps"] - 1)
     return {
-        "name": name, "policy": policy.to_dict(), "stats": dict(ex.stats),
-        "decode_ms_per_step": 1e3 * ex.stats["decode_s"] / max(1, ex.stats["steps"] - 1),
+        "name": name, "policy": policy.to_dict(), "stats": stats, "decoder_layers": layers,
+        "tokens_per_s": n * stats["steps"] / (stats["prefill_s"] + stats["decode_s"]),
+        "decode_ms_per_step": 1e3 * stats["decode_s"] / decode_steps,
+        "prefill_ms_per_layer": 1e3 * stats["prefill_s"] / layers,
+        "decode_ms_per_layer_step": 1e3 * stats["decode_s"] / decode_steps / layers,
         "host_s_by_verb": dict(sorted(host.items(), key=lambda kv: -kv[1])),
-        "top_ops": [{"op": e.key, "count": e.count, "self_ms": getattr(e, key, 0) / 1e3,
-                     "cpu_ms": e.self_cpu_time_total / 1e3} for e in events],
+        "top_ops": top_ops,
     }
+
+
+def trial_comparison(loaded, name: str, policy: Policy, args) -> dict:
+    """The policy on the trial's 2-layer copy (same measurement as the full run) and the trial's own
+    extrapolation of the full model's tokens/s at this --gen-len."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    copy = truncated_model(loaded.config, TRIAL_LAYERS, dtype)
+    workload = Workload(prompt_len=args.prompt_len, gen_len=args.gen_len, num_prompts=policy.block_size)
+    times = trial_seconds(loaded.config, policy, workload, device, dtype)
+    release_memory()
+    L, n = loaded.config.num_hidden_layers, args.gen_len
+    prefill, decode = L * times.prefill_s_per_layer, L * (n - 1) * times.decode_s_per_layer_step
+    return {"trial_tokens_per_s": policy.block_size * n / (prefill + decode),
+            "trial_prefill_ms_per_layer": 1e3 * times.prefill_s_per_layer,
+            "trial_decode_ms_per_layer_step": 1e3 * times.decode_s_per_layer_step,
+            "copy_run": profile_policy(copy, name, policy, args)}
 
 
 def main() -> None:
@@ -72,14 +116,23 @@ def main() -> None:
     ap.add_argument("--gen-len", type=int, default=8)
     ap.add_argument("--gpu-memory", default="16GiB")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--no-kernels", dest="kernels", action="store_false", help="skip torch.profiler")
+    ap.add_argument("--trial", action="store_true", help="also run the 2-layer trial copy and the trial estimate")
     args = ap.parse_args()
     loaded = load_model(args.model, dtype=torch.float16)
     results = []
     for item in args.policy:
         name, _, spec = item.partition("=")
-        res = profile_policy(loaded, name, Policy.from_dict(json.loads(spec)), args)
+        policy = Policy.from_dict(json.loads(spec))
+        res = profile_policy(loaded, name, policy, args)
+        if args.trial:
+            res["trial"] = trial_comparison(loaded, name, policy, args)
         top_host = dict(list(res["host_s_by_verb"].items())[:12])
-        print(json.dumps({"name": name, "decode_ms_per_step": res["decode_ms_per_step"], "host_s": top_host}, indent=1))
+        brief = {k: res[k] for k in ("name", "tokens_per_s", "prefill_ms_per_layer", "decode_ms_per_layer_step")}
+        if args.trial:
+            brief.update({k: v for k, v in res["trial"].items() if k != "copy_run"})
+            brief["copy_host_s"] = dict(list(res["trial"]["copy_run"]["host_s_by_verb"].items())[:8])
+        print(json.dumps({**brief, "host_s": top_host}, indent=1))
         for op in res["top_ops"][:12]:
             print(f"   {op['self_ms']:9.1f} ms dev  {op['cpu_ms']:9.1f} ms cpu  x{op['count']:<6} {op['op'][:70]}")
         results.append(res)

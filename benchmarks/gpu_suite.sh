@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
 # Usage (device tool, carry .whl): bash benchmarks/gpu_suite.sh [tests|kernels|offload|policy|all]
+# policy mode: POLICY_MODELS (default opt-6.7b,opt-30b:8) and POLICY_BUDGET_S (default 400) pick its models and time.
 # Results land in $OUT (JSON + logs); the lead commits them under benchmarks/results/.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -25,6 +26,7 @@ if [[ $what == offload || $what == all ]]; then
   python3 benchmarks/gpu_offload.py --out-dir "$OUT" 2>&1 | tee "$OUT/gpu_offload.log" | tail -30
 fi
 if [[ $what == policy || $what == all ]]; then
-  python3 benchmarks/policy_validation.py --out "$OUT" --trials 8 --time-budget-s "${POLICY_BUDGET_S:-400}" 2>&1 \
+  python3 benchmarks/policy_validation.py --out "$OUT" --trials 8 --time-budget-s "${POLICY_BUDGET_S:-400}" \
+    --models "${POLICY_MODELS:-opt-6.7b,opt-30b:8}" 2>&1 \
     | tee "$OUT/policy_validation.log" | tail -30
 fi

@@ -70,7 +70,8 @@ class LLM:
     """An open LLM on this machine's tiers, generating for many prompts at once.
 
     policy: "auto" (engine.policy.auto.choose_policy per call), a `Policy` or a Policy dict.
-    gpu_memory / cpu_memory: hard budgets in bytes or strings like "16GiB" (None: what the machine has).
+    gpu_memory / cpu_memory: hard budgets in bytes or strings like "16GiB" (None: what the machine has; on a
+    GPU machine the auto policy plans the cpu tier within `hardware.PINNED_SHARE` of the available RAM).
     disk_dir: folder for the disk tier. dtype: "auto" = bfloat16 on CUDA (float16 without bf16), the
     faster of bfloat16/float32 on a CPU.
     """

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from engine.policy.hardware import default_cpu_budget
 from engine.sizes import format_size, parse_size
 
 
@@ -77,7 +78,7 @@ Example:
 @click.command("policy", epilog=POLICY_EXAMPLE)
 @click.option("--model", required=True, help="A preset (opt-30b, mixtral-8x7b, ...), alias or model folder.")
 @click.option("--gpu-memory", type=SIZE, help="GPU budget, e.g. 16GiB (default: the profile's GPU memory).")
-@click.option("--cpu-memory", type=SIZE, help="CPU budget, e.g. 100GiB (default: the profile's RAM).")
+@click.option("--cpu-memory", type=SIZE, help="CPU budget, e.g. 100GiB (default: 70% of the profile's RAM, the pinned-memory share).")
 @click.option("--disk-memory", type=SIZE, default="0", show_default=True, help="Disk budget, e.g. 500GiB.")
 @click.option("--prompt-len", type=click.IntRange(min=1), default=512, show_default=True,
               help="Prompt length in tokens.")
@@ -113,7 +114,7 @@ def policy_cmd(model: str, gpu_memory: int | None, cpu_memory: int | None, disk_
         raise click.UsageError(str(exc)) from None
     budgets = Budgets(
         gpu_bytes=gpu_memory if gpu_memory is not None else profile.gpu_memory_bytes,
-        cpu_bytes=cpu_memory if cpu_memory is not None else profile.cpu_memory_bytes,
+        cpu_bytes=cpu_memory if cpu_memory is not None else default_cpu_budget(profile.cpu_memory_bytes),
         disk_bytes=disk_memory,
     )
     workload = Workload(prompt_len=prompt_len, gen_len=gen_len, num_prompts=num_prompts)

@@ -213,3 +213,48 @@ def test_close_frees_every_buffer_without_the_cyclic_gc(tiny_checkpoints):
         assert [r for r in refs if r() is not None] == []
     finally:
         gc.enable()
+
+
+class _Recorded:
+    """A stand-in for a transfer's Pending that records whether it was waited for."""
+
+    def __init__(self) -> None:
+        self.waited = False
+
+    def wait(self) -> None:
+        self.waited = True
+
+
+def test_staging_claims_wait_for_the_buffers_previous_store_only():
+    from engine.runtime.kv_cache import StagingClaims
+
+    claims = StagingClaims()
+    first, other = _Recorded(), _Recorded()
+    claims.record("kvstage0.s0", first)
+    claims.record("kvstage1.s0", other)
+    claims.claim("kvstage0.s0")
+    assert first.waited and not other.waited
+    again = _Recorded()
+    claims.claim("kvstage0.s0")                       # nothing recorded since: nothing to wait for
+    claims.record("kvstage0.s0", again)
+    assert not again.waited
+
+
+def test_host_side_store_completes_inline_without_cuda():
+    """Without CUDA, `submit_host` runs the copy and the host work before returning (nothing to overlap)."""
+    from engine.runtime.transfers import Transfers
+
+    transfers = Transfers(torch.device("cpu"), overlap=True)
+    src, dst, order = torch.arange(4.0), torch.zeros(4), []
+
+    def fn(stream):
+        order.append("copy")
+        return None
+
+    def then():
+        order.append("then")
+        dst.copy_(src)
+    pending = transfers.submit_host("store", fn, then)
+    assert order == ["copy", "then"] and pending.done and torch.equal(dst, src)
+    pending.wait()
+    transfers.close()

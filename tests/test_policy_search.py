@@ -10,7 +10,7 @@ from engine.policy.auto import choose_policy, choose_policy_estimate
 from engine.policy.cost_model import Workload, estimate
 from engine.policy.estimate import Budgets, NoFeasiblePolicy
 from engine.policy.hardware import GIB, reference_profile
-from engine.policy.search import search
+from engine.policy.search import search, search_top
 
 H200 = reference_profile("h200")
 WORKLOAD = Workload(prompt_len=512, gen_len=32)
@@ -152,7 +152,7 @@ def test_choose_policy_on_cuda_uses_the_search_with_a_given_profile():
 
 def test_search_may_choose_compression_when_allowed():
     """compress_* None: the search tries both settings; OPT-30B under 16 GiB gains from 4-bit (fewer bytes over
-    the link), and the trial candidates cover every flag kind before any kind's second shape."""
+    the link), and the trial candidates come two per flag kind, the best kinds first."""
     from engine.policy.search import search_top
 
     config = preset("opt-30b")
@@ -166,7 +166,7 @@ def test_search_may_choose_compression_when_allowed():
     assert free.predicted_tokens_per_s >= plain.predicted_tokens_per_s
     top = search_top(config, workload, budgets, profile, top=8, compress_weights=None, compress_cache=None)
     kinds = [(e.policy.cpu_attention, e.policy.compress_weights, e.policy.compress_cache) for e in top]
-    assert len(set(kinds)) == len(kinds) == 8
+    assert len(top) == 8 and len(set(kinds)) == 4 and all(kinds.count(kind) == 2 for kind in kinds)
 
 
 def test_trial_candidates_hedge_with_one_gpu_batch():
@@ -182,3 +182,29 @@ def test_trial_candidates_hedge_with_one_gpu_batch():
     chosen = _diverse([a, d, b, c, e], top=4)
     assert chosen == [a, d, c, e]                      # b (a second many-batch shape) waits behind the hedges
     assert b in _diverse([a, d, b, c, e], top=5)
+
+
+def test_trial_candidates_hedge_before_lesser_kinds():
+    """The best kinds each give their one-GPU-batch hedge before a lesser kind's best is tried."""
+    from engine.policy.search import _Candidate, _diverse
+    from engine.policy.policy import Policy
+
+    def cand(speed: float, k: int, cw: bool, cc: bool) -> _Candidate:
+        return _Candidate(speed, Policy(gpu_batch_size=8, num_gpu_batches=k, compress_weights=cw,
+                                        compress_cache=cc), None)
+
+    best1, one1 = cand(100, 32, True, True), cand(60, 1, True, True)
+    best2, one2 = cand(90, 2, False, True), cand(50, 1, False, True)
+    lesser = [cand(80, 4, True, False), cand(70, 8, False, False)]
+    chosen = _diverse([best1, best2, *lesser, one1, one2], top=4)
+    assert chosen == [best1, best2, one1, one2]
+    assert set(_diverse([best1, best2, *lesser, one1, one2], top=6)) == {best1, best2, one1, one2, *lesser}
+
+
+def test_search_drops_cpu_attention_without_offloaded_cache():
+    """When the search decides cpu_attention, no candidate has the flag with the whole cache on the gpu."""
+    config = config_from_hf(PRESETS["opt-30b"])
+    top = search_top(config, Workload(512, 8, num_prompts=256), Budgets(16 << 30, 80 << 30),
+                     reference_profile("h200"), top=8, compress_weights=None, compress_cache=None)
+    assert all(not (e.policy.cpu_attention and e.policy.cache_gpu >= 1.0) for e in top)
+    assert any(e.policy.cpu_attention for e in top) and any(e.policy.num_gpu_batches == 1 for e in top)

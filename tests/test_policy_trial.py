@@ -18,6 +18,7 @@ from engine.policy.trial import (
     TrialTimes, best_by_trials, extrapolate, trial_estimate, trial_seconds, truncated_model,
 )
 from engine.runtime.executor import Executor
+from engine.runtime.schedule import block_schedule
 from engine.storage.tiers import BudgetExceeded
 
 torch.set_num_threads(1)
@@ -115,8 +116,8 @@ def test_search_top_is_distinct_sorted_and_starts_with_search():
 
 
 def test_extrapolation_arithmetic():
-    # a 2-layer trial step of 1.0 s whose decoder layers took 0.6 s -> 10 layers: 1.0 + 8 * 0.3
-    assert extrapolate(1.0, 0.6, 2, 10) == pytest.approx(3.4)
+    # a 2-layer trial step of 1.0 s whose first decoder layer took 0.3 s -> 10 layers: 1.0 + 8 * 0.3
+    assert extrapolate(1.0, 0.3, 2, 10) == pytest.approx(3.4)
     config = preset("opt-30b")
     cand = search(config, Workload(512, 32, num_prompts=64), Budgets(16 << 30, 100 << 30), reference_profile("h200"))
     est = trial_estimate(config, cand, Workload(512, 32), TrialTimes(0.01, 0.02))
@@ -125,6 +126,28 @@ def test_extrapolation_arithmetic():
     assert est.predicted_tokens_per_s == pytest.approx(b * 32 / (L * 0.01 + L * 31 * 0.02))
     assert est.context["predicted"]["tokens_per_s"] == cand.predicted_tokens_per_s
     assert est.policy == cand.policy
+
+
+@pytest.mark.parametrize("num_batches", [1, 3])
+def test_layer_clock_times_the_first_decoder_layer_only(num_batches):
+    """Inside the clock's window of each step: every GPU batch's compute of the first decoder layer (specs 1
+    and 2) and the weight loads issued with them (specs 2 and 3); never the head's load or compute."""
+    clock = trial_mod._LayerClock(torch.device("cpu"), num_batches)
+    steps, specs = 3, 2 + 2 * 2                                   # embed, 2 x (attention, mlp), head
+    seen = []                                                    # (window start, verb, i, j, k)
+    for action in block_schedule(steps, specs, num_batches):
+        clock(action)
+        if action.i in clock.start and action.i not in clock.end:
+            seen.append((clock.start[action.i], *action[:4]))
+    assert set(clock.layer_s) == set(range(steps))
+    inside: dict[str, set] = {"compute": set(), "load_weight": set()}
+    for start, verb, i, j, k in seen:
+        if start == clock.start[i] and verb in inside:          # only the window that was finally timed
+            inside[verb].add((i, j, k))
+    for i in range(steps):
+        assert {(j, k) for (s, j, k) in inside["compute"] if s == i} == {(j, k) for j in (1, 2)
+                                                                       for k in range(num_batches)}
+        assert {j for (s, j, k) in inside["load_weight"] if s == i} == {2, 3}
 
 
 def test_trial_runs_the_real_executor_on_two_layers(monkeypatch):

@@ -19,7 +19,7 @@ from engine.policy import model_stats as ms
 from engine.policy.cost_model import Workload, estimate
 from engine.policy.estimate import Budgets, NoFeasiblePolicy, PolicyEstimate, workload_dict
 from engine.policy.hardware import (
-    HardwareProfile, default_cpu_profile, host_memory_bytes, load_cached_profile, load_or_measure,
+    HardwareProfile, default_cpu_budget, default_cpu_profile, host_memory_bytes, load_cached_profile, load_or_measure,
 )
 from engine.policy.policy import Policy
 from engine.policy.search import search, search_top
@@ -104,7 +104,7 @@ def choose_policy_estimate(
     if gpu_memory is None:
         gpu_memory = torch.cuda.mem_get_info(device)[0]
     budgets = Budgets(gpu_bytes=int(gpu_memory),
-                      cpu_bytes=int(cpu_memory if cpu_memory is not None else host_memory_bytes()),
+                      cpu_bytes=int(cpu_memory if cpu_memory is not None else default_cpu_budget()),
                       disk_bytes=int(disk_memory or 0))
     kwargs = dict(bytes_per_element=B, compress_weights=compress_weights, compress_cache=compress_cache,
                   model_name=model_name)
@@ -119,7 +119,8 @@ def choose_policy(config: ModelConfig, **kwargs: Any) -> Policy:
     """The policy for running `config` over prompts of `prompt_lens` tokens, `max_new_tokens` each.
 
     Keyword arguments are `choose_policy_estimate`'s. Budgets are bytes (None: the device's free memory for
-    the gpu, available RAM for the cpu, no disk). The batch never exceeds the number of prompts. Raises
+    the gpu; for the cpu, `hardware.PINNED_SHARE` of the available RAM on CUDA, all of it on a CPU device;
+    no disk). The batch never exceeds the number of prompts. Raises
     NoFeasiblePolicy (a ValueError) naming what does not fit. On CUDA the first call on a machine may run
     the ~1-minute hardware microbenchmark (then cached); on CPU no benchmark runs.
     """

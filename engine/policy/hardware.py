@@ -148,6 +148,18 @@ def reference_profile(name: str) -> HardwareProfile:
 REFERENCE_NAMES = ("h200",)
 
 
+# Share of the available RAM a GPU run's cpu tier may use when no cpu budget is given. The cpu tier is pinned
+# (page-locked) memory: the kernel can neither swap nor reclaim it, and the driver needs memory of its own
+# to map it. On the lent H200 host (125 GiB available) a run that pinned 87.5 GiB was OOM-killed.
+PINNED_SHARE = 0.7
+
+
+def default_cpu_budget(available: int | None = None) -> int:
+    """The cpu-tier budget of a GPU run without an explicit one: PINNED_SHARE of `available` bytes (default:
+    the available host RAM now)."""
+    return int(PINNED_SHARE * (host_memory_bytes() if available is None else available))
+
+
 def host_memory_bytes() -> int:
     """Available host RAM in bytes (MemAvailable from /proc/meminfo; total pages as a fallback)."""
     try:

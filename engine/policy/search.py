@@ -185,8 +185,10 @@ def search_top(
     model_name: str = "model",
 ) -> list[PolicyEstimate]:
     """The `top` distinct policies with the highest predicted throughput that fit `budgets` (bytes), best
-    first: at most one per (batch shape, flags); the candidates are taken round-robin over the flag kinds
-    (cpu_attention, compress_weights, compress_cache), best kind first, so trials compare every kind.
+    first: at most one per (batch shape, flags); the candidates are taken over the flag kinds
+    (cpu_attention, compress_weights, compress_cache), best kind first, two per kind (`_diverse`), so trials
+    compare kinds and shapes. When the search decides `cpu_attention`, a cpu-attention placement with the
+    whole cache on the gpu is dropped (the executor runs it exactly as the placement without the flag).
 
     Each policy's placement is what the executor realizes (whole tensors, whole kv heads) and its peak
     memory per tier, as the executor counts it, fits `relax_* x budget`. `relax_*` scale each budget
@@ -218,6 +220,8 @@ def search_top(
             if best is None:
                 infeasible_from[(k, flags)] = g
                 continue
+            if cpu_attention is None and cpu_att and best.policy.cache_gpu >= 1.0:
+                continue                # no cache off the gpu, no host attention: the same run as without
             found.append(best)
     if not found:
         raise NoFeasiblePolicy(_no_fit_message(config, workload, budgets, relax, bytes_per_element,
@@ -243,18 +247,17 @@ def _kind(c: _Candidate) -> tuple[bool, bool, bool]:
 
 
 def _diverse(ranked: list[_Candidate], top: int) -> list[_Candidate]:
-    """The best `top` of `ranked` (best first), taken round-robin over the flag kinds (`_kind`) in the order
-    of each kind's best: every kind's best before any kind's second. Within a kind, the best shape with one
-    GPU batch comes second (a hedge: on the H200 the model's many-batch choices measured 2-5x below their
-    prediction, from per-slot costs it undercounts, and the best measured policies had one GPU batch;
-    benchmarks/results/h200/policy_validation*.json).
-    The first is always the best."""
+    """The best `top` of `ranked` (best first) for trials: flag kinds (`_kind`) in the order of each kind's
+    best, each kind contributing its best and its best shape with one GPU batch (a hedge: on the H200 the
+    model's many-batch choices measured 2-5x below their prediction, from per-slot costs it undercounts, and
+    the best measured policies had one GPU batch; benchmarks/results/h200/policy_validation*.json); once
+    every kind has given those two, the rest round-robin over the kinds. The first is always the best."""
     kinds: dict[tuple[bool, bool, bool], list[_Candidate]] = {}
     for c in ranked:
         kinds.setdefault(_kind(c), []).append(c)
     queues = [_one_batch_second(q) for q in kinds.values()]  # ranked is best first, so is this order
-    chosen: list[_Candidate] = []
-    depth = 0
+    chosen = [c for q in queues for c in q[:2]]
+    depth = 2
     while len(chosen) < top and any(depth < len(q) for q in queues):
         chosen.extend(q[depth] for q in queues if depth < len(q))
         depth += 1

@@ -2,10 +2,13 @@
 
 `trial_seconds` builds the real `Executor` on a truncated copy of the model (same shapes, fewer decoder
 layers, dummy weights), runs a short warm-up block and then one block of the policy's full size (every row
-`steps` new tokens), and extrapolates the full model's block time. A hook synchronizes the device at the
-first decoder layer and at the head of each step, so the time of the decoder layers is measured apart
-from the embedding, the head and the step boundary (fixed per step):
-    full step  = trial step + (L - l) * (decoder layers' time in the trial step) / l
+`steps` new tokens), and extrapolates the full model's block time. A hook synchronizes the device at the end
+of the embedding's slots and at the end of the first decoder layer's slots of each step, so one decoder
+layer is timed: its computes for every GPU batch and the weight loads issued during them (the next
+layer's, as in the full model). The window must stop before the last decoder layer: that layer's
+slots load the output head (for OPT-30B 0.7 GB of fp16 when it lives on the cpu), a once-per-step cost
+the full model pays once, not once per layer. Then
+    full step = trial step + (L - l) * (first decoder layer's time in the trial step)
 and per-layer times are full step / L (prefill: step 0; decode: mean over the decode steps). The trial's
 prompt is the workload's mean prompt; its decode context is s + steps / 2 (the full run's mean is
 s + n / 2). `trial_estimate` turns the numbers into a `PolicyEstimate` that records both the cost
@@ -51,50 +54,63 @@ def truncated_model(config: ModelConfig, layers: int, dtype: torch.dtype, name: 
 
 
 class _LayerClock:
-    """An executor `on_action` hook: per step, the wall time from the first decoder layer's compute to the
-    head's compute (device synchronized at both ends)."""
+    """An executor `on_action` hook: per step, the wall time of the first decoder layer's slots, from the end
+    of the embedding's last slot to the end of the first decoder layer's last slot (a slot ends with its
+    `sync` action; the device is synchronized at both ends). Specs run embed, [attention, mlp] x layers,
+    head. (Timing events on the compute stream instead of synchronizing were tried on the H200: their
+    trials of OPT-6.7B policies read 1.4-4x slower than the full runs, the synchronized ones within 6%;
+    benchmarks/results/h200/README.md.)"""
 
-    def __init__(self, device: torch.device, num_specs: int):
-        self.device, self.last = device, num_specs - 1
+    def __init__(self, device: torch.device, num_batches: int, specs_per_layer: int = 2):
+        self.device, self.last_k, self.end_j = device, num_batches - 1, specs_per_layer
         self.start: dict[int, float] = {}
-        self.layers_s: dict[int, float] = {}
+        self.end: dict[int, float] = {}
 
     def __call__(self, action) -> None:
-        if action.verb != "compute" or action.k != 0 or action.j not in (1, self.last):
+        if action.verb != "sync" or action.k != self.last_k or action.j not in (0, self.end_j):
             return
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
-        if action.j == 1:
-            self.start[action.i] = now
+        if action.j == 0:
+            self.start[action.i] = time.perf_counter()
         elif action.i in self.start:
-            self.layers_s[action.i] = now - self.start[action.i]
+            self.end[action.i] = time.perf_counter()
+
+    @property
+    def layer_s(self) -> dict[int, float]:
+        """Seconds of the timed layer per step index (steps whose window closed)."""
+        return {i: end - self.start[i] for i, end in self.end.items()}
 
 
-def extrapolate(step_s: float, layers_s: float, trial_layers: int, num_layers: int) -> float:
-    """Seconds of one full-model step from a trial step of `step_s` whose decoder layers took `layers_s`."""
-    return step_s + (num_layers - trial_layers) * layers_s / trial_layers
+def extrapolate(step_s: float, layer_s: float, trial_layers: int, num_layers: int) -> float:
+    """Seconds of one full-model step from a trial step of `step_s` whose first decoder layer took `layer_s`."""
+    return step_s + (num_layers - trial_layers) * layer_s
 
 
 def _clocked_run(loaded: LoadedModel, policy: Policy, prompts: list[list[int]], steps: int, device: torch.device,
                  dtype: torch.dtype, **executor_kwargs) -> tuple[dict[int, float], dict[str, float]]:
     """A warm-up block (buffers, kernels), then one block of `steps` decode steps under `_LayerClock`, on the
-    real executor: (decoder layers' seconds per step index, the executor's stats of that block)."""
+    real executor: (one decoder layer's seconds per step index, the executor's stats of that block)."""
+    if loaded.config.num_hidden_layers < 2:
+        raise ValueError("a clocked run needs >= 2 decoder layers (the last one also loads the head)")
     from engine.runtime.executor import Executor
 
     executor = Executor(loaded, policy, device=device, dtype=dtype, **executor_kwargs)
     try:
         executor.timing = True
         executor.generate_block(prompts, [2] * len(prompts), GreedyToEnd())
-        clock = _LayerClock(device, len(executor.specs))
+        clock = _LayerClock(device, -(-len(prompts) // policy.gpu_batch_size))
         executor.on_action = clock
         executor.generate_block(prompts, [steps + 1] * len(prompts), GreedyToEnd())
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         stats = dict(executor.stats)
     finally:
         executor.close()
-    if 0 not in clock.layers_s or not any(i >= 1 for i in clock.layers_s):
+    layer_s = clock.layer_s
+    if 0 not in layer_s or not any(i >= 1 for i in layer_s):
         raise RuntimeError(f"trial of {policy} measured no complete step")
-    return clock.layers_s, stats
+    return layer_s, stats
 
 
 def trial_seconds(config: ModelConfig, policy: Policy, workload: Workload, device: torch.device | str,
@@ -110,15 +126,15 @@ def trial_seconds(config: ModelConfig, policy: Policy, workload: Workload, devic
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, config.vocab_size, (workload.prompt_len,), generator=g).tolist()
                for _ in range(policy.block_size)]
-    layers_s, stats = _clocked_run(
+    layer_s, stats = _clocked_run(
         truncated_model(config, layers, dtype), policy, prompts, steps, device, dtype,
         gpu_memory=budgets.gpu_bytes if budgets is not None else None,
         cpu_memory=budgets.cpu_bytes if budgets is not None else None, disk_dir=disk_dir)
     L = config.num_hidden_layers
-    decode_steps = [i for i in layers_s if i >= 1]
-    prefill = extrapolate(stats["prefill_s"], layers_s[0], layers, L)
-    decode_layers = sum(layers_s[i] for i in decode_steps) / len(decode_steps)
-    decode = extrapolate(stats["decode_s"] / max(1, stats["steps"] - 1), decode_layers, layers, L)
+    decode_steps = [i for i in layer_s if i >= 1]
+    prefill = extrapolate(stats["prefill_s"], layer_s[0], layers, L)
+    decode_layer = sum(layer_s[i] for i in decode_steps) / len(decode_steps)
+    decode = extrapolate(stats["decode_s"] / max(1, stats["steps"] - 1), decode_layer, layers, L)
     return TrialTimes(prefill / L, decode / L)
 
 
@@ -127,10 +143,10 @@ def slot_seconds(config: ModelConfig, policy: Policy, device: torch.device | str
     """(prefill, decode) seconds per (decoder layer, GPU batch) slot of the real executor running `policy`
     on a `layers`-layer copy of `config`: for a tiny config, the executor's own per-slot cost."""
     prompts = [list(range(3, 3 + prompt_len))] * policy.block_size
-    layers_s, _ = _clocked_run(truncated_model(config, layers, dtype, name="slot-probe"), policy, prompts, steps,
-                               torch.device(device), dtype)
-    slots = layers * policy.num_gpu_batches
-    return layers_s[0] / slots, min(t for i, t in layers_s.items() if i >= 1) / slots
+    layer_s, _ = _clocked_run(truncated_model(config, layers, dtype, name="slot-probe"), policy, prompts, steps,
+                              torch.device(device), dtype)
+    slots = policy.num_gpu_batches
+    return layer_s[0] / slots, min(t for i, t in layer_s.items() if i >= 1) / slots
 
 
 def trial_estimate(config: ModelConfig, predicted: PolicyEstimate, workload: Workload, times: TrialTimes,

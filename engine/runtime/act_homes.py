@@ -45,7 +45,9 @@ class ActHomes:
                 if stream is not None:
                     piece.record_stream(stream)
                 return copy(home, piece, stream=stream)
-            parts.append((tier, a, b, home, transfers.submit("store", fn, host_wait=True)))
+            # a cpu home is ordered on the device (the load's stream waits for this copy's event); a disk
+            # home is written by the host, so its copy must be complete there first
+            parts.append((tier, a, b, home, transfers.submit("store", fn, host_wait=tier is Tier.DISK)))
         return _Parked(x.shape, parts)
 
     def load(self, k: int, parked, transfers: Transfers):

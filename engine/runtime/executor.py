@@ -20,7 +20,7 @@ from engine.runtime.act_homes import ActHomes
 from engine.runtime.arena import Arena
 from engine.runtime.attention import prefill_attention
 from engine.runtime.batch import GpuBatch
-from engine.runtime.kv_cache import KVHome
+from engine.runtime.kv_cache import KVHome, StagingClaims
 from engine.runtime.schedule import Action, block_schedule
 from engine.runtime.selector import TokenSelector
 from engine.runtime.transfers import Pending, Transfers
@@ -112,6 +112,7 @@ class Executor:
             self.acts = ActHomes(self.arena, p.act_gpu, p.act_cpu, K)
             self.hidden: list[torch.Tensor | None] = [None] * K
             self._inflight: list[Pending] = []
+            self._claims = StagingClaims()
             self._wpend: dict[tuple[int, int], list[Pending]] = {}
             self._cpend: dict[tuple[int, int, int], list[Pending]] = {}
             self._w: tuple[int, int, dict] | None = None
@@ -137,6 +138,7 @@ class Executor:
         next block's homes are never allocated while this block's are still alive."""
         self.kv, self.batches, self.hidden = {}, [], []
         self._wpend, self._cpend, self._w, self._inflight = {}, {}, None, []
+        self._claims = StagingClaims()
 
     def _noop_verbs(self) -> frozenset[str]:
         """Verbs that move nothing under this policy (skipped without a call: host time is decode time)."""
@@ -174,7 +176,7 @@ class Executor:
     def _store_cache(self, a: Action) -> None:
         kv = self.kv.get((a.j, a.k))
         if kv is not None:
-            self._track(kv.store(self.transfers, self._slot(a.i, a.j, a.k)))
+            kv.store(self.transfers, self._slot(a.i, a.j, a.k), self._claims)
 
     def _load_hidden(self, a: Action) -> None:
         if self.batches[a.k].done:
@@ -194,6 +196,8 @@ class Executor:
         for pending in getattr(self, "_inflight", []):
             pending.wait()
         self._inflight = []
+        for kv in getattr(self, "kv", {}).values():
+            kv.settle()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 

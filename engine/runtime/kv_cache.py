@@ -9,6 +9,10 @@ policy's cache fractions (`split_ranges`); each segment's keys/values live on on
   - cpu/disk home otherwise: `load` copies the whole home into a device buffer before compute (the
     executor overlaps it with the previous GPU batch), attention runs on the device, and `store` writes
     the new positions back to the home after compute.
+Stores never block the compute thread: the new positions go to a pinned staging buffer (the home's slice is
+strided) and a worker thread copies them into the home (`Transfers.submit_host`). A home waits for its own
+stores before it is read or compacted (`settle`); a staging buffer waits for its previous store before it
+is reused (`StagingClaims`).
 On a machine without a GPU the cpu tier is the compute memory, so "loading" a dense cpu home is aliasing.
 """
 from __future__ import annotations
@@ -65,6 +69,21 @@ def _dense_with_new(x: QTensor, new: torch.Tensor, t: int) -> torch.Tensor:
     return dense
 
 
+class StagingClaims:
+    """Which store last used each (shared, slot-keyed) staging buffer: a new store waits for it first."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, Pending] = {}
+
+    def claim(self, key: str) -> None:
+        pending = self._last.pop(key, None)
+        if pending is not None:
+            pending.wait()
+
+    def record(self, key: str, pending: Pending) -> None:
+        self._last[key] = pending
+
+
 class KVHome:
     """Owner of the cache homes of (layer j, GPU batch k). `rows` shrinks on `compact`."""
 
@@ -74,6 +93,7 @@ class KVHome:
         self.arena, self.key, self.rows, self.length = arena, key, rows, length
         self.dtype, self.quant, self.cpu_attention = dtype, quant, cpu_attention
         self.device = arena.device
+        self.pending: list[Pending] = []            # this home's stores not yet complete on the host
         self.segments: list[KVSegment] = []
         for n, (tier, h0, h1) in enumerate(split_ranges(num_kv_heads, cache_gpu, cache_cpu)):
             shape = (rows, h1 - h0, length, head_dim)
@@ -90,8 +110,15 @@ class KVHome:
         return decode and self.cpu_attention and seg.tier is not Tier.GPU
 
     # ---- transfers ------------------------------------------------------------------------------------
+    def settle(self) -> None:
+        """Wait until every store of this home is in the home (before reading or compacting it)."""
+        for pending in self.pending:
+            pending.wait()
+        self.pending = []
+
     def load(self, transfers: Transfers, slot: int) -> list[Pending]:
         """Copy each cpu/disk home (not handled on the host) into a device buffer for a decode compute."""
+        self.settle()
         pendings = []
         for n, seg in enumerate(self.segments):
             if self._host_side(seg, True) or seg.tier is Tier.GPU:
@@ -117,9 +144,9 @@ class KVHome:
             pendings.append(transfers.submit("load", fn, threaded=seg.tier is Tier.DISK))
         return pendings
 
-    def store(self, transfers: Transfers, slot: int) -> list[Pending]:
-        """Write the positions staged by the last compute into the cpu/disk homes (complete on `wait`)."""
-        pendings = []
+    def store(self, transfers: Transfers, slot: int, claims: StagingClaims) -> None:
+        """Start writing the positions staged by the last compute into the cpu/disk homes; they are in the
+        homes after `settle`."""
         for n, seg in enumerate(self.segments):
             for kn, vn, t0 in seg.staged:
                 quant = self.quant if isinstance(seg.k, QTensor) else None
@@ -129,9 +156,10 @@ class KVHome:
                     continue
                 src_k = quantize(kn, quant) if quant else kn
                 src_v = quantize(vn, quant) if quant else vn
-                shape = tuple(kn.shape)
-                sk = self.arena.get(f"kvstage{slot}.s{n}.k", Tier.CPU, shape, self.dtype, quant)
-                sv = self.arena.get(f"kvstage{slot}.s{n}.v", Tier.CPU, shape, self.dtype, quant)
+                shape, key = tuple(kn.shape), f"kvstage{slot}.s{n}"
+                claims.claim(key)
+                sk = self.arena.get(f"{key}.k", Tier.CPU, shape, self.dtype, quant)
+                sv = self.arena.get(f"{key}.v", Tier.CPU, shape, self.dtype, quant)
 
                 def fn(stream, sk=sk, sv=sv, src_k=src_k, src_v=src_v):
                     copy(sk, src_k, stream=stream)
@@ -141,9 +169,10 @@ class KVHome:
                     index = (_ALL, _ALL, slice(t0, t0 + sk.shape[2]))
                     seg.k[index].copy_(sk)
                     seg.v[index].copy_(sv)
-                pendings.append(transfers.submit("store", fn, host_wait=True, then=then))
+                pending = transfers.submit_host("store", fn, then)
+                claims.record(key, pending)
+                self.pending.append(pending)
             seg.staged = []
-        return pendings
 
     # ---- compute --------------------------------------------------------------------------------------
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -166,6 +195,8 @@ class KVHome:
         """One new token per row at cache position t: q [b, nh, 1, hd], k/v [b, nkv, 1, hd],
         key_valid [b, t+1] bool on the device (key_valid_host: the same on the host). Returns [b, nh, 1, hd]."""
         g = q.shape[1] // k.shape[1]
+        if self.cpu_attention:
+            self.settle()                       # the host reads the homes the prefill's stores fill
         outs = []
         for seg in self.segments:
             qs = q[:, seg.h0 * g:seg.h1 * g]
@@ -197,6 +228,7 @@ class KVHome:
 
     def compact(self, keep: torch.Tensor) -> None:
         """Keep only rows `keep` (ascending indices into the current rows), in place in every home."""
+        self.settle()
         n = keep.numel()
         for seg in self.segments:
             for name in ("k", "v"):

@@ -4,6 +4,8 @@ A transfer is a function `fn(stream)` that issues copies (usually through `engin
 returns the CUDA event recorded after them, or None when it ran entirely on the host. `submit` runs it:
 inline, or on the thread pool when it touches the disk; `Pending.wait()` makes its result usable on the
 compute stream (and, with `host_wait`, on the host), then runs its `then` callback in the calling thread.
+`submit_host` is for device->host copies whose data the host then works on: the copies are issued now and
+a worker thread waits for them and runs `then`, so the compute thread never blocks on them; `wait()` joins.
 With `overlap=False` every transfer is waited for as soon as it is submitted (no concurrency at all).
 """
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Transfers:
         self.cuda = device.type == "cuda"
         self.streams = {c: torch.cuda.Stream(device) for c in CHANNELS} if self.cuda else {}
         self._pool: ThreadPoolExecutor | None = None
+        self._finisher: ThreadPoolExecutor | None = None
         self._io_threads = io_threads
 
     def submit(self, channel: str, fn: TransferFn, *, threaded: bool = False, host_wait: bool = False,
@@ -56,14 +59,38 @@ class Transfers:
         """Run `fn` on `channel`'s stream (in a worker thread if `threaded` and overlapping)."""
         stream = self.streams.get(channel)
         if threaded and self.overlap:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._io_threads, thread_name_prefix="engine-io")
-            pending = Pending(self._pool.submit(self._run, fn, stream), None, host_wait, then)
+            pending = Pending(self._workers().submit(self._run, fn, stream), None, host_wait, then)
         else:
             pending = Pending(None, self._run(fn, stream), host_wait, then)
         if not self.overlap:
             pending.wait()
         return pending
+
+    def submit_host(self, channel: str, fn: TransferFn, then: Callable[[], None]) -> Pending:
+        """Issue `fn`'s copies now on `channel`'s stream; a worker thread waits for their event and runs `then`
+        (host work on the copied data). Without CUDA or overlap, everything completes before returning."""
+        event = self._run(fn, self.streams.get(channel))
+        if not (self.cuda and self.overlap):
+            if event is not None:
+                event.synchronize()
+            then()
+            pending = Pending(None, None, False, None)
+            pending.done = True
+            return pending
+
+        def finish() -> None:
+            if event is not None:
+                event.synchronize()
+            with torch.inference_mode():
+                then()
+        if self._finisher is None:                      # one thread: host work runs in issue order
+            self._finisher = ThreadPoolExecutor(1, thread_name_prefix="engine-store")
+        return Pending(self._finisher.submit(finish), None, False, None)
+
+    def _workers(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._io_threads, thread_name_prefix="engine-io")
+        return self._pool
 
     def _run(self, fn: TransferFn, stream):
         with torch.inference_mode():
@@ -73,6 +100,7 @@ class Transfers:
                 return fn(stream)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        for pool in (self._pool, self._finisher):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._pool = self._finisher = None
