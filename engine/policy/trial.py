@@ -57,9 +57,9 @@ class _LayerClock:
     """An executor `on_action` hook: per step, the wall time of the first decoder layer's slots, from the end
     of the embedding's last slot to the end of the first decoder layer's last slot (a slot ends with its
     `sync` action; the device is synchronized at both ends). Specs run embed, [attention, mlp] x layers,
-    head. (Timing events on the compute stream instead of synchronizing were tried on the H200: their
-    trials of OPT-6.7B policies read 1.4-4x slower than the full runs, the synchronized ones within 6%;
-    benchmarks/results/h200/README.md.)"""
+    head. (Timing events on the compute stream instead of synchronizing were tried on the H200 and were no
+    closer: OPT-6.7B trials at 0.69x and 0.26x of the full runs' throughput with events, 0.90x and 0.28x
+    synchronized, for the same kinds of policies; benchmarks/results/h200/policy_validation*.json.)"""
 
     def __init__(self, device: torch.device, num_batches: int, specs_per_layer: int = 2):
         self.device, self.last_k, self.end_j = device, num_batches - 1, specs_per_layer
