@@ -29,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from engine.policy.cost_model import Workload  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
-from engine.policy.trial import TRIAL_LAYERS, trial_estimate, trial_seconds, truncated_model  # noqa: E402
+from engine.policy.trial import TRIAL_LAYERS, full_block, trial_seconds, truncated_model  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
 from engine.runtime.selector import GreedyToEnd  # noqa: E402
 from engine.sizes import parse_size  # noqa: E402
@@ -100,9 +100,7 @@ def trial_comparison(loaded, name: str, policy: Policy, args) -> dict:
     workload = Workload(prompt_len=args.prompt_len, gen_len=args.gen_len, num_prompts=policy.block_size)
     times = trial_seconds(loaded.config, policy, workload, device, dtype)
     release_memory()
-    L, n = loaded.config.num_hidden_layers, args.gen_len
-    prefill, decode = L * times.prefill_s_per_layer, L * (n - 1) * times.decode_s_per_layer_step
-    return {"trial_tokens_per_s": policy.block_size * n / (prefill + decode),
+    return {"trial_tokens_per_s": full_block(loaded.config, times, args.gen_len, policy.block_size)[2],
             "trial_prefill_ms_per_layer": 1e3 * times.prefill_s_per_layer,
             "trial_decode_ms_per_layer_step": 1e3 * times.decode_s_per_layer_step,
             "copy_run": profile_policy(copy, name, policy, args)}

@@ -196,9 +196,8 @@ def earlier_grid(path: Path, name: str, gen_len: int) -> list[dict]:
         return []
     if earlier.get("gen_len") != gen_len:
         raise SystemExit(f"--grid-from {path}: {name} was measured at gen_len {earlier.get('gen_len')}, not {gen_len}")
-    gen = earlier["gen_len"]
     return [dict(r, names=[n for n in r["names"] if not n.startswith("auto")], source=str(path),
-                 measured_tokens_per_s=steady_tokens_per_s(r, Policy.from_dict(r["policy"]).block_size, gen))
+                 measured_tokens_per_s=steady_tokens_per_s(r, Policy.from_dict(r["policy"]).block_size, gen_len))
             for r in earlier["policies"]
             if "executor_stats" in r and any(not n.startswith("auto") for n in r["names"])]
 
@@ -249,7 +248,7 @@ def main() -> None:
                     help="comma-separated NAME[:GEN_LEN] (default gen: --gen-len)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--gpu-memory", default="16GiB")
-    ap.add_argument("--cpu-memory", default=None, help="default: engine.policy.hardware.default_cpu_budget() (70%% of available RAM)")
+    ap.add_argument("--cpu-memory", default=None, help="default: engine.policy.hardware.default_cpu_budget() (PINNED_SHARE of the available RAM)")
     ap.add_argument("--disk-dir", default=None)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen-len", type=int, default=32)

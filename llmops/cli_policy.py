@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from engine.policy.hardware import default_cpu_budget
+from engine.policy.hardware import PINNED_SHARE, default_cpu_budget
 from engine.sizes import format_size, parse_size
 
 
@@ -78,7 +78,8 @@ Example:
 @click.command("policy", epilog=POLICY_EXAMPLE)
 @click.option("--model", required=True, help="A preset (opt-30b, mixtral-8x7b, ...), alias or model folder.")
 @click.option("--gpu-memory", type=SIZE, help="GPU budget, e.g. 16GiB (default: the profile's GPU memory).")
-@click.option("--cpu-memory", type=SIZE, help="CPU budget, e.g. 100GiB (default: 70% of the profile's RAM, the pinned-memory share).")
+@click.option("--cpu-memory", type=SIZE,
+              help=f"CPU budget, e.g. 100GiB (default: {PINNED_SHARE:.0%} of the profile's RAM, the pinned share).")
 @click.option("--disk-memory", type=SIZE, default="0", show_default=True, help="Disk budget, e.g. 500GiB.")
 @click.option("--prompt-len", type=click.IntRange(min=1), default=512, show_default=True,
               help="Prompt length in tokens.")

@@ -102,8 +102,6 @@ def _clocked_run(loaded: LoadedModel, policy: Policy, prompts: list[list[int]], 
         clock = _LayerClock(device, -(-len(prompts) // policy.gpu_batch_size))
         executor.on_action = clock
         executor.generate_block(prompts, [steps + 1] * len(prompts), GreedyToEnd())
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
         stats = dict(executor.stats)
     finally:
         executor.close()
@@ -149,14 +147,19 @@ def slot_seconds(config: ModelConfig, policy: Policy, device: torch.device | str
     return layer_s[0] / slots, min(t for i, t in layer_s.items() if i >= 1) / slots
 
 
+def full_block(config: ModelConfig, times: TrialTimes, gen_len: int, block_size: int) -> tuple[float, float, float]:
+    """(prefill seconds, decode seconds, generated tokens/s) of one full-model block from a trial's times."""
+    L = config.num_hidden_layers
+    prefill_s = L * times.prefill_s_per_layer
+    decode_s = L * (gen_len - 1) * times.decode_s_per_layer_step
+    return prefill_s, decode_s, block_size * gen_len / (prefill_s + decode_s)
+
+
 def trial_estimate(config: ModelConfig, predicted: PolicyEstimate, workload: Workload, times: TrialTimes,
                    trial_info: dict | None = None) -> PolicyEstimate:
     """`predicted` with its times and throughput replaced by the trial's extrapolation; the context keeps the
     cost model's numbers under "predicted" and the trial's under "trial"."""
-    L, n, b = config.num_hidden_layers, workload.gen_len, predicted.policy.block_size
-    prefill_s = L * times.prefill_s_per_layer
-    decode_s = L * (n - 1) * times.decode_s_per_layer_step
-    tokens_per_s = b * n / (prefill_s + decode_s)
+    prefill_s, decode_s, tokens_per_s = full_block(config, times, workload.gen_len, predicted.policy.block_size)
     context = dict(predicted.context)
     context["predicted"] = {"tokens_per_s": predicted.predicted_tokens_per_s, "prefill_s": predicted.prefill_s,
                             "decode_s": predicted.decode_s}

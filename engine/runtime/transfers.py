@@ -59,7 +59,9 @@ class Transfers:
         """Run `fn` on `channel`'s stream (in a worker thread if `threaded` and overlapping)."""
         stream = self.streams.get(channel)
         if threaded and self.overlap:
-            pending = Pending(self._workers().submit(self._run, fn, stream), None, host_wait, then)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._io_threads, thread_name_prefix="engine-io")
+            pending = Pending(self._pool.submit(self._run, fn, stream), None, host_wait, then)
         else:
             pending = Pending(None, self._run(fn, stream), host_wait, then)
         if not self.overlap:
@@ -86,11 +88,6 @@ class Transfers:
         if self._finisher is None:                      # one thread: host work runs in issue order
             self._finisher = ThreadPoolExecutor(1, thread_name_prefix="engine-store")
         return Pending(self._finisher.submit(finish), None, False, None)
-
-    def _workers(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._io_threads, thread_name_prefix="engine-io")
-        return self._pool
 
     def _run(self, fn: TransferFn, stream):
         with torch.inference_mode():
