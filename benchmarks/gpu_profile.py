@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from torch.autograd import DeviceType  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from engine.models.loader import load_model  # noqa: E402
@@ -41,6 +42,68 @@ def release_memory() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         getattr(torch._C, "_host_emptyCache", lambda: None)()
+
+
+# (module, attribute path) of the engine functions `--annotate` wraps in profiler ranges ("annotate.<name>")
+ANNOTATED = [("engine.runtime.kv_cache", n) for n in (
+    "KVHome.decode", "KVHome.store", "KVHome.load", "KVHome.settle", "StagingClaims.claim", "_write", "_dense",
+    "_dense_with_new", "quantize", "decode_attention")] + [
+    ("engine.runtime.transfers", "Pending.wait"), ("engine.runtime.transfers", "Transfers.submit_host"),
+    ("engine.runtime.executor", "Executor._weights_for"), ("engine.runtime.executor", "Executor._head"),
+    ("engine.models.opt", "OPTFamily.attn_qkv"), ("engine.models.opt", "OPTFamily.attn_out"),
+    ("engine.models.opt", "OPTFamily.mlp"), ("engine.runtime.weight_homes", "WeightHomes.load")]
+
+
+def annotate() -> None:
+    """Wrap each ANNOTATED function in a torch.profiler range so key_averages() gives its inclusive host time
+    (ranges cost ~1 us each: only for diagnosis runs)."""
+    import functools
+    import importlib
+
+    from torch.profiler import record_function
+
+    for module_name, path in ANNOTATED:
+        owner = importlib.import_module(module_name)
+        *outer, attr = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        fn = getattr(owner, attr)
+
+        def wrapped(*a, _fn=fn, _name=f"annotate.{path}", **kw):
+            with record_function(_name):
+                return _fn(*a, **kw)
+        setattr(owner, attr, functools.wraps(fn)(wrapped))
+
+
+def _op_row(e, key: str) -> dict:
+    return {"op": e.key, "count": e.count, "self_ms": getattr(e, key, 0) / 1e3, "cpu_ms": e.self_cpu_time_total / 1e3}
+
+
+def _union_ms(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals (microseconds in, milliseconds out)."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total / 1e3
+
+
+def device_busy(events) -> dict[str, float]:
+    """Milliseconds each CUDA stream was busy (union of its kernels and copies), the union over all streams,
+    and the span from the first device activity to the last: span >> any means the device waited (on the
+    host or on latencies); any ~ one stream's busy time means that stream bounds the block."""
+    by_stream: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for e in events:
+        if e.device_type == DeviceType.CUDA:
+            by_stream[f"stream {e.device_resource_id}"].append((e.time_range.start, e.time_range.end))
+    spans = [iv for ivs in by_stream.values() for iv in ivs]
+    if not spans:
+        return {}
+    out = {name: _union_ms(ivs) for name, ivs in sorted(by_stream.items())}
+    out["any"] = _union_ms(spans)
+    out["span"] = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e3
+    return out
 
 
 def profile_policy(loaded, name: str, policy: Policy, args) -> dict:
@@ -64,15 +127,19 @@ def profile_policy(loaded, name: str, policy: Policy, args) -> dict:
 
     ex.on_action = hook
     ex.timing = True
-    top_ops = []
+    top_ops, top_host_ops, busy = [], [], {}
     if args.kernels:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         with profile(activities=activities) as prof:
             ex.generate_block(prompts, [args.gen_len] * n, GreedyToEnd())
         key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        events = sorted(prof.key_averages(), key=lambda e: -getattr(e, key, 0))[:20]
-        top_ops = [{"op": e.key, "count": e.count, "self_ms": getattr(e, key, 0) / 1e3,
-                    "cpu_ms": e.self_cpu_time_total / 1e3} for e in events]
+        averages = prof.key_averages()
+        top_ops = [_op_row(e, key) for e in sorted(averages, key=lambda e: -getattr(e, key, 0))[:20]]
+        top_host_ops = [_op_row(e, key) for e in sorted(averages, key=lambda e: -e.self_cpu_time_total)
+                        if not e.key.startswith("annotate.")][:20]
+        top_host_ops += [dict(_op_row(e, key), cpu_ms=e.cpu_time_total / 1e3) for e in averages
+                         if e.key.startswith("annotate.")]
+        busy = device_busy(prof.events())
     else:
         ex.generate_block(prompts, [args.gen_len] * n, GreedyToEnd())
     stats = dict(ex.stats)
@@ -88,6 +155,8 @@ def profile_policy(loaded, name: str, policy: Policy, args) -> dict:
         "decode_ms_per_layer_step": 1e3 * stats["decode_s"] / decode_steps / layers,
         "host_s_by_verb": dict(sorted(host.items(), key=lambda kv: -kv[1])),
         "top_ops": top_ops,
+        "top_host_ops": top_host_ops,
+        "device_busy_ms": busy,
     }
 
 
@@ -116,7 +185,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--no-kernels", dest="kernels", action="store_false", help="skip torch.profiler")
     ap.add_argument("--trial", action="store_true", help="also run the 2-layer trial copy and the trial estimate")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval(seconds) first: whether the engine's threads contend for the GIL")
+    ap.add_argument("--annotate", action="store_true",
+                    help="profiler ranges around the engine's hot functions (their inclusive host ms in top_host_ops)")
     args = ap.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
+    if args.annotate:
+        annotate()
     loaded = load_model(args.model, dtype=torch.float16)
     results = []
     for item in args.policy:
@@ -131,8 +208,11 @@ def main() -> None:
             brief.update({k: v for k, v in res["trial"].items() if k != "copy_run"})
             brief["copy_host_s"] = dict(list(res["trial"]["copy_run"]["host_s_by_verb"].items())[:8])
         print(json.dumps({**brief, "host_s": top_host}, indent=1))
-        for op in res["top_ops"][:12]:
-            print(f"   {op['self_ms']:9.1f} ms dev  {op['cpu_ms']:9.1f} ms cpu  x{op['count']:<6} {op['op'][:70]}")
+        for title, ops in (("device", res["top_ops"][:12]), ("host", res["top_host_ops"])):
+            print(f"  top ops by {title} time; device busy ms: {res['device_busy_ms']}" if title == "device"
+                  else f"  top ops by {title} time")
+            for op in ops:
+                print(f"   {op['self_ms']:9.1f} ms dev  {op['cpu_ms']:9.1f} ms cpu  x{op['count']:<6} {op['op'][:70]}")
         results.append(res)
         args.out.write_text(json.dumps({"model": args.model, "prompt_len": args.prompt_len,
                                         "gen_len": args.gen_len, "results": results}, indent=1))

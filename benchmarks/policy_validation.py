@@ -8,7 +8,8 @@ For each model (dummy-weight presets, default OPT-6.7B at gen 32 and OPT-30B at 
     block on a 2-layer copy of the model (`engine.policy.trial.best_by_trials`, what
     `choose_policy_estimate(trials=N)` does on CUDA);
   - >= 8 hand-made grid policies spanning the space (`grid_policies`), or with `--grid-from FILE` the grid
-    measured by an earlier run (only the autos run; each copied record names its source).
+    measured by an earlier run (only the autos run; each copied record names its source and is predicted
+    again with this run's profile and cost model).
 With `--compress auto` (default) the autos may choose 4-bit weights/cache and are compared with the whole
 grid; with `--compress off` they may not, and are compared with the grid's uncompressed policies.
 A policy chosen under several names is measured once. Records per policy the prediction, the measured
@@ -202,6 +203,14 @@ def earlier_grid(path: Path, name: str, gen_len: int) -> list[dict]:
             if "executor_stats" in r and any(not n.startswith("auto") for n in r["names"])]
 
 
+def predicted(config, policy: Policy, workload: Workload, profile, bpe: int) -> dict:
+    """The cost model's prediction for `policy` (one block, unbounded by the workload's row count)."""
+    est = estimate(config, policy, replace(workload, num_prompts=None), profile, bpe)
+    return {"predicted_tokens_per_s": est.tokens_per_s, "predicted_prefill_s": est.prefill_s,
+            "predicted_decode_s": est.decode_s,
+            "predicted_peak_gib": {t: v / GIB for t, v in est.peak_memory_bytes.items()}}
+
+
 def parse_models(text: str, gen_len: int) -> list[tuple[str, int]]:
     """"opt-6.7b,opt-30b:8" -> [("opt-6.7b", gen_len), ("opt-30b", 8)]."""
     out = []
@@ -262,7 +271,8 @@ def main() -> None:
                          "grid; off: they may not, and are compared with the uncompressed grid policies only")
     ap.add_argument("--grid-from", type=Path,
                     help="for the models this earlier result JSON measured, run only the autos and take the grid's "
-                         "measurements from it (other models run their grid)")
+                         "measurements from it, predicted again with this run's profile and cost model (the "
+                         "earlier prediction is kept as earlier_predicted_tokens_per_s); other models run their grid")
     args = ap.parse_args()
     start = time.perf_counter()
     device = torch.device(args.device)
@@ -290,6 +300,9 @@ def main() -> None:
         entry["compress"] = args.compress
         named = autos(loaded, name, workload, budgets, profile, device, args, entry)
         earlier = earlier_grid(args.grid_from, name, gen_len) if args.grid_from is not None else []
+        for record in earlier:          # the earlier measurement against this run's profile and cost model
+            record["earlier_predicted_tokens_per_s"] = record["predicted_tokens_per_s"]
+            record.update(predicted(loaded.config, Policy.from_dict(record["policy"]), workload, profile, bpe))
         if earlier:
             entry["policies"] += earlier
         else:
@@ -299,11 +312,10 @@ def main() -> None:
             distinct.setdefault(policy, []).append(label)
         records = []
         for policy, names in distinct.items():
-            est = estimate(loaded.config, policy, replace(workload, num_prompts=None), profile, bpe)
-            records.append({"names": names, "policy": policy.to_dict(), "predicted_tokens_per_s": est.tokens_per_s,
-                            "predicted_prefill_s": est.prefill_s, "predicted_decode_s": est.decode_s,
-                            "predicted_peak_gib": {t: v / GIB for t, v in est.peak_memory_bytes.items()},
-                            "_total_s": est.total_s, "_auto": names[0].startswith("auto")})
+            fields = predicted(loaded.config, policy, workload, profile, bpe)
+            records.append({"names": names, "policy": policy.to_dict(), **fields,
+                            "_total_s": fields["predicted_prefill_s"] + fields["predicted_decode_s"],
+                            "_auto": names[0].startswith("auto")})
         records.sort(key=lambda r: (not r["_auto"], r["_total_s"]))    # autos first, then the cheapest
         first = True
         for record in records:

@@ -88,6 +88,39 @@ def test_cpu_attention_avoids_moving_the_cache():
     assert serial > slots                              # slot latencies + host attention over the cache
 
 
+SLOTS = replace(H200, slot_decode_ms=0.3, slot_gpu_cache_q4_ms=1.0, slot_off_cache_ms=0.6,
+                slot_off_cache_q4_ms=2.0, slot_off_act_ms=0.5, cpu_attention_slot_ms=0.8)
+
+
+@pytest.mark.parametrize("placement, compressed, per_slot_ms", [
+    (dict(), False, 0.3),                                           # resident
+    (dict(), True, 1.3),                                            # 4-bit cache on the gpu
+    (dict(cache_gpu=0.0, cache_cpu=1.0), False, 0.9),               # dense cache off the gpu
+    (dict(cache_gpu=0.0, cache_cpu=1.0), True, 2.3),                # 4-bit cache off the gpu
+    (dict(cache_gpu=0.5, cache_cpu=0.5), True, 3.3),                # both segments
+    (dict(cache_gpu=0.5, cache_cpu=0.5, act_gpu=0.5, act_cpu=0.5), True, 3.8),
+])
+def test_decode_slot_time_steps_with_what_the_slot_does(placement, compressed, per_slot_ms):
+    c = preset("opt-6.7b")
+    p = Policy(gpu_batch_size=8, num_gpu_batches=4, compress_cache=compressed, **placement)
+    terms = cost_terms(c, p, WORKLOAD, SLOTS, 2)
+    x = placement_vector(p)
+    assert terms.decode_slots.seconds(x) * 1e3 == pytest.approx(per_slot_ms)
+    # four GPU batches: four slots of host time per layer, in the "host" channel
+    host = terms.at(x)[1]["host"] @ [*x, 1]
+    assert host == pytest.approx(4 * per_slot_ms * 1e-3)
+
+
+def test_cpu_attention_pays_its_slot_only_for_a_cache_off_the_gpu():
+    c = preset("opt-6.7b")
+    on_gpu = Policy(gpu_batch_size=8, num_gpu_batches=2, cpu_attention=True)
+    off = replace(on_gpu, cache_gpu=0.0, cache_cpu=1.0)
+    assert cost_terms(c, on_gpu, WORKLOAD, SLOTS, 2).decode_slots.seconds(placement_vector(on_gpu)) == \
+        pytest.approx(0.3e-3)
+    assert cost_terms(c, off, WORKLOAD, SLOTS, 2).decode_slots.seconds(placement_vector(off)) == \
+        pytest.approx(1.1e-3)
+
+
 def test_overlap_never_slower_than_serial():
     c = preset("opt-30b")
     p = Policy(gpu_batch_size=16, num_gpu_batches=4, w_gpu=0.2, w_cpu=0.8, cache_gpu=0.0, cache_cpu=1.0)

@@ -20,7 +20,7 @@ class FakeMeasure:
     def __call__(self, device, **kwargs):
         self.calls += 1
         return replace(default_cpu_profile(), h2d_gib_s=float(self.calls), source="measured",
-                       slot_decode_ms=0.2)
+                       slot_decode_ms=0.2, slot_off_cache_ms=0.1)
 
 
 def test_profile_json_round_trip(tmp_path):
@@ -94,7 +94,8 @@ def test_tiny_real_measure_on_cpu(tmp_path):
     for name in ("h2d_gib_s", "d2h_gib_s", "disk_read_gib_s", "disk_write_gib_s", "gpu_tflops_bf16",
                  "gpu_mem_gib_s", "cpu_gflops", "cpu_mem_gib_s", "layer_overhead_ms", "slot_prefill_ms",
                  "slot_decode_ms", "cpu_attention_slot_ms", "cpu_attention_gib_s", "cpu_attention_q4_gib_s",
-                 "dequant_gib_s"):
+                 "dequant_gib_s", "slot_gpu_cache_q4_ms", "slot_off_cache_ms", "slot_off_cache_q4_ms",
+                 "slot_off_act_ms"):
         assert getattr(p, name) > 0, name
     assert p.cpu_memory_bytes > 0 and not list(tmp_path.iterdir())   # the probe file is removed
 

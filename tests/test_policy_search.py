@@ -86,7 +86,8 @@ def test_more_bandwidth_never_predicts_lower_throughput(field):
 
 def test_full_search_solves_a_bounded_number_of_lps(monkeypatch):
     """The search's cost is its LP count (each HiGHS solve takes milliseconds; wall time is measured by
-    benchmarks/policy_validation.py, not asserted here): one LP per (batch shape, cpu_attention flag)."""
+    benchmarks/policy_validation.py, not asserted here): one LP per (batch shape, cpu_attention flag, slot
+    regime), fewer where a smaller batch of the same shape was already infeasible."""
     import engine.policy.search as search_module
 
     calls = []
@@ -94,6 +95,23 @@ def test_full_search_solves_a_bounded_number_of_lps(monkeypatch):
     monkeypatch.setattr(search_module, "linprog", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     search(preset("mixtral-8x7b"), WORKLOAD, Budgets(24 * GIB, 128 * GIB, 200 * GIB), H200)
     assert 0 < len(calls) <= 400
+
+
+@pytest.mark.parametrize("model, gpu_gib, compressed, field", [
+    ("opt-1.3b", 4, True, "cache_gpu"),          # without slot extras the cache splits between gpu and cpu
+    ("opt-6.7b", 4, False, "act_gpu"),           # ... and the hidden states leave the gpu
+])
+def test_costly_offload_slots_keep_the_cache_and_hidden_states_resident(model, gpu_gib, compressed, field):
+    config, budgets = preset(model), Budgets(gpu_gib * GIB, 80 * GIB)
+    costly = replace(H200, slot_off_cache_ms=5.0, slot_off_cache_q4_ms=5.0, slot_off_act_ms=5.0)
+    free = search(config, WORKLOAD, budgets, H200, compress_weights=compressed, compress_cache=compressed)
+    paid = search(config, WORKLOAD, budgets, costly, compress_weights=compressed, compress_cache=compressed)
+    assert getattr(free.policy, field) < 1.0
+    assert getattr(paid.policy, field) == 1.0
+    assert paid.predicted_tokens_per_s <= free.predicted_tokens_per_s
+    # the prediction of the chosen policy is its exact estimate, extras included
+    again = estimate(config, paid.policy, replace(WORKLOAD, num_prompts=None), costly)
+    assert again.tokens_per_s == pytest.approx(paid.predicted_tokens_per_s, rel=1e-6)
 
 
 def test_no_fit_says_what_does_not_fit():

@@ -9,6 +9,8 @@ import torch
 from engine.quant import dequantize, quantize
 from engine.storage import BudgetExceeded, MemoryBudget, Tier, copy, split_ranges, weight_tiers
 from engine.storage.disk import ScratchFiles, WeightFiles
+from engine.runtime.arena import Arena
+from engine.storage.pinned import HostPool
 
 
 def test_weight_tiers_by_cumulative_midpoints():
@@ -106,3 +108,33 @@ def test_weight_file_records_rotation(tmp_path):
     again = WeightFiles(tmp_path).load("layer0", lambda: pytest.fail("rebuilt a valid file"))
     assert again["q"].config == cfg
     assert torch.equal(dequantize(again["q"]), dequantize(quantize(x, cfg)))
+
+
+def test_host_pool_reuses_freed_space_and_merges_neighbours():
+    pool = HostPool(pin=False, chunk_bytes=8192, pooled=True)
+    a = pool.empty((1024,), torch.uint8)                 # 1024 B
+    b = pool.empty((256,), torch.float32)                # 1024 B, after a
+    c = pool.empty((1000,), torch.uint8)                 # rounded to 1024 B
+    assert pool.reserved_bytes == 8192 and pool.free_bytes == 8192 - 3 * 1024
+    b.fill_(7)
+    pool.free(a)
+    pool.free(b)                                         # a and b merge into one 2048 B range
+    grown = pool.empty((2048,), torch.uint8)
+    assert grown.data_ptr() == a.data_ptr()              # the grown buffer takes the space it left
+    assert pool.reserved_bytes == 8192
+    pool.free(c)
+    pool.free(grown)
+    assert pool.free_bytes == 8192
+    big = pool.empty((3, 4096), torch.uint8)             # larger than a chunk: a new power-of-two chunk
+    assert big.shape == (3, 4096) and pool.reserved_bytes == 8192 + 16384
+
+
+def test_arena_gives_a_grown_cpu_buffer_back_to_its_pool():
+    arena = Arena(torch.device("cpu"), MemoryBudget({Tier.GPU: None, Tier.CPU: None, Tier.DISK: None}), None)
+    arena.host = HostPool(pin=False, chunk_bytes=1 << 16, pooled=True)
+    first = arena.get("kv", Tier.CPU, (8, 100), torch.float16)
+    arena.get("stage", Tier.CPU, (10,), torch.float16)
+    arena.get("kv", Tier.CPU, (8, 200), torch.float16)     # grows past its old range, which goes back
+    again = arena.get("other", Tier.CPU, (8, 100), torch.float16)
+    assert again.data_ptr() == first.data_ptr()
+    assert arena.host.reserved_bytes == 1 << 16

@@ -6,11 +6,16 @@ returns affine expressions (see `affine`) in the placement fractions:
     (cpu->gpu, gpu->cpu, disk->cpu, cpu->disk, gpu compute, host);
   - the peak bytes held on each tier, as the executor counts them (`memory.memory_terms`).
 A layer's time is the max over its channels when `overlap` (Algorithm 1's six threads), else their sum.
-"host" is the executor's own time per (decoder layer, GPU batch) slot, measured on the real executor
-(`HardwareProfile.decode_slot_s`): many small GPU batches cost what they really cost. With CPU attention
-the executor waits for each GPU batch's q/k/v, attends on the host and then launches the rest of the layer,
-so gpu work, host attention (at the measured `cpu_decode_attention` rate) and slot latencies add up in
-one "compute" channel. On a CPU device the host is the device: host time adds to compute.
+"host" is the executor's own time per (decoder layer, GPU batch) slot, measured on the real executor: many
+small GPU batches cost what they really cost. It depends on what a slot does (`SlotCosts`): the resident
+path, plus an extra for a 4-bit cache segment on the gpu, for a cache segment off the gpu (loaded, staged
+and stored around a GPU attention, or attended on the host), and for hidden states parked off the gpu. Each
+extra is a step in the placement (any share off the gpu pays it), so it is not affine: the terms keep it
+apart (`CostTerms.*_slots`), `estimate_terms` adds it at the exact placement, and the search solves one LP
+per slot regime (`slot_regimes`). With CPU attention the executor waits for each GPU batch's q/k/v, attends
+on the host and then launches the rest of the layer, so gpu work, host attention (at the measured
+`cpu_decode_attention` rate) and slot latencies add up in one "compute" channel. On a CPU device the host
+is the device: host time adds to compute.
 A block of bls = gpu_batch_size x num_gpu_batches sequences takes
     T = L * T_pre + L * (n - 1) * T_gen,   throughput = bls * n / T   (generated tokens per second).
 Symbols: L layers, b = bls, g = gpu_batch_size, k = num_gpu_batches, s prompt length, n tokens generated,
@@ -58,9 +63,40 @@ class Workload:
         return max(self.prompt_len, self.max_prompt_len or 0)
 
 
+_ANY = 1e-9            # a share above this is "some of it"
+
+
+@dataclass(frozen=True)
+class SlotCosts:
+    """Executor host seconds per (decoder layer, GPU batch) slot of one step: `base` on the resident path,
+    plus what a slot pays for each feature present: `gpu_cache` a 4-bit cache segment on the gpu (quantize
+    the new k/v, dequantize for attention), `off_cache` a cache segment off the gpu (loaded, dequantized,
+    staged and stored around GPU attention; or sent to the host with CPU attention), `off_act` hidden
+    states parked off the gpu (stored and loaded back)."""
+
+    base: float
+    gpu_cache: float = 0.0
+    off_cache: float = 0.0
+    off_act: float = 0.0
+
+    def seconds(self, x: np.ndarray) -> float:
+        """Per-slot seconds at placement x [6] (VARS order): each feature's extra once any share has it."""
+        return (self.base + self.gpu_cache * (x[2] > _ANY) + self.off_cache * (x[2] < 1.0 - _ANY)
+                + self.off_act * (x[4] < 1.0 - _ANY))
+
+    def regime_seconds(self, resident: bool) -> float:
+        """The LP's per-slot charge: the whole cache and every hidden state on the gpu (`resident`), or
+        every feature paid (the LP of that regime is free to offload; its realizations are re-costed)."""
+        if resident:
+            return self.base + self.gpu_cache
+        return self.base + self.gpu_cache + self.off_cache + self.off_act
+
+
 @dataclass(frozen=True)
 class CostTerms:
-    """Affine expressions for one batch shape: seconds per layer by channel, peak bytes by tier."""
+    """Affine expressions for one batch shape: seconds per layer by channel (the executor's slot time
+    apart: `prefill_slots` / `decode_slots` per slot, `num_gpu_batches` slots per layer, added to the
+    channel `host_channel[phase]`), peak bytes by tier."""
 
     prefill: dict[str, np.ndarray]
     decode: dict[str, np.ndarray]
@@ -69,6 +105,22 @@ class CostTerms:
     gen_len: int
     block_size: int
     overlap: bool
+    prefill_slots: SlotCosts = SlotCosts(0.0)
+    decode_slots: SlotCosts = SlotCosts(0.0)
+    num_gpu_batches: int = 1
+    host_channel: tuple[str, str] = ("host", "host")        # (prefill, decode)
+
+    def channels(self, phase: str, slot_s: float) -> dict[str, np.ndarray]:
+        """`phase`'s ("prefill" / "decode") channels with `slot_s` seconds per slot added where slots run."""
+        channels = dict(self.prefill if phase == "prefill" else self.decode)
+        name = self.host_channel[0 if phase == "prefill" else 1]
+        channels[name] = channels.get(name, const(0.0)) + const(self.num_gpu_batches * slot_s)
+        return channels
+
+    def at(self, x: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """(prefill, decode) channels with the slot time of placement x [6] included."""
+        return (self.channels("prefill", self.prefill_slots.seconds(x)),
+                self.channels("decode", self.decode_slots.seconds(x)))
 
 
 @dataclass(frozen=True)
@@ -155,8 +207,6 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
             + b * s * ms.attention_flops_per_token(config, s / 2) / gpu_flops
             + dequant_w + (b * s * kv16 / dq_bw if cc else 0.0)
         ),
-        # the executor's host time: one (decoder layer, GPU batch) slot per GPU batch
-        "host": const(k * profile.prefill_slot_s),
     }
 
     # ---- decode, one layer, one step averaged over the n - 1 steps ----
@@ -177,24 +227,23 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     }
     # matmuls per GPU batch (roofline) + dequantization of the weights
     matmul_s = k * _roofline(g * mm, weight_read(g), gpu_flops, gpu_bw) + dequant_w
-    host_s = k * profile.decode_slot_s
     if cpu_att:
         # the executor waits for each GPU batch's q/k/v before attending on the host, and launches the
-        # rest of the layer after it: gpu work, host attention and per-slot latencies add up
-        decode["compute"] = (const(matmul_s + host_s + k * profile.cpu_attention_slot_s)
-                             + (attn_gpu_s + dequant_cache_s) * c_gpu + attn_cpu_s * c_off)
+        # rest of the layer after it: gpu work, host attention and per-slot latencies (added by
+        # CostTerms.channels) add up
+        decode["compute"] = const(matmul_s) + (attn_gpu_s + dequant_cache_s) * c_gpu + attn_cpu_s * c_off
     else:
         # gpu attention over the whole cache (moved in as needed), dequantized first when compressed
         decode["gpu compute"] = const(matmul_s + attn_gpu_s + dequant_cache_s)
-        decode["host"] = const(host_s)
-    if on_cpu:                         # the host is the device: its launch time adds to the compute
-        for channels in (prefill, decode):
-            host = channels.pop("host", const(0.0))
-            key = "compute" if "compute" in channels else "gpu compute"
-            channels[key] = channels[key] + host
+    # the executor's host time, per (decoder layer, GPU batch) slot (on a CPU device it is the compute)
+    host = ("compute" if cpu_att else "gpu compute") if on_cpu else ("compute" if cpu_att else "host")
+    slots = profile.decode_slot_extras_s(compressed_cache=cc, cpu_attention=cpu_att)
+    decode_slots = SlotCosts(profile.decode_slot_s, *slots)
+    prefill_slots = SlotCosts(profile.prefill_slot_s)
 
     memory = memory_terms(config, layout, policy, workload.memory_prompt_len, n, B, profile.device_type)
-    return CostTerms(prefill, decode, memory, L, n, b, policy.overlap)
+    return CostTerms(prefill, decode, memory, L, n, b, policy.overlap, prefill_slots, decode_slots, k,
+                     ("gpu compute" if on_cpu else "host", host))
 
 
 def layer_seconds(channels: dict[str, np.ndarray], x: np.ndarray, overlap: bool) -> tuple[float, str]:
@@ -205,9 +254,10 @@ def layer_seconds(channels: dict[str, np.ndarray], x: np.ndarray, overlap: bool)
 
 
 def estimate_terms(terms: CostTerms, x: np.ndarray) -> CostEstimate:
-    """Evaluate precomputed terms at placement x [6]."""
-    t_pre, pre_worst = layer_seconds(terms.prefill, x, terms.overlap)
-    t_gen, gen_worst = layer_seconds(terms.decode, x, terms.overlap)
+    """Evaluate precomputed terms at placement x [6] (slot time at exactly this placement)."""
+    prefill, decode = terms.at(x)
+    t_pre, pre_worst = layer_seconds(prefill, x, terms.overlap)
+    t_gen, gen_worst = layer_seconds(decode, x, terms.overlap)
     prefill_s = terms.num_layers * t_pre
     decode_s = terms.num_layers * (terms.gen_len - 1) * t_gen
     total = prefill_s + decode_s

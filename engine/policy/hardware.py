@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 GIB = 1024**3
-PROFILE_VERSION = 2    # 2: executor slot, CPU attention and dequantization probes
+PROFILE_VERSION = 3    # 2: executor slot, CPU attention and dequantization probes; 3: slot extras by placement
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,11 @@ class HardwareProfile:
     slot_prefill_ms: float = 0.0     # executor host time per (decoder layer, GPU batch) at prefill
     slot_decode_ms: float = 0.0      # executor host time per (decoder layer, GPU batch) per decode step
     cpu_attention_slot_ms: float = 0.0   # extra per (decoder layer, GPU batch) with CPU attention (sync, copies)
+    # extra executor host time per decode slot by what the slot does (GPU attention), see SlotCosts
+    slot_gpu_cache_q4_ms: float = 0.0    # a 4-bit cache segment on the gpu (quantize new k/v, dequantize)
+    slot_off_cache_ms: float = 0.0       # a cache segment off the gpu: load, stage, store
+    slot_off_cache_q4_ms: float = 0.0    # the same for a 4-bit cache (plus quantize and dequantize)
+    slot_off_act_ms: float = 0.0         # hidden states parked off the gpu: store, load
     cpu_attention_gib_s: float = 0.0     # cpu_decode_attention, dense K+V bytes read per second
     cpu_attention_q4_gib_s: float = 0.0  # the same over a 4-bit cache, in dense-equivalent bytes per second
     dequant_gib_s: float = 0.0           # 4-bit dequantization on the device, dense bytes written per second
@@ -69,6 +74,16 @@ class HardwareProfile:
     def cpu_attention_slot_s(self) -> float:
         """Extra seconds per (decoder layer, GPU batch) of a decode step with CPU attention (default 0.1 ms)."""
         return (self.cpu_attention_slot_ms or 0.1) * 1e-3
+
+    def decode_slot_extras_s(self, compressed_cache: bool, cpu_attention: bool) -> tuple[float, float, float]:
+        """Seconds a decode slot adds over `decode_slot_s` for (a cache segment on the gpu, a cache segment
+        off the gpu, hidden states off the gpu) under these flags (`cost_model.SlotCosts`)."""
+        gpu_cache = self.slot_gpu_cache_q4_ms if compressed_cache else 0.0
+        if cpu_attention:
+            off_cache = self.cpu_attention_slot_s * 1e3
+        else:
+            off_cache = self.slot_off_cache_q4_ms if compressed_cache else self.slot_off_cache_ms
+        return gpu_cache * 1e-3, off_cache * 1e-3, self.slot_off_act_ms * 1e-3
 
     @property
     def cpu_attention_bytes_s(self) -> float:
@@ -241,7 +256,7 @@ def load_profile(path: Path | str) -> HardwareProfile:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"hardware profile {path}: cannot read JSON ({exc})") from exc
     if isinstance(data, dict) and "profile" in data:
-        if data.get("version") not in (1, PROFILE_VERSION):
+        if data.get("version") not in range(1, PROFILE_VERSION + 1):
             raise ValueError(f"hardware profile {path}: version {data.get('version')!r}, "
                              f"expected {PROFILE_VERSION}")
         data = data["profile"]
@@ -265,7 +280,7 @@ def load_cached_profile(device: torch.device, directory: Path | None = None) -> 
     key = profile_key(device)
     if any(getattr(profile, k) != v for k, v in key.items()):
         return None
-    if profile.source == "measured" and not profile.slot_decode_ms:
+    if profile.source == "measured" and not (profile.slot_decode_ms and profile.slot_off_cache_ms):
         return None                      # measured before the executor probes existed: measure again
     return profile
 

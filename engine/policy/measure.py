@@ -26,6 +26,9 @@ from engine.policy.hardware import (
 from engine.policy.policy import Policy
 
 MIB = 1024**2
+# the host-CPU probes take at least this many repeats: on the lent H200 hosts their best of 3 read 6x apart
+# between machines (cpu_gflops 229 vs ~1400), and a short probe is cheap next to a wrong policy
+HOST_REPEATS = 7
 
 
 def _sync(device: torch.device) -> None:
@@ -139,20 +142,37 @@ def measure_layer_overhead_ms(device: torch.device, iterations: int = 50) -> flo
     return _best_seconds(run, device, 2) / iterations * 1e3
 
 
-def measure_executor_slots(device: torch.device, dtype: torch.dtype) -> tuple[float, float, float]:
-    """(prefill, decode, extra with CPU attention) milliseconds per (decoder layer, GPU batch) slot of the
-    real executor on a tiny OPT (all resident, 4 GPU batches of 1 row; then the cache on the cpu tier with
-    CPU attention): the host cost the cost model charges per slot."""
+def measure_executor_slots(device: torch.device, dtype: torch.dtype, repeats: int = 2) -> dict[str, float]:
+    """Milliseconds per (decoder layer, GPU batch) slot of the real executor on a tiny OPT (4 GPU batches of
+    one row), as `HardwareProfile` fields: the resident path at prefill and decode, then what a decode slot
+    adds with a 4-bit cache on the gpu, the cache on the cpu tier (dense or 4-bit) with GPU attention, the
+    hidden states on the cpu tier, and the cache on the cpu tier with CPU attention: the host cost the cost
+    model charges per slot (`cost_model.SlotCosts`). Each is the best of `repeats` runs."""
     from engine.models.hf_config import config_from_hf
     from engine.models.presets import PRESETS
     from engine.policy.trial import slot_seconds
 
     config = config_from_hf(PRESETS["tiny-opt"])
-    resident = Policy(gpu_batch_size=1, num_gpu_batches=4)
-    pre, dec = slot_seconds(config, resident, device, dtype)
-    host_att = Policy(gpu_batch_size=1, num_gpu_batches=4, cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True)
-    _, dec_att = slot_seconds(config, host_att, device, dtype)
-    return pre * 1e3, dec * 1e3, max(dec_att - dec, 1e-3 * dec) * 1e3
+
+    def slot_ms(**placement) -> tuple[float, float]:
+        policy = Policy(gpu_batch_size=1, num_gpu_batches=4, **placement)
+        runs = [slot_seconds(config, policy, device, dtype) for _ in range(repeats)]
+        return min(r[0] for r in runs) * 1e3, min(r[1] for r in runs) * 1e3
+
+    pre, dec = slot_ms()
+    off = {"cache_gpu": 0.0, "cache_cpu": 1.0}
+
+    def extra(**placement) -> float:
+        return max(slot_ms(**placement)[1] - dec, 1e-3 * dec)
+
+    return {
+        "slot_prefill_ms": pre, "slot_decode_ms": dec,
+        "slot_gpu_cache_q4_ms": extra(compress_cache=True),
+        "slot_off_cache_ms": extra(**off),
+        "slot_off_cache_q4_ms": extra(**off, compress_cache=True),
+        "slot_off_act_ms": extra(act_gpu=0.0, act_cpu=1.0),
+        "cpu_attention_slot_ms": extra(**off, cpu_attention=True),
+    }
 
 
 def measure_cpu_decode_attention(dtype: torch.dtype, repeats: int, batch: int = 4, heads: int = 32,
@@ -205,12 +225,13 @@ def measure(
     cpu = torch.device("cpu")
     h2d, d2h = measure_copies(device, size_mib, repeats)
     disk_read, disk_write, disk_free = measure_disk(Path(disk_dir) if disk_dir else None, disk_size_mib)
-    cpu_gflops = measure_matmul_tflops(cpu, cpu_matmul_n, torch.float32, repeats) * 1e3
-    cpu_mem = measure_cpu_attention(size_mib, repeats)
+    host_repeats = max(repeats, HOST_REPEATS)
+    cpu_gflops = measure_matmul_tflops(cpu, cpu_matmul_n, torch.float32, host_repeats) * 1e3
+    cpu_mem = measure_cpu_attention(size_mib, host_repeats)
     overhead_ms = measure_layer_overhead_ms(device)
     half = torch.float16 if device.type == "cuda" else torch.float32
-    slot_pre, slot_dec, slot_att = measure_executor_slots(device, half)
-    att_dense, att_q4 = measure_cpu_decode_attention(half, repeats)
+    slots = measure_executor_slots(device, half)
+    att_dense, att_q4 = measure_cpu_decode_attention(half, host_repeats)
     dequant = measure_dequant(device, half, min(size_mib, 64), repeats)
     if device.type == "cuda":
         gpu_tflops = measure_matmul_tflops(device, matmul_n, torch.bfloat16, repeats)
@@ -223,8 +244,7 @@ def measure(
         h2d_gib_s=h2d, d2h_gib_s=d2h, disk_read_gib_s=disk_read, disk_write_gib_s=disk_write,
         gpu_tflops_bf16=gpu_tflops, gpu_mem_gib_s=gpu_mem, cpu_gflops=cpu_gflops, cpu_mem_gib_s=cpu_mem,
         gpu_memory_bytes=int(device_memory_bytes(device)), cpu_memory_bytes=int(host_memory_bytes()),
-        disk_free_bytes=int(disk_free), layer_overhead_ms=overhead_ms, slot_prefill_ms=slot_pre,
-        slot_decode_ms=slot_dec, cpu_attention_slot_ms=slot_att, cpu_attention_gib_s=att_dense,
+        disk_free_bytes=int(disk_free), layer_overhead_ms=overhead_ms, **slots, cpu_attention_gib_s=att_dense,
         cpu_attention_q4_gib_s=att_q4, dequant_gib_s=dequant, hostname=socket.gethostname(),
         torch_version=torch.__version__, source="measured",
     )

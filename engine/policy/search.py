@@ -1,7 +1,9 @@
 """Policy search: enumerate batch shapes and flags, solve an LP over placement for each (FlexGen, sec. 4.3).
 
-For each (gpu_batch_size, num_gpu_batches, cpu_attention) the placement fractions x [6] and two layer
-times t_pre, t_gen are found by `scipy.optimize.linprog(method="highs")`:
+For each (gpu_batch_size, num_gpu_batches, cpu_attention) and slot regime (the whole cache and every hidden
+state on the gpu, or free: the executor's per-slot host time steps up when any share moves off the gpu,
+see `cost_model.SlotCosts`) the placement fractions x [6] and two layer times t_pre, t_gen are found by
+`scipy.optimize.linprog(method="highs")`:
     minimize   L * t_pre + L * (n - 1) * t_gen                   (block time; bls * n tokens per block)
     subject to channel_c(x) <= t_pre for every prefill channel   (sum of channels <= t_pre without overlap)
                channel_c(x) <= t_gen for every decode channel
@@ -10,9 +12,9 @@ times t_pre, t_gen are found by `scipy.optimize.linprog(method="highs")`:
 The LP's fractions are then rounded to placements the executor realizes exactly (weights move as whole
 tensors, the cache as whole kv heads: `memory.weight_settings`, `split_ranges`); the fastest rounding whose
 exact memory (`memory.peak_memory`, the executor's own accounting) fits the relaxed budgets is kept, and
-when none fits the LP is solved again with the overshoot taken off the budgets. The shape with the highest
-predicted throughput wins (ties: the smaller block); `search_top` returns the best few for trials. Times
-are scaled to ms and bytes to GiB inside the LP for conditioning.
+when none fits the LP is solved again with the overshoot (doubled at each retry) taken off the budgets.
+The shape with the highest predicted throughput wins (ties: the smaller block); `search_top` returns the
+best few for trials. Times are scaled to ms and bytes to GiB inside the LP for conditioning.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from scipy.optimize import linprog
 
 from engine.models.config import ModelConfig
 from engine.policy import model_stats as ms
-from engine.policy.affine import NUM_VARS
+from engine.policy.affine import NUM_VARS, VARS
 from engine.policy.cost_model import TIERS, CostEstimate, CostTerms, Workload, cost_terms, estimate
 from engine.policy.estimate import Budgets, NoFeasiblePolicy, PolicyEstimate, workload_dict
 from engine.policy.hardware import GIB, HardwareProfile
@@ -51,8 +53,10 @@ def candidate_shapes(num_prompts: int | None, gpu_batch_sizes: Sequence[int] = G
     return sorted(shapes)
 
 
-def _solve(terms: CostTerms, limits: dict[str, float]) -> np.ndarray | None:
-    """The LP's optimal placement x [6], or None when infeasible."""
+def _solve(terms: CostTerms, limits: dict[str, float], resident: bool) -> np.ndarray | None:
+    """The LP's optimal placement x [6] in one slot regime, or None when infeasible: `resident` keeps the
+    whole cache and every hidden state on the gpu and charges the resident slot time; otherwise the
+    placement is free and every slot extra is charged (`SlotCosts.regime_seconds`)."""
     n_vars = NUM_VARS + 2                                   # x, t_pre, t_gen
     rows, rhs = [], []
 
@@ -65,8 +69,8 @@ def _solve(terms: CostTerms, limits: dict[str, float]) -> np.ndarray | None:
             rows.append(row)
             rhs.append(-expr[NUM_VARS] * _TIME_SCALE)
 
-    add_time(terms.prefill, NUM_VARS, terms.overlap)
-    add_time(terms.decode, NUM_VARS + 1, terms.overlap)
+    add_time(terms.channels("prefill", terms.prefill_slots.regime_seconds(resident)), NUM_VARS, terms.overlap)
+    add_time(terms.channels("decode", terms.decode_slots.regime_seconds(resident)), NUM_VARS + 1, terms.overlap)
     for tier in TIERS:
         row = np.zeros(n_vars)
         row[:NUM_VARS] = terms.memory[tier][:NUM_VARS] / GIB
@@ -83,6 +87,9 @@ def _solve(terms: CostTerms, limits: dict[str, float]) -> np.ndarray | None:
     # tie-break among equally fast placements: prefer gpu over cpu over disk (no effect on the optimum)
     cost[:NUM_VARS] = -_TIE_BREAK * terms.num_layers * terms.gen_len * np.tile([2.0, 1.0], NUM_VARS // 2)
     bounds = [(0.0, 1.0)] * NUM_VARS + [(0.0, None)] * 2
+    if resident:
+        for name in ("cache_gpu", "act_gpu"):
+            bounds[VARS.index(name)] = (1.0, 1.0)
     result = linprog(cost, A_ub=np.array(rows), b_ub=np.array(rhs), bounds=bounds, method="highs")
     return result.x[:NUM_VARS] if result.status == 0 else None
 
@@ -140,14 +147,33 @@ class _Candidate:
 
 def _best_realization(config: ModelConfig, layout: ModelLayout, shape: Policy, terms: CostTerms,
                       workload: Workload, profile: HardwareProfile, bytes_per_element: int,
-                      limits: dict[str, float], retries: int = 3) -> _Candidate | None:
-    """Solve the LP, round its placement to what the executor realizes, keep the fastest rounding whose
-    exact memory fits `limits`; when none fits, tighten the LP's limits by the overshoot and solve again."""
+                      limits: dict[str, float]) -> tuple[_Candidate | None, bool]:
+    """(the faster of the two slot regimes' best realizations or None, whether the free regime's LP is
+    feasible at all: when it is not, no larger GPU batch of this shape fits either)."""
+    found, feasible = [], True
+    for resident in (True, False):
+        candidate, lp_ok = _regime_realization(config, layout, shape, terms, workload, profile,
+                                               bytes_per_element, limits, resident)
+        feasible = lp_ok if not resident else feasible
+        if candidate is not None:
+            found.append(candidate)
+    return max(found, key=lambda c: c.tokens_per_s, default=None), feasible
+
+
+def _regime_realization(config: ModelConfig, layout: ModelLayout, shape: Policy, terms: CostTerms,
+                        workload: Workload, profile: HardwareProfile, bytes_per_element: int,
+                        limits: dict[str, float], resident: bool,
+                        retries: int = 4) -> tuple[_Candidate | None, bool]:
+    """Solve the regime's LP, round its placement to what the executor realizes, keep the fastest rounding
+    (costed at its exact placement) whose exact memory fits `limits`; when none fits, tighten the LP's
+    limits by the overshoot (doubled at every retry: weights round to whole tensors, so a small step can
+    leave the rounding where it was) and solve again. Returns (candidate or None, whether the first LP,
+    at `limits`, was feasible)."""
     lp_limits = dict(limits)
-    for _ in range(retries + 1):
-        x = _solve(terms, lp_limits)
+    for attempt in range(retries + 1):
+        x = _solve(terms, lp_limits, resident)
         if x is None:
-            return None
+            return None, attempt > 0
         best, overshoot = None, {t: 0.0 for t in TIERS}
         for policy in _realizations(config, layout, shape, _snap(x)):
             est = estimate(config, policy, workload, profile, bytes_per_element, layout=layout, terms=terms)
@@ -158,11 +184,11 @@ def _best_realization(config: ModelConfig, layout: ModelLayout, shape: Policy, t
             else:
                 overshoot = {t: max(overshoot[t], over[t]) for t in TIERS}
         if best is not None:
-            return best
+            return best, True
         for tier in TIERS:
             if overshoot[tier] > 0:
-                lp_limits[tier] -= overshoot[tier]
-    return None
+                lp_limits[tier] -= overshoot[tier] * 2 ** attempt
+    return None, True
 
 
 def search_top(
@@ -206,7 +232,7 @@ def search_top(
                  for cc in (both if compress_cache is None else (compress_cache,))]
     layouts = {cw: model_layout(config, bytes_per_element, cw) for _, cw, _ in flag_sets}
     found: list[_Candidate] = []
-    infeasible_from: dict[tuple, int] = {}                  # (k, flags) -> smallest infeasible g
+    infeasible_from: dict[tuple, int] = {}                  # (k, flags) -> smallest g whose LP is infeasible
     for g, k in candidate_shapes(workload.num_prompts, gpu_batch_sizes, num_gpu_batches):
         for flags in flag_sets:
             if g >= infeasible_from.get((k, flags), g + 1):
@@ -215,10 +241,11 @@ def search_top(
             shape = Policy(gpu_batch_size=g, num_gpu_batches=k, overlap=overlap, cpu_attention=cpu_att,
                            compress_weights=cw, compress_cache=cc)
             terms = cost_terms(config, shape, workload, profile, bytes_per_element, layouts[cw])
-            best = _best_realization(config, layouts[cw], shape, terms, workload, profile, bytes_per_element,
-                                     limits)
-            if best is None:
+            best, feasible = _best_realization(config, layouts[cw], shape, terms, workload, profile,
+                                               bytes_per_element, limits)
+            if not feasible:
                 infeasible_from[(k, flags)] = g
+            if best is None:
                 continue
             if cpu_attention is None and cpu_att and best.policy.cache_gpu >= 1.0:
                 continue                # no cache off the gpu, no host attention: the same run as without

@@ -2,7 +2,8 @@
 
 `get(key, tier, shape, dtype)` returns a view of the buffer named `key`, grown (re-allocated) only when the
 requested size exceeds it, so blocks of similar shapes reuse their KV-cache homes and staging buffers
-instead of allocating (and pinning) every block. Contents are uninitialised.
+instead of allocating (and pinning) every block; a grown cpu buffer's old space goes back to the pinned
+pool for the next growth. Contents are uninitialised.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ class Arena:
             if held is not None:
                 self.budget.release(held[0], held[1].numel(), key)
                 del self._flat[key]
+                self._free(*held)
             self.budget.reserve(tier, nbytes, f"{key} {list(shape)} {str(dtype).removeprefix('torch.')}")
             self._flat[key] = (tier, self._alloc(tier, nbytes))
         flat = self._flat[key][1]
@@ -67,6 +69,14 @@ class Arena:
         if self._scratch is None:
             self._scratch = ScratchFiles(self.disk_dir)
         return self._scratch.empty((nbytes,), torch.uint8)
+
+    def _free(self, tier: Tier, flat: torch.Tensor) -> None:
+        """Give a replaced cpu-tier buffer back to the pool once no copy can still read or write it (the
+        device is synchronized: replacements happen when a block's shapes grow, not per step)."""
+        if tier is Tier.CPU and self.host.pooled:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.host.free(flat)
 
     def close(self) -> None:
         for key, (tier, flat) in self._flat.items():
