@@ -111,6 +111,21 @@ def test_decode_slot_time_steps_with_what_the_slot_does(placement, compressed, p
     assert host == pytest.approx(4 * per_slot_ms * 1e-3)
 
 
+def test_weights_off_the_gpu_pay_per_slot_and_4bit_weights_per_layer():
+    c = preset("opt-6.7b")
+    profile = replace(SLOTS, slot_off_weights_ms=0.7, layer_q4_weights_ms=0.4)
+    resident = Policy(gpu_batch_size=8, num_gpu_batches=4)
+    streamed = replace(resident, w_gpu=0.5, w_cpu=0.5)
+    packed = replace(resident, compress_weights=True)
+
+    def host_ms(p):
+        x = placement_vector(p)
+        return 1e3 * (cost_terms(c, p, WORKLOAD, profile, 2).at(x)[1]["host"] @ [*x, 1])
+    assert host_ms(resident) == pytest.approx(4 * 0.3)
+    assert host_ms(streamed) == pytest.approx(4 * (0.3 + 0.7))     # a page of copies in every slot
+    assert host_ms(packed) == pytest.approx(4 * 0.3 + 0.4)         # dequantized once per layer and step
+
+
 def test_cpu_attention_pays_its_slot_only_for_a_cache_off_the_gpu():
     c = preset("opt-6.7b")
     on_gpu = Policy(gpu_batch_size=8, num_gpu_batches=2, cpu_attention=True)

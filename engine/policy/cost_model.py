@@ -9,7 +9,8 @@ A layer's time is the max over its channels when `overlap` (Algorithm 1's six th
 "host" is the executor's own time per (decoder layer, GPU batch) slot, measured on the real executor: many
 small GPU batches cost what they really cost. It depends on what a slot does (`SlotCosts`): the resident
 path, plus an extra for a 4-bit cache segment on the gpu, for a cache segment off the gpu (loaded, staged
-and stored around a GPU attention, or attended on the host), and for hidden states parked off the gpu. Each
+and stored around a GPU attention, or attended on the host), for hidden states parked off the gpu, and for
+weights off the gpu (a page of copies); 4-bit weights add host time once per layer and step. Each
 extra is a step in the placement (any share off the gpu pays it), so it is not affine: the terms keep it
 apart (`CostTerms.*_slots`), `estimate_terms` adds it at the exact placement, and the search solves one LP
 per slot regime (`slot_regimes`). With CPU attention the executor waits for each GPU batch's q/k/v, attends
@@ -72,24 +73,27 @@ class SlotCosts:
     plus what a slot pays for each feature present: `gpu_cache` a 4-bit cache segment on the gpu (quantize
     the new k/v, dequantize for attention), `off_cache` a cache segment off the gpu (loaded, dequantized,
     staged and stored around GPU attention; or sent to the host with CPU attention), `off_act` hidden
-    states parked off the gpu (stored and loaded back)."""
+    states parked off the gpu (stored and loaded back), `off_weights` weights off the gpu (a page of copies
+    into the layer's device buffer)."""
 
     base: float
     gpu_cache: float = 0.0
     off_cache: float = 0.0
     off_act: float = 0.0
+    off_weights: float = 0.0
 
     def seconds(self, x: np.ndarray) -> float:
         """Per-slot seconds at placement x [6] (VARS order): each feature's extra once any share has it."""
         return (self.base + self.gpu_cache * (x[2] > _ANY) + self.off_cache * (x[2] < 1.0 - _ANY)
-                + self.off_act * (x[4] < 1.0 - _ANY))
+                + self.off_act * (x[4] < 1.0 - _ANY) + self.off_weights * (x[0] < 1.0 - _ANY))
 
     def regime_seconds(self, resident: bool) -> float:
         """The LP's per-slot charge: the whole cache and every hidden state on the gpu (`resident`), or
-        every feature paid (the LP of that regime is free to offload; its realizations are re-costed)."""
+        every feature paid (the LP of that regime is free to offload; its realizations are re-costed).
+        Weights may leave the gpu in both regimes: their extra is always charged."""
         if resident:
-            return self.base + self.gpu_cache
-        return self.base + self.gpu_cache + self.off_cache + self.off_act
+            return self.base + self.gpu_cache + self.off_weights
+        return self.base + self.gpu_cache + self.off_cache + self.off_act + self.off_weights
 
 
 @dataclass(frozen=True)
@@ -109,12 +113,15 @@ class CostTerms:
     decode_slots: SlotCosts = SlotCosts(0.0)
     num_gpu_batches: int = 1
     host_channel: tuple[str, str] = ("host", "host")        # (prefill, decode)
+    layer_host_s: float = 0.0                               # host seconds per layer and step, not per slot
 
     def channels(self, phase: str, slot_s: float) -> dict[str, np.ndarray]:
-        """`phase`'s ("prefill" / "decode") channels with `slot_s` seconds per slot added where slots run."""
+        """`phase`'s ("prefill" / "decode") channels with `slot_s` seconds per slot (and the per-layer host
+        time) added where slots run."""
         channels = dict(self.prefill if phase == "prefill" else self.decode)
         name = self.host_channel[0 if phase == "prefill" else 1]
-        channels[name] = channels.get(name, const(0.0)) + const(self.num_gpu_batches * slot_s)
+        host = self.num_gpu_batches * slot_s + self.layer_host_s
+        channels[name] = channels.get(name, const(0.0)) + const(host)
         return channels
 
     def at(self, x: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -188,7 +195,9 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     w_off, w_disk = share("w", "off"), share("w", "disk")
     c_gpu, c_off, c_disk = share("cache", "gpu"), share("cache", "off"), share("cache", "disk")
     h_off, h_disk = share("act", "off"), share("act", "disk")
-    dequant_w = Wq / dq_bw                                          # compressed weights: once per layer and step
+    # compressed weights: dequantized once per layer and step (device pass; host launches in `host`)
+    dequant_w = Wq / dq_bw
+    dequant_w_host = profile.layer_q4_weights_ms * 1e-3 if cw else 0.0
 
     # ---- prefill, one layer, whole block ----
     prefill = {
@@ -243,7 +252,7 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
 
     memory = memory_terms(config, layout, policy, workload.memory_prompt_len, n, B, profile.device_type)
     return CostTerms(prefill, decode, memory, L, n, b, policy.overlap, prefill_slots, decode_slots, k,
-                     ("gpu compute" if on_cpu else "host", host))
+                     ("gpu compute" if on_cpu else "host", host), dequant_w_host)
 
 
 def layer_seconds(channels: dict[str, np.ndarray], x: np.ndarray, overlap: bool) -> tuple[float, str]:

@@ -146,8 +146,9 @@ def measure_executor_slots(device: torch.device, dtype: torch.dtype, repeats: in
     """Milliseconds per (decoder layer, GPU batch) slot of the real executor on a tiny OPT (4 GPU batches of
     one row), as `HardwareProfile` fields: the resident path at prefill and decode, then what a decode slot
     adds with a 4-bit cache on the gpu, the cache on the cpu tier (dense or 4-bit) with GPU attention, the
-    hidden states on the cpu tier, and the cache on the cpu tier with CPU attention: the host cost the cost
-    model charges per slot (`cost_model.SlotCosts`). Each is the best of `repeats` runs."""
+    hidden states on the cpu tier, the weights on the cpu tier, and the cache on the cpu tier with CPU
+    attention: the host cost the cost model charges per slot (`cost_model.SlotCosts`); and what 4-bit
+    weights add per layer and step. Each is the best of `repeats` runs."""
     from engine.models.hf_config import config_from_hf
     from engine.models.presets import PRESETS
     from engine.policy.trial import slot_seconds
@@ -171,6 +172,9 @@ def measure_executor_slots(device: torch.device, dtype: torch.dtype, repeats: in
         "slot_off_cache_ms": extra(**off),
         "slot_off_cache_q4_ms": extra(**off, compress_cache=True),
         "slot_off_act_ms": extra(act_gpu=0.0, act_cpu=1.0),
+        "slot_off_weights_ms": extra(w_gpu=0.0, w_cpu=1.0),
+        # weights are dequantized once per layer and step, in the first of the 4 slots
+        "layer_q4_weights_ms": 4 * extra(compress_weights=True),
         "cpu_attention_slot_ms": extra(**off, cpu_attention=True),
     }
 
