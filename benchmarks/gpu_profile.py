@@ -185,13 +185,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--no-kernels", dest="kernels", action="store_false", help="skip torch.profiler")
     ap.add_argument("--trial", action="store_true", help="also run the 2-layer trial copy and the trial estimate")
-    ap.add_argument("--switch-interval", type=float, default=None,
-                    help="sys.setswitchinterval(seconds) first: whether the engine's threads contend for the GIL")
     ap.add_argument("--annotate", action="store_true",
                     help="profiler ranges around the engine's hot functions (their inclusive host ms in top_host_ops)")
     args = ap.parse_args()
-    if args.switch_interval is not None:
-        sys.setswitchinterval(args.switch_interval)
     if args.annotate:
         annotate()
     loaded = load_model(args.model, dtype=torch.float16)
@@ -208,9 +204,9 @@ def main() -> None:
             brief.update({k: v for k, v in res["trial"].items() if k != "copy_run"})
             brief["copy_host_s"] = dict(list(res["trial"]["copy_run"]["host_s_by_verb"].items())[:8])
         print(json.dumps({**brief, "host_s": top_host}, indent=1))
+        print(f"  device busy ms: {res['device_busy_ms']}")
         for title, ops in (("device", res["top_ops"][:12]), ("host", res["top_host_ops"])):
-            print(f"  top ops by {title} time; device busy ms: {res['device_busy_ms']}" if title == "device"
-                  else f"  top ops by {title} time")
+            print(f"  top ops by {title} time")
             for op in ops:
                 print(f"   {op['self_ms']:9.1f} ms dev  {op['cpu_ms']:9.1f} ms cpu  x{op['count']:<6} {op['op'][:70]}")
         results.append(res)

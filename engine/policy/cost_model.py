@@ -13,7 +13,7 @@ and stored around a GPU attention, or attended on the host), for hidden states p
 weights off the gpu (a page of copies); 4-bit weights add host time once per layer and step. Each
 extra is a step in the placement (any share off the gpu pays it), so it is not affine: the terms keep it
 apart (`CostTerms.*_slots`), `estimate_terms` adds it at the exact placement, and the search solves one LP
-per slot regime (`slot_regimes`). With CPU attention the executor waits for each GPU batch's q/k/v, attends
+per slot regime (`SlotCosts.regime_seconds`). With CPU attention the executor waits for each GPU batch's q/k/v, attends
 on the host and then launches the rest of the layer, so gpu work, host attention (at the measured
 `cpu_decode_attention` rate) and slot latencies add up in one "compute" channel. On a CPU device the host
 is the device: host time adds to compute.
@@ -245,7 +245,7 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
         # gpu attention over the whole cache (moved in as needed), dequantized first when compressed
         decode["gpu compute"] = const(matmul_s + attn_gpu_s + dequant_cache_s)
     # the executor's host time, per (decoder layer, GPU batch) slot (on a CPU device it is the compute)
-    host = ("compute" if cpu_att else "gpu compute") if on_cpu else ("compute" if cpu_att else "host")
+    host = "compute" if cpu_att else ("gpu compute" if on_cpu else "host")
     slots = profile.decode_slot_extras_s(compressed_cache=cc, cpu_attention=cpu_att)
     decode_slots = SlotCosts(profile.decode_slot_s, *slots)
     prefill_slots = SlotCosts(profile.prefill_slot_s)

@@ -81,12 +81,12 @@ class HardwareProfile:
         """Seconds a decode slot adds over `decode_slot_s` for (a cache segment on the gpu, a cache segment
         off the gpu, hidden states off the gpu, weights off the gpu) under these flags
         (`cost_model.SlotCosts`)."""
-        gpu_cache = self.slot_gpu_cache_q4_ms if compressed_cache else 0.0
+        gpu_cache = self.slot_gpu_cache_q4_ms * 1e-3 if compressed_cache else 0.0
         if cpu_attention:
-            off_cache = self.cpu_attention_slot_s * 1e3
+            off_cache = self.cpu_attention_slot_s
         else:
-            off_cache = self.slot_off_cache_q4_ms if compressed_cache else self.slot_off_cache_ms
-        return gpu_cache * 1e-3, off_cache * 1e-3, self.slot_off_act_ms * 1e-3, self.slot_off_weights_ms * 1e-3
+            off_cache = (self.slot_off_cache_q4_ms if compressed_cache else self.slot_off_cache_ms) * 1e-3
+        return gpu_cache, off_cache, self.slot_off_act_ms * 1e-3, self.slot_off_weights_ms * 1e-3
 
     @property
     def cpu_attention_bytes_s(self) -> float:

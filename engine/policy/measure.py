@@ -29,6 +29,7 @@ MIB = 1024**2
 # the host-CPU probes take at least this many repeats: on the lent H200 hosts their best of 3 read 6x apart
 # between machines (cpu_gflops 229 vs ~1400), and a short probe is cheap next to a wrong policy
 HOST_REPEATS = 7
+_PROBE_BATCHES = 4      # GPU batches (of one row) in the executor slot probes
 
 
 def _sync(device: torch.device) -> None:
@@ -143,8 +144,8 @@ def measure_layer_overhead_ms(device: torch.device, iterations: int = 50) -> flo
 
 
 def measure_executor_slots(device: torch.device, dtype: torch.dtype, repeats: int = 2) -> dict[str, float]:
-    """Milliseconds per (decoder layer, GPU batch) slot of the real executor on a tiny OPT (4 GPU batches of
-    one row), as `HardwareProfile` fields: the resident path at prefill and decode, then what a decode slot
+    """Milliseconds per (decoder layer, GPU batch) slot of the real executor on a tiny OPT (`_PROBE_BATCHES` GPU
+    batches of one row), as `HardwareProfile` fields: the resident path at prefill and decode, then what a decode slot
     adds with a 4-bit cache on the gpu, the cache on the cpu tier (dense or 4-bit) with GPU attention, the
     hidden states on the cpu tier, the weights on the cpu tier, and the cache on the cpu tier with CPU
     attention: the host cost the cost model charges per slot (`cost_model.SlotCosts`); and what 4-bit
@@ -156,7 +157,7 @@ def measure_executor_slots(device: torch.device, dtype: torch.dtype, repeats: in
     config = config_from_hf(PRESETS["tiny-opt"])
 
     def slot_ms(**placement) -> tuple[float, float]:
-        policy = Policy(gpu_batch_size=1, num_gpu_batches=4, **placement)
+        policy = Policy(gpu_batch_size=1, num_gpu_batches=_PROBE_BATCHES, **placement)
         runs = [slot_seconds(config, policy, device, dtype) for _ in range(repeats)]
         return min(r[0] for r in runs) * 1e3, min(r[1] for r in runs) * 1e3
 
@@ -173,8 +174,8 @@ def measure_executor_slots(device: torch.device, dtype: torch.dtype, repeats: in
         "slot_off_cache_q4_ms": extra(**off, compress_cache=True),
         "slot_off_act_ms": extra(act_gpu=0.0, act_cpu=1.0),
         "slot_off_weights_ms": extra(w_gpu=0.0, w_cpu=1.0),
-        # weights are dequantized once per layer and step, in the first of the 4 slots
-        "layer_q4_weights_ms": 4 * extra(compress_weights=True),
+        # weights are dequantized once per layer and step, in the first of the slots
+        "layer_q4_weights_ms": _PROBE_BATCHES * extra(compress_weights=True),
         "cpu_attention_slot_ms": extra(**off, cpu_attention=True),
     }
 

@@ -150,13 +150,10 @@ def _best_realization(config: ModelConfig, layout: ModelLayout, shape: Policy, t
                       limits: dict[str, float]) -> tuple[_Candidate | None, bool]:
     """(the faster of the two slot regimes' best realizations or None, whether the free regime's LP is
     feasible at all: when it is not, no larger GPU batch of this shape fits either)."""
-    found, feasible = [], True
-    for resident in (True, False):
-        candidate, lp_ok = _regime_realization(config, layout, shape, terms, workload, profile,
-                                               bytes_per_element, limits, resident)
-        feasible = lp_ok if not resident else feasible
-        if candidate is not None:
-            found.append(candidate)
+    args = (config, layout, shape, terms, workload, profile, bytes_per_element, limits)
+    resident, _ = _regime_realization(*args, resident=True)
+    free, feasible = _regime_realization(*args, resident=False)
+    found = [c for c in (resident, free) if c is not None]
     return max(found, key=lambda c: c.tokens_per_s, default=None), feasible
 
 

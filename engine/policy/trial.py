@@ -10,8 +10,10 @@ slots load the output head (for OPT-30B 0.7 GB of fp16 when it lives on the cpu)
 the full model pays once, not once per layer. Then
     full step = trial step + (L - l) * (first decoder layer's time in the trial step)
 and per-layer times are full step / L (prefill: step 0; decode: the mean step, with the fastest decode
-step's layer: with the mean, one OPT-6.7B candidate trialed at 58 and 371 tok/s in two H200 runs and ran
-678 in full; whether a stall in one step's window caused it is not established). The trial's
+step's layer, so a one-off stall in one step's window is not multiplied by the untimed layers). Trials
+under-read resident-cache candidates on the H200 either way: OPT-6.7B 4-bit 64 x 1 trialed at 58-371 tok/s
+with the mean and 213-233 with the fastest step, and ran 605-678 in full
+(benchmarks/results/h200/policy_validation*.json). The trial's
 prompt is the workload's mean prompt; its decode context is s + steps / 2 (the full run's mean is
 s + n / 2). `trial_estimate` turns the numbers into a `PolicyEstimate` that records both the cost
 model's prediction and the trial's measurement.

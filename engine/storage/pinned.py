@@ -17,7 +17,6 @@ _CHUNK = 1 << 30
 class _Chunk:
     def __init__(self, nbytes: int, pin: bool):
         self.tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-        self.base = self.tensor.data_ptr()
         self.free = [(0, nbytes)]                   # sorted, disjoint, never adjacent [start, end) ranges
 
     def take(self, nbytes: int) -> int | None:
@@ -62,7 +61,8 @@ class HostPool:
             numel *= d
         if not self.pooled:
             return torch.empty(shape, dtype=dtype)
-        nbytes = -(-numel * torch.empty((), dtype=dtype).element_size() // _ALIGN) * _ALIGN
+        size = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = -(-size // _ALIGN) * _ALIGN
         for chunk in self._chunks:
             offset = chunk.take(nbytes)
             if offset is not None:
@@ -72,8 +72,7 @@ class HostPool:
             self._chunks.append(chunk)
             self.reserved_bytes += chunk.tensor.numel()
             offset = chunk.take(nbytes)
-        view = chunk.tensor[offset:offset + nbytes][:numel * torch.empty((), dtype=dtype).element_size()]
-        view = view.view(dtype).view(shape)
+        view = chunk.tensor[offset:offset + size].view(dtype).view(shape)
         self._taken[view.data_ptr()] = (chunk, offset, nbytes)
         return view
 
