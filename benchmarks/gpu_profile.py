@@ -4,7 +4,7 @@ Runs one dummy preset under one or more policies (a warm-up block, then a measur
 as gpu_offload.py does). Host time per verb comes from the executor's `on_action` hook (time between one
 action's start and the next's; "sync" is the host waiting for transfers); device kernels come from
 torch.profiler over the measured block (`--no-kernels` skips it). With `--trial`, each policy is also run the
-same way on the 2-layer copy the policy trials use (`engine.policy.trial`), and the trial's extrapolated
+same way on the smaller of the copies the policy trials use (`engine.policy.trial`), and the trial's extrapolated
 tokens/s is recorded next to the full model's measurement, with both runs' seconds per decoder layer: where
 a trial mispredicts, the verbs say which part does not scale. Writes one JSON object per policy to --out.
 
@@ -161,11 +161,11 @@ def profile_policy(loaded, name: str, policy: Policy, args) -> dict:
 
 
 def trial_comparison(loaded, name: str, policy: Policy, args) -> dict:
-    """The policy on the trial's 2-layer copy (same measurement as the full run) and the trial's own
+    """The policy on the trial's smaller copy (same measurement as the full run) and the trial's own
     extrapolation of the full model's tokens/s at this --gen-len."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.float16 if device.type == "cuda" else torch.float32
-    copy = truncated_model(loaded.config, TRIAL_LAYERS, dtype)
+    copy = truncated_model(loaded.config, TRIAL_LAYERS[0], dtype)
     workload = Workload(prompt_len=args.prompt_len, gen_len=args.gen_len, num_prompts=policy.block_size)
     times = trial_seconds(loaded.config, policy, workload, device, dtype)
     release_memory()
@@ -184,7 +184,7 @@ def main() -> None:
     ap.add_argument("--gpu-memory", default="16GiB")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--no-kernels", dest="kernels", action="store_false", help="skip torch.profiler")
-    ap.add_argument("--trial", action="store_true", help="also run the 2-layer trial copy and the trial estimate")
+    ap.add_argument("--trial", action="store_true", help="also run the trial (2- and 6-layer copies) and its estimate")
     ap.add_argument("--annotate", action="store_true",
                     help="profiler ranges around the engine's hot functions (their inclusive host ms in top_host_ops)")
     args = ap.parse_args()

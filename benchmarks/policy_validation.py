@@ -5,7 +5,7 @@ For each model (dummy-weight presets, default OPT-6.7B at gen 32 and OPT-30B at 
 512, every row runs to the end) of each distinct policy among:
   - "auto (model only)": `search_top(...)[0]`, the cost model's choice;
   - "auto (with trials)": the best measured of `search_top`'s `--trials` candidates, each run for one short
-    block on a 2-layer copy of the model (`engine.policy.trial.best_by_trials`, what
+    block on 2- and 6-layer copies of the model (`engine.policy.trial.best_by_trials`, what
     `choose_policy_estimate(trials=N)` does on CUDA);
   - >= 8 hand-made grid policies spanning the space (`grid_policies`), or with `--grid-from FILE` the grid
     measured by an earlier run (only the autos run; each copied record names its source and is predicted
@@ -82,6 +82,7 @@ def grid_policies(name: str) -> list[tuple[str, Policy]]:
             ("w0 cache-cpu cpu-att bs64x2", _p(64, 2, cpu_attention=True, **W_CPU, **CPU_CACHE)),
             ("w50 cache-cpu gpu-att bs16x4", _p(16, 4, w_gpu=0.5, w_cpu=0.5, **CPU_CACHE)),
             ("4bit w-cpu cache-cpu cpu-att bs64x2", _p(64, 2, cpu_attention=True, **W_CPU, **CPU_CACHE, **Q4)),
+            ("4bit-w cache-half gpu-att bs32", _p(32, compress_weights=True, cache_gpu=0.5, cache_cpu=0.5)),
         ]
     if name == "opt-30b":
         # the cpu tier holds at most default_cpu_budget() (70% of the H200 host's 125 GiB): fp16 weights on
@@ -139,7 +140,8 @@ def run_policy(loaded, policy: Policy, args, device: torch.device) -> dict:
             torch.cuda.synchronize(device)
         run_s = time.perf_counter() - t1
         out = {"setup_s": setup_s, "run_s": run_s, "wall_tokens_per_s": len(prompts) * args.gen_len / run_s,
-               "executor_stats": dict(executor.stats), "memory_report": executor.memory_report()}
+               "executor_stats": dict(executor.stats), "step_s": list(executor.step_s),
+               "memory_report": executor.memory_report()}
         out["measured_tokens_per_s"] = steady_tokens_per_s(out, policy.block_size, args.gen_len)
         if device.type == "cuda":
             out["torch_peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / GIB
@@ -156,6 +158,14 @@ def steady_tokens_per_s(record: dict, block_size: int, gen_len: int) -> float:
     later block of a run, and every later policy here, reuses."""
     stats = record["executor_stats"]
     return block_size * gen_len / (stats["prefill_s"] + stats["decode_s"])
+
+
+def parse_budgets(args) -> None:
+    """`args.gpu_memory` / `args.cpu_memory` from size strings to bytes (cpu None: the engine's default budget)."""
+    from engine.policy.hardware import default_cpu_budget
+
+    args.gpu_memory = parse_size(args.gpu_memory)
+    args.cpu_memory = default_cpu_budget() if args.cpu_memory is None else parse_size(args.cpu_memory)
 
 
 def write(out_dir: Path, payload: dict) -> None:
@@ -264,7 +274,7 @@ def main() -> None:
     ap.add_argument("--max-block", type=int, default=256, help="bound on the auto policies' block size")
     ap.add_argument("--hardware", default="local", choices=["local", "h200", "default"])
     ap.add_argument("--trials", type=int, default=4, help="candidates the trial-refined auto measures")
-    ap.add_argument("--trial-time-s", type=float, default=20.0)
+    ap.add_argument("--trial-time-s", type=float, default=60.0)
     ap.add_argument("--time-budget-s", type=float, default=420.0)
     ap.add_argument("--compress", choices=["auto", "off"], default="auto",
                     help="auto: the auto policies may choose 4-bit weights/cache and are compared with the whole "
@@ -276,12 +286,7 @@ def main() -> None:
     args = ap.parse_args()
     start = time.perf_counter()
     device = torch.device(args.device)
-    args.gpu_memory = parse_size(args.gpu_memory)
-    if args.cpu_memory is None:
-        from engine.policy.hardware import default_cpu_budget
-        args.cpu_memory = default_cpu_budget()
-    else:
-        args.cpu_memory = parse_size(args.cpu_memory)
+    parse_budgets(args)
     t0 = time.perf_counter()
     profile = {"local": lambda: load_or_measure(device), "h200": lambda: reference_profile("h200"),
                "default": default_cpu_profile}[args.hardware]()

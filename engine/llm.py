@@ -30,7 +30,7 @@ from engine.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 CPU_FALLBACK_BATCH = 64
-AUTO_TRIALS = 4         # on a GPU, policy="auto" measures the cost model's best 4 candidates on a 2-layer copy
+AUTO_TRIALS = 4         # on a GPU, policy="auto" measures the cost model's best 4 candidates on truncated copies
 Group = list[tuple[int, Completion]]
 
 

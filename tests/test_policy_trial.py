@@ -15,7 +15,7 @@ from engine.policy.memory import executor_memory, model_layout
 from engine.policy.policy import Policy
 from engine.policy.search import search, search_top
 from engine.policy.trial import (
-    TrialTimes, best_by_trials, extrapolate, trial_estimate, trial_seconds, truncated_model,
+    TrialTimes, best_by_trials, extrapolate, per_layer, trial_estimate, trial_seconds, truncated_model,
 )
 from engine.runtime.executor import Executor
 from engine.runtime.schedule import block_schedule
@@ -31,6 +31,7 @@ POLICIES = [
            cpu_attention=True, compress_weights=True, compress_cache=True),
     Policy(gpu_batch_size=1, num_gpu_batches=2, w_gpu=0.6, w_cpu=0.0, cache_gpu=0.5, cache_cpu=0.0,
            compress_cache=True),
+    Policy(gpu_batch_size=2, cache_gpu=0.5, cache_cpu=0.5),         # one GPU batch: stores alternate buffers
 ]
 
 
@@ -116,8 +117,10 @@ def test_search_top_is_distinct_sorted_and_starts_with_search():
 
 
 def test_extrapolation_arithmetic():
-    # a 2-layer trial step of 1.0 s whose first decoder layer took 0.3 s -> 10 layers: 1.0 + 8 * 0.3
+    # a 2-layer copy's step of 1.0 s and a 4-layer copy's of 1.6 s: 0.3 s per layer -> 10 layers: 1.0 + 8 * 0.3
+    assert per_layer(1.6, 1.0, 4, 2) == pytest.approx(0.3)
     assert extrapolate(1.0, 0.3, 2, 10) == pytest.approx(3.4)
+    assert per_layer(0.9, 1.0, 4, 2) == pytest.approx(0.9 / 4)          # noise: the larger copy's step per layer
     config = preset("opt-30b")
     cand = search(config, Workload(512, 32, num_prompts=64), Budgets(16 << 30, 100 << 30), reference_profile("h200"))
     est = trial_estimate(config, cand, Workload(512, 32), TrialTimes(0.01, 0.02))
@@ -150,20 +153,67 @@ def test_layer_clock_times_the_first_decoder_layer_only(num_batches):
         assert {j for (s, j, k) in inside["load_weight"] if s == i} == {2, 3}
 
 
-def test_trial_runs_the_real_executor_on_two_layers(monkeypatch):
+def test_trial_runs_the_real_executor_on_two_truncated_copies(monkeypatch):
     seen = []
     real = Executor.generate_block
 
     def spy(self, prompts, max_new, select):
-        seen.append((self.config.num_hidden_layers, len(prompts), max(max_new)))
+        seen.append((self.config.num_hidden_layers, len(prompts), max(max_new), self.timing))
         return real(self, prompts, max_new, select)
 
     monkeypatch.setattr(Executor, "generate_block", spy)
     config = preset("opt-125m")
     policy = Policy(gpu_batch_size=2, num_gpu_batches=2, cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True)
     times = trial_seconds(config, policy, Workload(8, 16), "cpu", torch.float32, steps=3)
-    assert seen == [(2, 4, 2), (2, 4, 4)]                 # warm-up, then the measured block
+    # per copy: a warm-up block, then the measured block of 3 decode steps, step-clocked
+    assert seen == [(2, 4, 2, True), (2, 4, 4, True), (6, 4, 2, True), (6, 4, 4, True)]
     assert times.prefill_s_per_layer > 0 and times.decode_s_per_layer_step > 0
+    assert [len(times.detail[f"step_s_{n}_layers"]) for n in (2, 6)] == [4, 4]
+
+
+def test_trial_extrapolates_the_difference_of_the_copies(monkeypatch):
+    """Step times a + n * b on an n-layer copy extrapolate to a + L * b: the embedding, head and sampling
+    (a) are paid once, each decoder layer (b) L times; a one-off slow decode step is not extrapolated."""
+    config = preset("opt-125m")                                  # 12 layers
+
+    def fake_steps(loaded, policy, prompts, steps, device, dtype, **kwargs):
+        n = loaded.config.num_hidden_layers
+        prefill, decode = 0.5 + n * 0.2, [0.05 + n * 0.01] * steps
+        decode[1] *= 3                                           # a stall in one step of each copy
+        return [prefill, *decode]
+
+    monkeypatch.setattr(trial_mod, "step_seconds", fake_steps)
+    times = trial_seconds(config, Policy(gpu_batch_size=2), Workload(8, 16), "cpu", torch.float32, steps=3)
+    L = config.num_hidden_layers
+    assert times.prefill_s_per_layer == pytest.approx((0.5 + L * 0.2) / L)
+    assert times.decode_s_per_layer_step == pytest.approx((0.05 + L * 0.01) / L)
+
+
+def test_trial_copies_never_exceed_the_model(monkeypatch):
+    config = replace(preset("opt-125m"), num_hidden_layers=4)
+    seen = []
+
+    def fake_steps(loaded, policy, prompts, steps, device, dtype, **kwargs):
+        n = loaded.config.num_hidden_layers
+        seen.append(n)
+        return [1.0 + n, *[0.1 + 0.01 * n] * steps]
+
+    monkeypatch.setattr(trial_mod, "step_seconds", fake_steps)
+    times = trial_seconds(config, Policy(gpu_batch_size=2), Workload(8, 16), "cpu", torch.float32, steps=3)
+    assert seen == [2, 4]
+    assert times.decode_s_per_layer_step == pytest.approx((0.1 + 0.04) / 4)   # the 4-layer copy is the model
+
+
+def test_executor_step_clock_adds_up_to_its_stats():
+    loaded = truncated_model(preset("opt-125m"), 2, torch.float32)
+    ex = Executor(loaded, Policy(gpu_batch_size=2), device=torch.device("cpu"), dtype=torch.float32)
+    try:
+        ex.generate_block([[5, 6, 7]] * 2, [4, 4], RunToEnd())
+        assert len(ex.step_s) == ex.stats["steps"] == 4
+        assert ex.step_s[0] == pytest.approx(ex.stats["prefill_s"])
+        assert sum(ex.step_s[1:]) == pytest.approx(ex.stats["decode_s"])
+    finally:
+        ex.close()
 
 
 def test_best_by_trials_picks_the_best_measured(monkeypatch):
@@ -186,3 +236,31 @@ def test_best_by_trials_picks_the_best_measured(monkeypatch):
     assert log[0]["trial_tokens_per_s"] < log[1]["trial_tokens_per_s"] and "OutOfMemoryError" in log[2]["error"]
     text = best.explain()
     assert "trial" in text and "predicted" in text
+
+
+def test_trials_are_bounded_by_the_prediction(monkeypatch):
+    """A trial faster than the cost model's optimistic bound counts as the bound: the candidate predicted
+    faster wins over one whose trial merely read faster; a trial below its prediction keeps its numbers."""
+    config = preset("opt-30b")
+    workload = Workload(512, 32, num_prompts=256)
+    cands = search_top(config, workload, Budgets(16 << 30, 100 << 30), reference_profile("h200"), top=3)
+    first, second, third = (c.predicted_tokens_per_s for c in cands)
+    assert first > second >= third
+    wanted = {cands[0].policy: 1.2 * first, cands[1].policy: 3.0 * second, cands[2].policy: 0.5 * third}
+
+    def fake(config_, policy, *args, **kwargs):
+        # decode-only times that extrapolate to exactly the wanted tokens/s
+        b = policy.block_size
+        decode_s = b * workload.gen_len / wanted[policy]
+        return TrialTimes(0.0, decode_s / (config.num_hidden_layers * (workload.gen_len - 1)))
+
+    monkeypatch.setattr(trial_mod, "trial_seconds", fake)
+    best = best_by_trials(config, cands, workload, "cuda", torch.float16)
+    assert best.policy == cands[0].policy
+    assert best.predicted_tokens_per_s == pytest.approx(first)            # the bound, not the trial's 1.2x
+    assert best.context["trial"]["bounded_by_model"] is True
+    assert "cost model's" in best.explain()
+    log = best.context["trials"]
+    assert log[1]["trial_tokens_per_s"] == pytest.approx(3.0 * second)
+    assert log[1]["score_tokens_per_s"] == pytest.approx(second)
+    assert log[2]["score_tokens_per_s"] == pytest.approx(0.5 * third)   # below the bound: the trial's own

@@ -81,13 +81,13 @@ def choose_policy_estimate(
     profile: HardwareProfile | None = None,
     model_name: str = "model",
     trials: int = 0,
-    trial_time_s: float = 20.0,
+    trial_time_s: float = 60.0,
     disk_dir: Path | None = None,
 ) -> PolicyEstimate:
     """Like `choose_policy`, returning the estimate (for logging and `explain()`).
 
     On CUDA with `trials` > 0, the `trials` best distinct candidates of `search_top` are each run for one
-    short block on a 2-layer copy of the model (`engine.policy.trial`), within about `trial_time_s`
+    short block on 2- and 6-layer copies of the model (`engine.policy.trial`), within about `trial_time_s`
     seconds, and the best measured one is returned; its estimate holds the extrapolated measurement and
     the cost model's prediction (`context["predicted"]`, `context["trials"]`). `compress_weights` /
     `compress_cache` None let the search decide (on CUDA; a CPU device never compresses then)."""

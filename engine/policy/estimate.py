@@ -90,8 +90,11 @@ class PolicyEstimate:
         )
         predicted, trials = ctx.get("predicted"), ctx.get("trials")
         if trials:
-            lines.append(f"Selected by {ctx.get('selected_by', 'trial')} among {len(trials)} candidate(s); the numbers "
-                         f"above are the trial's, extrapolated from a 2-layer run"
+            whose = ("the cost model's (the trial read faster than this bound)"
+                     if ctx.get("trial", {}).get("bounded_by_model")
+                     else "the trial's, extrapolated from runs of truncated copies")
+            lines.append(f"Selected by {ctx.get('selected_by', 'trial')} among {len(trials)} candidate(s) by measured "
+                         f"throughput bounded by the prediction; the numbers above are {whose}"
                          + (f" (cost model: {predicted['tokens_per_s']:.2f} tokens/s)" if predicted else ""))
             for t in trials:
                 p_ = t["policy"]

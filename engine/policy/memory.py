@@ -12,7 +12,7 @@ cache positions):
   - KV homes `kv.{j}.{k}.s{n}`: [g, heads of segment n, S, hd] keys and values per attention layer and GPU
     batch, segments cut along kv heads by `split_ranges`; `kvbuf{slot}` device copies of non-gpu segments
     (decode without CPU attention), `kvrelay{slot}` for disk segments, `kvstage{slot}` pinned staging of
-    the new positions (CUDA; slot = ((i * J + j) * K + k) % 2);
+    the new positions (CUDA; slot = the store's count in the block % 2);
   - hidden-state homes `act.{k}.{n}` of the non-gpu hidden parts.
 `memory_terms` gives the same sums as affine expressions in the placement fractions (for the LP), with
 the tiers' shares taken as exact fractions of bytes; `realized_placement` gives the fractions of bytes a
@@ -112,6 +112,12 @@ def _kv_slots(layout: ModelLayout, steps: tuple[int, ...], num_batches: int) -> 
                 for k in range(num_batches)})
 
 
+def _stage_slots(layout: ModelLayout, policy: Policy) -> int:
+    """How many staging buffers the block's cache stores use: they alternate per store, so two once a step
+    stores twice (the prefill's size is the largest)."""
+    return min(2, len(layout.attention_js) * policy.num_gpu_batches)
+
+
 def _decode_steps(gen_len: int) -> tuple[int, ...]:
     return tuple(i for i in (1, 2) if i < gen_len)
 
@@ -137,7 +143,7 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
     cc = policy.compress_cache
     mem["gpu"] += working_bytes(config, g, P, S, dtype, cc)
     decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
-    stage_slots = _kv_slots(layout, (0,) + (() if policy.cpu_attention else _decode_steps(gen_len)), K)
+    stage_slots = _stage_slots(layout, policy)
     for tier, h0, h1 in split_ranges(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu):
         home = 2 * _kv_bytes(g, h1 - h0, S, hd, dtype, cc)
         mem[tier.value] += L * K * home
@@ -190,7 +196,7 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
     home = 2 * _kv_bytes(g, nkv, S, hd, dtype, cc)                           # one (layer, batch) cache
     stage = 2 * _kv_bytes(g, nkv, P, hd, dtype, cc)
     decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
-    stage_slots = _kv_slots(layout, (0,) + (() if policy.cpu_attention else _decode_steps(gen_len)), K)
+    stage_slots = _stage_slots(layout, policy)
     hidden = K * g * P * config.hidden_size * e
     w_moved = share("w", "off") if cuda else share("w", "disk")
     c_loaded = share("cache", "off") if (cuda or cc) else share("cache", "disk")

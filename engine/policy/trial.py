@@ -1,22 +1,25 @@
-"""Measured refinement of the cost model ("trials"): run a policy on a 2-layer copy of the model.
+"""Measured refinement of the cost model ("trials"): run a policy on truncated copies of the model.
 
-`trial_seconds` builds the real `Executor` on a truncated copy of the model (same shapes, fewer decoder
-layers, dummy weights), runs a short warm-up block and then one block of the policy's full size (every row
-`steps` new tokens), and extrapolates the full model's block time. A hook synchronizes the device at the end
-of the embedding's slots and at the end of the first decoder layer's slots of each step, so one decoder
-layer is timed: its computes for every GPU batch and the weight loads issued during them (the next
-layer's, as in the full model). The window must stop before the last decoder layer: that layer's
-slots load the output head (for OPT-30B 0.7 GB of fp16 when it lives on the cpu), a once-per-step cost
-the full model pays once, not once per layer. Then
-    full step = trial step + (L - l) * (first decoder layer's time in the trial step)
-and per-layer times are full step / L (prefill: step 0; decode: the mean step, with the fastest decode
-step's layer, so a one-off stall in one step's window is not multiplied by the untimed layers). Trials
-under-read resident-cache candidates on the H200 either way: OPT-6.7B 4-bit 64 x 1 trialed at 58-371 tok/s
-with the mean and 213-233 with the fastest step, and ran 605-678 in full
-(benchmarks/results/h200/policy_validation*.json). The trial's
-prompt is the workload's mean prompt; its decode context is s + steps / 2 (the full run's mean is
-s + n / 2). `trial_estimate` turns the numbers into a `PolicyEstimate` that records both the cost
-model's prediction and the trial's measurement.
+`trial_seconds` builds the real `Executor` on two truncated copies of the model (same shapes, `lo` and
+`hi` decoder layers, default 2 and 6, dummy weights). On each it runs a short warm-up block and then one
+block of the policy's full size (every row `steps` new tokens) with the executor's step clock (the device
+synchronized at step ends only, as in a timed full run). The copies differ only by `hi - lo` decoder
+layers in the middle of the model, so the difference of their step times is what those layers cost in a
+step that runs as the full model's does: host launches overlapped with device work, each layer's slots
+issuing the next layer's weight loads, the embedding, the head (and the head's weight load) and the
+per-step sampling the same in both and cancelled. Then
+    per layer = (step(hi) - step(lo)) / (hi - lo),   full step = step(lo) + (L - lo) * per layer
+for the prefill (step 0) and for a decode step (each copy's fastest decode step, so a one-off stall is
+not multiplied by the layers the trial does not run); per-layer times are full step / L. Noise in the
+step times is multiplied by (L - lo) / (hi - lo): 15x for OPT-6.7B with copies of 2 and 4 layers, 7.5x
+with 2 and 6 (hi never exceeds L). This replaced a clock that synchronized the device around one decoder
+layer of a 2-layer copy: it timed host launches and device work in series, and on the H200 read OPT-6.7B's
+resident policies at 0.3-0.6x of their full runs (benchmarks/results/h200/README.md). That clock
+(`_LayerClock`) still measures the executor's per-slot host cost on tiny configs (`slot_seconds`), where
+the device work is negligible. The trial's prompt is the workload's mean prompt; its decode context is
+s + steps / 2 (the full run's mean is s + n / 2). `trial_estimate` turns the numbers into a
+`PolicyEstimate` that records both the cost model's prediction and the trial's measurement;
+`best_by_trials` ranks candidates by their trials bounded by their predictions (`bounded`).
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import hashlib
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -35,17 +38,21 @@ from engine.models.registry import build_family
 from engine.policy.cost_model import Workload
 from engine.policy.estimate import Budgets, PolicyEstimate
 from engine.policy.policy import Policy
+from engine.runtime.schedule import Action
 from engine.runtime.selector import GreedyToEnd
 
-TRIAL_LAYERS = 2
+TRIAL_LAYERS = (2, 6)     # decoder layers of the two truncated copies a trial runs
 TRIAL_STEPS = 4
+SLOT_PROBE_LAYERS = 2
 
 
 class TrialTimes(NamedTuple):
-    """Extrapolated seconds per decoder layer of the full model: prefill (whole block) and one decode step."""
+    """Extrapolated seconds per decoder layer of the full model: prefill (whole block) and one decode step;
+    `detail` the measured step seconds of each copy (for logs)."""
 
     prefill_s_per_layer: float
     decode_s_per_layer_step: float
+    detail: dict | None = None
 
 
 def truncated_model(config: ModelConfig, layers: int, dtype: torch.dtype, name: str = "trial") -> LoadedModel:
@@ -61,9 +68,8 @@ class _LayerClock:
     """An executor `on_action` hook: per step, the wall time of the first decoder layer's slots, from the end
     of the embedding's last slot to the end of the first decoder layer's last slot (a slot ends with its
     `sync` action; the device is synchronized at both ends). Specs run embed, [attention, mlp] x layers,
-    head. (Timing events on the compute stream instead of synchronizing were tried on the H200 and were no
-    closer: OPT-6.7B trials at 0.69x and 0.26x of the full runs' throughput with events, 0.90x and 0.28x
-    synchronized, for the same kinds of policies; benchmarks/results/h200/policy_validation*.json.)"""
+    head. Host launches and device work of the layer run in series inside the window: right for the
+    slot probes' tiny configs (negligible device work), not for timing a real model's layer."""
 
     def __init__(self, device: torch.device, num_batches: int, specs_per_layer: int = 2):
         self.device, self.last_k, self.end_j = device, num_batches - 1, specs_per_layer
@@ -86,69 +92,93 @@ class _LayerClock:
         return {i: end - self.start[i] for i, end in self.end.items()}
 
 
-def extrapolate(step_s: float, layer_s: float, trial_layers: int, num_layers: int) -> float:
-    """Seconds of one full-model step from a trial step of `step_s` whose first decoder layer took `layer_s`."""
-    return step_s + (num_layers - trial_layers) * layer_s
+def per_layer(step_hi: float, step_lo: float, hi: int, lo: int) -> float:
+    """Seconds one decoder layer adds to a step: the difference of two copies' step times per layer they
+    differ by. A non-positive difference (noise swamping a tiny layer) falls back to the larger copy's
+    step spread over its layers, an overestimate."""
+    diff = (step_hi - step_lo) / (hi - lo)
+    return diff if diff > 0 else step_hi / hi
 
 
-def _clocked_run(loaded: LoadedModel, policy: Policy, prompts: list[list[int]], steps: int, device: torch.device,
-                 dtype: torch.dtype, **executor_kwargs) -> tuple[dict[int, float], dict[str, float]]:
-    """A warm-up block (buffers, kernels), then one block of `steps` decode steps under `_LayerClock`, on the
-    real executor: (one decoder layer's seconds per step index, the executor's stats of that block)."""
-    if loaded.config.num_hidden_layers < 2:
-        raise ValueError("a clocked run needs >= 2 decoder layers (the last one also loads the head)")
+def extrapolate(step_lo: float, layer_s: float, lo: int, num_layers: int) -> float:
+    """Seconds of one full-model step from the `lo`-layer copy's step of `step_lo` seconds and `layer_s`
+    seconds per further decoder layer."""
+    return step_lo + (num_layers - lo) * layer_s
+
+
+def step_seconds(loaded: LoadedModel, policy: Policy, prompts: list[list[int]], steps: int, device: torch.device,
+                 dtype: torch.dtype, on_action: Callable[[Action], None] | None = None,
+                 **executor_kwargs) -> list[float]:
+    """A warm-up block (buffers, kernels), then one block of `steps` decode steps on the real executor with
+    its step clock (`Executor.timing`) and the `on_action` hook: that block's seconds per step (index 0 the
+    prefill)."""
     from engine.runtime.executor import Executor
 
     executor = Executor(loaded, policy, device=device, dtype=dtype, **executor_kwargs)
     try:
         executor.timing = True
         executor.generate_block(prompts, [2] * len(prompts), GreedyToEnd())
-        clock = _LayerClock(device, -(-len(prompts) // policy.gpu_batch_size))
-        executor.on_action = clock
+        executor.on_action = on_action
         executor.generate_block(prompts, [steps + 1] * len(prompts), GreedyToEnd())
-        stats = dict(executor.stats)
+        return list(executor.step_s)
     finally:
         executor.close()
+
+
+def _clocked_run(loaded: LoadedModel, policy: Policy, prompts: list[list[int]], steps: int, device: torch.device,
+                 dtype: torch.dtype) -> dict[int, float]:
+    """`step_seconds` under `_LayerClock`: one decoder layer's seconds per step index."""
+    if loaded.config.num_hidden_layers < 2:
+        raise ValueError("a clocked run needs >= 2 decoder layers (the last one also loads the head)")
+    clock = _LayerClock(device, -(-len(prompts) // policy.gpu_batch_size))
+    step_seconds(loaded, policy, prompts, steps, device, dtype, on_action=clock)
     layer_s = clock.layer_s
     if 0 not in layer_s or not any(i >= 1 for i in layer_s):
-        raise RuntimeError(f"trial of {policy} measured no complete step")
-    return layer_s, stats
+        raise RuntimeError(f"clocked run of {policy} measured no complete step")
+    return layer_s
 
 
 def trial_seconds(config: ModelConfig, policy: Policy, workload: Workload, device: torch.device | str,
-                  dtype: torch.dtype, budgets: Budgets | None = None, *, layers: int = TRIAL_LAYERS,
-                  steps: int = TRIAL_STEPS, disk_dir: Path | None = None) -> TrialTimes:
-    """Run `policy` for one block on a `layers`-layer copy of `config` on `device`; return the full model's
-    extrapolated seconds per layer (prefill of the block; one decode step).
+                  dtype: torch.dtype, budgets: Budgets | None = None, *,
+                  layers: tuple[int, int] = TRIAL_LAYERS, steps: int = TRIAL_STEPS,
+                  disk_dir: Path | None = None) -> TrialTimes:
+    """Run `policy` for one block on each of two truncated copies of `config` (`layers` = (lo, hi) decoder
+    layers; hi at most the model's own count when that is above lo) on `device`; return the full model's
+    extrapolated seconds per layer (prefill of the block; one decode step), with both copies' step seconds
+    in `detail`.
 
-    `budgets` are the run's hard limits (the trial needs less: only `layers` layers' weights and cache);
+    `budgets` are the run's hard limits (the trial needs less: only `hi` layers' weights and cache);
     None: unlimited. Raises what the executor raises (BudgetExceeded, out of memory) when it does not run.
     """
+    lo, hi = layers
+    if not 1 <= lo < hi:
+        raise ValueError(f"trial_seconds: layers must be (lo, hi) with 1 <= lo < hi, got {layers}")
+    hi = max(lo + 1, min(hi, config.num_hidden_layers))       # a copy larger than the model measures nothing more
     device = torch.device(device)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, config.vocab_size, (workload.prompt_len,), generator=g).tolist()
                for _ in range(policy.block_size)]
-    layer_s, stats = _clocked_run(
-        truncated_model(config, layers, dtype), policy, prompts, steps, device, dtype,
-        gpu_memory=budgets.gpu_bytes if budgets is not None else None,
-        cpu_memory=budgets.cpu_bytes if budgets is not None else None, disk_dir=disk_dir)
+    kwargs = dict(gpu_memory=budgets.gpu_bytes if budgets is not None else None,
+                  cpu_memory=budgets.cpu_bytes if budgets is not None else None, disk_dir=disk_dir)
+    runs = {n: step_seconds(truncated_model(config, n, dtype), policy, prompts, steps, device, dtype, **kwargs)
+            for n in (lo, hi)}
+    if any(len(t) < 2 for t in runs.values()):
+        raise RuntimeError(f"trial of {policy} measured no decode step")
     L = config.num_hidden_layers
-    decode_steps = [i for i in layer_s if i >= 1]
-    prefill = extrapolate(stats["prefill_s"], layer_s[0], layers, L)
-    # the fastest decode step's layer: a one-off stall in one step's window would be multiplied by the
-    # L - layers layers the trial does not run
-    decode_layer = min(layer_s[i] for i in decode_steps)
-    decode = extrapolate(stats["decode_s"] / max(1, stats["steps"] - 1), decode_layer, layers, L)
-    return TrialTimes(prefill / L, decode / L)
+    prefill = extrapolate(runs[lo][0], per_layer(runs[hi][0], runs[lo][0], hi, lo), lo, L)
+    # each copy's fastest decode step: a one-off stall would be multiplied by the layers the trial skips
+    dec_lo, dec_hi = min(runs[lo][1:]), min(runs[hi][1:])
+    decode = extrapolate(dec_lo, per_layer(dec_hi, dec_lo, hi, lo), lo, L)
+    return TrialTimes(prefill / L, decode / L, {f"step_s_{n}_layers": t for n, t in runs.items()})
 
 
 def slot_seconds(config: ModelConfig, policy: Policy, device: torch.device | str, dtype: torch.dtype, *,
-                 prompt_len: int = 8, steps: int = 4, layers: int = TRIAL_LAYERS) -> tuple[float, float]:
+                 prompt_len: int = 8, steps: int = 4, layers: int = SLOT_PROBE_LAYERS) -> tuple[float, float]:
     """(prefill, decode) seconds per (decoder layer, GPU batch) slot of the real executor running `policy`
     on a `layers`-layer copy of `config`: for a tiny config, the executor's own per-slot cost."""
     prompts = [list(range(3, 3 + prompt_len))] * policy.block_size
-    layer_s, _ = _clocked_run(truncated_model(config, layers, dtype, name="slot-probe"), policy, prompts, steps,
-                              torch.device(device), dtype)
+    layer_s = _clocked_run(truncated_model(config, layers, dtype, name="slot-probe"), policy, prompts, steps,
+                           torch.device(device), dtype)
     slots = policy.num_gpu_batches
     return layer_s[0] / slots, min(t for i, t in layer_s.items() if i >= 1) / slots
 
@@ -169,20 +199,36 @@ def trial_estimate(config: ModelConfig, predicted: PolicyEstimate, workload: Wor
     context = dict(predicted.context)
     context["predicted"] = {"tokens_per_s": predicted.predicted_tokens_per_s, "prefill_s": predicted.prefill_s,
                             "decode_s": predicted.decode_s}
-    context["trial"] = {"tokens_per_s": tokens_per_s, "prefill_s_per_layer": times[0],
-                        "decode_s_per_layer_step": times[1], **(trial_info or {})}
+    context["trial"] = {"tokens_per_s": tokens_per_s, "prefill_s_per_layer": times.prefill_s_per_layer,
+                        "decode_s_per_layer_step": times.decode_s_per_layer_step, **(times.detail or {}),
+                        **(trial_info or {})}
     return replace(predicted, predicted_tokens_per_s=tokens_per_s, prefill_s=prefill_s, decode_s=decode_s,
                    context=context)
 
 
+def bounded(trial: PolicyEstimate, predicted: PolicyEstimate) -> PolicyEstimate:
+    """The trial's estimate, or the cost model's where the trial reads faster than it. The cost model is an
+    optimistic bound (every channel at its measured peak rate, transfers and compute fully overlapped): on
+    the H200, none of 33 OPT-6.7B policies measured in full ran above 1.02x its prediction, while
+    host-bound trials read up to 2.15x theirs when the host ran fast during the trial
+    (benchmarks/results/h200/README.md). A trial above the bound measured the host, not the policy."""
+    if trial.predicted_tokens_per_s <= predicted.predicted_tokens_per_s:
+        return trial
+    context = dict(trial.context)
+    context["trial"] = dict(context["trial"], bounded_by_model=True)
+    return replace(trial, predicted_tokens_per_s=predicted.predicted_tokens_per_s, prefill_s=predicted.prefill_s,
+                   decode_s=predicted.decode_s, context=context)
+
+
 def best_by_trials(config: ModelConfig, candidates: list[PolicyEstimate], workload: Workload,
                    device: torch.device | str, dtype: torch.dtype, budgets: Budgets | None = None, *,
-                   time_budget_s: float = 20.0, layers: int = TRIAL_LAYERS, steps: int = TRIAL_STEPS,
+                   time_budget_s: float = 60.0, layers: tuple[int, int] = TRIAL_LAYERS, steps: int = TRIAL_STEPS,
                    disk_dir: Path | None = None) -> PolicyEstimate:
-    """Trial each candidate (best predicted first) and return the one with the highest measured throughput,
-    its estimate carrying the trial's numbers; `context["trials"]` lists every candidate's prediction and
-    measurement (or error, or "skipped" once `time_budget_s` of trials has passed: the first always runs).
-    When no trial runs, the best predicted candidate is returned with the errors recorded."""
+    """Trial each candidate (best predicted first) and return the one with the highest measured throughput
+    bounded by its prediction (`bounded`), its estimate carrying those numbers; `context["trials"]` lists
+    every candidate's prediction and measurement (or error, or "skipped" once `time_budget_s` of trials has
+    passed: the first always runs). When no trial runs, the best predicted candidate is returned with the
+    errors recorded."""
     if not candidates:
         raise ValueError("best_by_trials: no candidates")
     start = time.perf_counter()
@@ -204,6 +250,9 @@ def best_by_trials(config: ModelConfig, candidates: list[PolicyEstimate], worklo
         est = trial_estimate(config, cand, workload, times, {"layers": layers, "steps": steps,
                                                               "wall_s": time.perf_counter() - t0})
         entry["trial_tokens_per_s"] = est.predicted_tokens_per_s
+        entry["trial_wall_s"] = est.context["trial"]["wall_s"]
+        est = bounded(est, cand)
+        entry["score_tokens_per_s"] = est.predicted_tokens_per_s
         measured.append(est)
     best = max(measured, key=lambda e: e.predicted_tokens_per_s) if measured else candidates[0]
     context = dict(best.context)

@@ -40,8 +40,9 @@ class Executor:
 
     `on_action(action)` (optional hook) is called before each schedule action; `stats` holds the last
     block's `prefill_s`, `decode_s` (wall clock; the device is synchronized at step ends only when
-    `timing` is True) and `steps`. `quant_config` is the weights' compression when the policy compresses
-    weights, `cache_quant_config` the KV cache's when it compresses the cache (defaults in engine.quant.config)."""
+    `timing` is True) and `steps`, and `step_s` its seconds per step (index 0 the prefill). `quant_config`
+    is the weights' compression when the policy compresses weights, `cache_quant_config` the KV cache's when
+    it compresses the cache (defaults in engine.quant.config)."""
 
     def __init__(self, loaded, policy: Policy, *, device: torch.device, dtype: torch.dtype,
                  gpu_memory: int | None = None, cpu_memory: int | None = None, disk_dir: Path | None = None,
@@ -58,6 +59,7 @@ class Executor:
         self.on_action: Callable[[Action], None] | None = None
         self.timing = False
         self.stats: dict[str, float] = {}
+        self.step_s: list[float] = []
         try:
             with torch.inference_mode():
                 self.weights = WeightHomes(loaded, self.specs, w_gpu=policy.w_gpu, w_cpu=policy.w_cpu, dtype=dtype,
@@ -113,11 +115,13 @@ class Executor:
             self.hidden: list[torch.Tensor | None] = [None] * K
             self._inflight: list[Pending] = []
             self._claims = StagingClaims()
+            self._stores = 0
             self._wpend: dict[tuple[int, int], list[Pending]] = {}
             self._cpend: dict[tuple[int, int, int], list[Pending]] = {}
             self._w: tuple[int, int, dict] | None = None
             self._t0 = time.perf_counter()
             self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0}
+            self.step_s = []
             num_steps = max(max_new_tokens)
             skip = self._noop_verbs()
             for action in block_schedule(num_steps, J, K, paged=K > 1):
@@ -176,7 +180,11 @@ class Executor:
     def _store_cache(self, a: Action) -> None:
         kv = self.kv.get((a.j, a.k))
         if kv is not None:
-            kv.store(self.transfers, self._slot(a.i, a.j, a.k), self._claims)
+            # staging buffers alternate per store, so a store waits for the one two stores back (keyed by
+            # the slot's parity, every attention layer of a one-GPU-batch step would share one buffer and
+            # each store would wait for the previous layer's: the host could run at most a layer ahead)
+            kv.store(self.transfers, self._stores % 2, self._claims)
+            self._stores += 1
 
     def _load_hidden(self, a: Action) -> None:
         if self.batches[a.k].done:
@@ -302,6 +310,7 @@ class Executor:
             torch.cuda.synchronize(self.device)
         now = time.perf_counter()
         self.stats["prefill_s" if i == 0 else "decode_s"] += now - self._t0
+        self.step_s.append(now - self._t0)
         self.stats["steps"] = i + 1
         self._t0 = now
 

@@ -1,0 +1,114 @@
+"""Do trials predict the full model? Each policy's trial (`engine.policy.trial.trial_seconds`) next to a
+full run of the same block on the same machine.
+
+For one dummy preset and the named policies, runs (1) the trial the auto policy would run (2- and 6-layer
+copies, the difference of their step times per layer) and (2) one block of the full model (token-id
+prompts of --prompt-len, every row runs --gen-len tokens, `Executor.timing`: the device synchronized at
+step ends only), and records both throughputs, both per-layer times and the ratio trial / full. Policies
+come from --policy NAME=JSON (repeatable) or --grid-from FILE (a policy_validation JSON: its measured
+policies of this model, or those whose names contain --grid-names). Results are rewritten after every
+policy to --out.
+
+    python benchmarks/trial_accuracy.py --model opt-6.7b --gen-len 32 --out $OUT/trial_accuracy.json \\
+        --policy q4_64='{"gpu_batch_size": 64, "compress_weights": true, "compress_cache": true}'
+    python benchmarks/trial_accuracy.py --model tiny-opt --device cpu --prompt-len 16 --gen-len 4 \\
+        --policy a='{"gpu_batch_size": 2}' --out /tmp/t.json                  # smoke test on a CPU
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from engine.models.loader import load_model  # noqa: E402
+from engine.policy.cost_model import Workload  # noqa: E402
+from engine.policy.estimate import Budgets  # noqa: E402
+from engine.policy.policy import Policy  # noqa: E402
+from engine.policy.trial import TRIAL_LAYERS, full_block, trial_seconds  # noqa: E402
+from policy_validation import parse_budgets, run_policy  # noqa: E402  (benchmarks/ is the script's folder)
+
+
+def release() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def policies_from(args, model: str) -> list[tuple[str, Policy]]:
+    out = [(name, Policy.from_dict(json.loads(text))) for name, _, text in (p.partition("=") for p in args.policy)]
+    if args.grid_from is not None:
+        entry = json.loads(Path(args.grid_from).read_text())["models"][model]
+        for r in entry["policies"]:
+            names = ",".join(r["names"])
+            if "executor_stats" in r and (not args.grid_names or any(s in names for s in args.grid_names)):
+                out.append((names, Policy.from_dict(r["policy"])))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="opt-6.7b")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--gpu-memory", default="16GiB")
+    ap.add_argument("--cpu-memory", default=None)
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--gen-len", type=int, default=32)
+    ap.add_argument("--policy", action="append", default=[], help="NAME=JSON of Policy fields (repeatable)")
+    ap.add_argument("--grid-from", type=Path, help="a policy_validation JSON whose measured policies to take")
+    ap.add_argument("--grid-names", nargs="*", default=[], help="only grid policies whose names contain one of these")
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "trial_accuracy.json"))
+    args = ap.parse_args()
+    args.disk_dir = None
+    device = torch.device(args.device)
+    parse_budgets(args)
+    loaded = load_model(args.model, dtype=torch.float16 if device.type == "cuda" else torch.float32)
+    config = loaded.config
+    payload = {"model": args.model, "device": str(device), "prompt_len": args.prompt_len, "gen_len": args.gen_len,
+               "trial_layers": list(TRIAL_LAYERS), "gpu_memory": args.gpu_memory, "cpu_memory": args.cpu_memory,
+               "results": []}
+    if device.type == "cuda":
+        payload["device_name"] = torch.cuda.get_device_name(device)
+    budgets = Budgets(args.gpu_memory, args.cpu_memory, 0)
+    for name, policy in policies_from(args, args.model):
+        record: dict = {"name": name, "policy": policy.to_dict()}
+        workload = Workload(args.prompt_len, args.gen_len, num_prompts=policy.block_size)
+        try:
+            t0 = time.perf_counter()
+            times = trial_seconds(config, policy, workload, device, loaded.dtype, budgets)
+            record["trial"] = {"tokens_per_s": full_block(config, times, args.gen_len, policy.block_size)[2],
+                               "prefill_ms_per_layer": 1e3 * times.prefill_s_per_layer,
+                               "decode_ms_per_layer_step": 1e3 * times.decode_s_per_layer_step,
+                               "wall_s": time.perf_counter() - t0, **(times.detail or {})}
+            release()
+            full = run_policy(loaded, policy, args, device)       # the same prompts as the trial's
+            L, steps = config.num_hidden_layers, full["step_s"]
+            record["full"] = {"setup_s": full["setup_s"], "step_s": steps,
+                              "tokens_per_s": full["measured_tokens_per_s"],
+                              "prefill_ms_per_layer": 1e3 * steps[0] / L,
+                              "decode_ms_per_layer_step": 1e3 * sum(steps[1:]) / max(1, len(steps) - 1) / L}
+            record["trial_over_full"] = record["trial"]["tokens_per_s"] / record["full"]["tokens_per_s"]
+        except BaseException as exc:  # noqa: BLE001 - OOM and engine errors are results here
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            record["error"] = f"{type(exc).__name__}: {exc}"
+            record["traceback"] = traceback.format_exc(limit=4)
+        release()
+        payload["results"].append(record)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(payload, indent=2))
+        print(json.dumps({"name": name, "trial": record.get("trial", {}).get("tokens_per_s"),
+                          "full": record.get("full", {}).get("tokens_per_s"),
+                          "ratio": record.get("trial_over_full"), "error": record.get("error")}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
