@@ -5,8 +5,8 @@ For each model (dummy-weight presets, default OPT-6.7B at gen 32 and OPT-30B at 
 512, every row runs to the end) of each distinct policy among:
   - "auto (model only)": `search_top(...)[0]`, the cost model's choice;
   - "auto (with trials)": the best measured of `search_top`'s `--trials` candidates, each run for one short
-    block on 2- and 6-layer copies of the model (`engine.policy.trial.best_by_trials`, what
-    `choose_policy_estimate(trials=N)` does on CUDA);
+    block on 2- and 6-layer copies of the model and counted at most at its prediction
+    (`engine.policy.trial.best_by_trials`, what `choose_policy_estimate(trials=N)` does on CUDA);
   - >= 8 hand-made grid policies spanning the space (`grid_policies`), or with `--grid-from FILE` the grid
     measured by an earlier run (only the autos run; each copied record names its source and is predicted
     again with this run's profile and cost model).
