@@ -5,9 +5,7 @@ For one dummy preset and the named policies, runs (1) the trial the auto policy 
 copies, the difference of their step times per layer) and (2) one block of the full model (token-id
 prompts of --prompt-len, every row runs --gen-len tokens, `Executor.timing`: the device synchronized at
 step ends only), and records both throughputs, both per-layer times and the ratio trial / full. Policies
-come from --policy NAME=JSON (repeatable) or --grid-from FILE (a policy_validation JSON: its measured
-policies of this model, or those whose names contain --grid-names). Results are rewritten after every
-policy to --out.
+come from --policy NAME=JSON (repeatable). Results are rewritten after every policy to --out.
 
     python benchmarks/trial_accuracy.py --model opt-6.7b --gen-len 32 --out $OUT/trial_accuracy.json \\
         --policy q4_64='{"gpu_batch_size": 64, "compress_weights": true, "compress_cache": true}'
@@ -17,7 +15,6 @@ policy to --out.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -34,24 +31,13 @@ from engine.policy.cost_model import Workload  # noqa: E402
 from engine.policy.estimate import Budgets  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
 from engine.policy.trial import TRIAL_LAYERS, full_block, trial_seconds  # noqa: E402
-from policy_validation import parse_budgets, run_policy  # noqa: E402  (benchmarks/ is the script's folder)
+from gpu_profile import release_memory  # noqa: E402  (benchmarks/ is the script's folder)
+from policy_validation import parse_budgets, run_policy  # noqa: E402
 
 
-def release() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def policies_from(args, model: str) -> list[tuple[str, Policy]]:
-    out = [(name, Policy.from_dict(json.loads(text))) for name, _, text in (p.partition("=") for p in args.policy)]
-    if args.grid_from is not None:
-        entry = json.loads(Path(args.grid_from).read_text())["models"][model]
-        for r in entry["policies"]:
-            names = ",".join(r["names"])
-            if "executor_stats" in r and (not args.grid_names or any(s in names for s in args.grid_names)):
-                out.append((names, Policy.from_dict(r["policy"])))
-    return out
+def policies_from(args) -> list[tuple[str, Policy]]:
+    """(name, policy) of each --policy NAME=JSON."""
+    return [(name, Policy.from_dict(json.loads(text))) for name, _, text in (p.partition("=") for p in args.policy)]
 
 
 def main() -> None:
@@ -63,8 +49,6 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen-len", type=int, default=32)
     ap.add_argument("--policy", action="append", default=[], help="NAME=JSON of Policy fields (repeatable)")
-    ap.add_argument("--grid-from", type=Path, help="a policy_validation JSON whose measured policies to take")
-    ap.add_argument("--grid-names", nargs="*", default=[], help="only grid policies whose names contain one of these")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "trial_accuracy.json"))
     args = ap.parse_args()
     args.disk_dir = None
@@ -78,7 +62,7 @@ def main() -> None:
     if device.type == "cuda":
         payload["device_name"] = torch.cuda.get_device_name(device)
     budgets = Budgets(args.gpu_memory, args.cpu_memory, 0)
-    for name, policy in policies_from(args, args.model):
+    for name, policy in policies_from(args):
         record: dict = {"name": name, "policy": policy.to_dict()}
         workload = Workload(args.prompt_len, args.gen_len, num_prompts=policy.block_size)
         try:
@@ -88,7 +72,7 @@ def main() -> None:
                                "prefill_ms_per_layer": 1e3 * times.prefill_s_per_layer,
                                "decode_ms_per_layer_step": 1e3 * times.decode_s_per_layer_step,
                                "wall_s": time.perf_counter() - t0, **(times.detail or {})}
-            release()
+            release_memory()
             full = run_policy(loaded, policy, args, device)       # the same prompts as the trial's
             L, steps = config.num_hidden_layers, full["step_s"]
             record["full"] = {"setup_s": full["setup_s"], "step_s": steps,
@@ -101,7 +85,7 @@ def main() -> None:
                 raise
             record["error"] = f"{type(exc).__name__}: {exc}"
             record["traceback"] = traceback.format_exc(limit=4)
-        release()
+        release_memory()
         payload["results"].append(record)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(payload, indent=2))
