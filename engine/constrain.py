@@ -10,6 +10,13 @@ The llguidance tokenizer is built once per (tokenizer.json, EOS ids, vocab size)
 computed into an int32 bitmask with llguidance's numpy path (its thread pool for larger batches), unpacked
 with numpy and applied with one masked_fill (llguidance's torch helper is torch.compile'd: seconds on the
 first call).
+
+Budget: given each token's `remaining` count, `GrammarConstraint.advance` keeps every row able to complete
+its grammar before max_new_tokens: it tracks per row a completion from the current state
+(`engine.closing.closing_path`) and replaces a token after which no completion fits the remaining budget by
+the next token of the completion that fit before it. A row far from its budget pays one `validate_tokens`
+call per token (~1 us), plus a new search after a structural token (a string or container opened or
+closed); only rows at their reserve have tokens replaced.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
+from engine.closing import ClosingTokens, closing_path, still_closes
 from engine.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -114,8 +122,9 @@ def _executor() -> "llguidance.LLExecutor":
 class GrammarConstraint:
     """Per-row llguidance matchers for one block: masks of allowed tokens and the grammar's progress.
 
-    Rows are block-row ids 0..num_rows-1. `advance(row, token)` must be called with every token a row
-    emits, in order; it returns True once the grammar is complete (only EOS could follow).
+    Rows are block-row ids 0..num_rows-1. `advance(row, token, remaining)` must be called with every token a
+    row emits, in order; it returns the token actually fed (see `advance`) and True once the grammar is
+    complete (only EOS could follow).
     """
 
     def __init__(self, tokenizer: "llguidance.LLTokenizer", grammar: str, num_rows: int, field: str = "grammar"):
@@ -127,6 +136,9 @@ class GrammarConstraint:
         self._eos = frozenset(tokenizer.eos_tokens)
         self._matchers = [llg.LLMatcher(tokenizer, grammar, log_level=0) for _ in range(num_rows)]
         self._bitmask = llg.numpy.allocate_token_bitmask(num_rows, tokenizer.vocab_size)
+        self._probes = ClosingTokens.for_tokenizer(tokenizer)
+        self._tracked = [False] * num_rows
+        self._closings: list[list[int] | None] = [None] * num_rows
 
     @classmethod
     def for_params(cls, params: SamplingParams, tokenizer_json: str, eos_ids: Sequence[int], n_vocab: int,
@@ -148,15 +160,53 @@ class GrammarConstraint:
                 llg_numpy.fill_next_token_bitmask(self._matchers[row], mask, i)
         return bitmask_to_bool(mask, vocab)
 
-    def advance(self, row: int, token: int) -> bool:
-        """Feed `token` to the row's matcher; True when the grammar is now complete. Raises on a token
-        the grammar rejects (cannot happen when tokens were chosen under `allowed`)."""
+    def advance(self, row: int, token: int, remaining: int | None = None) -> tuple[int, bool]:
+        """Feed the row's next token; return (the token fed, whether the grammar is now complete).
+
+        remaining: how many more tokens the row may emit after this one (None: no budget, `token` is fed as
+        is). With a budget, a token after which the grammar cannot be completed within `remaining` tokens
+        is replaced by the next token of the completion kept from the previous step, so a row whose
+        grammar could be completed within its budget at its first token always completes it. A row with no
+        completion that short from its first token is left alone (it ends "length"). Raises ValueError on a
+        token the grammar rejects (cannot happen when tokens were chosen under `allowed`)."""
         matcher = self._matchers[row]
+        if remaining is not None and not self._tracked[row]:
+            self._tracked[row] = True
+            self._closings[row] = closing_path(matcher, self._tokenizer, self._probes, remaining + 1)
         if token in self._eos:
-            return True
+            return token, True
+        self._consume(row, token)
+        closing = self._closings[row]
+        if remaining is not None and closing is not None:
+            token = self._keep_closable(row, token, closing, remaining)
+            if token in self._eos:
+                return token, True
+        return token, matcher.is_stopped()
+
+    def _consume(self, row: int, token: int) -> None:
+        matcher = self._matchers[row]
         if not matcher.consume_token(token):
             raise ValueError(f"grammar rejected token {token} on row {row}: {matcher.get_error()}")
-        return matcher.is_stopped()
+
+    def _keep_closable(self, row: int, token: int, closing: list[int], remaining: int) -> int:
+        """After `token` was consumed: keep a completion of at most `remaining` tokens, replacing `token`
+        by `closing[0]` (or EOS when `closing` is empty) when none exists after it. Returns the token fed."""
+        matcher = self._matchers[row]
+        if closing and token == closing[0]:
+            after: list[int] | None = closing[1:]
+        elif len(closing) <= remaining and still_closes(matcher, closing, self._probes):
+            after = closing
+        else:
+            after = closing_path(matcher, self._tokenizer, self._probes, remaining)
+        if after is None:
+            matcher.rollback(1)
+            if not closing:
+                self._closings[row] = []
+                return self._probes.eos
+            token, after = closing[0], closing[1:]
+            self._consume(row, token)
+        self._closings[row] = after
+        return token
 
     def is_accepting(self, row: int) -> bool:
         """True when the row's output so far is a complete match (it may still continue)."""

@@ -5,9 +5,13 @@ detokenizer for stop strings, and why the row finished. The choice of tokens is 
 of a GPU batch (one masked argmax or one inverse-CDF draw); only the per-row bookkeeping (append, EOS,
 grammar advance, stop-string check) is a Python loop.
 
-Finish reasons: "stop" for an EOS token, a stop string or a completed grammar; "length" when a row reaches
-its max_new_tokens first. A generated EOS token stays in `token_ids` but never in the text; a stop string
-is cut from the text (its tokens stay in `token_ids`).
+Finish reasons: "stop" for an EOS token, a stop string or a completed grammar (also a grammar that accepts
+when the row reaches max_new_tokens); "length" when a row reaches its max_new_tokens first. A constrained
+row keeps enough of its budget to complete its grammar: the constraint replaces a token after which the
+grammar could no longer be completed in time (`GrammarConstraint.advance`), so a constrained row ends
+"length" only when the shortest completion the search finds is longer than its max_new_tokens. A generated EOS
+token stays in `token_ids` but never in the text; a stop string is cut from the text (its tokens stay in
+`token_ids`); a replaced token is recorded as the token fed, with its own logprob.
 """
 from __future__ import annotations
 
@@ -81,13 +85,33 @@ class BlockDecoder:
             u = torch.from_numpy(uniforms(self.keys[rows], steps))                       # [n] float64
             chosen = sample(scores, u, temperature=self.params.temperature, top_k=self.params.top_k,
                             top_p=self.params.top_p)                                     # [n]
-        lps = chosen_logprobs(logits, chosen).tolist() if self.logprobs is not None else None
         tokens = chosen.tolist()
-        finished = [self._record(row, tokens[i], None if lps is None else lps[i]) for i, row in enumerate(rows)]
+        verdicts: list[FinishReason | None] = [None] * len(rows)
+        if self.constraint is not None:
+            for i, row in enumerate(rows):
+                tokens[i], verdicts[i] = self._advance_grammar(row, tokens[i])
+        lps = None
+        if self.logprobs is not None:
+            fed = torch.tensor(tokens, dtype=chosen.dtype, device=chosen.device)                # [n]
+            lps = chosen_logprobs(logits, fed).tolist()
+        finished = [self._record(row, tokens[i], None if lps is None else lps[i], verdicts[i])
+                    for i, row in enumerate(rows)]
         return tokens, finished
 
-    def _record(self, row: int, token: int, logprob: float | None) -> bool:
-        """Append `token` to `row`; decide whether the row is finished and why."""
+    def _advance_grammar(self, row: int, token: int) -> tuple[int, FinishReason | None]:
+        """Feed `token` to the row's grammar with the row's remaining budget: (token fed, "stop" when the
+        grammar is complete, "error" when it rejected the token, else None)."""
+        remaining = self.max_new_tokens[row] - len(self.tokens[row]) - 1
+        try:
+            token, complete = self.constraint.advance(row, token, remaining)
+        except ValueError as exc:
+            self.errors[row] = str(exc)
+            return token, "error"
+        return token, "stop" if complete else None
+
+    def _record(self, row: int, token: int, logprob: float | None, grammar: FinishReason | None) -> bool:
+        """Append `token` to `row`; decide whether the row is finished and why (`grammar`: the grammar's
+        verdict on the token, from `_advance_grammar`)."""
         self.tokens[row].append(token)
         if self.logprobs is not None:
             self.logprobs[row].append(logprob)
@@ -95,18 +119,13 @@ class BlockDecoder:
         if token in self.eos_ids:
             reason = "stop"
         else:
-            if self.constraint is not None:
-                try:
-                    if self.constraint.advance(row, token):
-                        reason = "stop"
-                except ValueError as exc:
-                    self.errors[row] = str(exc)
-                    reason = "error"
+            reason = grammar
             if reason is None and self._detok is not None and self._stop_string_seen(row, token):
                 self._stop_hit[row] = True
                 reason = "stop"
         if reason is None and len(self.tokens[row]) >= self.max_new_tokens[row]:
-            reason = "length"
+            complete = self.constraint is not None and self.constraint.is_accepting(row)
+            reason = "stop" if complete else "length"
         self.finish[row] = reason
         return reason is not None
 

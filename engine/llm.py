@@ -1,15 +1,21 @@
-"""The engine facade: `LLM(model, ...)`, `.generate(prompts, params)` and `.stream(prompts, params)`.
+"""The engine facade: `LLM(model, ...)`, `.plan(prompts, params)`, `.generate(...)` and `.stream(...)`.
 
-Flow of one call: encode prompts (engine.prompts) -> per-prompt errors set aside -> a policy for the
-valid prompts' lengths -> sort by length and cut into blocks of policy.block_size (engine.blocks) -> per
-block, the executor runs prefill + decode while a `BlockDecoder` picks tokens -> completions mapped back to
-the caller's order. `stream` yields each block's completions as soon as the block is done.
+Flow of one call: encode prompts (engine.prompts) -> per-prompt errors set aside -> the job's plan for the
+valid prompts' lengths (engine.planning: a plan given by the caller when it covers them, else one per
+workload bucket, chosen once and reused) -> sort by length and cut into blocks of the policy's block size
+(engine.blocks) -> per block, the warm executor runs prefill + decode while a `BlockDecoder` picks tokens
+-> completions mapped back to the caller's order. `stream` yields each block's completions as soon as the
+block is done. `gpu_memory` caps torch's allocator on the device (engine.storage.device_cap), so planning,
+trials and warm-up stay inside the budget too.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
 import shutil
+import time
+import weakref
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -21,10 +27,13 @@ from engine.cpu_dtype import fastest_cpu_dtype
 from engine.decoding import BlockDecoder
 from engine.models.config import ModelConfig
 from engine.params import Completion, SamplingParams
+from engine.planning import Plan, PlanCache, bucketed, merged, workload_list
+from engine.policy.cost_model import Workload
 from engine.policy.policy import Policy
 from engine.prompts import Encoded, encode_prompts
 from engine.sampling import sequence_keys
 from engine.sizes import parse_size
+from engine.storage import device_cap
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -69,9 +78,11 @@ def _size(value: int | str | None, name: str) -> int | None:
 class LLM:
     """An open LLM on this machine's tiers, generating for many prompts at once.
 
-    policy: "auto" (engine.policy.auto.choose_policy per call), a `Policy` or a Policy dict.
+    policy: "auto" (engine.policy.auto.choose_policy, once per workload bucket: see engine.planning), a
+    `Policy` or a Policy dict.
     gpu_memory / cpu_memory: hard budgets in bytes or strings like "16GiB" (None: what the machine has; on a
     GPU machine the auto policy plans the cpu tier within `hardware.PINNED_SHARE` of the available RAM).
+    On CUDA, gpu_memory also caps torch's allocator on the device for as long as this LLM lives.
     disk_dir: folder for the disk tier. dtype: "auto" = bfloat16 on CUDA (float16 without bf16), the
     faster of bfloat16/float32 on a CPU.
     """
@@ -94,6 +105,7 @@ class LLM:
         self.disk_dir = None if disk_dir is None else Path(disk_dir)
         self.compress_weights = compress_weights
         self.compress_cache = compress_cache
+        self.model_name = Path(str(model)).name
         self.loaded = load_model(model, dtype=self.dtype)
         tok_dir = self.loaded.tokenizer_dir
         self._tokenizer = Tokenizer.from_dir(tok_dir) if tok_dir is not None else None
@@ -102,8 +114,13 @@ class LLM:
             eos |= set(self._tokenizer.eos_token_ids)
         self.eos_token_ids: tuple[int, ...] = tuple(sorted(eos))
         self._policy: Policy | None = None
+        self._plan: Plan | None = None
+        self._plans: dict[tuple[int, ...], Plan] = {}
+        self._downsized: dict[Policy, Policy] = {}    # planned policy -> the smaller one an out-of-memory forced
         self._executor: Any = None
         self._executor_policy: Policy | None = None
+        self._cap = device_cap.hold(self.device, self.gpu_memory)
+        weakref.finalize(self, device_cap.release, self._cap)
 
     # ---- properties
     @property
@@ -125,24 +142,68 @@ class LLM:
         return self._policy
 
     @property
+    def last_plan(self) -> Plan | None:
+        """The plan of the last generate/stream/plan call (None before the first)."""
+        return self._plan
+
+    @property
     def fingerprint(self) -> str:
         """Stable id of what produces the outputs: model weights, dtype and compression."""
         key = f"{self.loaded.fingerprint}|{self.dtype}|w4={self.compress_weights}|c4={self.compress_cache}"
         return hashlib.sha256(key.encode()).hexdigest()[:32]
 
+    def prompt_tokens(self, prompts: Sequence[Any], params: SamplingParams | None = None) -> list[int]:
+        """How many tokens each prompt encodes to (chat template, the model's built-in system prompt and
+        few-shot turns included), as `stream` would encode it; nothing runs. 0 for a prompt that cannot be
+        encoded (a template failure)."""
+        params = self._check(prompts, params)
+        encoded = encode_prompts(prompts, params, self._tokenizer, self.loaded.config.vocab_size, self.max_context)
+        return [len(e.ids) for e in encoded]
+
     # ---- generation
-    def generate(self, prompts: Sequence[Any], params: SamplingParams | None = None) -> list[Completion]:
+    def generate(self, prompts: Sequence[Any], params: SamplingParams | None = None, *,
+                 plan: Plan | None = None) -> list[Completion]:
         """One Completion per prompt, in input order. Per-prompt problems are error completions."""
         out: list[Completion | None] = [None] * len(prompts)
-        for group in self.stream(prompts, params):
+        for group in self.stream(prompts, params, plan=plan):
             for index, completion in group:
                 out[index] = completion
         return out  # type: ignore[return-value]
 
-    def stream(self, prompts: Sequence[Any], params: SamplingParams | None = None) -> Iterator[Group]:
+    def stream(self, prompts: Sequence[Any], params: SamplingParams | None = None, *,
+               plan: Plan | None = None) -> Iterator[Group]:
         """Yield lists of (input index, Completion): first the prompts that cannot run, then one list per
         block as it finishes. Every index is yielded exactly once. Type and parameter errors raise here,
-        before any work."""
+        before any work. `plan` (from `plan()` or an earlier call's `last_plan`) is used when it covers
+        these prompts; otherwise the plan of their workload bucket is (planned once, then reused)."""
+        params = self._check(prompts, params)
+        encoded = encode_prompts(prompts, params, self._tokenizer, self.loaded.config.vocab_size, self.max_context)
+        if any(e.error is None for e in encoded):
+            self._constraint(params, 1)  # invalid grammar: raise now
+        return self._run(encoded, params, plan)
+
+    def plan(self, prompts: Sequence[Any], params: SamplingParams | None = None, *,
+             covering: Plan | None = None, rows: int | None = None, measure: bool = True) -> Plan:
+        """The plan a job over `prompts` (strings, messages or token ids, as for `stream`) runs with: chosen
+        now (the cost model, and trials on a GPU) or reused from this process or the plan cache; nothing is
+        generated. `covering`: a plan to keep when it covers these prompts, else the new plan covers both.
+        `rows`: the job's row count when `prompts` are a sample of it (their lengths stand for all rows).
+        `measure=False` (a preview): no trials; a plan not planned yet is the cost model's pick (source
+        "search"), which trials may still change when the job runs, and is not kept."""
+        params = self._check(prompts, params)
+        encoded = encode_prompts(prompts, params, self._tokenizer, self.loaded.config.vocab_size, self.max_context)
+        lens = [len(e.ids) for e in encoded if e.error is None]
+        if rows and lens:
+            lens = (lens * -(-rows // len(lens)))[:rows]
+        if measure or isinstance(self._policy_arg, Policy):
+            return self._plan_for(lens, params.max_new_tokens, covering)
+        workload = bucketed(lens, params.max_new_tokens)
+        known = self._plans.get(tuple(workload_list(workload)))
+        if known is None and self.device.type == "cuda":
+            known = PlanCache(self._cache_dir()).get(self._disk_key(workload))
+        return known if known is not None else self._choose(workload, trials=0)
+
+    def _check(self, prompts: Sequence[Any], params: SamplingParams | None) -> SamplingParams:
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -150,12 +211,9 @@ class LLM:
             raise TypeError(f"prompts must be a list, got {type(prompts).__name__}")
         if params.stop and self._tokenizer is None:
             raise ValueError("SamplingParams.stop needs a tokenizer; this model has none")
-        encoded = encode_prompts(prompts, params, self._tokenizer, self.loaded.config.vocab_size, self.max_context)
-        if any(e.error is None for e in encoded):
-            self._constraint(params, 1)  # invalid grammar: raise now
-        return self._run(encoded, params)
+        return params
 
-    def _run(self, encoded: list[Encoded], params: SamplingParams) -> Iterator[Group]:
+    def _run(self, encoded: list[Encoded], params: SamplingParams, plan: Plan | None) -> Iterator[Group]:
         errors = [(i, Completion("", finish_reason="error", prompt_tokens=len(e.ids), error=e.error))
                   for i, e in enumerate(encoded) if e.error is not None]
         if errors:
@@ -164,7 +222,9 @@ class LLM:
         if not valid:
             return
         keys = sequence_keys(params.seed, [e.ids for e in encoded]) if params.temperature > 0 else None
-        policy = self._choose_policy([len(encoded[i].ids) for i in valid], params.max_new_tokens)
+        plan = self._plan_for([len(encoded[i].ids) for i in valid], params.max_new_tokens, plan)
+        policy = self._downsized.get(plan.policy, plan.policy)
+        self._set_policy(policy)
         for block in plan_blocks([len(encoded[i].ids) for i in valid], policy.block_size):
             indices = [valid[b] for b in block]
             completions = self._run_block([encoded[i].ids for i in indices], params,
@@ -173,7 +233,8 @@ class LLM:
 
     def _run_block(self, prompts: list[list[int]], params: SamplingParams, keys: list[int] | None) -> list[Completion]:
         """Generate one block; on out-of-memory, halve the GPU batch size and rerun the block in pieces of
-        the new block size (saying so in the log). Nothing is lost: completions are per input row."""
+        the new block size (saying so in the log); later blocks and calls of that plan keep the smaller
+        batch. Nothing is lost: completions are per input row."""
         decoder = BlockDecoder(prompts, [params.max_new_tokens] * len(prompts), params,
                                eos_ids=self.eos_token_ids, tokenizer=self._tokenizer, keys=keys,
                                constraint=self._constraint(params, len(prompts)))
@@ -189,6 +250,8 @@ class LLM:
                     policy.gpu_batch_size, smaller.gpu_batch_size)
         self.close()
         self._set_policy(smaller)
+        self._downsized.update({old: smaller for old, new in self._downsized.items() if new == policy})
+        self._downsized[policy] = smaller
         out: list[Completion] = []
         for start in range(0, len(prompts), smaller.block_size):
             part = slice(start, start + smaller.block_size)
@@ -203,28 +266,101 @@ class LLM:
         n_vocab = max(self.loaded.config.vocab_size, self._tokenizer.vocab_size)
         return GrammarConstraint.for_params(params, self._tokenizer.to_json(), self.eos_token_ids, n_vocab, rows)
 
-    # ---- policy and executor
-    def _choose_policy(self, prompt_lens: list[int], max_new_tokens: int) -> Policy:
+    # ---- plans, policy and executor
+    def _plan_for(self, prompt_lens: list[int], max_new_tokens: int, given: Plan | None) -> Plan:
+        """`given` when it covers the workload, or when its policy also fits the larger bucket holding both
+        (the job goes on with it, nothing re-planned); else the plan of the workload's bucket (merged with
+        `given`'s). A call with more prompts than `given` was planned for re-plans when `given`'s block was
+        bounded by its prompt count (a job whose first call was small: a larger block may pay)."""
         if isinstance(self._policy_arg, Policy):
-            policy = self._policy_arg
+            plan = given if given is not None and given.policy == self._policy_arg else Plan(self._policy_arg)
         else:
-            try:
-                from engine.policy.auto import choose_policy
-            except ImportError:
-                choose_policy = None
-            if choose_policy is None:
-                policy = Policy(gpu_batch_size=CPU_FALLBACK_BATCH, compress_weights=self.compress_weights,
-                                compress_cache=self.compress_cache)
+            workload = bucketed(prompt_lens, max_new_tokens)
+            if given is None or given.workload is None:
+                plan = given if given is not None else self._bucket_plan(workload)
             else:
-                disk = shutil.disk_usage(self.disk_dir).free if self.disk_dir is not None else 0
-                policy = choose_policy(
-                    self.loaded.config, prompt_lens=prompt_lens, max_new_tokens=max_new_tokens,
-                    device=self.device, dtype=self.dtype, gpu_memory=self.gpu_memory, cpu_memory=self.cpu_memory,
-                    disk_memory=disk, compress_weights=self.compress_weights, compress_cache=self.compress_cache,
-                    trials=AUTO_TRIALS if torch.device(self.device).type == "cuda" else 0, disk_dir=self.disk_dir,
-                )
-        self._set_policy(policy)
-        return policy
+                w = given.workload
+                outgrown = (workload.num_prompts or 1) > (w.num_prompts or 1) \
+                    and 2 * given.policy.block_size > (w.num_prompts or 1)
+                both = merged(workload, w)
+                if given.covers(workload) and not outgrown:
+                    plan = given
+                elif not outgrown and self._fits(given.policy, both):
+                    plan = self._remember(tuple(workload_list(both)), replace(given, workload=both))
+                else:
+                    plan = self._bucket_plan(both)
+        self._plan = plan
+        return plan
+
+    def _fits(self, policy: Policy, workload: Workload) -> bool:
+        """Whether `policy`'s modelled peak memory for `workload` stays inside the budgets (on a CPU device
+        the executor's own budget check decides)."""
+        if self.device.type != "cuda":
+            return True
+        from engine.policy.memory import model_layout, peak_memory
+        from engine.policy.model_stats import dtype_bytes
+
+        B = dtype_bytes(self.dtype)
+        peak = peak_memory(self.loaded.config, model_layout(self.loaded.config, B, policy.compress_weights), policy,
+                           workload.memory_prompt_len, workload.gen_len, B, "cuda")
+        return ((self.gpu_memory is None or peak["gpu"] <= self.gpu_memory)
+                and (self.cpu_memory is None or peak["cpu"] <= self.cpu_memory))
+
+    def _bucket_plan(self, workload: Workload) -> Plan:
+        key = tuple(workload_list(workload))
+        if key in self._plans:
+            plan = self._plans[key]
+            return plan if plan.source == "memory" else self._remember(key, Plan(
+                plan.policy, plan.workload, "memory", plan.explanation, plan.predicted_tokens_per_s))
+        cuda = self.device.type == "cuda"
+        cache, disk_key = (PlanCache(self._cache_dir()), self._disk_key(workload)) if cuda else (None, None)
+        plan = cache.get(disk_key) if cache is not None else None
+        if plan is None:
+            plan = self._choose(workload, trials=AUTO_TRIALS if cuda else 0)
+            if cache is not None and plan.source == "trials":
+                cache.put(disk_key, plan)
+        return self._remember(key, plan)
+
+    def _remember(self, key: tuple[int, ...], plan: Plan) -> Plan:
+        self._plans[key] = plan
+        return plan
+
+    def _choose(self, workload: Workload, trials: int) -> Plan:
+        """Run the policy search (and trials) for `workload`. Trials build executors on truncated copies: the
+        warm executor is closed first, so they have the whole budget."""
+        try:
+            from engine.policy.auto import choose_policy_estimate
+        except ImportError:     # no scipy: a fixed heuristic policy
+            return Plan(Policy(gpu_batch_size=CPU_FALLBACK_BATCH, compress_weights=self.compress_weights,
+                               compress_cache=self.compress_cache), workload, "fallback")
+        if trials > 0:
+            self.close()
+        start = time.perf_counter()
+        disk = shutil.disk_usage(self.disk_dir).free if self.disk_dir is not None else 0
+        est = choose_policy_estimate(
+            self.loaded.config, workload=workload, device=self.device, dtype=self.dtype,
+            gpu_memory=self.gpu_memory, cpu_memory=self.cpu_memory, disk_memory=disk,
+            compress_weights=self.compress_weights, compress_cache=self.compress_cache, trials=trials,
+            disk_dir=self.disk_dir, model_name=self.model_name)
+        source = "trials" if est.context.get("trials") else "search"
+        return Plan(est.policy, workload, source, est.explain(), est.predicted_tokens_per_s,
+                    time.perf_counter() - start)
+
+    def _disk_key(self, workload: Workload) -> dict[str, Any]:
+        """What a cached plan depends on: the model's shape (not its weights), dtype, machine and device,
+        budgets, compression, the workload bucket and how many candidates were trialled."""
+        from engine.policy.hardware import profile_key
+
+        return {"config": self.loaded.config.to_dict(), "dtype": str(self.dtype), "device": profile_key(self.device),
+                "budgets": [self.gpu_memory, self.cpu_memory, str(self.disk_dir) if self.disk_dir else None],
+                "compress": [self.compress_weights, self.compress_cache], "workload": workload_list(workload),
+                "trials": AUTO_TRIALS}
+
+    @staticmethod
+    def _cache_dir() -> Path:
+        from engine.policy.hardware import cache_dir
+
+        return cache_dir() / "plans"
 
     def _set_policy(self, policy: Policy) -> None:
         if self._executor is not None and not self._executor_fits(policy):
@@ -259,6 +395,8 @@ class LLM:
         if self._executor is not None:
             self._executor.close()
             self._executor = None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
 
     def __enter__(self) -> "LLM":
         return self

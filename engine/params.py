@@ -27,6 +27,9 @@ class SamplingParams:
     system: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "top_k", "seed", "temperature", "top_p"):
+            if isinstance(getattr(self, name), bool):
+                raise ValueError(f"SamplingParams.{name} must be a number, got {getattr(self, name)!r}")
         if self.max_new_tokens < 1:
             raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:

@@ -5,12 +5,24 @@ rows, dedupes identical prompts, serves what the result cache already holds, han
 in one `stream` call and yields Arrow record batches as the engine's blocks finish. Every other adapter
 (Polars, DuckDB, pipelines, CLI, Ray) goes through here, and this is the only module importing `engine`.
 
+A `Job` is one operator run over a table that may reach the engine in several calls (DuckDB's 2048-row
+vectors, Polars morsels and groups): the engine's plan (policy) is chosen at the job's first call and
+handed back to the engine on every later one, so the job plans once and the executor stays warm; its
+`summary` adds up every call. Calls of one engine run one at a time (`engine_lock`).
+
 Output batches (`output_schema(spec)`): `row` int64 (index into the input table), `output` (`output_type`),
-`finish_reason` ("stop" | "length" | "error" | null for null rows), `error` (null unless the row failed),
-`prompt_tokens`, `completion_tokens` (int64). Per-row failures never stop the job:
-- a null in any placeholder column -> null output, null finish_reason, no generation;
+`finish_reason` ("stop" | "length" | "error" | null for null rows), `error` (why the output is null; null
+for good rows), `text` (the raw generated text; null when nothing was generated), `prompt_tokens`,
+`completion_tokens` (int64). Per-row failures never stop the job:
+- a null in any placeholder column -> null output, null finish_reason, null error, no generation;
+- an empty or whitespace-only value -> as `MapSpec.on_empty` says (default: null output, null finish_reason,
+  error "row i: column 'c' is empty"), no generation;
 - a render failure (invalid UTF-8 bytes) or an engine error (prompt too long) -> null output, "error";
-- a structured output (schema/choices/regex) cut by max_new_tokens -> null output, finish_reason "length".
+- a structured output (schema/choices/regex) cut by max_new_tokens -> null output, finish_reason "length",
+  error "output cut by max_new_tokens=N before the JSON was complete" (the engine keeps a constrained row
+  able to complete inside its budget, so this only happens when the shortest completion the engine finds
+  is longer than max_new_tokens);
+- a structured output that does not parse or is not one of the choices -> null output, "error" saying why.
 Job-level failures raise: a template naming a missing column (TemplateError, before any work), a bad
 spec (ValueError), an engine that cannot load or crashes (its exception; finished blocks stay cached).
 """
@@ -19,7 +31,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -31,9 +43,11 @@ from llmops import engines
 from llmops.progress import Progress
 from llmops.result_cache import CachedResult, open_cache, result_key
 from llmops.structured import arrow_type, parse_json_output, to_json_schema
-from llmops.templates import Prompt, RowOutcome, check_columns, check_examples, render_rows, template_fields
+from llmops.templates import (ON_EMPTY, Prompt, RowOutcome, check_columns, check_examples, cut_data, parts_text,
+                              render_rows, template_fields)
 
 CacheDir = str | Path | None | Literal[False]
+JOB_MEMO_ROWS = 200_000   # generated results a job keeps in memory for its later calls
 
 
 @dataclass(frozen=True)
@@ -44,7 +58,10 @@ class MapSpec:
     examples being {"input": {column: value}, "output": str | dict}. At most one of schema (any spelling
     `llmops.structured.to_json_schema` accepts; stored as a JSON schema), choices, regex. engine: settings
     for `engine.LLM(model, **settings)` (policy, gpu_memory, dtype, ...), given as a dict or pairs.
-    on_long_prompt: "error" (the row fails) or "truncate" (the row's text is cut to fit the context)."""
+    on_long_prompt: "error" (the row fails) or "truncate" (the row's data is cut to fit the context).
+    on_empty: a row whose placeholder value is empty or whitespace only: "null" (null output, null
+    finish_reason, error "row i: column 'c' is empty"), "error" (the same with finish_reason "error") or
+    "run" (sent to the model like any row)."""
 
     template: str
     model: str = "smollm2-135m-instruct"
@@ -62,6 +79,7 @@ class MapSpec:
     chat: bool | None = None
     engine: tuple[tuple[str, Any], ...] = ()
     on_long_prompt: Literal["error", "truncate"] = "error"
+    on_empty: Literal["null", "error", "run"] = "null"
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -77,6 +95,8 @@ class MapSpec:
         put(self, "engine", tuple(sorted((str(k), v) for k, v in settings)))
         if self.on_long_prompt not in ("error", "truncate"):
             raise ValueError(f"MapSpec.on_long_prompt must be 'error' or 'truncate', got {self.on_long_prompt!r}")
+        if self.on_empty not in ON_EMPTY:
+            raise ValueError(f"MapSpec.on_empty must be one of {', '.join(ON_EMPTY)}, got {self.on_empty!r}")
         template_fields(self.template)
         check_examples(self.template, self.examples)
         sampling_params(self)
@@ -123,7 +143,8 @@ def output_type(spec: MapSpec) -> pa.DataType:
 def output_schema(spec: MapSpec) -> pa.Schema:
     """Schema of every record batch `map_table` yields."""
     return pa.schema([("row", pa.int64()), ("output", output_type(spec)), ("finish_reason", pa.string()),
-                      ("error", pa.string()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64())])
+                      ("error", pa.string()), ("text", pa.string()), ("prompt_tokens", pa.int64()),
+                      ("completion_tokens", pa.int64())])
 
 
 @dataclass
@@ -145,6 +166,7 @@ class RunSummary:
     errors: int = 0
     truncated: int = 0
     done_rows: int = 0
+    calls: int = 1
 
     @property
     def tokens_per_s(self) -> float:
@@ -153,6 +175,11 @@ class RunSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "tokens_per_s": self.tokens_per_s}
+
+    def add(self, other: RunSummary) -> None:
+        """Add `other`'s figures to these (a job's summary over its calls)."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def __str__(self) -> str:
         return (f"{self.rows} rows in {self.seconds:.1f}s: {self.generated_tokens} tokens generated "
@@ -165,8 +192,9 @@ _last_lock = threading.Lock()
 
 
 def last_summary() -> RunSummary | None:
-    """The summary of the most recent finished (or failed) map run in this process, any thread (DuckDB
-    runs UDFs on its own threads). None before the first run."""
+    """The summary of the job of the most recent finished (or failed) map run in this process, any thread
+    (DuckDB runs UDFs on its own threads): all the calls of that job so far (a DuckDB query's vectors, a
+    Polars expression's morsels). None before the first run."""
     with _last_lock:
         return _last[-1] if _last else None
 
@@ -182,6 +210,65 @@ def get_engine(spec: MapSpec) -> Any:
     return engines.get_engine(spec.model, spec.engine, _make_llm)
 
 
+def engine_lock(eng: Any) -> threading.RLock:
+    """The lock every map run holds while it drives `eng` (engines are not thread-safe; Polars evaluates
+    expressions and DuckDB chunks on several threads)."""
+    return engines.lock_for(eng)
+
+
+class Job:
+    """One operator run over a table, reaching the engine in one or many calls (see module docstring).
+
+    engine: an `engine.LLM`-like object (default: the process-wide engine for `spec`, built on first use).
+    `plan` is the engine's plan once the first call has run (None for engines without plans), `summary`
+    the figures of every call so far (`summary.calls` of them). A prompt generated by one call is served to
+    the job's later calls from memory (counted as deduped), with or without the result cache."""
+
+    def __init__(self, spec: MapSpec, *, engine: Any = None) -> None:
+        self.spec = spec
+        self.plan: Any = None
+        self.summary = RunSummary(calls=0)
+        self._engine = engine
+        self._lock = threading.Lock()
+        self._done: dict[str, CachedResult] = {}
+
+    @property
+    def engine(self) -> Any:
+        if self._engine is None:
+            self._engine = get_engine(self.spec)
+        return self._engine
+
+    def recall(self, keys: Iterable[str]) -> dict[str, CachedResult]:
+        """The results this job already generated for any of `keys` (prompt + parameter keys)."""
+        with self._lock:
+            return {k: self._done[k] for k in keys if k in self._done}
+
+    def remember(self, results: Iterable[tuple[str, CachedResult]]) -> None:
+        """Keep generated results for the job's later calls (the oldest go past `JOB_MEMO_ROWS`)."""
+        with self._lock:
+            self._done.update(results)
+            while len(self._done) > JOB_MEMO_ROWS:
+                del self._done[next(iter(self._done))]
+
+    def finished(self, summary: RunSummary, plan: Any) -> RunSummary:
+        """Record one call's figures and the plan it ran with; returns the job's summary so far."""
+        with self._lock:
+            self.summary.add(summary)
+            self.plan = plan if plan is not None else self.plan
+            return self.summary
+
+
+def explain_policy(spec: MapSpec, prompts: list[Any], rows: int | None = None) -> str:
+    """Which plan a job of `rows` rows like `prompts` (a sample of them; None: just these) would run with and
+    where it comes from (this process, the plan cache, or the cost model's pick before trials); nothing is
+    generated and no trial runs. "" for an engine without plans."""
+    eng = get_engine(spec)
+    if not hasattr(eng, "plan"):
+        return ""
+    with engine_lock(eng):
+        return eng.plan(prompts, sampling_params(spec), rows=rows, measure=False).explain()
+
+
 class MapRun:
     """One run of `spec` over `table`: an iterator of record batches (see module docstring).
 
@@ -189,10 +276,11 @@ class MapRun:
     validates the template against the table's columns (TemplateError) and does nothing else."""
 
     def __init__(self, table: pa.Table, spec: MapSpec, *, cache_dir: CacheDir = None,
-                 progress: bool | None = None, engine: Any = None) -> None:
+                 progress: bool | None = None, engine: Any = None, job: Job | None = None) -> None:
         self.table, self.spec = table, spec
         self.fields = check_columns(spec.template, table.column_names)
-        self._cache_dir, self._progress, self._engine = cache_dir, progress, engine
+        self._cache_dir, self._progress = cache_dir, progress
+        self.job = job if job is not None else Job(spec, engine=engine)
         self.summary = RunSummary(rows=table.num_rows)
         self.schema = output_schema(spec)
         self._out_type = output_type(spec)
@@ -216,14 +304,16 @@ class MapRun:
         start = time.perf_counter()
         spec, summary = self.spec, self.summary
         bar = Progress(self.table.num_rows, enabled=self._progress)
+        plan = None
         try:
             outcomes = self._render()
             early = [i for i, o in enumerate(outcomes) if o.prompt is None]
-            summary.nulls = sum(1 for i in early if outcomes[i].error is None)
+            summary.nulls = sum(1 for i in early if outcomes[i].finish_reason is None)
+            self._empty_nulls = {i for i in early if outcomes[i].error and outcomes[i].finish_reason is None}
             rows_by_key: dict[str, list[int]] = {}
             eng = None
             if len(early) < len(outcomes):
-                eng = self._engine if self._engine is not None else get_engine(spec)
+                eng = self.job.engine
                 params = sampling_params(spec)
                 pdict = {**asdict(params), "on_long_prompt": spec.on_long_prompt}
                 fingerprint = str(getattr(eng, "fingerprint", spec.model))
@@ -233,48 +323,60 @@ class MapRun:
             summary.deduped = sum(len(r) - 1 for r in rows_by_key.values())
             cache = open_cache(None if self._cache_dir is None else self._cache_dir) \
                 if self._cache_dir is not False and rows_by_key else None
-            hits = cache.get_many(list(rows_by_key)) if cache is not None else {}
             first = [(i, None, outcomes[i].error) for i in early]
+            done_before = self.job.recall(rows_by_key)
+            for key, res in done_before.items():
+                first.extend((i, res, None) for i in rows_by_key[key])
+                summary.deduped += len(rows_by_key[key])
+            rest = [k for k in rows_by_key if k not in done_before]
+            hits = cache.get_many(rest) if cache is not None and rest else {}
             for key, res in hits.items():
                 first.extend((i, res, None) for i in rows_by_key[key])
                 summary.cache_hits += len(rows_by_key[key])
             if first:
                 yield self._emit(first, start, bar)
-            pending = [k for k in rows_by_key if k not in hits]
+            pending = [k for k in rest if k not in hits]
             if not pending:
                 return
             prompts = [outcomes[rows_by_key[k][0]].prompt for k in pending]
             if spec.on_long_prompt == "truncate":
-                prompts = [truncate_prompt(p, eng, spec.max_new_tokens) for p in prompts]
-            for group in _stream(eng, prompts, params):
-                done = [(pending[idx], _to_cached(c), c.error) for idx, c in group]
-                summary.generated_rows += len(done)
-                summary.generated_tokens += sum(r.completion_tokens for _, r, _ in done)
-                summary.prompt_tokens += sum(r.prompt_tokens for _, r, _ in done)
-                if cache is not None:
-                    cache.put_many((k, r) for k, r, _ in done)
-                yield self._emit([(i, r, err) for k, r, err in done for i in rows_by_key[k]], start, bar)
+                prompts = truncate_prompts(prompts, eng, spec.max_new_tokens, params)
+            with engine_lock(eng):
+                for group in _stream(eng, prompts, params, self.job.plan):
+                    plan = getattr(eng, "last_plan", None)
+                    done = [(pending[idx], _to_cached(c), c.error) for idx, c in group]
+                    summary.generated_rows += len(done)
+                    summary.generated_tokens += sum(r.completion_tokens for _, r, _ in done)
+                    summary.prompt_tokens += sum(r.prompt_tokens for _, r, _ in done)
+                    if cache is not None:
+                        cache.put_many((k, r) for k, r, _ in done)
+                    self.job.remember((k, r) for k, r, _ in done)
+                    yield self._emit([(i, r, err) for k, r, err in done for i in rows_by_key[k]], start, bar)
         finally:
             bar.close()
             summary.seconds = time.perf_counter() - start
+            total = self.job.finished(summary, plan)
             with _last_lock:
-                _last[:] = [summary]
+                _last[:] = [total]
+
+    _empty_nulls: set[int] = set()  # rows with empty values under on_empty="null": error text, no reason
 
     def _render(self) -> list[RowOutcome]:
         spec = self.spec
         columns = {f: self.table.column(f).to_pylist() for f in self.fields}
         return render_rows(spec.template, columns, self.table.num_rows, system=spec.system,
-                           examples=spec.examples)
+                           examples=spec.examples, on_empty=spec.on_empty)
 
     def _emit(self, items: list[tuple[int, CachedResult | None, str | None]], start: float,
               bar: Progress) -> pa.RecordBatch:
         cols: dict[str, list[Any]] = {n: [] for n in self.schema.names}
         for row, res, err in items:
-            value, reason, err = self._decode(res, err)
+            value, reason, err = self._decode(res, err) if row not in self._empty_nulls else (None, None, err)
             cols["row"].append(row)
             cols["output"].append(value)
             cols["finish_reason"].append(reason)
             cols["error"].append(err)
+            cols["text"].append(res.text if res is not None and res.finish_reason != "error" else None)
             cols["prompt_tokens"].append(res.prompt_tokens if res is not None else 0)
             cols["completion_tokens"].append(res.completion_tokens if res is not None else 0)
             self.summary.errors += reason == "error"
@@ -294,7 +396,9 @@ class MapRun:
         spec = self.spec
         structured = spec.schema is not None or spec.choices is not None or spec.regex is not None
         if structured and res.finish_reason != "stop":
-            return None, res.finish_reason, None
+            what = "JSON" if spec.schema is not None else "choice" if spec.choices is not None else "regex match"
+            return None, res.finish_reason, (f"output cut by max_new_tokens={spec.max_new_tokens} before the "
+                                             f"{what} was complete")
         if spec.schema is not None:
             try:
                 return parse_json_output(res.text, spec.schema, self._out_type), res.finish_reason, None
@@ -305,42 +409,74 @@ class MapRun:
         return res.text, res.finish_reason, None
 
 
-def truncate_prompt(prompt: Prompt, eng: Any, max_new_tokens: int) -> Prompt:
-    """Cut the row's own text (a string prompt, or the last message) so that the prompt plus
-    `max_new_tokens` fits `eng.max_context`, counting the other messages and a margin for the chat
-    template's markup. Needs `eng.tokenizer` (encode/decode); prompts are returned unchanged without it."""
+def truncate_prompts(prompts: list[Prompt], eng: Any, max_new_tokens: int,
+                     params: SamplingParams | None = None) -> list[Prompt]:
+    """Cut each over-long prompt's row data (`llmops.templates.cut_data`) so that the prompt plus
+    `max_new_tokens` fits `eng.max_context`. Lengths are the engine's own count (`eng.prompt_tokens`: the
+    chat template, the model's built-in system prompt, the system prompt and examples included), checked
+    again after each cut (a cut can merge or split a token at its edge). Without `eng.prompt_tokens` the
+    length is estimated (row text plus a margin per message). Needs `eng.tokenizer` (encode/decode) and
+    `eng.max_context`; prompts are returned unchanged without them. A prompt whose template text alone
+    is too long stays as it is (the engine then reports it)."""
     tok, limit = getattr(eng, "tokenizer", None), getattr(eng, "max_context", None)
     if tok is None or not limit:
-        return prompt
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    overhead = 16 + sum(8 + len(tok.encode(m["content"], add_special_tokens=False)) for m in messages[:-1])
-    budget = max(1, int(limit) - max_new_tokens - overhead)
-    ids = tok.encode(messages[-1]["content"], add_special_tokens=False)
-    if len(ids) <= budget:
-        return prompt
-    text = tok.decode(ids[:budget])
-    return text if isinstance(prompt, str) else [*messages[:-1], {**messages[-1], "content": text}]
+        return list(prompts)
+    budget = int(limit) - max_new_tokens
+    count = getattr(eng, "prompt_tokens", None)
+    if count is None:
+        def count(ps: list[Prompt], _: Any) -> list[int]:
+            return [_estimate_tokens(p, tok) for p in ps]
+    out = list(prompts)
+    lengths = count(out, params)
+    for i, n in enumerate(lengths):
+        for _ in range(8):
+            if n <= budget:
+                break
+            cut = cut_data(out[i], n - budget, lambda t: tok.encode(t, add_special_tokens=False),
+                           lambda ids: tok.decode(ids, skip_special_tokens=False))
+            if cut is None:
+                break
+            out[i] = cut
+            n = count([cut], params)[0]
+    return out
+
+
+def truncate_prompt(prompt: Prompt, eng: Any, max_new_tokens: int, params: SamplingParams | None = None) -> Prompt:
+    """`truncate_prompts` for one prompt."""
+    return truncate_prompts([prompt], eng, max_new_tokens, params)[0]
+
+
+def _estimate_tokens(prompt: Prompt, tok: Any) -> int:
+    """A prompt's length for an engine that cannot count it: its text plus 8 tokens of markup per message
+    and 16 for the template's frame."""
+    messages = prompt if prompt and isinstance(prompt[0], dict) and "role" in prompt[0] else [{"content": prompt}]
+    return 16 + sum(8 + len(tok.encode(parts_text(m["content"]), add_special_tokens=False)) for m in messages)
 
 
 def _to_cached(c: Completion) -> CachedResult:
     return CachedResult(c.text, c.finish_reason, int(c.prompt_tokens), len(c.token_ids))
 
 
-def _stream(eng: Any, prompts: list[Any], params: SamplingParams) -> Iterator[list[tuple[int, Completion]]]:
-    if hasattr(eng, "stream"):
+def _stream(eng: Any, prompts: list[Any], params: SamplingParams,
+            plan: Any) -> Iterator[list[tuple[int, Completion]]]:
+    if hasattr(eng, "plan"):
+        yield from eng.stream(prompts, params, plan=plan)
+    elif hasattr(eng, "stream"):
         yield from eng.stream(prompts, params)
     else:
         yield list(enumerate(eng.generate(prompts, params)))
 
 
 def map_table(table: pa.Table, spec: MapSpec, *, cache_dir: CacheDir = None, progress: bool | None = None,
-              engine: Any = None) -> MapRun:
+              engine: Any = None, job: Job | None = None) -> MapRun:
     """Run `spec` over every row of `table`; an iterator of record batches as blocks finish (rows already
     cached, null and unrenderable rows come first; not in row order). cache_dir: None = the default
     result cache dir, False = no cache. progress: None = a bar when stderr is a TTY. engine: an object
     with the `engine.LLM` API (default: the process-wide cached LLM for spec.model/spec.engine).
-    The returned MapRun's `.summary` holds the figures (final once exhausted)."""
-    return MapRun(table, spec, cache_dir=cache_dir, progress=progress, engine=engine)
+    job: the `Job` this run is one call of (its engine and plan are used; default: a job of its own).
+    The returned MapRun's `.summary` holds this call's figures (final once exhausted), `.job.summary` the
+    job's; `last_summary()` returns the job's."""
+    return MapRun(table, spec, cache_dir=cache_dir, progress=progress, engine=engine, job=job)
 
 
 def map_table_ordered(table: pa.Table, spec: MapSpec, **kwargs: Any) -> pa.Table:

@@ -9,8 +9,12 @@ works (DuckDB Python UDFs cannot be overloaded nor take ANY). NULL in (or a NULL
 NULL out; per-row failures give NULL (the error is counted in `llmops.last_summary()`); template errors
 raise. `side_effects` is set when sampling (temperature > 0).
 
-DuckDB calls the UDF once per 2048-row chunk, so each chunk is one engine run. `map_relation(con, query,
-template)` runs a whole query's rows as one job instead (better for large tables) and returns a relation.
+DuckDB calls the UDF once per 2048-row chunk. A registered function is one job per template
+(`llmops.core.Job`): its first chunk plans the engine's policy and every later chunk, of this query or the
+next, reuses the plan and the warm executor; `llmops.last_summary()` adds up all of its chunks (register
+the function again to start a new job). Chunks DuckDB evaluates on several threads at once are merged
+into one engine run (`llmops.coalesce`). `map_relation(con, query, template)` runs a whole query's rows as
+one engine call instead (larger blocks for large tables) and returns a relation.
 """
 from __future__ import annotations
 
@@ -24,11 +28,12 @@ from typing import Any, Literal
 import duckdb
 import pyarrow as pa
 
-from llmops.core import MapSpec, map_table_ordered
+from llmops.coalesce import Coalescer
+from llmops.core import Job, MapSpec, map_table_ordered
 from llmops.structured import arrow_type, to_json_schema
 from llmops.templates import TemplateError, template_fields
 
-_META = ("finish_reason", "error", "prompt_tokens", "completion_tokens")
+_META = ("finish_reason", "error", "text", "prompt_tokens", "completion_tokens")
 
 
 def duckdb_type(typ: pa.DataType) -> str:
@@ -56,11 +61,13 @@ def _spec_kwargs(model: str, schema: Any, choices: Sequence[str] | None, kw: Map
 
 
 class _Udf:
-    """The Arrow UDF behind one registered function: owns the specs (one per template seen)."""
+    """The Arrow UDF behind one registered function: owns a job per template seen (and its coalescer)."""
 
-    def __init__(self, template: str | None, spec_kwargs: dict[str, Any], run_kwargs: dict[str, Any]) -> None:
-        self.template, self.spec_kwargs, self.run_kwargs = template, spec_kwargs, run_kwargs
+    def __init__(self, template: str | None, spec_kwargs: dict[str, Any], run_kwargs: dict[str, Any],
+                 engine: Any) -> None:
+        self.template, self.spec_kwargs, self.run_kwargs, self.engine = template, spec_kwargs, run_kwargs, engine
         self._specs: dict[str, MapSpec] = {}
+        self._jobs: dict[str, tuple[Job, Coalescer]] = {}
         self._lock = threading.Lock()
         schema = spec_kwargs.get("schema")
         self.out_type = arrow_type(to_json_schema(schema)) if schema is not None else pa.string()
@@ -70,6 +77,16 @@ class _Udf:
             if template not in self._specs:
                 self._specs[template] = MapSpec(template=template, **self.spec_kwargs)
             return self._specs[template]
+
+    def job(self, template: str) -> tuple[Job, Coalescer]:
+        """The job of `template` and the coalescer that merges its concurrent chunks."""
+        spec = self.spec(template)
+        with self._lock:
+            if template not in self._jobs:
+                job = Job(spec, engine=self.engine)
+                run = lambda table: map_table_ordered(table, spec, job=job, **self.run_kwargs)  # noqa: E731
+                self._jobs[template] = (job, Coalescer(run))
+            return self._jobs[template]
 
     def __call__(self, *args: pa.ChunkedArray) -> pa.Array:
         if self.template is None:
@@ -90,7 +107,6 @@ class _Udf:
         return pa.array(out, type=self.out_type)
 
     def _run(self, template: str, values: list[str | None]) -> pa.Table:
-        spec = self.spec(template)
         names = template_fields(template)
         decoded = [None if v is None else json.loads(v) for v in values]
         columns: dict[str, list[Any]] = {n: [] for n in names}
@@ -109,7 +125,7 @@ class _Udf:
                                   json.dumps(cell) if isinstance(cell, (dict, list)) else str(cell))
         table = pa.table({n: pa.array(c, pa.string()) for n, c in columns.items()}) if names \
             else pa.table({"_": pa.array(values, pa.string())})
-        return map_table_ordered(table, spec, **self.run_kwargs)
+        return self.job(template)[1](table)
 
 
 def register(con: duckdb.DuckDBPyConnection, *, name: str = "llm_map", template: str | None = None,
@@ -119,14 +135,14 @@ def register(con: duckdb.DuckDBPyConnection, *, name: str = "llm_map", template:
     """Create SQL function `name` on `con` (see module docstring); returns `name`.
 
     generation: the other `MapSpec` fields (system, examples, regex, max_new_tokens, temperature, top_p,
-    top_k, seed, stop, chat, on_long_prompt) and `engine_settings` (dict for `engine.LLM`). engine: an
+    top_k, seed, stop, chat, on_long_prompt, on_empty) and `engine_settings` (dict for `engine.LLM`). engine: an
     object with the `engine.LLM` API (default: the process-wide engine for `model`)."""
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ValueError(f"function name {name!r} must be a plain SQL identifier")
     spec_kwargs = _spec_kwargs(model, schema, choices, dict(generation))
     if template is not None:
         MapSpec(template=template, **spec_kwargs)
-    udf = _Udf(template, spec_kwargs, {"cache_dir": cache_dir, "progress": progress, "engine": engine})
+    udf = _Udf(template, spec_kwargs, {"cache_dir": cache_dir, "progress": progress}, engine)
     impl = f"__llmops_{name}_impl"
     ret = duckdb_type(udf.out_type)
     side_effects = float(spec_kwargs.get("temperature", 0.0)) > 0
@@ -162,7 +178,8 @@ def map_relation(con: duckdb.DuckDBPyConnection, query: str | duckdb.DuckDBPyRel
                  cache_dir: str | Path | None | Literal[False] = None, progress: bool | None = None,
                  engine: Any = None, **generation: Any) -> duckdb.DuckDBPyRelation:
     """Run `template` over every row of `query` (SQL text or a relation) as one job; return a relation of
-    the query's columns plus `output` (and finish_reason/error/token columns when `with_meta`).
+    the query's columns plus `output` (and finish_reason/error/text/token columns when `with_meta`, see
+    `llmops.core`).
     Placeholders name the query's columns (TemplateError listing them otherwise)."""
     rel = con.sql(query) if isinstance(query, str) else query
     table = rel.to_arrow_table()

@@ -7,6 +7,7 @@ Thread-safe: concurrent callers asking for the same key get the same instance, b
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,8 @@ Factory = Callable[..., Any]
 _ENGINES: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
 _LOCK = threading.Lock()
 _override: Factory | None = None
+_USE_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_BY_ID: dict[int, threading.RLock] = {}   # engines that cannot be weakly referenced
 
 
 def set_factory(factory: Factory | None) -> Factory | None:
@@ -46,3 +49,12 @@ def clear() -> None:
         close = getattr(eng, "close", None)
         if callable(close):
             close()
+
+
+def lock_for(engine: Any) -> threading.RLock:
+    """The one lock serializing use of `engine` (the same object for every caller)."""
+    with _LOCK:
+        try:
+            return _USE_LOCKS.setdefault(engine, threading.RLock())
+        except TypeError:
+            return _BY_ID.setdefault(id(engine), threading.RLock())

@@ -1,12 +1,17 @@
 """Polars adapter: `llm_map(template, ...) -> pl.Expr`, usable in select/with_columns, eager, lazy, streaming.
 
 The template's placeholders become the expression's inputs (`pl.struct` of those columns, or of the
-expressions given in `columns`), and one `map_batches` call (not elementwise, so Polars hands it the whole
-column in one call in every engine) runs `llmops.core.map_table_ordered` with an explicit `return_dtype`
-so Polars never calls it on dummy data. One expression never generates twice for one input: the last
-input and output are kept and a repeated call with equal input returns the kept output (Polars may call
-a UDF twice, e.g. with `.struct.unnest()`, pola-rs/polars#20260); across evaluations the result cache
-serves repeats.
+expressions given in `columns`), and an elementwise `map_batches` runs `llmops.core.map_table_ordered`
+with an explicit `return_dtype`, so Polars never calls it on dummy data. An expression is one job
+(`llmops.core.Job`): every call it gets plans nothing new and finds the executor warm, and
+`llmops.last_summary()` adds up all of them. Eager frames and `group_by().agg` hand it the whole column in
+one call; the streaming engine (`collect(engine="streaming")`, `sink_parquet`, `collect_batches`) hands it
+morsels (a parquet scan's row groups, or `pl.Config.set_streaming_chunk_size` rows), so results reach the
+sink morsel by morsel while the job runs. Morsels arriving together on Polars' threads are merged into
+one engine run of up to `COALESCE_BLOCKS` of the plan's blocks (`llmops.coalesce`). One expression never
+generates twice for one input: the last few inputs and outputs are kept and a repeated call with an equal
+input returns the kept output (Polars may call a UDF twice, e.g. with `.struct.unnest()`,
+pola-rs/polars#20260); across evaluations the result cache serves repeats.
 """
 from __future__ import annotations
 
@@ -18,10 +23,13 @@ from typing import Any, Literal
 import polars as pl
 import pyarrow as pa
 
-from llmops.core import MapSpec, map_table_ordered, output_type
+from llmops.coalesce import Coalescer
+from llmops.core import Job, MapSpec, map_table_ordered, output_type
 from llmops.templates import template_fields
 
-_META = ("output", "finish_reason", "error", "prompt_tokens", "completion_tokens")
+COALESCE_BLOCKS = 2   # a merged run of concurrent morsels holds at most this many of the plan's blocks
+_MEMO = 8             # (input, output) pairs an expression keeps to answer Polars' repeated calls
+_META = ("output", "finish_reason", "error", "text", "prompt_tokens", "completion_tokens")
 
 
 def polars_dtype(arrow: pa.DataType) -> pl.DataType:
@@ -30,35 +38,42 @@ def polars_dtype(arrow: pa.DataType) -> pl.DataType:
 
 
 class _MapBatches:
-    """The UDF of one `llm_map` expression: owns the spec and the last (input, output) pair."""
+    """The UDF of one `llm_map` expression: owns the spec, the job, and the last few (input, output) pairs."""
 
     def __init__(self, spec: MapSpec, dtype: pl.DataType, meta: bool, cache_dir: Any, progress: bool | None,
                  engine: Any) -> None:
         self.spec, self.dtype, self.meta = spec, dtype, meta
-        self.kw = {"cache_dir": cache_dir, "progress": progress, "engine": engine}
+        self.kw = {"cache_dir": cache_dir, "progress": progress}
+        self.job = Job(spec, engine=engine)
+        self._coalescer = Coalescer(self._run, self._max_rows)
         self._lock = threading.Lock()
-        self._last: tuple[pl.Series, pl.Series] | None = None
+        self._memo: list[tuple[pl.Series, pl.Series]] = []
         self.generations = 0
 
     def __call__(self, inputs: pl.Series) -> pl.Series:
-        with self._lock:
-            if self._last is not None and self._last[0].equals(inputs):
-                return self._last[1]
-            out = self._compute(inputs)
-            self._last = (inputs, out)
-            return out
-
-    def _compute(self, inputs: pl.Series) -> pl.Series:
         if inputs.len() == 0:
             return pl.Series(inputs.name, [], dtype=self.dtype)
-        table = inputs.struct.unnest().to_arrow()
-        self.generations += 1
-        result = map_table_ordered(table, self.spec, **self.kw)
+        with self._lock:
+            for seen, out in self._memo:
+                if seen.len() == inputs.len() and seen.equals(inputs):
+                    return out
+        result = self._coalescer(inputs.struct.unnest().to_arrow())
         if self.meta:
             arr = pa.StructArray.from_arrays([result.column(n).combine_chunks() for n in _META], names=_META)
         else:
             arr = result.column("output").combine_chunks()
-        return pl.Series(inputs.name, arr).cast(self.dtype)
+        out = pl.Series(inputs.name, arr).cast(self.dtype)
+        with self._lock:
+            self._memo = [*self._memo[-(_MEMO - 1):], (inputs, out)]
+        return out
+
+    def _run(self, table: pa.Table) -> pa.Table:
+        self.generations += 1
+        return map_table_ordered(table, self.spec, job=self.job, **self.kw)
+
+    def _max_rows(self) -> int | None:
+        policy = getattr(self.job.plan, "policy", None)
+        return None if policy is None else COALESCE_BLOCKS * policy.block_size
 
 
 def _declared_dtype(schema: Any) -> pl.DataType | None:
@@ -79,11 +94,13 @@ def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any 
             temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
             stop: Sequence[str] = (), chat: bool | None = None, engine_settings: Mapping[str, Any] | None = None,
             on_long_prompt: Literal["error", "truncate"] = "error", columns: Mapping[str, str | pl.Expr] | None = None,
+            on_empty: Literal["null", "error", "run"] = "null",
             with_meta: bool = False, cache_dir: str | Path | None | Literal[False] = None,
             progress: bool | None = None, engine: Any = None) -> pl.Expr:
     """An expression generating one value per row from `template` (see `llmops.core.MapSpec` for the
     generation arguments). Output dtype: String, or a Struct matching `schema`; with `with_meta=True` a
-    Struct {output, finish_reason, error, prompt_tokens, completion_tokens}. Null in any placeholder column
+    Struct {output, finish_reason, error, text, prompt_tokens, completion_tokens} (error: why output is
+    null; text: the raw generated text, see `llmops.core`). Null in any placeholder column
     -> null. `columns` binds placeholder names to other columns or expressions (default `pl.col(name)`).
     `engine` is an object with the `engine.LLM` API (default: the process-wide engine for `model`).
     Template errors (bad syntax) raise here; unknown columns raise Polars' ColumnNotFoundError (naming
@@ -92,7 +109,7 @@ def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any 
                    choices=tuple(choices) if choices is not None else None, regex=regex,
                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                    stop=tuple(stop), chat=chat, engine=tuple((engine_settings or {}).items()),
-                   on_long_prompt=on_long_prompt)
+                   on_long_prompt=on_long_prompt, on_empty=on_empty)
     names = template_fields(template)
     if not names:
         raise ValueError(f"template {template!r} has no {{column}} placeholder: nothing to map over")
@@ -104,8 +121,8 @@ def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any 
     out = output_type(spec)
     if with_meta:
         out = pa.struct([("output", out), ("finish_reason", pa.string()), ("error", pa.string()),
-                         ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64())])
+                         ("text", pa.string()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64())])
     declared = None if with_meta else _declared_dtype(schema)
     dtype = declared if declared is not None else polars_dtype(out)
     udf = _MapBatches(spec, dtype, with_meta, cache_dir, progress, engine)
-    return pl.struct(exprs).map_batches(udf, return_dtype=dtype).alias("llm_map")
+    return pl.struct(exprs).map_batches(udf, return_dtype=dtype, is_elementwise=True).alias("llm_map")

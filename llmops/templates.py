@@ -4,19 +4,33 @@ A template is `str.format` syntax restricted to bare names: `{body}` is the valu
 `{{` and `}}` are literal braces. Positional (`{}`, `{0}`), attribute (`{a.b}`), index (`{a[0]}`),
 conversion (`{a!r}`) and format-spec (`{a:>5}`) fields are rejected when the template is parsed, so
 every error surfaces before any generation. Rendering never touches the engine: it turns one row
-(a mapping of column -> Python value) into either a plain string (no system prompt, no examples) or a
-list of chat messages `[{"role", "content"}]` (system, then user/assistant turns per example, then the
-row's user turn); the engine applies the model's chat template to both (SamplingParams.chat).
+(a mapping of column -> Python value) into either a list of parts (no system prompt, no examples) or a
+list of chat messages `[{"role", "content": parts}]` (system, then user/assistant turns per example, then
+the row's user turn); the engine applies the model's chat template to both (SamplingParams.chat).
+
+Data is data. A part is a string (text the user wrote: the template's literal text, the system prompt) or
+`{"data": text}` (a value: a cell, an example's input value or output). This is the contract with the
+engine (engine/prompts.py): the engine reads special-token strings (`<|im_end|>`) as control tokens only
+in template text and in the chat template, and encodes data as plain text. Plain dicts, so a prompt's JSON
+(the result-cache key) tells a value from template text. `build_prompt` / `prompt_text` give the same
+prompt unmarked, for people (dry runs).
+
+Empty values: a placeholder value that is empty or whitespace only makes the row `RowOutcome(None,
+"row i: column 'c' is empty", finish_reason)` under `on_empty="null"` (finish_reason None, like a null) or
+`"error"` (finish_reason "error"); `"run"` sends it to the model.
 """
 from __future__ import annotations
 
 import json
 import string
 from dataclasses import dataclass
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal
 
-Prompt = str | list[dict[str, str]]
+Part = str | dict[str, str]                 # template text, or {"data": value text}
+Prompt = list[Part] | list[dict[str, Any]]  # parts, or chat messages whose content is a list of parts
+OnEmpty = Literal["null", "error", "run"]
+ON_EMPTY: tuple[str, ...] = ("null", "error", "run")
 
 
 class TemplateError(ValueError):
@@ -92,6 +106,44 @@ def render(template: str, row: Mapping[str, Any]) -> str:
     return template.format_map({f: format_value(row[f], f) for f in fields})
 
 
+def render_parts(template: str, row: Mapping[str, Any]) -> list[Part]:
+    """`render`, marked: the template's literal text as strings, each value as `{"data": text}`."""
+    check_columns(template, row.keys(), what="row")
+    parts: list[Part] = []
+    for literal, name, _, _ in string.Formatter().parse(template):
+        if literal:
+            if parts and isinstance(parts[-1], str):
+                parts[-1] += literal
+            else:
+                parts.append(literal)
+        if name is not None:
+            parts.append({"data": format_value(row[name], name)})
+    return parts
+
+
+def parts_text(parts: Sequence[Part]) -> str:
+    """The text of a list of parts, values and template text joined."""
+    return "".join(p if isinstance(p, str) else p["data"] for p in parts)
+
+
+def prompt_text(prompt: Prompt) -> str | list[dict[str, Any]]:
+    """A marked prompt unmarked: a string, or messages with string contents."""
+    if prompt and isinstance(prompt[0], dict) and "role" in prompt[0]:
+        return [{**m, "content": parts_text(m["content"])} for m in prompt]  # type: ignore[index]
+    return parts_text(prompt)  # type: ignore[arg-type]
+
+
+def empty_columns(row: Mapping[str, Any]) -> list[str]:
+    """The columns whose value renders to empty or whitespace-only text (str, bytes)."""
+    out = []
+    for name, value in row.items():
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            value = bytes(value).decode("utf-8", "replace")
+        if isinstance(value, str) and not value.strip():
+            out.append(name)
+    return out
+
+
 def _example_output(output: Any) -> str:
     if isinstance(output, str):
         return output
@@ -112,37 +164,51 @@ def check_examples(template: str, examples: Sequence[Mapping[str, Any]]) -> None
             raise TemplateError(f"example {i}: {exc}") from None
 
 
-def build_prompt(template: str, row: Mapping[str, Any], *, system: str | None = None,
-                 examples: Sequence[Mapping[str, Any]] = ()) -> Prompt:
-    """The engine prompt for one row: the rendered string when there is no system prompt and no
-    example, else chat messages: system, (user, assistant) per example, then the row's user turn."""
-    user = render(template, row)
+def build_marked_prompt(template: str, row: Mapping[str, Any], *, system: str | None = None,
+                        examples: Sequence[Mapping[str, Any]] = ()) -> Prompt:
+    """The engine prompt for one row: the rendered parts when there is no system prompt and no example,
+    else chat messages: system (template text), (user, assistant) per example (values as data), then the
+    row's user turn."""
+    user = render_parts(template, row)
     if system is None and not examples:
         return user
-    messages: list[dict[str, str]] = []
+    messages: list[dict[str, Any]] = []
     if system is not None:
-        messages.append({"role": "system", "content": system})
+        messages.append({"role": "system", "content": [system]})
     for ex in examples:
-        messages.append({"role": "user", "content": render(template, ex["input"])})
-        messages.append({"role": "assistant", "content": _example_output(ex["output"])})
+        messages.append({"role": "user", "content": render_parts(template, ex["input"])})
+        messages.append({"role": "assistant", "content": [{"data": _example_output(ex["output"])}]})
     messages.append({"role": "user", "content": user})
     return messages
 
 
+def build_prompt(template: str, row: Mapping[str, Any], *, system: str | None = None,
+                 examples: Sequence[Mapping[str, Any]] = ()) -> str | list[dict[str, Any]]:
+    """`build_marked_prompt` unmarked (`prompt_text`): the text a person reads."""
+    return prompt_text(build_marked_prompt(template, row, system=system, examples=examples))
+
+
 @dataclass(frozen=True)
 class RowOutcome:
-    """One row's rendering: a prompt, or (prompt None) a null row (error None) or a failed row."""
+    """One row's rendering: a prompt, or (prompt None) a row that does not run: a null row (error and
+    finish_reason None), an empty row (error says which column; finish_reason per on_empty) or a failed
+    row (finish_reason "error")."""
 
     prompt: Prompt | None
     error: str | None = None
+    finish_reason: str | None = None
 
 
 def render_rows(template: str, columns: Mapping[str, Sequence[Any]], num_rows: int, *,
-                system: str | None = None, examples: Sequence[Mapping[str, Any]] = ()) -> list[RowOutcome]:
+                system: str | None = None, examples: Sequence[Mapping[str, Any]] = (),
+                on_empty: OnEmpty = "null") -> list[RowOutcome]:
     """Render every row of a column-major table (`columns[name][i]`, holding each placeholder).
 
-    A None in any placeholder column makes a null row; a row that cannot be rendered becomes a failed
+    A None in any placeholder column makes a null row; an empty or whitespace-only value an empty row
+    (see module docstring; `on_empty="run"` renders it); a row that cannot be rendered becomes a failed
     row whose error names the row and column. A template without placeholders gives one prompt per row."""
+    if on_empty not in ON_EMPTY:
+        raise ValueError(f"on_empty must be one of {', '.join(ON_EMPTY)}, got {on_empty!r}")
     fields = template_fields(template)
     check_columns(template, columns.keys())
     out: list[RowOutcome] = []
@@ -151,8 +217,38 @@ def render_rows(template: str, columns: Mapping[str, Sequence[Any]], num_rows: i
         if any(v is None for v in row.values()):
             out.append(RowOutcome(None))
             continue
+        empty = empty_columns(row) if on_empty != "run" else []
+        if empty:
+            names = ", ".join(repr(c) for c in empty)
+            what = f"column {names} is" if len(empty) == 1 else f"columns {names} are"
+            out.append(RowOutcome(None, f"row {i}: {what} empty", "error" if on_empty == "error" else None))
+            continue
         try:
-            out.append(RowOutcome(build_prompt(template, row, system=system, examples=examples)))
+            out.append(RowOutcome(build_marked_prompt(template, row, system=system, examples=examples)))
         except RowRenderError as exc:
-            out.append(RowOutcome(None, f"row {i}: {exc}"))
+            out.append(RowOutcome(None, f"row {i}: {exc}", "error"))
     return out
+
+
+def cut_data(prompt: Prompt, tokens: int, encode: Callable[[str], list[int]],
+             decode: Callable[[list[int]], str]) -> Prompt | None:
+    """`prompt` with its row's data `tokens` tokens shorter (`on_long_prompt: truncate`): the data parts
+    of the row's own turn (the last message, or the parts prompt), the longest first, each cut at its
+    end; template text, the system prompt and examples are never cut. None when the data is all gone
+    before `tokens` were cut. `encode`/`decode`: the model's tokenizer on plain text."""
+    is_messages = bool(prompt) and isinstance(prompt[0], dict) and "role" in prompt[0]  # type: ignore[index]
+    own = prompt[-1]["content"] if is_messages else prompt  # type: ignore[index]
+    parts: list[Part] = [{"data": own}] if isinstance(own, str) else list(own)  # a plain string is all data
+    ids = {j: encode(p["data"]) for j, p in enumerate(parts) if isinstance(p, dict)}
+    left = tokens
+    while left > 0:
+        j = max(ids, key=lambda k: len(ids[k]), default=None)
+        if j is None or not ids[j]:
+            return None
+        keep = max(0, len(ids[j]) - left)
+        left -= len(ids[j]) - keep
+        ids[j] = ids[j][:keep]
+        parts[j] = {"data": decode(ids[j]) if keep else ""}
+    if is_messages:
+        return [*prompt[:-1], {**prompt[-1], "content": parts}]  # type: ignore[list-item, dict-item]
+    return parts

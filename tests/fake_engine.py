@@ -4,7 +4,10 @@ Text output for a prompt is "echo: <the row's text>" cut to `max_new_tokens` wor
 when cut, else "stop"). With `json_schema` it returns a valid JSON object whose values derive from the
 prompt's hash (unless the prompt contains "CUT": then a cut JSON prefix with finish_reason "length"); with
 `choices` it returns the first choice named in the row's text, else one chosen by hash. A prompt longer
-than `max_context` characters gives an error Completion. `fail_at_block=N` raises RuntimeError when block
+than `max_context` characters gives an error Completion. Prompts come in the engine's forms (a string,
+parts `["Q: ", {"data": "..."}]`, messages whose content is a string or parts); the row's text is the
+parts joined. `prompt_tokens` counts characters plus `prompt_overhead` (a stand-in for a chat template's
+built-in system prompt). `fail_at_block=N` raises RuntimeError when block
 N (0-based) is about to be yielded by `stream`, simulating a crash after N finished blocks.
 """
 from __future__ import annotations
@@ -28,12 +31,19 @@ class CharTokenizer:
         return "".join(chr(i) for i in ids)
 
 
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, str) or (isinstance(p, dict) and set(p) == {"data"})
+                                         for p in content):
+        return "".join(p if isinstance(p, str) else p["data"] for p in content)
+    raise TypeError(f"fake engine: unsupported prompt {content!r}")
+
+
 def _row_text(prompt: Any) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-        return prompt[-1]["content"]
-    raise TypeError(f"fake engine: unsupported prompt {prompt!r}")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) and "role" in prompt[0]:
+        return _text(prompt[-1]["content"])
+    return _text(prompt)
 
 
 def _h(prompt: Any) -> int:
@@ -73,11 +83,12 @@ class FakeLLM:
     """Deterministic stand-in for `engine.LLM` (see module docstring). Counts every prompt it sees."""
 
     def __init__(self, *, fingerprint: str = "fake-model-v1", block_size: int = 4, max_context: int = 10_000,
-                 fail_at_block: int | None = None) -> None:
+                 fail_at_block: int | None = None, prompt_overhead: int = 0) -> None:
         self.fingerprint = fingerprint
         self.block_size = block_size
         self.max_context = max_context
         self.fail_at_block = fail_at_block
+        self.prompt_overhead = prompt_overhead
         self.tokenizer = CharTokenizer()
         self.seen: Counter[str] = Counter()
         self.calls = 0
@@ -89,13 +100,17 @@ class FakeLLM:
         """Total prompts generated (duplicates across calls included)."""
         return sum(self.seen.values())
 
+    def prompt_tokens(self, prompts: list[Any], params: SamplingParams | None = None) -> list[int]:
+        """Characters of each prompt's row text plus `prompt_overhead` (what `truncate_prompts` counts)."""
+        return [self.prompt_overhead + len(_row_text(p)) for p in prompts]
+
     def complete(self, prompt: Any, params: SamplingParams) -> Completion:
         """The deterministic completion of one prompt."""
         text = _row_text(prompt)
         n_prompt = len(json.dumps(prompt)) if not isinstance(prompt, str) else len(prompt)
-        if len(text) > self.max_context:
-            return Completion("", [], "error", n_prompt,
-                              error=f"prompt of {len(text)} tokens exceeds the context of {self.max_context}")
+        if self.prompt_overhead + len(text) > self.max_context:
+            return Completion("", [], "error", n_prompt, error=f"prompt of {self.prompt_overhead + len(text)} "
+                                                              f"tokens exceeds the context of {self.max_context}")
         h = _h(prompt)
         if params.json_schema is not None:
             full = json.dumps(fake_value(params.json_schema, h))

@@ -89,7 +89,7 @@ def test_truncate_long_prompts():
     spec = MapSpec("{body}", on_long_prompt="truncate", max_new_tokens=4)
     out = map_table_ordered(table, spec, engine=FakeLLM(max_context=40), cache_dir=False)
     assert out.column("finish_reason").to_pylist() == ["stop", "stop"]
-    assert out.column("output")[1].as_py() == "echo: " + "y" * (40 - 4 - 16)
+    assert out.column("output")[1].as_py() == "echo: " + "y" * (40 - 4)  # the engine's exact count
 
 
 def test_schema_output_is_typed_and_cut_rows_are_null():
@@ -122,7 +122,8 @@ def test_few_shot_messages_reach_the_engine(table):
     spec = MapSpec("Q {body}", system="sys", examples=({"input": {"body": "e"}, "output": "E"},))
     map_table_ordered(table, spec, engine=eng, cache_dir=False)
     prompt = next(iter(eng.seen))
-    assert '"role": "system"' in prompt and '"content": "Q e"' in prompt and '"content": "E"' in prompt
+    assert '"role": "system"' in prompt and '"content": ["Q ", {"data": "e"}]' in prompt
+    assert '"content": [{"data": "E"}]' in prompt and '"content": ["sys"]' in prompt
 
 
 def test_mapspec_hash_round_trip_and_validation():

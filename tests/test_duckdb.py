@@ -62,7 +62,8 @@ def test_map_relation_whole_query(con):
     eng = FakeLLM()
     rel = map_relation(con, "SELECT * FROM t ORDER BY id", "City of {addr}", output="city", with_meta=True,
                        engine=eng, cache_dir=False)
-    assert rel.columns == ["addr", "id", "city", "finish_reason", "error", "prompt_tokens", "completion_tokens"]
+    assert rel.columns == ["addr", "id", "city", "finish_reason", "error", "text", "prompt_tokens",
+                           "completion_tokens"]
     rows = rel.fetchall()
     assert [r[2] for r in rows] == ["echo: City of Paris rue", None, "echo: City of Oslo gate",
                                     "echo: City of Paris rue"]
@@ -74,8 +75,9 @@ def test_large_table_is_called_per_chunk_and_each_prompt_generated_once(con, tmp
     eng = FakeLLM(block_size=512)
     register(con, engine=eng, cache_dir=False, max_new_tokens=3)
     assert con.execute("SELECT count(*), count(llm_map('{s}', s)) FROM big").fetchall() == [(10000, 10000)]
-    assert eng.calls == 5                 # 2048-row chunks, each one engine run
-    assert last_summary().rows == 10000 - 4 * 2048
+    assert eng.calls == 4                 # 2048-row chunks; the last one's prompts were all generated before
+    assert eng.prompts_seen == 7000 and set(eng.seen.values()) == {1}     # one job: each prompt once
+    assert (last_summary().rows, last_summary().calls) == (10000, 5)      # the summary covers the query
     cached = FakeLLM(block_size=512)
     register(con, engine=cached, cache_dir=tmp_path, max_new_tokens=3)
     assert con.execute("SELECT count(llm_map('{s}', s)) FROM big").fetchone() == (10000,)

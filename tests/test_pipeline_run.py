@@ -147,7 +147,7 @@ def test_cut_structured_rows_are_counted_as_failed(tmp_path):
     result = run_pipeline(_pipeline(tmp_path, path, steps=steps), engine=FakeLLM())
     out = _read(tmp_path / "out" / "result.parquet")
     assert result.failed_rows == 1 and out["f"][1] is None and out["f"][0] is not None
-    assert out["e"] == [None, "output cut by max_new_tokens=64 before it was complete", None]
+    assert out["e"] == [None, "output cut by max_new_tokens=64 before the JSON was complete", None]
 
 
 def test_sql_and_dedupe_after_llm_map_collect_then_run(tmp_path, data):

@@ -73,7 +73,7 @@ def test_bad_examples(examples, fragment):
 
 def test_render_rows_nulls_and_errors():
     out = render_rows("{a}-{b}", {"a": ["x", None, b"\xff", "y"], "b": [1, 2, 3, None]}, 4)
-    assert out[0].prompt == "x-1" and out[0].error is None
+    assert out[0].prompt == [{"data": "x"}, "-", {"data": "1"}] and out[0].error is None
     assert out[1].prompt is None and out[1].error is None
     assert out[2].prompt is None and "row 2" in out[2].error and "column 'a'" in out[2].error
     assert out[3].prompt is None and out[3].error is None

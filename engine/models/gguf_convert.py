@@ -6,6 +6,10 @@ tokenizer files (tokenizer.json, tokenizer_config.json with chat_template / eos 
 GGUF tokenizer converter, and writes it all to `cache_dir/<fingerprint>/` atomically: into a temporary
 folder first, with a `.complete.json` marker holding every file's size, then renamed into place. A folder
 whose marker is missing or disagrees with the files on disk is rebuilt, never used.
+
+A GGUF file is checked before any tensor is read: every tensor's byte range must lie inside the file, so a
+truncated download fails with `GGUFTruncatedError` naming the file, the first tensor past the end and the
+sizes, not with a numpy reshape error.
 """
 from __future__ import annotations
 
@@ -41,6 +45,43 @@ _GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 _SKIPPED = {"rope_freqs.weight"}  # llama.cpp's precomputed RoPE factors; config.json carries the scaling
+
+
+class GGUFTruncatedError(ValueError):
+    """A GGUF file ends before the data of one of its tensors (a partial download or copy)."""
+
+
+def check_tensor_bounds(path: Path, file_size: int, data_start: int, infos: list[tuple[str, int, int]]) -> None:
+    """Raise GGUFTruncatedError for the first tensor (name, offset from `data_start`, byte count) whose bytes
+    run past `file_size`."""
+    for name, offset, n_bytes in infos:
+        end = data_start + offset + n_bytes
+        if end > file_size:
+            raise GGUFTruncatedError(
+                f"{path}: truncated GGUF file: tensor {name!r} needs bytes {data_start + offset}..{end} but the "
+                f"file has {file_size} bytes ({end - file_size} missing); download or copy it again")
+
+
+def _reader(path: Path) -> Any:
+    """A `gguf.GGUFReader` that checks every tensor's byte range against the file size before it maps the
+    tensors (the reader itself would fail with "cannot reshape array of size ...")."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+
+    class CheckedReader(GGUFReader):
+        def _build_tensors(self, start_offs: int, fields: list) -> None:  # noqa: ANN001 (gguf's own hook)
+            infos = []
+            for field in fields:
+                try:
+                    _, name_data, _, dims, raw_dtype, offset = field.parts
+                    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
+                    n_bytes = int(np.prod(dims)) * type_size // block
+                    infos.append((bytes(name_data).decode("utf-8", "replace"), int(offset[0]), n_bytes))
+                except (ValueError, KeyError, TypeError):  # a layout this check does not know: let gguf decide
+                    continue
+            check_tensor_bounds(path, len(self.data), int(start_offs), infos)
+            super()._build_tensors(start_offs, fields)
+
+    return CheckedReader(str(path))
 
 
 def gguf_fingerprint(path: Path) -> str:
@@ -183,11 +224,12 @@ def _write_tokenizer(gguf_path: Path, reader: Any, folder: Path) -> None:
 
 
 def _write_conversion(gguf_path: Path, folder: Path) -> None:
-    from gguf import GGUFReader
     from safetensors.torch import save_file
 
     try:
-        reader = GGUFReader(str(gguf_path))
+        reader = _reader(gguf_path)
+    except GGUFTruncatedError:
+        raise
     except Exception as e:
         raise ValueError(f"cannot read GGUF file {gguf_path}: {e}") from None
     config = _config(reader, gguf_path)

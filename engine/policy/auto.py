@@ -69,8 +69,9 @@ def _cpu_estimate(config: ModelConfig, workload: Workload, bytes_per_element: in
 def choose_policy_estimate(
     config: ModelConfig,
     *,
-    prompt_lens: list[int],
-    max_new_tokens: int,
+    prompt_lens: Sequence[int] = (),
+    max_new_tokens: int = 1,
+    workload: Workload | None = None,
     device: torch.device,
     dtype: torch.dtype,
     gpu_memory: int | None,
@@ -90,9 +91,10 @@ def choose_policy_estimate(
     short block on 2- and 6-layer copies of the model (`engine.policy.trial`), within about `trial_time_s`
     seconds, and the best measured one is returned; its estimate holds the extrapolated measurement and
     the cost model's prediction (`context["predicted"]`, `context["trials"]`). `compress_weights` /
-    `compress_cache` None let the search decide (on CUDA; a CPU device never compresses then)."""
+    `compress_cache` None let the search decide (on CUDA; a CPU device never compresses then). `workload`,
+    when given, is planned for instead of the one `prompt_lens` and `max_new_tokens` describe."""
     device = torch.device(device)
-    workload = workload_from_prompts(prompt_lens, max_new_tokens)
+    workload = workload or workload_from_prompts(prompt_lens, max_new_tokens)
     B = ms.dtype_bytes(dtype)
     if device.type != "cuda":
         budget = gpu_memory if gpu_memory is not None else (cpu_memory if cpu_memory is not None

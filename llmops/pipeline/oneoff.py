@@ -76,15 +76,21 @@ def generate(input_file: str, *, template: str | None, model: str, system: str |
     spec = MapSpec(template=template, model=model, system=system, schema=_schema(schema),
                    choices=tuple(c.strip() for c in choices.split(",") if c.strip()) if choices else None,
                    max_new_tokens=max_new_tokens, temperature=temperature)
-    run = map_table(table, spec, cache_dir=None if use_cache else False, progress=progress, engine=engine)
-    results = run.ordered()
-    if output is not None:
+    writer = None
+    if output is not None:  # checked before any work: the name, and what is at that path (SinkError)
         suffix = Path(output).suffix.lower()
         if suffix not in TABLE_SUFFIXES:
             raise click.BadParameter(f"--output {output}: use a .csv, .parquet or .jsonl name")
         writer = SinkWriter(Sink(**{TABLE_SUFFIXES[suffix]: output}))
-        writer.write(attach_output(table, results, LlmMap(output="output", template=template)))
-        writer.commit()
+    run = map_table(table, spec, cache_dir=None if use_cache else False, progress=progress, engine=engine)
+    results = run.ordered()
+    if writer is not None:
+        try:
+            writer.write(attach_output(table, results, LlmMap(output="output", template=template)))
+            writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
     else:
         for rec in results.to_pylist():
             click.echo(json.dumps({k: rec[k] for k in ("row", "output", "finish_reason", "error")},

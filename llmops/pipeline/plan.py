@@ -1,9 +1,11 @@
 """`llmops run --dry-run`: validate a pipeline against a sample of its data and describe what would run.
 
-Nothing is generated and no engine is created: the source is read with a small limit, table steps run
-on that sample, and each llm_map is checked (template columns, examples) and stands in null output
-columns of its declared type so later steps and templates can be checked too. The plan is a dict
-(JSON-ready); `format_plan` renders it for people.
+Nothing is generated: the source is read with a small limit, table steps run on that sample, and each
+llm_map is checked (template columns, examples) and stands in null output columns of its declared type so
+later steps and templates can be checked too. For the last llm_map the model is loaded (no executor is
+built, no trial runs) to say which plan the job will run with and where it comes from (this process, the
+plan cache, or the cost model's pick that trials will refine), for the source's row count of prompts like
+the sample's. The plan is a dict (JSON-ready); `format_plan` renders it for people.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from llmops import core
 from llmops.core import output_schema, output_type
 from llmops.pipeline.runner import cache_setting
 from llmops.pipeline.sinks import SinkWriter
-from llmops.pipeline.sources import read_source
+from llmops.pipeline.sources import count_source_rows, read_source
 from llmops.pipeline.spec import ROW_WISE, LlmMapStep, Pipeline, step_kind
 from llmops.pipeline.steps import ROW_COLUMN, apply_step, attach_output, map_spec, step_label
 from llmops.result_cache import default_cache_dir
@@ -51,18 +53,26 @@ def _example_prompt(table: pa.Table, step: LlmMapStep, label: str) -> Any:
         return f"(the first sample row cannot be rendered: {exc})"
 
 
-def _policy_preview(pipeline: Pipeline, steps: list[dict[str, Any]]) -> str:
-    """The policy the engine would choose, when `llmops.core.explain_policy(spec, prompts) -> str` exists
-    (it must not generate); else POLICY_NOTE."""
-    explain = getattr(core, "explain_policy", None)
-    llm = [(s, e) for s, e in zip(pipeline.steps, steps) if isinstance(s, LlmMapStep)]
-    if explain is None or not llm:
+def _sample_prompts(table: pa.Table, step: LlmMapStep) -> list[Any]:
+    """The prompts of the sample rows that render (the others are left out of the preview)."""
+    cfg, prompts = step.llm_map, []
+    examples = [{"input": e.input, "output": e.output} for e in cfg.examples]
+    for row in table.to_pylist():
+        try:
+            prompts.append(build_prompt(cfg.template, row, system=cfg.system, examples=examples))
+        except (TemplateError, RowRenderError):
+            continue
+    return prompts
+
+
+def _policy_preview(pipeline: Pipeline, step: LlmMapStep | None, prompts: list[Any], rows: int) -> str:
+    """The plan the engine would run the last llm_map with (`llmops.core.explain_policy`: the model is
+    loaded, nothing generated, no trial run), for `rows` rows like the sample's `prompts`; POLICY_NOTE when
+    there is no llm_map or no sample prompt."""
+    if step is None or not prompts:
         return POLICY_NOTE
-    step, entry = llm[-1]
-    prompt = entry.get("example_prompt")
     try:
-        return str(explain(map_spec(step.llm_map, pipeline), [prompt] if not isinstance(prompt, str)
-                           or not prompt.startswith("(") else []))
+        return core.explain_policy(map_spec(step.llm_map, pipeline), prompts, rows=rows) or POLICY_NOTE
     except Exception as exc:  # noqa: BLE001 (a preview only: the run decides for real)
         return f"{POLICY_NOTE}; preview failed: {type(exc).__name__}: {exc}"
 
@@ -88,6 +98,7 @@ def plan_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: bo
     n = sample_rows if limit is None else min(limit, sample_rows)
     table = read_source(pipeline.source, limit=n)
     steps_out: list[dict[str, Any]] = []
+    last_map: tuple[LlmMapStep | None, list[Any]] = (None, [])
     for i, step in enumerate(pipeline.steps):
         entry: dict[str, Any] = {"index": i, "kind": step_kind(step), "detail": _describe(step),
                                  "rows_in_sample": None}
@@ -96,6 +107,7 @@ def plan_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: bo
             spec = map_spec(step.llm_map, pipeline)
             entry.update(model=spec.model, output_type=str(output_type(spec)),
                          example_prompt=_example_prompt(table, step, label))
+            last_map = (step, _sample_prompts(table, step))
             table = _null_outputs(table, step, pipeline)
         else:
             table = apply_step(i, step, table)
@@ -108,7 +120,7 @@ def plan_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: bo
     return {
         "name": pipeline.name, "description": pipeline.description, "model": pipeline.model,
         "engine": {"policy": pipeline.engine.policy, **pipeline.engine.llm_kwargs()},
-        "policy_note": _policy_preview(pipeline, steps_out),
+        "policy_note": _policy_preview(pipeline, *last_map, rows=count_source_rows(pipeline.source, limit=limit)),
         "source": {"kind": pipeline.source.kind, "from": getattr(pipeline.source, pipeline.source.kind),
                    "limit": limit, "sample_rows": n},
         "steps": steps_out,
@@ -129,7 +141,7 @@ def format_plan(plan: dict[str, Any]) -> str:
     lines = [f"pipeline: {plan['name'] or '(unnamed)'}" + (f" - {plan['description']}" if plan["description"] else ""),
              f"model: {plan['model']}",
              "engine: " + ", ".join(f"{k}={v}" for k, v in plan["engine"].items()),
-             f"policy: {plan['engine']['policy']} ({plan['policy_note']})",
+             f"policy: {plan['engine']['policy']}", _indent(plan["policy_note"], "  "),
              f"source: {src['kind']} {src['from']}" + (f" (limit {src['limit']})" if src["limit"] is not None else ""),
              f"steps (checked on {src['sample_rows']} sample rows):"]
     for s in plan["steps"]:

@@ -1,15 +1,26 @@
 """Write a pipeline's rows to its `sink` as they are produced, and publish them atomically at the end.
 
 `SinkWriter.write` appends each finished batch as a Parquet row group to a staging file next to the
-target (`<target>.llmops-partial.parquet`, restarted by every run). `commit` has DuckDB sort the staged
-rows by their hidden row column (so the sink is in input order whatever order blocks finished in), drop
-that column, write the target format to a temporary name and rename it into place; a DuckDB table is
-replaced or appended to in one transaction. A run that dies before `commit` leaves the previous target
-untouched; rerunning (the result cache serves finished rows) produces every row exactly once.
+target, named for this run (`<target>.llmops-partial-<host>-<pid>-<random>.parquet`, so concurrent runs
+to one sink never share it). `commit` has DuckDB sort the staged rows by their hidden row column (so the
+sink is in input order whatever order blocks finished in), drop that column, write the target format to a
+temporary name of the same kind and rename it into place; a DuckDB table is replaced or appended to in one
+transaction. A run that dies before `commit` leaves the previous target untouched; rerunning (the result
+cache serves finished rows) produces every row exactly once. `abort` (and a failed commit) removes this
+run's staging and temporary files; staging files of dead runs on this host are removed when a writer for
+the same sink starts.
+
+What may be replaced: only a regular file, or nothing. A target that is a symbolic link (even to a
+regular file), a directory, a device (`/dev/full`), a FIFO or a socket is a `SinkError` naming the path,
+raised when the writer is made (before any work) and checked again just before publishing. Links are
+refused rather than followed: name the file itself as the sink.
 """
 from __future__ import annotations
 
 import os
+import secrets
+import socket
+import stat
 from pathlib import Path
 
 import duckdb
@@ -24,7 +35,51 @@ _FORMATS = {"parquet": "FORMAT parquet", "csv": "FORMAT csv, HEADER true", "json
 
 
 class SinkError(RuntimeError):
-    """The sink cannot be written (bad path, schema change between batches, database error)."""
+    """The sink cannot be written (bad path, not a regular file, schema change between batches, database
+    error)."""
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+_PARTIAL = ".llmops-partial-"
+
+
+def check_target(path: Path) -> None:
+    """Raise SinkError unless `path` is absent or a regular file (not a link)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise SinkError(f"sink {path}: cannot inspect it: {exc.strerror}") from None
+    if stat.S_ISLNK(mode):
+        raise SinkError(f"sink {path} is a symbolic link (to {os.readlink(path)}); llmops replaces only regular "
+                        "files and does not write through links: name the file itself as the sink")
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        raise SinkError(f"sink {path} is {kind}; llmops replaces only regular files")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _remove_stale(folder: Path, prefix: str, host: str) -> None:
+    """Delete staging files `<prefix><host>-<pid>-*` of processes of this host that are gone."""
+    try:
+        names = [p for p in folder.iterdir() if p.name.startswith(f"{prefix}{host}-")]
+    except OSError:
+        return
+    for p in names:
+        pid = p.name[len(prefix) + len(host) + 1:].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            p.unlink(missing_ok=True)
 
 
 def _literal(text: str) -> str:
@@ -39,7 +94,13 @@ class SinkWriter:
         base = Path(sink.database if sink.kind == "database" else getattr(sink, sink.kind))
         suffix = f".{sink.table}" if sink.kind == "database" else ""
         self.target = base
-        self.staging = base.with_name(f"{base.name}{suffix}.llmops-partial.parquet")
+        check_target(base)
+        host = socket.gethostname().replace("-", "_") or "host"
+        run = f"{host}-{os.getpid()}-{secrets.token_hex(4)}"
+        prefix = f"{base.name}{suffix}{_PARTIAL}"
+        _remove_stale(base.parent, prefix, host)
+        self.staging = base.with_name(f"{prefix}{run}.parquet")
+        self.tmp = base.with_name(f"{base.name}.llmops-tmp-{run}")
         self.rows = 0
         self._writer: pq.ParquetWriter | None = None
         self._schema: pa.Schema | None = None
@@ -70,9 +131,12 @@ class SinkWriter:
             self._writer = None
 
     def abort(self) -> None:
-        """Drop the staged rows; the target is left as it was."""
-        self._close()
-        self.staging.unlink(missing_ok=True)
+        """Drop the staged rows and any temporary file; the target is left as it was."""
+        try:
+            self._close()
+        finally:
+            self.staging.unlink(missing_ok=True)
+            self.tmp.unlink(missing_ok=True)
 
     def commit(self) -> int:
         """Publish the staged rows in row order to the target; return the number of rows written."""
@@ -82,18 +146,26 @@ class SinkWriter:
         select = (f"SELECT * EXCLUDE ({quote_ident(ROW_COLUMN)}) FROM read_parquet({_literal(str(self.staging))}) "
                   f"ORDER BY {quote_ident(ROW_COLUMN)}")
         try:
+            check_target(self.target)
             if self.sink.kind == "database":
                 self._commit_table(select)
             else:
-                tmp = self.target.with_name(self.target.name + ".llmops-tmp")
                 con = duckdb.connect()
                 try:
-                    con.execute(f"COPY ({select}) TO {_literal(str(tmp))} ({_FORMATS[self.sink.kind]})")
+                    con.execute(f"COPY ({select}) TO {_literal(str(self.tmp))} ({_FORMATS[self.sink.kind]})")
                 finally:
                     con.close()
-                os.replace(tmp, self.target)
+                check_target(self.target)
+                os.replace(self.tmp, self.target)
         except duckdb.Error as exc:
+            self.tmp.unlink(missing_ok=True)
             raise SinkError(f"sink {self.sink.kind} {self.sink.target}: {exc}") from None
+        except OSError as exc:
+            self.tmp.unlink(missing_ok=True)
+            raise SinkError(f"sink {self.sink.kind} {self.sink.target}: {exc.strerror or exc}") from None
+        except SinkError:
+            self.tmp.unlink(missing_ok=True)
+            raise
         self.staging.unlink(missing_ok=True)
         return self.rows
 

@@ -33,10 +33,21 @@ def _effective_limit(source: Source, limit: int | None) -> int | None:
     return min(limits) if limits else None
 
 
+def count_source_rows(source: Source, *, limit: int | None = None) -> int:
+    """How many rows `read_source` would return (DuckDB counts them: parquet from its metadata)."""
+    return int(_query(source, limit, count=True).column(0)[0].as_py())
+
+
 def read_source(source: Source, *, limit: int | None = None) -> pa.Table:
     """All rows of `source` (at most min(source.limit, limit)), in file/query order."""
+    return _query(source, limit)
+
+
+def _query(source: Source, limit: int | None, count: bool = False) -> pa.Table:
     n = _effective_limit(source, limit)
     tail = f" LIMIT {int(n)}" if n is not None else ""
+    if count:
+        tail += ") AS counted"
     kind = source.kind
     if kind in _READERS:
         path = getattr(source, kind)
@@ -44,7 +55,8 @@ def read_source(source: Source, *, limit: int | None = None) -> pa.Table:
             raise SourceError(f"source.{kind}: file not found: {path}")
         con = duckdb.connect()
         try:
-            return con.sql(f"SELECT * FROM {_READERS[kind]}{tail}", params={"path": path}).to_arrow_table()
+            head = "SELECT count(*) FROM (SELECT * FROM " if count else "SELECT * FROM "
+            return con.sql(f"{head}{_READERS[kind]}{tail}", params={"path": path}).to_arrow_table()
         except duckdb.Error as exc:
             raise SourceError(f"source.{kind}: cannot read {path}: {exc}") from None
         finally:
@@ -54,7 +66,8 @@ def read_source(source: Source, *, limit: int | None = None) -> pa.Table:
     con = duckdb.connect(source.database or ":memory:", read_only=source.database is not None)
     try:
         body = source.query.strip().rstrip(";") if kind == "query" else f"SELECT * FROM {quote_ident(source.table or '')}"
-        return con.sql(f"SELECT * FROM ({body}){tail}").to_arrow_table()
+        head = "SELECT count(*) FROM (SELECT * FROM " if count else "SELECT * FROM "
+        return con.sql(f"{head}({body}){tail}").to_arrow_table()
     except duckdb.Error as exc:
         raise SourceError(f"source.{kind}: {exc}") from None
     finally:

@@ -19,14 +19,21 @@ YAML shape (see `pipelines/*.yaml`):
       - parse: {total: double, due: date}                    # TRY_CAST: unparsable -> null
       - select: [id, invoice_number, total]                  # or {new_name: SQL expression}
     sink: {parquet: out/invoices.parquet}
+
+Everything that can be checked without a model is checked here, so a bad file fails before any work with
+`file:line`: numbers are numbers (`max_new_tokens: true` is an error, not 1), a regex and a JSON schema
+compile to a grammar (llguidance's grammar validation, no tokenizer needed).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
+
+from llmops.structured import to_json_schema
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -45,6 +52,69 @@ def expand_env(value: str) -> str:
 
 
 PathStr = Annotated[str, AfterValidator(expand_env)]
+
+
+def _not_bool(value: Any) -> Any:
+    """YAML's true/false are not numbers (pydantic would read `true` as 1)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+
+
+def _grammar_problem(grammar: Any) -> str | None:
+    """llguidance's complaint about a grammar (its `error: ...` line), or None when it is valid."""
+    from llguidance import LLMatcher
+
+    message = LLMatcher.validate_grammar(grammar, None)
+    if not message:
+        return None
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return next((line.removeprefix("error: ") for line in lines if line.startswith("error: ")), lines[0])
+
+
+def check_regex(regex: str | None) -> str | None:
+    """A regex constrained decoding can compile (Rust regex syntax: no look-around, no backreferences)."""
+    if regex is None:
+        return None
+    if not regex:
+        raise ValueError("regex must not be empty")
+    try:
+        from llguidance import LLMatcher
+    except ImportError:
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            raise ValueError(f"invalid regex {regex!r}: {exc}") from None
+        return regex
+    problem = _grammar_problem(LLMatcher.grammar_from_regex(regex))
+    if problem:
+        raise ValueError(f"invalid regex {regex!r}: {problem}")
+    return regex
+
+
+def check_json_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A JSON schema that `llmops.structured` and constrained decoding accept (returned as given)."""
+    if schema is None:
+        return None
+    try:
+        normal = to_json_schema(schema)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"invalid JSON schema: {exc}") from None
+    try:
+        from llguidance import LLMatcher
+    except ImportError:
+        return schema
+    try:
+        problem = _grammar_problem(LLMatcher.grammar_from_json_schema(json.dumps(normal)))
+    except (TypeError, ValueError) as exc:
+        problem = str(exc)
+    if problem:
+        raise ValueError(f"invalid JSON schema: {problem}")
+    return schema
 
 TYPE_ALIASES: dict[str, str] = {
     "string": "VARCHAR", "str": "VARCHAR", "text": "VARCHAR", "varchar": "VARCHAR",
@@ -89,7 +159,7 @@ class Source(_Strict):
     query: str | None = None
     table: str | None = None
     database: PathStr | None = None
-    limit: int | None = Field(None, ge=0)
+    limit: Int | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _one_kind(self) -> "Source":
@@ -142,8 +212,8 @@ class EngineSettings(_Strict):
     """Arguments of `engine.LLM(...)`. Sizes are bytes or strings like "16GiB"; None: no budget."""
 
     policy: str = "auto"
-    gpu_memory: int | str | None = None
-    cpu_memory: int | str | None = None
+    gpu_memory: Annotated[int | str | None, BeforeValidator(_not_bool)] = None
+    cpu_memory: Annotated[int | str | None, BeforeValidator(_not_bool)] = None
     disk_dir: PathStr | None = None
     dtype: str = "auto"
     device: str = "auto"
@@ -189,25 +259,28 @@ class LlmMap(_Strict):
     At most one of `schema` (JSON schema or shorthand: struct output), `choices` (one of these strings)
     and `regex` constrains decoding. `unnest: true` turns a struct output into one column per field
     (`unnest: "prefix_"` prefixes them). `error_column` names an optional column holding each row's error.
-    `model` overrides the pipeline's model for this step."""
+    `model` overrides the pipeline's model for this step. `on_empty` (null | error | run): what a row whose
+    placeholder value is empty or whitespace only gives (see `llmops.core.MapSpec`)."""
 
     output: str = Field(min_length=1)
     template: str = Field(min_length=1)
     system: str | None = None
     examples: list[Example] = []
     schema_: Annotated[dict[str, Any] | None, AfterValidator(
-        lambda s: None if s is None else schema_from_shorthand(s))] = Field(None, alias="schema")
-    choices: list[str] | None = Field(None, min_length=1)
-    regex: str | None = None
+        lambda s: None if s is None else schema_from_shorthand(s)), AfterValidator(check_json_schema)] = Field(
+        None, alias="schema")
+    choices: list[Annotated[str, Field(min_length=1)]] | None = Field(None, min_length=1)
+    regex: Annotated[str | None, AfterValidator(check_regex)] = None
     model: str | None = None
-    max_new_tokens: int = Field(64, ge=1)
-    temperature: float = Field(0.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    seed: int = 0
+    max_new_tokens: Int = Field(64, ge=1)
+    temperature: Float = Field(0.0, ge=0)
+    top_p: Float = Field(1.0, gt=0, le=1)
+    top_k: Int = Field(0, ge=0)
+    seed: Int = 0
     stop: list[str] = []
     chat: bool | None = None
     on_long_prompt: Literal["error", "truncate"] = "error"
+    on_empty: Literal["null", "error", "run"] = "null"
     unnest: bool | str = False
     error_column: str | None = None
 

@@ -95,7 +95,7 @@ def map_spec(cfg: LlmMap, pipeline: Pipeline) -> MapSpec:
         choices=tuple(cfg.choices) if cfg.choices is not None else None, regex=cfg.regex,
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
         seed=cfg.seed, stop=tuple(cfg.stop), chat=cfg.chat, engine=pipeline.engine.llm_kwargs(),
-        on_long_prompt=cfg.on_long_prompt)
+        on_long_prompt=cfg.on_long_prompt, on_empty=cfg.on_empty)
 
 
 def _set_column(table: pa.Table, name: str, values: pa.Array | pa.ChunkedArray) -> pa.Table:
@@ -104,13 +104,9 @@ def _set_column(table: pa.Table, name: str, values: pa.Array | pa.ChunkedArray) 
     return table.append_column(name, values)
 
 
-def row_errors(batch: pa.RecordBatch | pa.Table, max_new_tokens: int) -> pa.Array:
-    """Why each row's output is null: its error, or "cut by max_new_tokens" for a structured output that
-    stopped before completing (finish_reason "length", null output); null for good rows."""
-    get = lambda name: batch.column(batch.schema.get_field_index(name))  # noqa: E731
-    cut = pc.and_(pc.equal(get("finish_reason"), "length"), pc.is_null(get("output")))
-    message = pa.scalar(f"output cut by max_new_tokens={max_new_tokens} before it was complete")
-    return pc.if_else(pc.fill_null(cut, False), message, get("error"))
+def row_errors(batch: pa.RecordBatch | pa.Table) -> pa.Array:
+    """Why each row's output is null (the map's `error` column, see llmops.core); null for good rows."""
+    return batch.column(batch.schema.get_field_index("error"))
 
 
 def attach_output(table: pa.Table, batch: pa.RecordBatch | pa.Table, cfg: LlmMap) -> pa.Table:
@@ -129,7 +125,7 @@ def attach_output(table: pa.Table, batch: pa.RecordBatch | pa.Table, cfg: LlmMap
     else:
         out = _set_column(out, cfg.output, output)
     if cfg.error_column:
-        out = _set_column(out, cfg.error_column, row_errors(batch, cfg.max_new_tokens))
+        out = _set_column(out, cfg.error_column, row_errors(batch))
     if ROW_COLUMN not in out.column_names:
         out = out.append_column(ROW_COLUMN, pc.cast(rows, pa.int64()))
     return out

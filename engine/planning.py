@@ -1,0 +1,139 @@
+"""A job's plan: the policy one run over a table uses for all of its engine calls, and the plan cache.
+
+Planning (`policy="auto"`: the cost model's search, then on a GPU trials of the best candidates on truncated
+copies of the model) costs seconds to minutes, so it happens once per job, not once per call:
+- a workload is planned in buckets (`bucketed`): prompt lengths and new tokens rounded up to 4 steps per
+  octave, the prompt count up to a power of two. Every call whose workload falls in an already planned
+  bucket reuses that plan; rounding up keeps the plan's memory a bound for every workload inside it;
+- a `Plan` given back to `LLM.stream(..., plan=...)` is reused for every call it `covers` (the operator
+  layer keeps one per job: DuckDB vectors, Polars groups and morsels);
+- plans chosen by trials are stored on disk (`PlanCache`, beside the hardware profile, keyed by the model's
+  shape, dtype, machine, budgets, compression and the bucket), so a rerun on the machine measures nothing.
+A cached file is written to a temporary name and renamed; one that does not parse or whose key differs is
+ignored and replaced.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from engine.policy.cost_model import Workload
+from engine.policy.policy import Policy
+
+PLAN_VERSION = 1   # bump when what a cached plan means changes (cost model, trials, policy fields)
+
+
+def bucket(n: int) -> int:
+    """`n` rounded up to 4 steps per octave: 1..8 as is, then 10, 12, 14, 16, 20, 24, 28, 32, 40, ..."""
+    n = max(1, int(n))
+    if n <= 8:
+        return n
+    step = 1 << (n.bit_length() - 3)
+    return -(-n // step) * step
+
+
+def bucketed(prompt_lens: Sequence[int], max_new_tokens: int) -> Workload:
+    """The planning bucket of a workload: mean and longest prompt and new tokens rounded up (`bucket`), the
+    prompt count up to a power of two."""
+    lens = [max(1, int(n)) for n in prompt_lens] or [1]
+    count = 1 << max(0, math.ceil(math.log2(len(lens))))
+    longest = bucket(max(lens))
+    return Workload(prompt_len=min(longest, bucket(math.ceil(sum(lens) / len(lens)))),
+                    gen_len=bucket(max_new_tokens), num_prompts=count, max_prompt_len=longest)
+
+
+def merged(a: Workload, b: Workload) -> Workload:
+    """A bucket holding both workloads (the larger of each figure)."""
+    return Workload(prompt_len=max(a.prompt_len, b.prompt_len), gen_len=max(a.gen_len, b.gen_len),
+                    num_prompts=max(a.num_prompts or 1, b.num_prompts or 1),
+                    max_prompt_len=max(a.memory_prompt_len, b.memory_prompt_len))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The policy a job runs with. `workload` is the bucket it was planned for (None for a fixed policy,
+    which covers everything); `source` says where it came from: "fixed" (given by the caller), "search"
+    (the cost model), "trials" (measured candidates), "memory" (reused in this process) or "disk" (the plan
+    cache); `explanation` is the estimate's readable text (empty for a fixed policy)."""
+
+    policy: Policy
+    workload: Workload | None = None
+    source: str = "fixed"
+    explanation: str = ""
+    predicted_tokens_per_s: float | None = None
+    planning_s: float = 0.0
+    detail: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def covers(self, workload: Workload) -> bool:
+        """Whether this plan's memory bounds `workload`: its longest prompt and new tokens fit the bucket."""
+        w = self.workload
+        return w is None or (workload.memory_prompt_len <= w.memory_prompt_len and workload.gen_len <= w.gen_len)
+
+    def explain(self) -> str:
+        """Which policy will run and where it came from, then the estimate's lines."""
+        head = {"fixed": "fixed policy (given)", "search": "planned now by the cost model",
+                "trials": "planned now by trials of the cost model's best candidates",
+                "memory": "reused from an earlier plan in this process",
+                "disk": "from the plan cache (planned earlier on this machine)"}.get(self.source, self.source)
+        lines = [f"Plan: {head}" + (f" in {self.planning_s:.1f} s" if self.planning_s >= 0.05 else "")]
+        if self.workload is not None:
+            w = self.workload
+            lines.append(f"  bucket     prompts up to {w.memory_prompt_len} tokens (mean {w.prompt_len}), "
+                         f"{w.gen_len} new tokens, {w.num_prompts} prompts")
+        lines.append(self.explanation or f"  policy     {self.policy.to_dict()}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the policy, the bucket, source, prediction and planning seconds."""
+        w = self.workload
+        return {"policy": self.policy.to_dict(), "source": self.source, "planning_s": self.planning_s,
+                "predicted_tokens_per_s": self.predicted_tokens_per_s,
+                "workload": None if w is None else workload_list(w), **self.detail}
+
+
+def workload_list(w: Workload) -> list[int]:
+    return [w.prompt_len, w.gen_len, int(w.num_prompts or 0), w.memory_prompt_len]
+
+
+class PlanCache:
+    """Plans on disk, one JSON file per key under `directory` (see module docstring)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+
+    def path(self, key: dict[str, Any]) -> Path:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
+        return self.directory / f"plan-{digest}.json"
+
+    def get(self, key: dict[str, Any]) -> Plan | None:
+        """The stored plan for `key` (source "disk"), or None when absent, unreadable or for another key."""
+        try:
+            data = json.loads(self.path(key).read_text())
+            if data.get("version") != PLAN_VERSION or data.get("key") != json.loads(json.dumps(key, default=str)):
+                return None
+            w = data["workload"]
+            workload = Workload(prompt_len=w[0], gen_len=w[1], num_prompts=w[2] or None, max_prompt_len=w[3])
+            return Plan(Policy.from_dict(data["policy"]), workload, "disk", str(data.get("explanation", "")),
+                        data.get("predicted_tokens_per_s"), 0.0, {"planned_s": data.get("planning_s")})
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            return None
+
+    def put(self, key: dict[str, Any], plan: Plan) -> None:
+        """Store `plan` under `key` atomically (a temporary file renamed into place)."""
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"version": PLAN_VERSION, "key": key, **plan.to_dict(), "explanation": plan.explanation}
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(payload, f, indent=1, sort_keys=True, default=str)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

@@ -1,0 +1,84 @@
+"""Concurrent calls of one job merged into one engine run: Polars' streaming engine hands an expression
+its morsels on several threads at once, and each morsel alone would make small blocks.
+
+`Coalescer(fn)` is called like `fn` (an Arrow table in, a table of as many rows out, row for row) from any
+number of threads. One caller at a time leads: it takes the waiting tables (at least its own turn's first,
+up to `max_rows()` rows), runs `fn` once on their concatenation and hands each caller its slice. Callers
+arriving while a run is in progress wait and are merged into the next run. An exception in a run is
+raised in every caller whose table was in it.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pyarrow as pa
+
+
+class _Request:
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        self.result: pa.Table | None = None
+        self.error: BaseException | None = None
+        self.done = False
+
+
+class Coalescer:
+    """See module docstring. `max_rows()` bounds the rows of one merged run (None: no bound); a single
+    table larger than it still runs whole."""
+
+    def __init__(self, fn: Callable[[pa.Table], pa.Table], max_rows: Callable[[], int | None] = lambda: None) -> None:
+        self._fn, self._max_rows = fn, max_rows
+        self._cv = threading.Condition()
+        self._pending: list[_Request] = []
+        self._busy = False
+        self.runs = 0
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        req = _Request(table)
+        with self._cv:
+            self._pending.append(req)
+        while True:
+            with self._cv:
+                while self._busy and not req.done:
+                    self._cv.wait()
+                if req.done:
+                    break
+                self._busy = True
+                batch = self._take()
+            try:
+                self._run(batch)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+        if req.error is not None:
+            raise req.error
+        assert req.result is not None
+        return req.result
+
+    def _take(self) -> list[_Request]:
+        limit, rows, batch = self._max_rows(), 0, []
+        while self._pending and (not batch or limit is None or rows + self._pending[0].table.num_rows <= limit):
+            req = self._pending.pop(0)
+            batch.append(req)
+            rows += req.table.num_rows
+        return batch
+
+    def _run(self, batch: list[_Request]) -> None:
+        try:
+            tables = [r.table for r in batch]
+            out = self._fn(tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive"))
+            self.runs += 1
+            if out.num_rows != sum(t.num_rows for t in tables):
+                raise RuntimeError(f"coalesced run returned {out.num_rows} rows for {sum(t.num_rows for t in tables)}")
+            offset = 0
+            for r in batch:
+                r.result = out.slice(offset, r.table.num_rows)
+                offset += r.table.num_rows
+        except BaseException as exc:  # every caller of the run sees the failure
+            for r in batch:
+                r.error = exc
+        finally:
+            for r in batch:
+                r.done = True
