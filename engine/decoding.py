@@ -12,10 +12,15 @@ grammar could no longer be completed in time (`GrammarConstraint.advance`), so a
 "length" only when the shortest completion the search finds is longer than its max_new_tokens. A generated EOS
 token stays in `token_ids` but never in the text; a stop string is cut from the text (its tokens stay in
 `token_ids`); a replaced token is recorded as the token fed, with its own logprob.
+
+Row-finish hook: `on_finished(row, completion)` is called once per row, from inside the call that records
+the row's last token (on the executor's decode loop, before the block ends), with the row's final
+Completion (text decoded then); `completions()` returns those same objects. Rows the executor never
+reached are not passed to it (they only exist as "length" rows in `completions()`).
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -38,11 +43,14 @@ class BlockDecoder:
     prompts: the block's prompt token ids (row r = prompts[r]); max_new_tokens: per row; keys: per-row
     sampling keys (engine.sampling.sequence_keys), required when params.temperature > 0; tokenizer: needed
     for stop strings and text (None: text stays empty); constraint: the block's grammar matchers or None.
+    on_finished: called as `on_finished(row, completion)` when a row finishes (see the module docstring); it
+    runs on the decode loop, so it must be quick, and an exception it raises aborts the block.
     """
 
     def __init__(self, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int], params: SamplingParams,
                  *, eos_ids: Iterable[int], tokenizer: Tokenizer | None = None, keys: Sequence[int] | None = None,
-                 constraint: GrammarConstraint | None = None) -> None:
+                 constraint: GrammarConstraint | None = None,
+                 on_finished: Callable[[int, Completion], None] | None = None) -> None:
         if len(max_new_tokens) != len(prompts):
             raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {len(prompts)} prompts")
         if params.temperature > 0 and (keys is None or len(keys) != len(prompts)):
@@ -61,6 +69,8 @@ class BlockDecoder:
         self.logprobs: list[list[float]] | None = [[] for _ in range(n)] if params.logprobs else None
         self.finish: list[FinishReason | None] = [None] * n
         self.errors: list[str | None] = [None] * n
+        self.on_finished = on_finished
+        self._done: dict[int, Completion] = {}   # rows finished and reported to on_finished
         self._stop_hit = [False] * n
         self._stops = tuple(s for s in params.stop if s)
         self._max_stop = max((len(s) for s in self._stops), default=0)
@@ -96,6 +106,11 @@ class BlockDecoder:
             lps = chosen_logprobs(logits, fed).tolist()
         finished = [self._record(row, tokens[i], None if lps is None else lps[i], verdicts[i])
                     for i, row in enumerate(rows)]
+        if self.on_finished is not None:
+            for row, done in zip(rows, finished):
+                if done:
+                    self._done[row] = self._completion(row, self._text([row])[0])
+                    self.on_finished(row, self._done[row])
         return tokens, finished
 
     def _advance_grammar(self, row: int, token: int) -> tuple[int, FinishReason | None]:
@@ -140,22 +155,27 @@ class BlockDecoder:
 
     def completions(self) -> list[Completion]:
         """One Completion per block row, in row order. A row the executor never reached is "length"."""
-        n = len(self.tokens)
-        texts = [""] * n
-        if self.tokenizer is not None:
-            visible = [ids[:-1] if ids and ids[-1] in self.eos_ids else ids for ids in self.tokens]
-            texts = self.tokenizer.decode_batch(visible)
-        out = []
-        for row in range(n):
-            text, reason = texts[row], self.finish[row] or "length"
-            if self._stop_hit[row]:
-                text, _ = cut_at_stop(text, self._stops)
-            if reason == "error":
-                text = ""
-            out.append(Completion(
-                text=text, token_ids=list(self.tokens[row]), finish_reason=reason,
-                prompt_tokens=self.prompt_lens[row],
-                logprobs=None if self.logprobs is None else list(self.logprobs[row]),
-                error=self.errors[row],
-            ))
-        return out
+        rest = [row for row in range(len(self.tokens)) if row not in self._done]
+        texts = dict(zip(rest, self._text(rest)))
+        return [self._done[row] if row in self._done else self._completion(row, texts[row])
+                for row in range(len(self.tokens))]
+
+    def _text(self, rows: list[int]) -> list[str]:
+        """The decoded text of each of `rows` (a final EOS token not included; "" without a tokenizer)."""
+        if self.tokenizer is None or not rows:
+            return [""] * len(rows)
+        visible = [ids[:-1] if ids and ids[-1] in self.eos_ids else ids for ids in (self.tokens[r] for r in rows)]
+        return self.tokenizer.decode_batch(visible)
+
+    def _completion(self, row: int, text: str) -> Completion:
+        reason = self.finish[row] or "length"
+        if self._stop_hit[row]:
+            text, _ = cut_at_stop(text, self._stops)
+        if reason == "error":
+            text = ""
+        return Completion(
+            text=text, token_ids=list(self.tokens[row]), finish_reason=reason,
+            prompt_tokens=self.prompt_lens[row],
+            logprobs=None if self.logprobs is None else list(self.logprobs[row]),
+            error=self.errors[row],
+        )

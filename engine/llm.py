@@ -10,14 +10,14 @@ trials and warm-up stay inside the budget too.
 """
 from __future__ import annotations
 
-import hashlib
+import functools
 import logging
 import shutil
 import time
 import weakref
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -25,6 +25,7 @@ from engine.blocks import plan_blocks
 from engine.constrain import GrammarConstraint
 from engine.cpu_dtype import fastest_cpu_dtype
 from engine.decoding import BlockDecoder
+from engine.fingerprint import output_fingerprint, tokenizer_digest
 from engine.models.config import ModelConfig
 from engine.params import Completion, SamplingParams
 from engine.planning import Plan, PlanCache, bucketed, merged, workload_list
@@ -39,8 +40,10 @@ from engine.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 CPU_FALLBACK_BATCH = 64
+MAX_PLAN_SHIFT = 12     # plans for up to 2^11 times a bucket's prompt count are looked up as its plan
 AUTO_TRIALS = 4         # on a GPU, policy="auto" measures the cost model's best 4 candidates on truncated copies
 Group = list[tuple[int, Completion]]
+OnFinished = Callable[[int, Completion], None]
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -146,11 +149,14 @@ class LLM:
         """The plan of the last generate/stream/plan call (None before the first)."""
         return self._plan
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
-        """Stable id of what produces the outputs: model weights, dtype and compression."""
-        key = f"{self.loaded.fingerprint}|{self.dtype}|w4={self.compress_weights}|c4={self.compress_cache}"
-        return hashlib.sha256(key.encode()).hexdigest()[:32]
+        """Stable id of what produces the outputs (a result-cache key), `engine.fingerprint.output_fingerprint`:
+        model weights, tokenizer and chat template, dtype, compression, EOS ids and the engine's
+        `NUMERICS_VERSION`. Computed once per LLM (reads tokenizer.json)."""
+        return output_fingerprint(self.loaded.fingerprint, tokenizer_digest(self._tokenizer), self.dtype,
+                                  compress_weights=self.compress_weights, compress_cache=self.compress_cache,
+                                  eos_token_ids=self.eos_token_ids)
 
     def prompt_tokens(self, prompts: Sequence[Any], params: SamplingParams | None = None) -> list[int]:
         """How many tokens each prompt encodes to (chat template, the model's built-in system prompt and
@@ -171,16 +177,24 @@ class LLM:
         return out  # type: ignore[return-value]
 
     def stream(self, prompts: Sequence[Any], params: SamplingParams | None = None, *,
-               plan: Plan | None = None) -> Iterator[Group]:
+               plan: Plan | None = None, on_finished: OnFinished | None = None) -> Iterator[Group]:
         """Yield lists of (input index, Completion): first the prompts that cannot run, then one list per
         block as it finishes. Every index is yielded exactly once. Type and parameter errors raise here,
         before any work. `plan` (from `plan()` or an earlier call's `last_plan`) is used when it covers
-        these prompts; otherwise the plan of their workload bucket is (planned once, then reused)."""
+        these prompts; otherwise the plan of their workload bucket is (planned once, then reused).
+
+        `on_finished(index, completion)`, when given, is called as each generated row finishes, from the
+        decode loop, before its block ends (a row that stops at EOS early is reported then); it must be
+        quick (e.g. hand the row to a buffer) and an exception it raises aborts the call. The yielded
+        groups do not change: each index is still yielded once, with its block, and for a row reported
+        early with the same Completion. Prompts that cannot run are yielded first and not reported; a
+        row may be reported twice when its block is retried after an out-of-memory (the retry's completion
+        is the one yielded)."""
         params = self._check(prompts, params)
         encoded = encode_prompts(prompts, params, self._tokenizer, self.loaded.config.vocab_size, self.max_context)
         if any(e.error is None for e in encoded):
             self._constraint(params, 1)  # invalid grammar: raise now
-        return self._run(encoded, params, plan)
+        return self._run(encoded, params, plan, on_finished)
 
     def plan(self, prompts: Sequence[Any], params: SamplingParams | None = None, *,
              covering: Plan | None = None, rows: int | None = None, measure: bool = True) -> Plan:
@@ -213,7 +227,8 @@ class LLM:
             raise ValueError("SamplingParams.stop needs a tokenizer; this model has none")
         return params
 
-    def _run(self, encoded: list[Encoded], params: SamplingParams, plan: Plan | None) -> Iterator[Group]:
+    def _run(self, encoded: list[Encoded], params: SamplingParams, plan: Plan | None,
+             on_finished: OnFinished | None = None) -> Iterator[Group]:
         errors = [(i, Completion("", finish_reason="error", prompt_tokens=len(e.ids), error=e.error))
                   for i, e in enumerate(encoded) if e.error is not None]
         if errors:
@@ -227,17 +242,21 @@ class LLM:
         self._set_policy(policy)
         for block in plan_blocks([len(encoded[i].ids) for i in valid], policy.block_size):
             indices = [valid[b] for b in block]
+            report = None if on_finished is None else (
+                lambda row, c, indices=indices: on_finished(indices[row], c))  # block row -> input index
             completions = self._run_block([encoded[i].ids for i in indices], params,
-                                          None if keys is None else [keys[i] for i in indices])
+                                          None if keys is None else [keys[i] for i in indices], report)
             yield list(zip(indices, completions))
 
-    def _run_block(self, prompts: list[list[int]], params: SamplingParams, keys: list[int] | None) -> list[Completion]:
+    def _run_block(self, prompts: list[list[int]], params: SamplingParams, keys: list[int] | None,
+                   on_finished: OnFinished | None = None) -> list[Completion]:
         """Generate one block; on out-of-memory, halve the GPU batch size and rerun the block in pieces of
         the new block size (saying so in the log); later blocks and calls of that plan keep the smaller
-        batch. Nothing is lost: completions are per input row."""
+        batch. Nothing is lost: completions are per input row. `on_finished(block row, completion)`: the
+        decoder's row-finish hook."""
         decoder = BlockDecoder(prompts, [params.max_new_tokens] * len(prompts), params,
                                eos_ids=self.eos_token_ids, tokenizer=self._tokenizer, keys=keys,
-                               constraint=self._constraint(params, len(prompts)))
+                               constraint=self._constraint(params, len(prompts)), on_finished=on_finished)
         try:
             self._get_executor().generate_block(prompts, decoder.max_new_tokens, decoder)
             return decoder.completions()
@@ -255,7 +274,8 @@ class LLM:
         out: list[Completion] = []
         for start in range(0, len(prompts), smaller.block_size):
             part = slice(start, start + smaller.block_size)
-            out += self._run_block(prompts[part], params, None if keys is None else keys[part])
+            report = None if on_finished is None else (lambda row, c, start=start: on_finished(start + row, c))
+            out += self._run_block(prompts[part], params, None if keys is None else keys[part], report)
         return out
 
     def _constraint(self, params: SamplingParams, rows: int) -> GrammarConstraint | None:
@@ -307,18 +327,27 @@ class LLM:
                 and (self.cpu_memory is None or peak["cpu"] <= self.cpu_memory))
 
     def _bucket_plan(self, workload: Workload) -> Plan:
+        """The plan of `workload`'s bucket: from this process, else the plan cache, else planned now. A plan
+        made for more prompts whose block holds at most this bucket's prompts is this bucket's plan too (the
+        search's only use of the prompt count is that bound), so a job of 2,048-row calls reuses the plan of
+        a 10,000-row job on the same prompts."""
         key = tuple(workload_list(workload))
         if key in self._plans:
             plan = self._plans[key]
-            return plan if plan.source == "memory" else self._remember(key, Plan(
-                plan.policy, plan.workload, "memory", plan.explanation, plan.predicted_tokens_per_s))
+            return plan if plan.source == "memory" else self._remember(key, replace(plan, source="memory"))
         cuda = self.device.type == "cuda"
-        cache, disk_key = (PlanCache(self._cache_dir()), self._disk_key(workload)) if cuda else (None, None)
-        plan = cache.get(disk_key) if cache is not None else None
-        if plan is None:
-            plan = self._choose(workload, trials=AUTO_TRIALS if cuda else 0)
-            if cache is not None and plan.source == "trials":
-                cache.put(disk_key, plan)
+        cache = PlanCache(self._cache_dir()) if cuda else None
+        count = workload.num_prompts or 1
+        for more in (count << shift for shift in range(0, MAX_PLAN_SHIFT)):
+            sibling = replace(workload, num_prompts=more)
+            skey = tuple(workload_list(sibling))
+            plan = self._plans.get(skey) or (cache.get(self._disk_key(sibling)) if cache is not None else None)
+            if plan is not None and plan.policy.block_size <= count:
+                found = replace(plan, workload=workload, source="memory" if skey in self._plans else "disk")
+                return self._remember(key, found)
+        plan = self._choose(workload, trials=AUTO_TRIALS if cuda else 0)
+        if cache is not None and plan.source == "trials":
+            cache.put(self._disk_key(workload), plan)
         return self._remember(key, plan)
 
     def _remember(self, key: tuple[int, ...], plan: Plan) -> Plan:

@@ -4,8 +4,10 @@ its morsels on several threads at once, and each morsel alone would make small b
 `Coalescer(fn)` is called like `fn` (an Arrow table in, a table of as many rows out, row for row) from any
 number of threads. One caller at a time leads: it takes the waiting tables (at least its own turn's first,
 up to `max_rows()` rows), runs `fn` once on their concatenation and hands each caller its slice. Callers
-arriving while a run is in progress wait and are merged into the next run. An exception in a run is
-raised in every caller whose table was in it.
+arriving while a run is in progress wait and are merged into the next run. The very first run waits
+`gather_s` for the other threads' first morsels (they arrive together when a streaming query starts), so
+the job's first call, the one its plan is made for, sees the job's real width rather than one morsel. An
+exception in a run is raised in every caller whose table was in it.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import threading
 from collections.abc import Callable
 
 import pyarrow as pa
+
+GATHER_S = 0.05   # how long the first run waits for morsels arriving with it (once per coalescer)
 
 
 class _Request:
@@ -27,8 +31,9 @@ class Coalescer:
     """See module docstring. `max_rows()` bounds the rows of one merged run (None: no bound); a single
     table larger than it still runs whole."""
 
-    def __init__(self, fn: Callable[[pa.Table], pa.Table], max_rows: Callable[[], int | None] = lambda: None) -> None:
-        self._fn, self._max_rows = fn, max_rows
+    def __init__(self, fn: Callable[[pa.Table], pa.Table], max_rows: Callable[[], int | None] = lambda: None,
+                 gather_s: float = GATHER_S) -> None:
+        self._fn, self._max_rows, self._gather_s = fn, max_rows, gather_s
         self._cv = threading.Condition()
         self._pending: list[_Request] = []
         self._busy = False
@@ -45,6 +50,8 @@ class Coalescer:
                 if req.done:
                     break
                 self._busy = True
+                if self.runs == 0 and self._gather_s > 0:
+                    self._cv.wait(self._gather_s)       # the other threads' first morsels join the first run
                 batch = self._take()
             try:
                 self._run(batch)

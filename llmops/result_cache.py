@@ -1,18 +1,28 @@
 """Result cache: finished generations persisted in one SQLite file so reruns compute only what is missing.
 
-A row's key is sha256 over (model fingerprint, rendered prompt, sampling params), see `result_key`. Each
-`put_many` call is one transaction: a block's results are either all on disk or none are, so a crash or
-`kill -9` mid-run loses at most the block in flight and never leaves a partial row. SQLite's WAL journal
-makes concurrent readers/writers (threads or processes) safe; every method is thread-safe.
-Completions whose finish_reason is "error" are not stored (a rerun retries them).
+A row's key is sha256 over (model fingerprint, rendered prompt, sampling params), see `result_key`; the
+engine's fingerprint covers weights, tokenizer, chat template, dtype, compression and its numerics version.
+Each `put_many` call is one transaction: its rows are either all on disk or none are, and a crash never
+leaves a partial row. `RowWriter` is how a run stores rows as they finish: small groups, each a
+transaction, at most `FLUSH_SECONDS` after a row finished (or sooner, every `FLUSH_ROWS` rows), so a
+`kill -9` loses at most the rows of the last second, not a whole block.
+
+Concurrency: SQLite's WAL journal lets readers and writers of several threads and processes share the file;
+a writer waits up to 60 s for another's transaction (busy timeout) instead of failing, and a killed writer's
+uncommitted transaction is rolled back by the next opener, so the file is never corrupt. Two runs over the
+same rows do not claim them: each may compute a row the other is computing, and the last to finish stores
+it (equal keys, equal results for greedy decoding). Every method is thread-safe. Completions whose
+finish_reason is "error" are not stored (a rerun retries them).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +32,9 @@ _SCHEMA = """CREATE TABLE IF NOT EXISTS results (
     key TEXT PRIMARY KEY, text TEXT NOT NULL, finish_reason TEXT NOT NULL,
     prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL)"""
 _CHUNK = 500
+FLUSH_SECONDS = 1.0   # a finished row reaches the file at most this long after it finished
+FLUSH_ROWS = 256      # ... or as soon as this many rows wait
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,78 @@ class ResultCache:
     def close(self) -> None:
         with self._lock:
             self._con.close()
+
+
+class RowWriter:
+    """Stores a run's rows as they finish, in small groups (see the module docstring). Thread-safe.
+
+    `add(key, result)`: a row finished early (the engine's row-finish hook); it is stored within
+    `max_delay` seconds by a background thread, or at once when `max_rows` rows wait. `finish_block(items)`:
+    a block was yielded; its rows not already added with an equal result are added, and everything waiting
+    is stored now (the block is on disk when it returns; a failure to store raises here). `close()` stores
+    what waits and stops the thread. A failed background store keeps the rows waiting for the next try.
+    """
+
+    def __init__(self, cache: ResultCache, *, max_delay: float | None = None, max_rows: int | None = None) -> None:
+        self.cache = cache
+        self.max_delay = FLUSH_SECONDS if max_delay is None else max_delay
+        self.max_rows = FLUSH_ROWS if max_rows is None else max_rows
+        self._waiting: dict[str, CachedResult] = {}
+        self._added: dict[str, CachedResult] = {}     # rows added early, until their block is yielded
+        self._lock = threading.Lock()
+        self._io = threading.Lock()                  # one store at a time, in order
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.stored = 0
+
+    def add(self, key: str, result: CachedResult) -> None:
+        if result.finish_reason == "error":
+            return
+        with self._lock:
+            self._added[key] = result
+            self._waiting[key] = result
+            full = len(self._waiting) >= self.max_rows
+            if self._thread is None and not full:
+                self._thread = threading.Thread(target=self._tick, name="llmops-row-writer", daemon=True)
+                self._thread.start()
+        if full:
+            self.flush()
+
+    def finish_block(self, items: Iterable[tuple[str, CachedResult]]) -> None:
+        with self._lock:
+            for key, result in items:
+                if self._added.pop(key, None) != result and result.finish_reason != "error":
+                    self._waiting[key] = result
+        self.flush()
+
+    def flush(self) -> int:
+        """Store every waiting row now (one transaction); returns how many were stored."""
+        with self._io:
+            with self._lock:
+                rows, self._waiting = self._waiting, {}
+            if not rows:
+                return 0
+            try:
+                n = self.cache.put_many(rows.items())
+            except BaseException:
+                with self._lock:
+                    self._waiting = {**rows, **self._waiting}
+                raise
+            self.stored += n
+            return n
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.max_delay):
+            try:
+                self.flush()
+            except Exception as exc:  # noqa: BLE001 (kept waiting; finish_block/close raise it)
+                log.warning("result cache %s: storing finished rows failed (%s); will retry", self.cache.path, exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.flush()
 
 
 _OPEN: dict[Path, ResultCache] = {}

@@ -12,7 +12,7 @@ import pytest
 import engine.policy.auto as auto
 import engine.runtime.executor as executor_mod
 from engine import LLM, Policy, SamplingParams
-from engine.planning import Plan, PlanCache, bucket, bucketed
+from engine.planning import Plan, PlanCache, bucket, bucketed, workload_list
 from engine.policy.cost_model import Workload
 from llmops import engines
 from llmops.coalesce import Coalescer
@@ -195,3 +195,15 @@ def test_a_job_whose_calls_outgrow_its_first_plan_replans_once(tiny_llama, count
     grown = llm.plan(ids(64, 10), params, covering=small)
     again = llm.plan(ids(60, 9), params, covering=grown)
     assert counted["plans"] == 2 and grown.policy.block_size > small.policy.block_size and again is grown
+
+
+def test_a_plan_for_more_prompts_whose_block_fits_serves_a_smaller_bucket(tiny_llama, counted):
+    llm = LLM(tiny_llama, dtype="float32", device="cpu")
+    params = SamplingParams(max_new_tokens=2)
+    big = bucketed([10] * 5000, 2)                       # 8192 prompts, planned earlier with blocks of 16
+    llm._plans[tuple(workload_list(big))] = Plan(Policy(gpu_batch_size=16), big, "trials")
+    plan = llm.plan(ids(100, 10), params)                # 128 prompts: the 8192-prompt plan's block fits
+    assert counted["plans"] == 0 and plan.policy == Policy(gpu_batch_size=16) and plan.source == "memory"
+    assert plan.workload == bucketed([10] * 100, 2)
+    tiny = llm.plan(ids(8, 10), params)                  # its block of 16 does not fit 8 prompts: planned
+    assert counted["plans"] == 1 and tiny.policy.block_size <= 8

@@ -33,14 +33,16 @@ def llm():
 
 @pytest.fixture(scope="module")
 def hf(llm):
-    """transformers' model and tokenizer from the same GGUF conversion folder."""
+    """transformers' model (its own GGUF loader) and tokenizer (our conversion's tokenizer.json)."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    folder = llm.loaded.tokenizer_dir
+    from conftest import smollm2_gguf_path
+
+    folder, gguf = llm.loaded.tokenizer_dir, smollm2_gguf_path()
     tok = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), bos_token=llm.tokenizer.bos_token,
                                   eos_token=llm.tokenizer.eos_token)
     tok.chat_template = llm.tokenizer.chat_template
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
     return model, tok
 
 

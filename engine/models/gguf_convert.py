@@ -1,11 +1,18 @@
-"""GGUF (llama.cpp) -> a Hugging Face folder in a cache, converted once and reused.
+"""GGUF (llama.cpp) -> a Hugging Face style folder in the one model cache, converted once and reused.
 
-`convert_gguf(path, cache_dir)` dequantizes every tensor (gguf.quants.dequantize), undoes llama.cpp's q/k
-row permutation, renames tensors to Hugging Face names, builds config.json from the GGUF metadata and the
-tokenizer files (tokenizer.json, tokenizer_config.json with chat_template / eos / bos) with transformers'
-GGUF tokenizer converter, and writes it all to `cache_dir/<fingerprint>/` atomically: into a temporary
-folder first, with a `.complete.json` marker holding every file's size, then renamed into place. A folder
-whose marker is missing or disagrees with the files on disk is rebuilt, never used.
+`convert_gguf(path, cache_dir)` builds config.json from the GGUF metadata, the tokenizer files
+(tokenizer.json, tokenizer_config.json with chat_template / eos / bos) with transformers' GGUF tokenizer
+converter, and a tensor index (`gguf_tensors.json`, see engine.models.gguf_source): each tensor's Hugging
+Face name, GGML type, shape, byte range in the GGUF and whether its rows carry llama.cpp's q/k permutation.
+No weights are copied: the compact form stored is the GGUF's own quantized blocks, read from the GGUF file
+and dequantized per layer at load (`GGUFSource`), so the cache folder is ~4 MB instead of a 517 MB fp32
+copy. `export_hf_folder` still writes a complete fp32 folder (safetensors) for tools that need one.
+
+The folder is `cache_dir/<fingerprint>-v<FORMAT>/`, written atomically: into a temporary folder first, with
+a `.complete.json` marker holding every file's size, then renamed into place. A folder whose marker is
+missing or disagrees with the files on disk is rebuilt, never used. `cache_dir` is the model cache
+(engine.models.loader.model_cache_dir: `$LLMOPS_MODEL_CACHE` or `~/.cache/llmops/models`), shared by
+every result cache and process.
 
 A GGUF file is checked before any tensor is read: every tensor's byte range must lie inside the file, so a
 truncated download fails with `GGUFTruncatedError` naming the file, the first tensor past the end and the
@@ -25,7 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.models.gguf_source import INDEX
+
 MARKER = ".complete.json"
+FORMAT = 2     # 1: fp32 model.safetensors copy; 2: tensor index into the GGUF (no weight copy)
 SUPPORTED_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
 
 _LAYER_NAMES = {
@@ -107,7 +117,7 @@ def cache_is_complete(folder: Path) -> bool:
 
 def convert_gguf(path: Path, cache_dir: Path) -> Path:
     """The converted folder for the GGUF file `path`, converting it first if no complete one is cached."""
-    target = Path(cache_dir) / gguf_fingerprint(path)
+    target = Path(cache_dir) / f"{gguf_fingerprint(path)}-v{FORMAT}"
     if cache_is_complete(target):
         return target
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
@@ -171,33 +181,29 @@ def _config(reader: Any, gguf_path: Path) -> dict[str, Any]:
     }
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's q/k permutation: rows (head, pair, half) in GGUF -> (head, half, pair) in HF."""
-    dim = w.shape[0] // n_head // 2
-    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+def _hf_name(gguf_name: str, gguf_path: Path) -> str:
+    m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    raise ValueError(f"{gguf_path}: unexpected GGUF tensor {gguf_name!r}")
 
 
-def _tensors(reader: Any, config: dict[str, Any], gguf_path: Path) -> dict[str, torch.Tensor]:
-    from gguf.quants import dequantize
-
-    out: dict[str, torch.Tensor] = {}
+def tensor_index(reader: Any, config: dict[str, Any], gguf_path: Path) -> list[dict[str, Any]]:
+    """One entry per needed tensor: HF name, GGUF name, GGML type, HF shape (outermost dim first: GGUF lists
+    dims innermost first), absolute byte offset and length in the file, and the head count to unpermute
+    q/k rows by (None for other tensors)."""
+    out = []
     for t in reader.tensors:
         if t.name in _SKIPPED:
             continue
-        m = re.fullmatch(r"blk\.(\d+)\.(.+)", t.name)
-        if m and m.group(2) in _LAYER_NAMES:
-            name = f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-        elif t.name in _GLOBAL_NAMES:
-            name = _GLOBAL_NAMES[t.name]
-        else:
-            raise ValueError(f"{gguf_path}: unexpected GGUF tensor {t.name!r}")
-        w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        w = w.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGUF lists dims innermost first
-        if name.endswith("q_proj.weight"):
-            w = _unpermute(w, config["num_attention_heads"])
-        elif name.endswith("k_proj.weight"):
-            w = _unpermute(w, config["num_key_value_heads"])
-        out[name] = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))  # owned, writable
+        name = _hf_name(t.name, gguf_path)
+        heads = (config["num_attention_heads"] if name.endswith("q_proj.weight")
+                 else config["num_key_value_heads"] if name.endswith("k_proj.weight") else None)
+        out.append({"hf": name, "gguf": t.name, "type": int(t.tensor_type),
+                    "shape": [int(d) for d in reversed(t.shape)], "offset": int(t.data_offset),
+                    "n_bytes": int(t.n_bytes), "unpermute": heads})
     return out
 
 
@@ -223,18 +229,44 @@ def _write_tokenizer(gguf_path: Path, reader: Any, folder: Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2))
 
 
-def _write_conversion(gguf_path: Path, folder: Path) -> None:
-    from safetensors.torch import save_file
-
+def _open(gguf_path: Path) -> Any:
     try:
-        reader = _reader(gguf_path)
+        return _reader(gguf_path)
     except GGUFTruncatedError:
         raise
     except Exception as e:
         raise ValueError(f"cannot read GGUF file {gguf_path}: {e}") from None
+
+
+def _write_conversion(gguf_path: Path, folder: Path) -> None:
+    reader = _open(gguf_path)
     config = _config(reader, gguf_path)
-    save_file(_tensors(reader, config, gguf_path), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    index = {"format": FORMAT, "source": str(gguf_path), "tensors": tensor_index(reader, config, gguf_path)}
+    (folder / INDEX).write_text(json.dumps(index, indent=1))
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     _write_tokenizer(gguf_path, reader, folder)
     sizes = {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
-    (folder / MARKER).write_text(json.dumps({"source": str(gguf_path), "sizes": sizes}))
+    (folder / MARKER).write_text(json.dumps({"source": str(gguf_path), "format": FORMAT, "sizes": sizes}))
+
+
+def export_hf_folder(gguf_path: Path, dest: Path) -> Path:
+    """Write a complete Hugging Face folder for `gguf_path` to `dest` (created; must not exist): config.json,
+    the tokenizer files and every tensor dequantized to float32 in model.safetensors (what transformers'
+    `from_pretrained(dest)` loads). The engine itself never needs this (it reads the GGUF's blocks)."""
+    from safetensors.torch import save_file
+
+    from engine.models.gguf_source import dequantize_tensor, unpermute
+
+    gguf_path, dest = Path(gguf_path), Path(dest)
+    dest.mkdir(parents=True)
+    reader = _open(gguf_path)
+    config = _config(reader, gguf_path)
+    tensors: dict[str, torch.Tensor] = {}
+    for t in tensor_index(reader, config, gguf_path):
+        raw = np.memmap(gguf_path, dtype=np.uint8, mode="r", offset=t["offset"], shape=(t["n_bytes"],))
+        w = dequantize_tensor(np.asarray(raw), t["type"], tuple(t["shape"]))
+        tensors[t["hf"]] = (unpermute(w, t["unpermute"]) if t["unpermute"] else w).contiguous()
+    save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    _write_tokenizer(gguf_path, reader, dest)
+    return dest

@@ -1,7 +1,10 @@
 """`load_model`: a model name or path -> config, family, a lazy weight source, tokenizer folder, fingerprint.
 
 Accepted: a local alias (`smollm2-135m-instruct`), a dummy preset (`opt-175b`), a Hugging Face folder
-(config.json + safetensors) or a .gguf file (converted once into a cache folder). Never a hub download.
+(config.json + safetensors) or a .gguf file. Never a hub download. A GGUF's config and tokenizer are
+converted once into the model cache (`model_cache_dir()`: one folder per machine, shared by every result
+cache and process, never under `$LLMOPS_CACHE_DIR`); its weights are read from the GGUF's own quantized
+blocks at load (engine.models.gguf_source), so no dequantized copy is stored.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from engine.models.base import ModelFamily
 from engine.models.config import ModelConfig
 from engine.models.dummy_source import DummySource
 from engine.models.gguf_convert import convert_gguf, gguf_fingerprint
+from engine.models.gguf_source import GGUFSource, read_index
 from engine.models.hf_config import config_from_hf
 from engine.models.presets import PRESETS
 from engine.models.registry import build_family, check_architecture
@@ -42,9 +46,13 @@ class LoadedModel:
     dtype: torch.dtype
 
 
-def default_cache_dir() -> Path:
-    """`$LLMOPS_CACHE_DIR` or `~/.cache/llmops`."""
-    return Path(os.environ.get("LLMOPS_CACHE_DIR") or Path.home() / ".cache" / "llmops")
+def model_cache_dir() -> Path:
+    """The one model cache (GGUF conversions): `$LLMOPS_MODEL_CACHE`, else `~/.cache/llmops/models`. It does
+    not follow `$LLMOPS_CACHE_DIR` (result caches and hardware profiles), so pointing runs at separate result
+    caches never converts a model again."""
+    env = os.environ.get("LLMOPS_MODEL_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "llmops" / "models"
+
 
 
 def resolve_dtype(dtype: torch.dtype | str, config: ModelConfig) -> torch.dtype:
@@ -116,8 +124,12 @@ def _load_folder(folder: Path, dtype: torch.dtype | str, fingerprint: str | None
 
 
 def _load_gguf(path: Path, dtype: torch.dtype | str, cache_dir: Path | None) -> LoadedModel:
-    folder = convert_gguf(path, Path(cache_dir) if cache_dir else default_cache_dir())
-    return _load_folder(folder, dtype, fingerprint=gguf_fingerprint(path))
+    folder = convert_gguf(path, Path(cache_dir) if cache_dir else model_cache_dir())
+    config = _read_config(folder)
+    family = build_family(config)
+    dt = resolve_dtype(dtype, config)
+    source = GGUFSource(path, read_index(folder), family.layer_specs(), dt)
+    return LoadedModel(config, family, source, folder, gguf_fingerprint(path), dt)
 
 
 def _load_preset(name: str, dtype: torch.dtype | str) -> LoadedModel:
@@ -131,7 +143,8 @@ def load_model(
     model: str | Path, *, dtype: torch.dtype | str = "auto", cache_dir: Path | None = None
 ) -> LoadedModel:
     """Load `model` (alias, preset name, HF folder or .gguf path). Reads headers only: weights stay on disk
-    until `weights.get(spec)`. Errors name the file / tensor / architecture at fault."""
+    until `weights.get(spec)`. Errors name the file / tensor / architecture at fault. `cache_dir`: where a
+    GGUF's conversion lives (default `model_cache_dir()`)."""
     if isinstance(model, str) and model in ALIASES:
         return _load_gguf(resolve_alias(model), dtype, cache_dir)
     if isinstance(model, str) and model in PRESETS:

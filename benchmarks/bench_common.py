@@ -1,0 +1,282 @@
+"""What every benchmark record needs (DESIGN.md section 6): paths, a timer, run ids, machine, device and commit
+capture, and atomic JSON / JSONL writing. Importing it puts the repository root on `sys.path`.
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/ (already there for a script)
+    from bench_common import RESULTS_DIR, Timer, append_jsonl, base_record, new_run_id
+
+    run_id = new_run_id()
+    with Timer() as t:
+        ...
+    append_jsonl(RESULTS_DIR / "x.jsonl", {**base_record(run_id, "llmops"), "seconds": t.seconds})
+
+Torch is imported only by the functions that need it (device and peak memory), so a harness that has no GPU
+work can use the rest without it. Commit capture works without a `.git` (the device machine gets a copy of
+the working tree): an explicit value (`--commit`), then `git rev-parse HEAD` + dirtiness, then
+`$LLMOPS_COMMIT` ("<sha>" or "<sha>-dirty").
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import secrets
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_DIR = ROOT / "benchmarks"
+RESULTS_DIR = BENCH_DIR / "results"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+GIB = 1024 ** 3
+
+
+# ---- timing
+class Timer:
+    """`with Timer() as t: ...` then `t.seconds`; `t.mark()` records the first time something happened
+    (`t.first`, seconds since the start), later calls are ignored. `t.elapsed` reads the clock while running."""
+
+    def __init__(self) -> None:
+        self.start = 0.0
+        self.end: float | None = None
+        self.first: float | None = None
+
+    def __enter__(self) -> "Timer":
+        self.start = time.perf_counter()
+        self.end = None
+        self.first = None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.end = time.perf_counter()
+
+    @property
+    def elapsed(self) -> float:
+        return (self.end if self.end is not None else time.perf_counter()) - self.start
+
+    @property
+    def seconds(self) -> float:
+        return self.elapsed
+
+    def mark(self) -> None:
+        if self.first is None:
+            self.first = time.perf_counter() - self.start
+
+
+# ---- ids, commands, timestamps
+def new_run_id() -> str:
+    """A run id shared by the records of one invocation: UTC time + 6 random hex digits."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as typed (sys.argv joined, shell-quoted where needed), prefixed with `python`."""
+    return shlex.join(["python", *(sys.argv if argv is None else argv)])
+
+
+# ---- commit
+def git_commit(explicit: str | None = None, root: Path = ROOT) -> dict[str, Any]:
+    """{"sha", "dirty", "source"}: `explicit` (e.g. --commit), else git (HEAD + whether tracked files differ),
+    else $LLMOPS_COMMIT; sha None when none is known. A trailing "-dirty" in a given value sets dirty."""
+    def parse(value: str, source: str) -> dict[str, Any]:
+        value = value.strip()
+        dirty = value.endswith(("-dirty", "+dirty"))
+        return {"sha": value[:-6] if dirty else value, "dirty": dirty if dirty else None, "source": source}
+
+    if explicit:
+        return parse(explicit, "argument")
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if sha.returncode == 0 and sha.stdout.strip():
+            status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, timeout=30)
+            changed = [ln[3:] for ln in status.stdout.splitlines() if ln.strip()]
+            return {"sha": sha.stdout.strip(), "dirty": bool(changed), "dirty_files": changed[:50],
+                    "source": "git"}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    if os.environ.get("LLMOPS_COMMIT"):
+        return parse(os.environ["LLMOPS_COMMIT"], "env LLMOPS_COMMIT")
+    return {"sha": None, "dirty": None, "source": None}
+
+
+# ---- machine and device
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _ram_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def package_versions(names: Iterable[str]) -> dict[str, str | None]:
+    """Installed versions (None when absent), read from metadata: nothing is imported."""
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def device_name() -> str:
+    """The GPU's name (torch.cuda.get_device_name) or "cpu (<cpu model>, N cores)"."""
+    if cuda_available():
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    return f"cpu ({_cpu_model()}, {os.cpu_count()} cores)"
+
+
+def device_slug() -> str:
+    """A file-name form of the device: "cpu" or e.g. "nvidia_h200"."""
+    if not cuda_available():
+        return "cpu"
+    return "".join(c if c.isalnum() else "_" for c in device_name().lower()).strip("_")
+
+
+def machine() -> dict[str, Any]:
+    """Host and accelerator facts for a record."""
+    info: dict[str, Any] = {"host": platform.node(), "platform": platform.platform(),
+                            "python": platform.python_version(), "cpu": _cpu_model(), "cpus": os.cpu_count()}
+    ram = _ram_bytes()
+    if ram:
+        info["ram_gib"] = round(ram / GIB, 1)
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            info.update(gpu=props.name, gpu_count=torch.cuda.device_count(),
+                        gpu_memory_gib=round(props.total_memory / GIB, 1), cuda=torch.version.cuda)
+    except ImportError:
+        pass
+    return info
+
+
+# ---- device memory
+def reset_peak() -> None:
+    """Reset torch's peak-memory counters on the current GPU (no-op without one)."""
+    if cuda_available():
+        import torch
+
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gib() -> dict[str, float | None]:
+    """{"peak_device_gib": max allocated, "peak_reserved_gib": max reserved} since the last reset; None on CPU."""
+    if not cuda_available():
+        return {"peak_device_gib": None, "peak_reserved_gib": None}
+    import torch
+
+    torch.cuda.synchronize()
+    return {"peak_device_gib": round(torch.cuda.max_memory_allocated() / GIB, 3),
+            "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / GIB, 3)}
+
+
+def size_gib(value: int | str | None) -> float | None:
+    """A size (bytes or "16GiB") in GiB; None stays None."""
+    if value is None:
+        return None
+    from engine.sizes import parse_size
+
+    return round(parse_size(value) / GIB, 3)
+
+
+# ---- records and files
+def base_record(run_id: str, system: str, *, commit: dict[str, Any] | None = None,
+                command: str | None = None) -> dict[str, Any]:
+    """The fields every record carries: run_id, system, device, machine, commit, command, timestamp."""
+    return {"run_id": run_id, "system": system, "device": device_name(), "machine": machine(),
+            "commit": commit if commit is not None else git_commit(), "command": command or command_line(),
+            "timestamp": utc_now()}
+
+
+def _dumps(obj: Any, **kw: Any) -> str:
+    return json.dumps(obj, default=str, allow_nan=False, **kw)
+
+
+def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
+    """Append one record as one line with a single O_APPEND write, then fsync: a reader never sees half a line
+    unless the machine dies mid-write (`read_jsonl` skips such a tail)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (_dumps(record) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Every complete record of a JSONL file ([] when absent); an unparsable line is skipped."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def write_json_atomic(path: str | Path, obj: Any, *, indent: int | None = 2) -> None:
+    """Write JSON to a temporary file beside `path`, fsync, rename into place."""
+    write_text_atomic(path, _dumps(obj, indent=indent) + "\n")
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def rows_per_hour(rows: int, seconds: float | None) -> float | None:
+    return round(rows * 3600.0 / seconds, 1) if seconds else None
