@@ -87,8 +87,8 @@ def command_line(argv: list[str] | None = None) -> str:
 
 # ---- commit
 def git_commit(explicit: str | None = None, root: Path = ROOT) -> dict[str, Any]:
-    """{"sha", "dirty", "source"}: `explicit` (e.g. --commit), else git (HEAD + whether tracked files differ),
-    else $LLMOPS_COMMIT; sha None when none is known. A trailing "-dirty" in a given value sets dirty."""
+    """{"sha", "dirty", "source"}: `explicit` (e.g. --commit), else $LLMOPS_COMMIT, else git (HEAD + whether
+    tracked files differ); sha None when none is known. A trailing "-dirty" in a given value sets dirty."""
     def parse(value: str, source: str) -> dict[str, Any]:
         value = value.strip()
         dirty = value.endswith(("-dirty", "+dirty"))
@@ -96,6 +96,8 @@ def git_commit(explicit: str | None = None, root: Path = ROOT) -> dict[str, Any]
 
     if explicit:
         return parse(explicit, "argument")
+    if os.environ.get("LLMOPS_COMMIT"):     # before git: a copied tree (the lent GPU) may carry a stale .git
+        return parse(os.environ["LLMOPS_COMMIT"], "env LLMOPS_COMMIT")
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if sha.returncode == 0 and sha.stdout.strip():
@@ -106,8 +108,6 @@ def git_commit(explicit: str | None = None, root: Path = ROOT) -> dict[str, Any]
                     "source": "git"}
     except (OSError, subprocess.SubprocessError):
         pass
-    if os.environ.get("LLMOPS_COMMIT"):
-        return parse(os.environ["LLMOPS_COMMIT"], "env LLMOPS_COMMIT")
     return {"sha": None, "dirty": None, "source": None}
 
 
@@ -177,6 +177,7 @@ def machine() -> dict[str, Any]:
         import torch
 
         info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
         if torch.cuda.is_available():
             props = torch.cuda.get_device_properties(0)
             info.update(gpu=props.name, gpu_count=torch.cuda.device_count(),

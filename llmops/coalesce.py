@@ -5,9 +5,10 @@ its morsels on several threads at once, and each morsel alone would make small b
 number of threads. One caller at a time leads: it takes the waiting tables (at least its own turn's first,
 up to `max_rows()` rows), runs `fn` once on their concatenation and hands each caller its slice. Callers
 arriving while a run is in progress wait and are merged into the next run. The very first run waits
-`gather_s` for the other threads' first morsels (they arrive together when a streaming query starts), so
-the job's first call, the one its plan is made for, sees the job's real width rather than one morsel. An
-exception in a run is raised in every caller whose table was in it.
+`gather_s` for the other threads' first morsels (they arrive together when a streaming query starts) and
+hands all of them to `prepare` (the job plans for that width rather than one morsel's) before it takes
+its first `max_rows()`, so results still come back run by run. An exception in a run is raised in every
+caller whose table was in it.
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ class Coalescer:
     table larger than it still runs whole."""
 
     def __init__(self, fn: Callable[[pa.Table], pa.Table], max_rows: Callable[[], int | None] = lambda: None,
-                 gather_s: float = GATHER_S) -> None:
-        self._fn, self._max_rows, self._gather_s = fn, max_rows, gather_s
+                 gather_s: float = GATHER_S, prepare: Callable[[pa.Table], None] | None = None) -> None:
+        self._fn, self._max_rows, self._gather_s, self._prepare = fn, max_rows, gather_s, prepare
         self._cv = threading.Condition()
         self._pending: list[_Request] = []
         self._busy = False
@@ -50,10 +51,15 @@ class Coalescer:
                 if req.done:
                     break
                 self._busy = True
-                if self.runs == 0 and self._gather_s > 0:
+                first = self.runs == 0
+                if first and self._gather_s > 0:
                     self._cv.wait(self._gather_s)       # the other threads' first morsels join the first run
-                batch = self._take()
+                waiting = [r.table for r in self._pending] if first and self._prepare is not None else []
             try:
+                if waiting:
+                    self._prepare(_concat(waiting))
+                with self._cv:
+                    batch = self._take()
                 self._run(batch)
             finally:
                 with self._cv:
@@ -75,7 +81,7 @@ class Coalescer:
     def _run(self, batch: list[_Request]) -> None:
         try:
             tables = [r.table for r in batch]
-            out = self._fn(tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive"))
+            out = self._fn(_concat(tables))
             self.runs += 1
             if out.num_rows != sum(t.num_rows for t in tables):
                 raise RuntimeError(f"coalesced run returned {out.num_rows} rows for {sum(t.num_rows for t in tables)}")
@@ -89,3 +95,7 @@ class Coalescer:
         finally:
             for r in batch:
                 r.done = True
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")

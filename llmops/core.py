@@ -5,6 +5,12 @@ rows, dedupes identical prompts, serves what the result cache already holds, han
 in one `stream` call and yields Arrow record batches as the engine's blocks finish. Every other adapter
 (Polars, DuckDB, pipelines, CLI, Ray) goes through here, and this is the only module importing `engine`.
 
+Durability per row: with a result cache, each generated row is stored as it finishes, not when its block
+ends: the engine reports finished rows from its decode loop (`stream(..., on_finished=...)`) to a
+`result_cache.RowWriter`, which stores them in small groups at most `FLUSH_SECONDS` apart, and every
+block is wholly stored before it is yielded. A killed run loses at most the rows in flight and the last
+second's; its rerun serves the rest from the cache. An engine without `on_finished` is stored per block.
+
 A `Job` is one operator run over a table that may reach the engine in several calls (DuckDB's 2048-row
 vectors, Polars morsels and groups): the engine's plan (policy) is chosen at the job's first call and
 handed back to the engine on every later one, so the job plans once and the executor stays warm; its
@@ -24,11 +30,13 @@ for good rows), `text` (the raw generated text; null when nothing was generated)
   is longer than max_new_tokens);
 - a structured output that does not parse or is not one of the choices -> null output, "error" saying why.
 Job-level failures raise: a template naming a missing column (TemplateError, before any work), a bad
-spec (ValueError), an engine that cannot load or crashes (its exception; finished blocks stay cached).
+spec (ValueError), an engine that cannot load or crashes (its exception; finished rows stay cached).
 """
 from __future__ import annotations
 
+import inspect
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -41,12 +49,13 @@ import pyarrow as pa
 from engine.params import Completion, SamplingParams
 from llmops import engines
 from llmops.progress import Progress
-from llmops.result_cache import CachedResult, open_cache, result_key
+from llmops.result_cache import CachedResult, RowWriter, open_cache, result_key
 from llmops.structured import arrow_type, parse_json_output, to_json_schema
 from llmops.templates import (ON_EMPTY, Prompt, RowOutcome, check_columns, check_examples, cut_data, parts_text,
                               render_rows, template_fields)
 
 CacheDir = str | Path | None | Literal[False]
+log = logging.getLogger(__name__)
 JOB_MEMO_ROWS = 200_000   # generated results a job keeps in memory for its later calls
 
 
@@ -238,6 +247,23 @@ class Job:
             self._engine = get_engine(self.spec)
         return self._engine
 
+    def prepare(self, table: pa.Table) -> None:
+        """Plan the job for `table`'s rows before its first call, when nothing is planned yet: a job whose
+        rows come in morsels plans for the morsels that arrived together, and its runs can then be cut to
+        the plan's blocks (`llmops.coalesce`). No-op for an engine without plans or a table of null rows."""
+        if self.plan is not None or not hasattr(self.engine, "plan"):
+            return
+        spec, names = self.spec, check_columns(self.spec.template, table.column_names)
+        columns = {f: table.column(f).to_pylist() for f in names}
+        prompts = [o.prompt for o in render_rows(spec.template, columns, table.num_rows, system=spec.system,
+                                                 examples=spec.examples, on_empty=spec.on_empty)
+                   if o.prompt is not None]
+        if prompts:
+            with engine_lock(self.engine):
+                plan = self.engine.plan(prompts, sampling_params(spec))
+            with self._lock:
+                self.plan = self.plan or plan
+
     def recall(self, keys: Iterable[str]) -> dict[str, CachedResult]:
         """The results this job already generated for any of `keys` (prompt + parameter keys)."""
         with self._lock:
@@ -304,7 +330,7 @@ class MapRun:
         start = time.perf_counter()
         spec, summary = self.spec, self.summary
         bar = Progress(self.table.num_rows, enabled=self._progress)
-        plan = None
+        plan, writer = None, None
         try:
             outcomes = self._render()
             early = [i for i, o in enumerate(outcomes) if o.prompt is None]
@@ -341,18 +367,22 @@ class MapRun:
             prompts = [outcomes[rows_by_key[k][0]].prompt for k in pending]
             if spec.on_long_prompt == "truncate":
                 prompts = truncate_prompts(prompts, eng, spec.max_new_tokens, params)
+            writer = RowWriter(cache) if cache is not None else None
+            early = None if writer is None else (lambda idx, c: writer.add(pending[idx], _to_cached(c)))
             with engine_lock(eng):
-                for group in _stream(eng, prompts, params, self.job.plan):
+                for group in _stream(eng, prompts, params, self.job.plan, early):
                     plan = getattr(eng, "last_plan", None)
                     done = [(pending[idx], _to_cached(c), c.error) for idx, c in group]
                     summary.generated_rows += len(done)
                     summary.generated_tokens += sum(r.completion_tokens for _, r, _ in done)
                     summary.prompt_tokens += sum(r.prompt_tokens for _, r, _ in done)
-                    if cache is not None:
-                        cache.put_many((k, r) for k, r, _ in done)
+                    if writer is not None:
+                        writer.finish_block((k, r) for k, r, _ in done)
                     self.job.remember((k, r) for k, r, _ in done)
                     yield self._emit([(i, r, err) for k, r, err in done for i in rows_by_key[k]], start, bar)
         finally:
+            if writer is not None:
+                _close_quietly(writer)
             bar.close()
             summary.seconds = time.perf_counter() - start
             total = self.job.finished(summary, plan)
@@ -457,14 +487,32 @@ def _to_cached(c: Completion) -> CachedResult:
     return CachedResult(c.text, c.finish_reason, int(c.prompt_tokens), len(c.token_ids))
 
 
-def _stream(eng: Any, prompts: list[Any], params: SamplingParams,
-            plan: Any) -> Iterator[list[tuple[int, Completion]]]:
-    if hasattr(eng, "plan"):
-        yield from eng.stream(prompts, params, plan=plan)
-    elif hasattr(eng, "stream"):
-        yield from eng.stream(prompts, params)
-    else:
+def _stream(eng: Any, prompts: list[Any], params: SamplingParams, plan: Any,
+            on_finished: Any = None) -> Iterator[list[tuple[int, Completion]]]:
+    """The engine's groups; `on_finished(index, completion)` goes to an engine whose `stream` takes it
+    (`engine.LLM`: rows reported as they finish, for `RowWriter`), else rows are stored per group."""
+    if not hasattr(eng, "stream"):
         yield list(enumerate(eng.generate(prompts, params)))
+        return
+    kwargs: dict[str, Any] = {"plan": plan} if hasattr(eng, "plan") else {}
+    if on_finished is not None and _takes(eng.stream, "on_finished"):
+        kwargs["on_finished"] = on_finished
+    yield from eng.stream(prompts, params, **kwargs)
+
+
+def _takes(fn: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _close_quietly(writer: RowWriter) -> None:
+    """Store what the writer holds; a failure is logged (the run's own outcome, or exception, stands)."""
+    try:
+        writer.close()
+    except Exception as exc:  # noqa: BLE001
+        log.warning("result cache %s: could not store the last finished rows: %s", writer.cache.path, exc)
 
 
 def map_table(table: pa.Table, spec: MapSpec, *, cache_dir: CacheDir = None, progress: bool | None = None,

@@ -85,7 +85,7 @@ class _Udf:
             if template not in self._jobs:
                 job = Job(spec, engine=self.engine)
                 run = lambda table: map_table_ordered(table, spec, job=job, **self.run_kwargs)  # noqa: E731
-                self._jobs[template] = (job, Coalescer(run))
+                self._jobs[template] = (job, Coalescer(run, prepare=job.prepare))
             return self._jobs[template]
 
     def __call__(self, *args: pa.ChunkedArray) -> pa.Array:

@@ -45,7 +45,7 @@ class _MapBatches:
         self.spec, self.dtype, self.meta = spec, dtype, meta
         self.kw = {"cache_dir": cache_dir, "progress": progress}
         self.job = Job(spec, engine=engine)
-        self._coalescer = Coalescer(self._run, self._max_rows)
+        self._coalescer = Coalescer(self._run, self._max_rows, prepare=self.job.prepare)
         self._lock = threading.Lock()
         self._memo: list[tuple[pl.Series, pl.Series]] = []
         self.generations = 0

@@ -164,22 +164,30 @@ def check_examples(template: str, examples: Sequence[Mapping[str, Any]]) -> None
             raise TemplateError(f"example {i}: {exc}") from None
 
 
-def build_marked_prompt(template: str, row: Mapping[str, Any], *, system: str | None = None,
-                        examples: Sequence[Mapping[str, Any]] = ()) -> Prompt:
-    """The engine prompt for one row: the rendered parts when there is no system prompt and no example,
-    else chat messages: system (template text), (user, assistant) per example (values as data), then the
-    row's user turn."""
-    user = render_parts(template, row)
-    if system is None and not examples:
-        return user
+def prefix_messages(template: str, *, system: str | None = None,
+                    examples: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """The chat turns every row's prompt starts with: system (template text), then (user, assistant) per
+    example (values as data). Rows share these dicts: treat them as read-only."""
     messages: list[dict[str, Any]] = []
     if system is not None:
         messages.append({"role": "system", "content": [system]})
     for ex in examples:
         messages.append({"role": "user", "content": render_parts(template, ex["input"])})
         messages.append({"role": "assistant", "content": [{"data": _example_output(ex["output"])}]})
-    messages.append({"role": "user", "content": user})
     return messages
+
+
+def build_marked_prompt(template: str, row: Mapping[str, Any], *, system: str | None = None,
+                        examples: Sequence[Mapping[str, Any]] = (),
+                        prefix: list[dict[str, Any]] | None = None) -> Prompt:
+    """The engine prompt for one row: the rendered parts when there is no system prompt and no example,
+    else chat messages: `prefix_messages` (or `prefix`, computed once for many rows), then the row's user
+    turn."""
+    user = render_parts(template, row)
+    if system is None and not examples:
+        return user
+    head = prefix if prefix is not None else prefix_messages(template, system=system, examples=examples)
+    return [*head, {"role": "user", "content": user}]
 
 
 def build_prompt(template: str, row: Mapping[str, Any], *, system: str | None = None,
@@ -211,6 +219,7 @@ def render_rows(template: str, columns: Mapping[str, Sequence[Any]], num_rows: i
         raise ValueError(f"on_empty must be one of {', '.join(ON_EMPTY)}, got {on_empty!r}")
     fields = template_fields(template)
     check_columns(template, columns.keys())
+    prefix = prefix_messages(template, system=system, examples=examples)
     out: list[RowOutcome] = []
     for i in range(num_rows):
         row = {f: columns[f][i] for f in fields}
@@ -224,7 +233,8 @@ def render_rows(template: str, columns: Mapping[str, Sequence[Any]], num_rows: i
             out.append(RowOutcome(None, f"row {i}: {what} empty", "error" if on_empty == "error" else None))
             continue
         try:
-            out.append(RowOutcome(build_marked_prompt(template, row, system=system, examples=examples)))
+            out.append(RowOutcome(build_marked_prompt(template, row, system=system, examples=examples,
+                                                      prefix=prefix)))
         except RowRenderError as exc:
             out.append(RowOutcome(None, f"row {i}: {exc}", "error"))
     return out
