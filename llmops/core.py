@@ -57,6 +57,7 @@ from llmops.templates import (ON_EMPTY, Prompt, RowOutcome, check_columns, check
 CacheDir = str | Path | None | Literal[False]
 log = logging.getLogger(__name__)
 JOB_MEMO_ROWS = 200_000   # generated results a job keeps in memory for its later calls
+PLAN_SAMPLE_ROWS = 512    # rows whose prompt lengths stand for all of a job's first morsels when it plans
 
 
 @dataclass(frozen=True)
@@ -254,13 +255,16 @@ class Job:
         if self.plan is not None or not hasattr(self.engine, "plan"):
             return
         spec, names = self.spec, check_columns(self.spec.template, table.column_names)
-        columns = {f: table.column(f).to_pylist() for f in names}
-        prompts = [o.prompt for o in render_rows(spec.template, columns, table.num_rows, system=spec.system,
+        step = max(1, table.num_rows // PLAN_SAMPLE_ROWS)          # the plan needs lengths, not every prompt
+        sample = table.take(list(range(0, table.num_rows, step))[:PLAN_SAMPLE_ROWS])
+        columns = {f: sample.column(f).to_pylist() for f in names}
+        prompts = [o.prompt for o in render_rows(spec.template, columns, sample.num_rows, system=spec.system,
                                                  examples=spec.examples, on_empty=spec.on_empty)
                    if o.prompt is not None]
         if prompts:
+            rows = round(len(prompts) * table.num_rows / sample.num_rows)
             with engine_lock(self.engine):
-                plan = self.engine.plan(prompts, sampling_params(spec))
+                plan = self.engine.plan(prompts, sampling_params(spec), rows=rows)
             with self._lock:
                 self.plan = self.plan or plan
 
