@@ -258,6 +258,19 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+def rewrite_jsonl(path: str | Path, record: dict[str, Any], key: tuple[str, ...]) -> None:
+    """Replace the record of `path` whose `key` fields equal `record`'s (appending when none does): the whole
+    file is rewritten to a temporary name and renamed, so readers see the old or the new file, never a mix."""
+    lines, found = [], False
+    for old in read_jsonl(path):
+        if all(old.get(k) == record.get(k) for k in key):
+            old, found = record, True
+        lines.append(_dumps(old))
+    if not found:
+        lines.append(_dumps(record))
+    write_text_atomic(path, "".join(line + "\n" for line in lines))
+
+
 def write_json_atomic(path: str | Path, obj: Any, *, indent: int | None = 2) -> None:
     """Write JSON to a temporary file beside `path`, fsync, rename into place."""
     write_text_atomic(path, _dumps(obj, indent=indent) + "\n")

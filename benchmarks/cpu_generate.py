@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine import LLM, Policy, SamplingParams  # noqa: E402
+from engine.models.aliases import resolve_alias  # noqa: E402
 from engine.prompts import encode_prompts  # noqa: E402
 
 STREETS = ["Main Street", "Baker Street", "Rue de Rivoli", "Hauptstrasse", "Elm Avenue", "Via Roma", "Calle Mayor"]
@@ -140,7 +141,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     probe = LLM("smollm2-135m-instruct", dtype="float32", device="cpu")
-    folder, our_tok = probe.loaded.tokenizer_dir, probe.tokenizer
+    folder, our_tok = probe.loaded.tokenizer_dir, probe.tokenizer   # the model cache: config + tokenizer only
+    gguf = resolve_alias("smollm2-135m-instruct")                   # transformers reads the GGUF itself
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     prompt_ids = [e.ids for e in encode_prompts(prompts, params, our_tok, probe.config.vocab_size, probe.max_context)]
     tok = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), eos_token=our_tok.eos_token,
@@ -149,7 +151,8 @@ def main() -> None:
     per_dtype = {}
     for dtype in args.dtypes.split(","):
         ours = [run_ours(prompts, int(b), args.max_new_tokens, dtype) for b in args.ours.split(",")]
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                     dtype=getattr(torch, dtype)).eval()
         hf = [run_hf(model, tok, prompt_ids, int(b), args.max_new_tokens, eos) for b in args.hf.split(",")]
         del model
         best_ours = max(ours, key=lambda r: r["tokens_per_s"])

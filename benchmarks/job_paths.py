@@ -33,7 +33,9 @@ Output: one JSON object per path, appended as a line to --out (JSONL; default
 benchmarks/results/job_paths_<device>.jsonl; `--fresh` empties it first) as soon as the path finishes, so a
 run killed part-way keeps the finished paths. Fields: run_id (shared by the records of one invocation), path,
 system "llmops", rows, seconds, rows_per_h, tokens_per_s, first_result_s (+ first_result_note), ratio_to_engine
-(rows_per_h over the engine record's of the same run_id), peak_device_gib / peak_reserved_gib (torch's peaks
+(rows_per_h over the engine record's of the same run_id; with `--interleave` the engine runs before and
+after every path, ratio_to_engine is against the one just before and ratio_to_engine_bracketed against the
+mean of both, rewritten into the file atomically), peak_device_gib / peak_reserved_gib (torch's peaks
 since the path started; null on CPU), gpu_memory_gib, device, machine, commit, command, workload, model,
 non_null_rows (rows whose output struct is non-null), generated_tokens, engine_calls, engine_first_block_s
 (when the engine finished its first block, seen from inside), plans (the engine's plan(s) used), warmup_s,
@@ -43,7 +45,8 @@ The engine is observed by wrapping the instance's `stream` (a generator pass-thr
 and calls) and, for the pipeline, `SinkWriter.write` (time of the first batch written to the staging file);
 both are undone at the end and cost the same on every path. `--engine-again` runs the engine path once more
 at the end (repeat 2) to show drift; each record has the 1-minute load average at its start and end, since other
-processes on a small machine move every number.
+processes on a small machine move every number; `engine_threads` says whether the engine was called from the
+main thread or a worker (DuckDB's, Polars') thread, `machine.torch_threads` how many intra-op threads torch had.
 """
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -65,7 +69,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import (ROOT, RESULTS_DIR, Timer, append_jsonl, base_record, command_line, cuda_available,  # noqa: E402
                           device_slug, git_commit, new_run_id, package_versions, peak_gib, read_jsonl, reset_peak,
-                          rows_per_hour, size_gib, write_text_atomic)
+                          rewrite_jsonl, rows_per_hour, size_gib, write_text_atomic)
 
 PATHS = ("engine", "pipeline", "polars", "polars-streaming", "duckdb-relation", "duckdb-udf")
 PIPELINE = ROOT / "pipelines" / "bench_invoices.yaml"
@@ -123,9 +127,11 @@ class StreamProbe:
         self.calls = self.groups = self.rows = self.tokens = 0
         self.first: float | None = None
         self.plans: list[dict[str, Any]] = []
+        self.threads: set[str] = set()
 
     def stream(self, prompts: Any, params: Any = None, **kwargs: Any):
         self.calls += 1
+        self.threads.add("main" if threading.current_thread() is threading.main_thread() else "worker")
         for group in self._orig(prompts, params, **kwargs):
             if self.first is None:
                 self.first = time.perf_counter()
@@ -504,6 +510,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None,
                     help="JSONL file the records are appended to (default benchmarks/results/job_paths_<device>.jsonl)")
     ap.add_argument("--fresh", action="store_true", help="empty --out first instead of appending")
+    ap.add_argument("--torch-threads", type=int, default=None,
+                    help="torch.set_num_threads(N) first (default: torch's own choice). On a shared CPU, 1 keeps "
+                         "paths comparable: with 2 threads on 2 busy cores, calls from the main thread (engine, "
+                         "pipeline) ran small ops up to 7x slower than calls from DuckDB's/Polars' threads")
+    ap.add_argument("--interleave", action="store_true",
+                    help="run the engine path before and after every other path (for noisy machines): "
+                         "ratio_to_engine is against the engine run just before, ratio_to_engine_bracketed "
+                         "against the mean of the runs before and after")
     ap.add_argument("--engine-again", action="store_true",
                     help="run the engine path once more at the end (repeat 2: shows drift over the run)")
     args = ap.parse_args()
@@ -532,6 +546,10 @@ def main() -> None:
     commit = git_commit(args.commit)
     command = command_line()
 
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     from llmops import engines
     from llmops.core import get_engine, last_summary
 
@@ -565,10 +583,17 @@ def main() -> None:
         "engine": job.run_engine, "pipeline": job.run_pipeline, "polars": job.run_polars,
         "polars-streaming": job.run_polars_streaming, "duckdb-relation": job.run_duckdb_relation,
         "duckdb-udf": job.run_duckdb_udf}
+    previous_engine_rate: float | None = None
     engine_rate = next((r.get("rows_per_h") for r in read_jsonl(out)
                         if r.get("run_id") == run_id and r.get("path") == "engine" and r.get("rows_per_h")), None)
+    first_engine_rate = engine_rate
     done: list[dict[str, Any]] = []
-    order = paths + (["engine"] if args.engine_again and "engine" in paths else [])
+    others = [p for p in paths if p != "engine"]
+    if args.interleave and "engine" in paths:
+        order = ["engine"] + [x for p in others for x in (p, "engine")]
+    else:
+        order = paths + (["engine"] if args.engine_again and "engine" in paths else [])
+    pending_bracket: dict[str, Any] | None = None   # the operator record waiting for the engine run after it
     try:
         for n_path, path in enumerate(order):
             gc.collect()
@@ -587,18 +612,22 @@ def main() -> None:
             res.update(peak_gib())
             seconds = res.get("seconds")
             rate = rows_per_hour(args.rows, seconds)
-            if path == "engine" and rate and engine_rate is None:
-                engine_rate = rate
+            if path == "engine" and rate and (engine_rate is None or args.interleave):
+                previous_engine_rate, engine_rate = engine_rate, rate
+            base_rate = (first_engine_rate or engine_rate) if path == "engine" else engine_rate
+            if path == "engine" and first_engine_rate is None:
+                first_engine_rate = engine_rate
             summary = last_summary()
             summary = None if path == "engine" or summary is summary_before else summary
             record.update(
                 seconds=round(seconds, 3) if seconds else None, rows_per_h=rate,
                 tokens_per_s=round(probe.tokens / seconds, 2) if seconds else None,
-                ratio_to_engine=round(rate / engine_rate, 4) if rate and engine_rate else None,
+                ratio_to_engine=round(rate / base_rate, 4) if rate and base_rate else None,
                 generated_tokens=probe.tokens, engine_calls=probe.calls, engine_groups=probe.groups,
                 engine_rows=probe.rows,
                 engine_first_block_s=round(probe.first - start, 3) if probe.first is not None else None,
-                plans=probe.plans_out(), engines_cached=len(getattr(engines, "_ENGINES", {})),
+                plans=probe.plans_out(), engine_threads=sorted(probe.threads),
+                engines_cached=len(getattr(engines, "_ENGINES", {})),
                 loadavg_start=load_start, loadavg_end=_loadavg(),
                 last_map_summary=summary.to_dict() if summary is not None else None,
                 **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items() if k != "seconds"})
@@ -606,6 +635,16 @@ def main() -> None:
                 record["warning"] = "more than one engine was built: the settings of some path differ"
             append_jsonl(out, record)
             done.append(record)
+            if args.interleave:
+                if path != "engine":
+                    pending_bracket = record
+                elif pending_bracket is not None and rate and previous_engine_rate:
+                    mean = (previous_engine_rate + rate) / 2
+                    pending_bracket["ratio_to_engine_bracketed"] = round(pending_bracket["rows_per_h"] / mean, 4) \
+                        if pending_bracket.get("rows_per_h") else None
+                    pending_bracket["engine_rows_per_h_bracket"] = [previous_engine_rate, rate]
+                    rewrite_jsonl(out, pending_bracket, ("run_id", "order"))
+                    pending_bracket = None
             print(f"[job_paths] {path:17s} " + (f"{seconds:8.2f}s {rate:10.0f} rows/h  first "
                   f"{record.get('first_result_s')}  ratio {record['ratio_to_engine']}  non-null "
                   f"{record.get('non_null_rows')}/{args.rows}  tokens {probe.tokens}  peak {record['peak_device_gib']}"
@@ -615,7 +654,8 @@ def main() -> None:
         if not args.work_dir:
             shutil.rmtree(job.work, ignore_errors=True)
     print(json.dumps([{k: r.get(k) for k in ("path", "repeat", "seconds", "rows_per_h", "first_result_s", "ratio_to_engine",
-                                             "non_null_rows", "generated_tokens", "peak_device_gib", "error")}
+                                             "ratio_to_engine_bracketed", "non_null_rows", "generated_tokens",
+                                             "peak_device_gib", "error")}
                       for r in done], indent=1))
 
 

@@ -55,7 +55,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """"auto" -> on CUDA bfloat16 (float16 without bf16 support); on a CPU whichever of bfloat16 and float32
-    multiplies faster there (measured once: `fastest_cpu_dtype`). A name or torch.dtype otherwise."""
+    multiplies faster there, measured once per machine and cached on disk (`engine.cpu_dtype`), so every
+    process on the machine resolves it alike. A name or torch.dtype otherwise."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
@@ -87,7 +88,7 @@ class LLM:
     GPU machine the auto policy plans the cpu tier within `hardware.PINNED_SHARE` of the available RAM).
     On CUDA, gpu_memory also caps torch's allocator on the device for as long as this LLM lives.
     disk_dir: folder for the disk tier. dtype: "auto" = bfloat16 on CUDA (float16 without bf16), the
-    faster of bfloat16/float32 on a CPU.
+    faster of bfloat16/float32 on a CPU (measured once per machine, cached: engine.cpu_dtype).
     """
 
     def __init__(self, model: str | Path, *, policy: str | Policy | dict[str, Any] = "auto",

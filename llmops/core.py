@@ -372,9 +372,9 @@ class MapRun:
             if spec.on_long_prompt == "truncate":
                 prompts = truncate_prompts(prompts, eng, spec.max_new_tokens, params)
             writer = RowWriter(cache) if cache is not None else None
-            early = None if writer is None else (lambda idx, c: writer.add(pending[idx], _to_cached(c)))
+            report = None if writer is None else (lambda idx, c: writer.add(pending[idx], _to_cached(c)))
             with engine_lock(eng):
-                for group in _stream(eng, prompts, params, self.job.plan, early):
+                for group in _stream(eng, prompts, params, self.job.plan, report):
                     plan = getattr(eng, "last_plan", None)
                     done = [(pending[idx], _to_cached(c), c.error) for idx, c in group]
                     summary.generated_rows += len(done)

@@ -6,7 +6,8 @@ converter, and a tensor index (`gguf_tensors.json`, see engine.models.gguf_sourc
 Face name, GGML type, shape, byte range in the GGUF and whether its rows carry llama.cpp's q/k permutation.
 No weights are copied: the compact form stored is the GGUF's own quantized blocks, read from the GGUF file
 and dequantized per layer at load (`GGUFSource`), so the cache folder is ~4 MB instead of a 517 MB fp32
-copy. `export_hf_folder` still writes a complete fp32 folder (safetensors) for tools that need one.
+copy. A tool that needs transformers' model of a GGUF loads it with transformers' own GGUF reader
+(`from_pretrained(folder, gguf_file=name)`, as tests/test_smollm2.py does).
 
 The folder is `cache_dir/<fingerprint>-v<FORMAT>/`, written atomically: into a temporary folder first, with
 a `.complete.json` marker holding every file's size, then renamed into place. A folder whose marker is
@@ -30,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from engine.models.gguf_source import INDEX
 
@@ -247,26 +247,3 @@ def _write_conversion(gguf_path: Path, folder: Path) -> None:
     _write_tokenizer(gguf_path, reader, folder)
     sizes = {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
     (folder / MARKER).write_text(json.dumps({"source": str(gguf_path), "format": FORMAT, "sizes": sizes}))
-
-
-def export_hf_folder(gguf_path: Path, dest: Path) -> Path:
-    """Write a complete Hugging Face folder for `gguf_path` to `dest` (created; must not exist): config.json,
-    the tokenizer files and every tensor dequantized to float32 in model.safetensors (what transformers'
-    `from_pretrained(dest)` loads). The engine itself never needs this (it reads the GGUF's blocks)."""
-    from safetensors.torch import save_file
-
-    from engine.models.gguf_source import dequantize_tensor, unpermute
-
-    gguf_path, dest = Path(gguf_path), Path(dest)
-    dest.mkdir(parents=True)
-    reader = _open(gguf_path)
-    config = _config(reader, gguf_path)
-    tensors: dict[str, torch.Tensor] = {}
-    for t in tensor_index(reader, config, gguf_path):
-        raw = np.memmap(gguf_path, dtype=np.uint8, mode="r", offset=t["offset"], shape=(t["n_bytes"],))
-        w = dequantize_tensor(np.asarray(raw), t["type"], tuple(t["shape"]))
-        tensors[t["hf"]] = (unpermute(w, t["unpermute"]) if t["unpermute"] else w).contiguous()
-    save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    (dest / "config.json").write_text(json.dumps(config, indent=2))
-    _write_tokenizer(gguf_path, reader, dest)
-    return dest
