@@ -21,15 +21,15 @@ import fcntl
 import functools
 import hashlib
 import json
-import os
 import platform
 import socket
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
 
 import torch
+
+from engine.storage.atomic import write_json_atomic
 
 _SHAPE = (256, 576, 1536)   # a decode-sized GEMM (m, k, n): rows x hidden -> MLP width
 _NAMES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -96,16 +96,7 @@ def _write(path: Path, dtype: torch.dtype, seconds: dict[str, float]) -> None:
     """Atomically: a temporary file in the same folder, fsync, rename into place."""
     payload = {"version": CACHE_VERSION, "key": machine_key(), "dtype": str(dtype).removeprefix("torch."),
                "seconds": seconds, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_atomic(path, payload)
 
 
 @contextlib.contextmanager

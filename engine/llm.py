@@ -1,9 +1,9 @@
 """The engine facade: `LLM(model, ...)`, `.plan(prompts, params)`, `.generate(...)` and `.stream(...)`.
 
 Flow of one call: encode prompts (engine.prompts) -> per-prompt errors set aside -> the job's plan for the
-valid prompts' lengths (engine.planning: a plan given by the caller when it covers them, else one per
-workload bucket, chosen once and reused) -> sort by length and cut into blocks of the policy's block size
-(engine.blocks) -> per block, the warm executor runs prefill + decode while a `BlockDecoder` picks tokens
+valid prompts' lengths (engine.planner, engine.planning: a plan given by the caller when it covers them,
+else one per workload bucket, chosen once and reused) -> sort by length and cut into blocks of the
+policy's block size (engine.blocks) -> per block, the warm executor runs prefill + decode while a `BlockDecoder` picks tokens
 -> completions mapped back to the caller's order. `stream` yields each block's completions as soon as the
 block is done. `gpu_memory` caps torch's allocator on the device (engine.storage.device_cap), so planning,
 trials and warm-up stay inside the budget too.
@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import shutil
-import time
 import weakref
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -28,8 +25,8 @@ from engine.decoding import BlockDecoder
 from engine.fingerprint import output_fingerprint, tokenizer_digest
 from engine.models.config import ModelConfig
 from engine.params import Completion, SamplingParams
-from engine.planning import Plan, PlanCache, bucketed, merged, workload_list
-from engine.policy.cost_model import Workload
+from engine.planner import Planner
+from engine.planning import Plan
 from engine.policy.policy import Policy
 from engine.prompts import Encoded, encode_prompts
 from engine.sampling import sequence_keys
@@ -39,9 +36,6 @@ from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-CPU_FALLBACK_BATCH = 64
-MAX_PLAN_SHIFT = 12     # plans for up to 2^11 times a bucket's prompt count are looked up as its plan
-AUTO_TRIALS = 4         # on a GPU, policy="auto" measures the cost model's best 4 candidates on truncated copies
 Group = list[tuple[int, Completion]]
 OnFinished = Callable[[int, Completion], None]
 
@@ -68,6 +62,18 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype not in names:
         raise ValueError(f"LLM: unsupported dtype {dtype!r}; use 'auto' or one of {sorted(names)}")
     return names[dtype]
+
+
+def _weak_call(method: Callable[[], Any]) -> Callable[[], None]:
+    """`method` called through a weak reference (a bound method held by a member would make a cycle that
+    keeps the engine, and its device memory, alive until the cyclic collector runs)."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        bound = ref()
+        if bound is not None:
+            bound()
+    return call
 
 
 def _size(value: int | str | None, name: str) -> int | None:
@@ -101,7 +107,6 @@ class LLM:
             policy = Policy.from_dict(policy)
         if not (policy == "auto" or isinstance(policy, Policy)):
             raise ValueError(f"LLM(policy=...): expected 'auto', a Policy or a dict, got {policy!r}")
-        self._policy_arg = policy
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.gpu_memory = _size(gpu_memory, "gpu_memory")
@@ -119,7 +124,11 @@ class LLM:
         self.eos_token_ids: tuple[int, ...] = tuple(sorted(eos))
         self._policy: Policy | None = None
         self._plan: Plan | None = None
-        self._plans: dict[tuple[int, ...], Plan] = {}
+        self._planner = Planner(self.loaded, device=self.device, dtype=self.dtype,
+                                fixed=policy if isinstance(policy, Policy) else None, gpu_memory=self.gpu_memory,
+                                cpu_memory=self.cpu_memory, disk_dir=self.disk_dir,
+                                compress_weights=compress_weights, compress_cache=compress_cache,
+                                model_name=self.model_name, before_trials=_weak_call(self.close))
         self._downsized: dict[Policy, Policy] = {}    # planned policy -> the smaller one an out-of-memory forced
         self._executor: Any = None
         self._executor_policy: Policy | None = None
@@ -210,13 +219,9 @@ class LLM:
         lens = [len(e.ids) for e in encoded if e.error is None]
         if rows and lens:
             lens = (lens * -(-rows // len(lens)))[:rows]
-        if measure or isinstance(self._policy_arg, Policy):
-            return self._plan_for(lens, params.max_new_tokens, covering)
-        workload = bucketed(lens, params.max_new_tokens)
-        known = self._plans.get(tuple(workload_list(workload)))
-        if known is None and self.device.type == "cuda":
-            known = PlanCache(self._cache_dir()).get(self._disk_key(workload))
-        return known if known is not None else self._choose(workload, trials=0)
+        if not measure:
+            return self._planner.preview(lens, params.max_new_tokens)
+        return self._plan_for(lens, params.max_new_tokens, covering)
 
     def _check(self, prompts: Sequence[Any], params: SamplingParams | None) -> SamplingParams:
         params = params or SamplingParams()
@@ -287,110 +292,10 @@ class LLM:
         n_vocab = max(self.loaded.config.vocab_size, self._tokenizer.vocab_size)
         return GrammarConstraint.for_params(params, self._tokenizer.to_json(), self.eos_token_ids, n_vocab, rows)
 
-    # ---- plans, policy and executor
+    # ---- policy and executor
     def _plan_for(self, prompt_lens: list[int], max_new_tokens: int, given: Plan | None) -> Plan:
-        """`given` when it covers the workload, or when its policy also fits the larger bucket holding both
-        (the job goes on with it, nothing re-planned); else the plan of the workload's bucket (merged with
-        `given`'s). A call with more prompts than `given` was planned for re-plans when `given`'s block was
-        bounded by its prompt count (a job whose first call was small: a larger block may pay)."""
-        if isinstance(self._policy_arg, Policy):
-            plan = given if given is not None and given.policy == self._policy_arg else Plan(self._policy_arg)
-        else:
-            workload = bucketed(prompt_lens, max_new_tokens)
-            if given is None or given.workload is None:
-                plan = given if given is not None else self._bucket_plan(workload)
-            else:
-                w = given.workload
-                outgrown = (workload.num_prompts or 1) > (w.num_prompts or 1) \
-                    and 2 * given.policy.block_size > (w.num_prompts or 1)
-                both = merged(workload, w)
-                if given.covers(workload) and not outgrown:
-                    plan = given
-                elif not outgrown and self._fits(given.policy, both):
-                    plan = self._remember(tuple(workload_list(both)), replace(given, workload=both))
-                else:
-                    plan = self._bucket_plan(both)
-        self._plan = plan
-        return plan
-
-    def _fits(self, policy: Policy, workload: Workload) -> bool:
-        """Whether `policy`'s modelled peak memory for `workload` stays inside the budgets (on a CPU device
-        the executor's own budget check decides)."""
-        if self.device.type != "cuda":
-            return True
-        from engine.policy.memory import model_layout, peak_memory
-        from engine.policy.model_stats import dtype_bytes
-
-        B = dtype_bytes(self.dtype)
-        peak = peak_memory(self.loaded.config, model_layout(self.loaded.config, B, policy.compress_weights), policy,
-                           workload.memory_prompt_len, workload.gen_len, B, "cuda")
-        return ((self.gpu_memory is None or peak["gpu"] <= self.gpu_memory)
-                and (self.cpu_memory is None or peak["cpu"] <= self.cpu_memory))
-
-    def _bucket_plan(self, workload: Workload) -> Plan:
-        """The plan of `workload`'s bucket: from this process, else the plan cache, else planned now. A plan
-        made for more prompts whose block holds at most this bucket's prompts is this bucket's plan too (the
-        search's only use of the prompt count is that bound), so a job of 2,048-row calls reuses the plan of
-        a 10,000-row job on the same prompts."""
-        key = tuple(workload_list(workload))
-        if key in self._plans:
-            plan = self._plans[key]
-            return plan if plan.source == "memory" else self._remember(key, replace(plan, source="memory"))
-        cuda = self.device.type == "cuda"
-        cache = PlanCache(self._cache_dir()) if cuda else None
-        count = workload.num_prompts or 1
-        for more in (count << shift for shift in range(0, MAX_PLAN_SHIFT)):
-            sibling = replace(workload, num_prompts=more)
-            skey = tuple(workload_list(sibling))
-            plan = self._plans.get(skey) or (cache.get(self._disk_key(sibling)) if cache is not None else None)
-            if plan is not None and plan.policy.block_size <= count:
-                found = replace(plan, workload=workload, source="memory" if skey in self._plans else "disk")
-                return self._remember(key, found)
-        plan = self._choose(workload, trials=AUTO_TRIALS if cuda else 0)
-        if cache is not None and plan.source == "trials":
-            cache.put(self._disk_key(workload), plan)
-        return self._remember(key, plan)
-
-    def _remember(self, key: tuple[int, ...], plan: Plan) -> Plan:
-        self._plans[key] = plan
-        return plan
-
-    def _choose(self, workload: Workload, trials: int) -> Plan:
-        """Run the policy search (and trials) for `workload`. Trials build executors on truncated copies: the
-        warm executor is closed first, so they have the whole budget."""
-        try:
-            from engine.policy.auto import choose_policy_estimate
-        except ImportError:     # no scipy: a fixed heuristic policy
-            return Plan(Policy(gpu_batch_size=CPU_FALLBACK_BATCH, compress_weights=self.compress_weights,
-                               compress_cache=self.compress_cache), workload, "fallback")
-        if trials > 0:
-            self.close()
-        start = time.perf_counter()
-        disk = shutil.disk_usage(self.disk_dir).free if self.disk_dir is not None else 0
-        est = choose_policy_estimate(
-            self.loaded.config, workload=workload, device=self.device, dtype=self.dtype,
-            gpu_memory=self.gpu_memory, cpu_memory=self.cpu_memory, disk_memory=disk,
-            compress_weights=self.compress_weights, compress_cache=self.compress_cache, trials=trials,
-            disk_dir=self.disk_dir, model_name=self.model_name)
-        source = "trials" if est.context.get("trials") else "search"
-        return Plan(est.policy, workload, source, est.explain(), est.predicted_tokens_per_s,
-                    time.perf_counter() - start)
-
-    def _disk_key(self, workload: Workload) -> dict[str, Any]:
-        """What a cached plan depends on: the model's shape (not its weights), dtype, machine and device,
-        budgets, compression, the workload bucket and how many candidates were trialled."""
-        from engine.policy.hardware import profile_key
-
-        return {"config": self.loaded.config.to_dict(), "dtype": str(self.dtype), "device": profile_key(self.device),
-                "budgets": [self.gpu_memory, self.cpu_memory, str(self.disk_dir) if self.disk_dir else None],
-                "compress": [self.compress_weights, self.compress_cache], "workload": workload_list(workload),
-                "trials": AUTO_TRIALS}
-
-    @staticmethod
-    def _cache_dir() -> Path:
-        from engine.policy.hardware import cache_dir
-
-        return cache_dir() / "plans"
+        self._plan = self._planner.plan_for(prompt_lens, max_new_tokens, given)
+        return self._plan
 
     def _set_policy(self, policy: Policy) -> None:
         if self._executor is not None and not self._executor_fits(policy):

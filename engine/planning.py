@@ -17,14 +17,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from engine.policy.cost_model import Workload
 from engine.policy.policy import Policy
+from engine.storage.atomic import write_json_atomic
 
 PLAN_VERSION = 1   # bump when what a cached plan means changes (cost model, trials, policy fields)
 
@@ -126,14 +125,5 @@ class PlanCache:
 
     def put(self, key: dict[str, Any], plan: Plan) -> None:
         """Store `plan` under `key` atomically (a temporary file renamed into place)."""
-        path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"version": PLAN_VERSION, "key": key, **plan.to_dict(), "explanation": plan.explanation}
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(payload, f, indent=1, sort_keys=True, default=str)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_json_atomic(self.path(key), {"version": PLAN_VERSION, "key": key, **plan.to_dict(),
+                                           "explanation": plan.explanation})

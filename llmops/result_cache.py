@@ -22,7 +22,6 @@ import logging
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path

@@ -201,7 +201,7 @@ def test_a_plan_for_more_prompts_whose_block_fits_serves_a_smaller_bucket(tiny_l
     llm = LLM(tiny_llama, dtype="float32", device="cpu")
     params = SamplingParams(max_new_tokens=2)
     big = bucketed([10] * 5000, 2)                       # 8192 prompts, planned earlier with blocks of 16
-    llm._plans[tuple(workload_list(big))] = Plan(Policy(gpu_batch_size=16), big, "trials")
+    llm._planner._plans[tuple(workload_list(big))] = Plan(Policy(gpu_batch_size=16), big, "trials")
     plan = llm.plan(ids(100, 10), params)                # 128 prompts: the 8192-prompt plan's block fits
     assert counted["plans"] == 0 and plan.policy == Policy(gpu_batch_size=16) and plan.source == "memory"
     assert plan.workload == bucketed([10] * 100, 2)

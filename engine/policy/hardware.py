@@ -12,12 +12,13 @@ import hashlib
 import json
 import os
 import socket
-import tempfile
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+from engine.storage.atomic import write_json_atomic
 
 GIB = 1024**3
 PROFILE_VERSION = 3    # 2: executor slot, CPU attention and dequantization probes; 3: slot extras by placement
@@ -236,18 +237,7 @@ def profile_cache_path(device: torch.device, directory: Path | None = None) -> P
 
 def save_profile(profile: HardwareProfile, path: Path) -> None:
     """Write atomically: a temporary file in the same folder, fsync, rename into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"version": PROFILE_VERSION, "profile": profile.to_dict()}
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_atomic(path, {"version": PROFILE_VERSION, "profile": profile.to_dict()})
 
 
 def load_profile(path: Path | str) -> HardwareProfile:

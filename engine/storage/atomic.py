@@ -1,0 +1,26 @@
+"""Atomic JSON files: what the engine caches on disk (hardware profile, CPU dtype, plans) is written whole
+or not at all, so a reader never sees a partial file."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write `payload` as JSON to `path`: a temporary file in the same folder, fsync, rename into place (the
+    folder is created when missing; a failed write leaves `path` as it was and no temporary file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=2, sort_keys=True, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
