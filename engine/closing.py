@@ -51,8 +51,11 @@ class ClosingTokens:
             return tuple(dict.fromkeys(i[0] for i in ids if len(i) == 1))
 
         letter = single([_LETTER])
-        return cls(letter=letter[0] if letter else None, in_string=single(_STRING_CLOSERS),
-                   outside=single(_CONTAINER_CLOSERS + _SMALL_VALUES), eos=int(tokenizer.eos_tokens[0]))
+        # outside a free string (the letter probe fails), a string closer comes before the small values: a
+        # string with a pattern or enum rejects letters but is still closed by a quote once it matches
+        outside = tuple(dict.fromkeys(single(_CONTAINER_CLOSERS) + single(_STRING_CLOSERS) + single(_SMALL_VALUES)))
+        return cls(letter=letter[0] if letter else None, in_string=single(_STRING_CLOSERS), outside=outside,
+                   eos=int(tokenizer.eos_tokens[0]))
 
 
 def _accepts_after(matcher: "llguidance.LLMatcher", tokens: list[int], eos: int) -> bool:

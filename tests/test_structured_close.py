@@ -37,6 +37,12 @@ LOOSE = {"type": "object",  # no additionalProperties: false, like a pydantic mo
          "properties": {"a": {"type": "string"}, "b": {"anyOf": [{"type": "integer"}, {"type": "null"}]}},
          "required": ["a", "b"]}
 
+PATTERNED = {"type": "object",  # patterns and an enum, like pipelines/extract_invoices.yaml's schema
+             "properties": {"amount": {"type": "string", "pattern": "^[0-9][0-9,]*(\\.[0-9]{1,2})?$"},
+                            "currency": {"type": "string", "enum": ["USD", "EUR", "GBP"]},
+                            "due": {"type": "string", "pattern": "^20[0-9]{2}-[01][0-9]-[0-3][0-9]$"}},
+             "required": ["amount", "currency", "due"], "additionalProperties": False}
+
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory) -> Tokenizer:
@@ -83,7 +89,7 @@ def scripted(tok: Tokenizer, params: SamplingParams, text: str, max_new: int) ->
     return dec.completions()[0]
 
 
-@pytest.mark.parametrize("schema", [FLAT, NESTED, LOOSE], ids=["flat", "nested", "loose"])
+@pytest.mark.parametrize("schema", [FLAT, NESTED, LOOSE, PATTERNED], ids=["flat", "nested", "loose", "patterned"])
 def test_json_closes_inside_a_tight_budget(tok, schema):
     need = shortest(tok, SamplingParams(json_schema=schema))
     for extra, temperature in [(0, 0.0), (3, 0.0), (12, 1.0)]:
