@@ -51,8 +51,9 @@ from llmops import engines
 from llmops.progress import Progress
 from llmops.result_cache import CachedResult, RowWriter, open_cache, result_key
 from llmops.structured import arrow_type, parse_json_output, to_json_schema
-from llmops.templates import (ON_EMPTY, Prompt, RowOutcome, check_columns, check_examples, cut_data, parts_text,
-                              render_rows, template_fields)
+from llmops.summary import RunSummary, last_summary, record  # noqa: F401 (last_summary: re-exported)
+from llmops.templates import ON_EMPTY, RowOutcome, check_columns, check_examples, render_rows, template_fields
+from llmops.truncation import truncate_prompt, truncate_prompts  # noqa: F401 (truncate_prompt: re-exported)
 
 CacheDir = str | Path | None | Literal[False]
 log = logging.getLogger(__name__)
@@ -155,58 +156,6 @@ def output_schema(spec: MapSpec) -> pa.Schema:
     return pa.schema([("row", pa.int64()), ("output", output_type(spec)), ("finish_reason", pa.string()),
                       ("error", pa.string()), ("text", pa.string()), ("prompt_tokens", pa.int64()),
                       ("completion_tokens", pa.int64())])
-
-
-@dataclass
-class RunSummary:
-    """Figures of one map run. rows: input rows; generated_rows: distinct prompts the engine ran;
-    generated_tokens / prompt_tokens: tokens the engine produced / read in this run; seconds: wall time;
-    cache_hits: rows served from the result cache; deduped: rows served by another row's identical
-    prompt; nulls: null-input rows; errors: rows with finish_reason "error"; truncated: structured rows
-    cut by max_new_tokens (null output, finish_reason "length")."""
-
-    rows: int = 0
-    generated_rows: int = 0
-    generated_tokens: int = 0
-    prompt_tokens: int = 0
-    seconds: float = 0.0
-    cache_hits: int = 0
-    deduped: int = 0
-    nulls: int = 0
-    errors: int = 0
-    truncated: int = 0
-    done_rows: int = 0
-    calls: int = 1
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Generated tokens per wall-clock second of the run so far."""
-        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "tokens_per_s": self.tokens_per_s}
-
-    def add(self, other: RunSummary) -> None:
-        """Add `other`'s figures to these (a job's summary over its calls)."""
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-    def __str__(self) -> str:
-        return (f"{self.rows} rows in {self.seconds:.1f}s: {self.generated_tokens} tokens generated "
-                f"({self.tokens_per_s:.1f} tok/s), {self.cache_hits} cache hits, {self.deduped} deduped, "
-                f"{self.nulls} nulls, {self.errors} errors, {self.truncated} cut by max_new_tokens")
-
-
-_last: list[RunSummary] = []
-_last_lock = threading.Lock()
-
-
-def last_summary() -> RunSummary | None:
-    """The summary of the job of the most recent finished (or failed) map run in this process, any thread
-    (DuckDB runs UDFs on its own threads): all the calls of that job so far (a DuckDB query's vectors, a
-    Polars expression's morsels). None before the first run."""
-    with _last_lock:
-        return _last[-1] if _last else None
 
 
 def _make_llm(model: str, **settings: Any) -> Any:
@@ -390,8 +339,7 @@ class MapRun:
             bar.close()
             summary.seconds = time.perf_counter() - start
             total = self.job.finished(summary, plan)
-            with _last_lock:
-                _last[:] = [total]
+            record(total)
 
     _empty_nulls: set[int] = set()  # rows with empty values under on_empty="null": error text, no reason
 
@@ -441,50 +389,6 @@ class MapRun:
         if spec.choices is not None and res.text not in spec.choices:
             return None, "error", f"output {res.text[:80]!r} is not one of the choices"
         return res.text, res.finish_reason, None
-
-
-def truncate_prompts(prompts: list[Prompt], eng: Any, max_new_tokens: int,
-                     params: SamplingParams | None = None) -> list[Prompt]:
-    """Cut each over-long prompt's row data (`llmops.templates.cut_data`) so that the prompt plus
-    `max_new_tokens` fits `eng.max_context`. Lengths are the engine's own count (`eng.prompt_tokens`: the
-    chat template, the model's built-in system prompt, the system prompt and examples included), checked
-    again after each cut (a cut can merge or split a token at its edge). Without `eng.prompt_tokens` the
-    length is estimated (row text plus a margin per message). Needs `eng.tokenizer` (encode/decode) and
-    `eng.max_context`; prompts are returned unchanged without them. A prompt whose template text alone
-    is too long stays as it is (the engine then reports it)."""
-    tok, limit = getattr(eng, "tokenizer", None), getattr(eng, "max_context", None)
-    if tok is None or not limit:
-        return list(prompts)
-    budget = int(limit) - max_new_tokens
-    count = getattr(eng, "prompt_tokens", None)
-    if count is None:
-        def count(ps: list[Prompt], _: Any) -> list[int]:
-            return [_estimate_tokens(p, tok) for p in ps]
-    out = list(prompts)
-    lengths = count(out, params)
-    for i, n in enumerate(lengths):
-        for _ in range(8):
-            if n <= budget:
-                break
-            cut = cut_data(out[i], n - budget, lambda t: tok.encode(t, add_special_tokens=False),
-                           lambda ids: tok.decode(ids, skip_special_tokens=False))
-            if cut is None:
-                break
-            out[i] = cut
-            n = count([cut], params)[0]
-    return out
-
-
-def truncate_prompt(prompt: Prompt, eng: Any, max_new_tokens: int, params: SamplingParams | None = None) -> Prompt:
-    """`truncate_prompts` for one prompt."""
-    return truncate_prompts([prompt], eng, max_new_tokens, params)[0]
-
-
-def _estimate_tokens(prompt: Prompt, tok: Any) -> int:
-    """A prompt's length for an engine that cannot count it: its text plus 8 tokens of markup per message
-    and 16 for the template's frame."""
-    messages = prompt if prompt and isinstance(prompt[0], dict) and "role" in prompt[0] else [{"content": prompt}]
-    return 16 + sum(8 + len(tok.encode(parts_text(m["content"]), add_special_tokens=False)) for m in messages)
 
 
 def _to_cached(c: Completion) -> CachedResult:
