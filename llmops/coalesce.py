@@ -57,7 +57,12 @@ class Coalescer:
                 waiting = [r.table for r in self._pending] if first and self._prepare is not None else []
             try:
                 if waiting:
-                    self._prepare(_concat(waiting))
+                    try:
+                        self._prepare(_concat(waiting))
+                    except BaseException:
+                        with self._cv:
+                            self._pending.remove(req)     # this caller raises; nobody else runs its table
+                        raise
                 with self._cv:
                     batch = self._take()
                 self._run(batch)

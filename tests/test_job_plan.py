@@ -207,3 +207,13 @@ def test_a_plan_for_more_prompts_whose_block_fits_serves_a_smaller_bucket(tiny_l
     assert plan.workload == bucketed([10] * 100, 2)
     tiny = llm.plan(ids(8, 10), params)                  # its block of 16 does not fit 8 prompts: planned
     assert counted["plans"] == 1 and tiny.policy.block_size <= 8
+
+
+def test_coalescer_prepare_failure_raises_in_its_caller_and_leaves_nothing_queued():
+    def prepare(table: pa.Table) -> None:
+        raise ValueError("cannot plan")
+
+    co = Coalescer(lambda table: table, prepare=prepare, gather_s=0)
+    with pytest.raises(ValueError, match="cannot plan"):
+        co(pa.table({"x": [1, 2]}))
+    assert co._pending == [] and co.runs == 0
