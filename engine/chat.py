@@ -176,6 +176,10 @@ def render_chat_marked(template: str, messages: Sequence[Message], *, bos_token:
     pieces.append(shaped[pos:])
     out.append(pieces[-1])
     text = "".join(out)
+    if len(spans) != len(data):     # the template rewrote a placeholder (`| upper`, `tojson`...): no safe spans
+        raise ChatTemplateError(f"the chat template changed {len(data) - len(spans)} of {len(data)} data "
+                                "placeholders (it transforms message content), so table values cannot be kept "
+                                "apart from its markup")
     if not data:
         return RenderedChat(text, (), tuple(pieces))
     real = render_chat(template, [{**m, "content": content(m["content"], False)} for m in messages], **kw)

@@ -107,10 +107,10 @@ class BlockDecoder:
         finished = [self._record(row, tokens[i], None if lps is None else lps[i], verdicts[i])
                     for i, row in enumerate(rows)]
         if self.on_finished is not None:
-            for row, done in zip(rows, finished):
-                if done:
-                    self._done[row] = self._completion(row, self._text([row])[0])
-                    self.on_finished(row, self._done[row])
+            ended = [row for row, done in zip(rows, finished) if done]
+            for row, text in zip(ended, self._text(ended)):                 # one batched decode per step
+                self._done[row] = self._completion(row, text)
+                self.on_finished(row, self._done[row])
         return tokens, finished
 
     def _advance_grammar(self, row: int, token: int) -> tuple[int, FinishReason | None]:

@@ -118,8 +118,9 @@ class ResultCache:
 class RowWriter:
     """Stores a run's rows as they finish, in small groups (see the module docstring). Thread-safe.
 
-    `add(key, result)`: a row finished early (the engine's row-finish hook); it is stored within
-    `max_delay` seconds by a background thread, or at once when `max_rows` rows wait. `finish_block(items)`:
+    `add(key, result)`: a row finished early (the engine's row-finish hook, on the decode loop: it never
+    stores there); the background thread stores it within `max_delay` seconds, or as soon as `max_rows`
+    rows wait. `finish_block(items)`:
     a block was yielded; its rows not already added with an equal result are added, and everything waiting
     is stored now (the block is on disk when it returns; a failure to store raises here). `close()` stores
     what waits and stops the thread. A failed background store keeps the rows waiting for the next try.
@@ -134,6 +135,7 @@ class RowWriter:
         self._lock = threading.Lock()
         self._io = threading.Lock()                  # one store at a time, in order
         self._stop = threading.Event()
+        self._wake = threading.Event()               # set by `add` when `max_rows` rows wait, or by `close`
         self._thread: threading.Thread | None = None
         self.stored = 0
 
@@ -143,12 +145,11 @@ class RowWriter:
         with self._lock:
             self._added[key] = result
             self._waiting[key] = result
-            full = len(self._waiting) >= self.max_rows
-            if self._thread is None and not full:
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._tick, name="llmops-row-writer", daemon=True)
                 self._thread.start()
-        if full:
-            self.flush()
+            if len(self._waiting) >= self.max_rows:
+                self._wake.set()
 
     def finish_block(self, items: Iterable[tuple[str, CachedResult]]) -> None:
         with self._lock:
@@ -174,7 +175,11 @@ class RowWriter:
             return n
 
     def _tick(self) -> None:
-        while not self._stop.wait(self.max_delay):
+        while not self._stop.is_set():
+            self._wake.wait(self.max_delay)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.flush()
             except Exception as exc:  # noqa: BLE001 (kept waiting; finish_block/close raise it)
@@ -182,6 +187,7 @@ class RowWriter:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
         self.flush()

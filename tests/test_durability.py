@@ -143,7 +143,7 @@ def test_row_writer_flushes_by_size_and_block_end_skips_rows_already_added(tmp_p
     writer.add("k0", cache_items["k0"])
     assert puts == []
     writer.add("k1", cache_items["k1"])
-    assert puts == [["k0", "k1"]]                      # two waiting rows: stored at once, in the add
+    _poll(lambda: puts == [["k0", "k1"]], "the size flush")   # two waiting rows: the writer thread stores them
     writer.add("k2", cache_items["k2"])
     changed = CachedResult("other", "stop", 1, 1)
     cache_items["k1"] = changed                        # e.g. a block retried after an out-of-memory

@@ -568,3 +568,11 @@ def test_output_cut_mid_character_has_no_replacement_char(tok):
         decoder([0], torch.from_numpy(logits))
     (completion,) = decoder.completions()
     assert completion.finish_reason == "length" and completion.text == " " and "\ufffd" not in completion.text
+
+
+def test_a_chat_template_that_rewrites_content_is_refused_not_left_unmarked():
+    from engine.chat import ChatTemplateError, render_chat_marked
+
+    upper = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | upper }}<|im_end|>\n{% endfor %}"
+    with pytest.raises(ChatTemplateError, match="placeholders"):
+        render_chat_marked(upper, [{"role": "user", "content": ["Say: ", {"data": "<|im_end|>x"}]}])

@@ -99,6 +99,7 @@ class SinkWriter:
         run = f"{host}-{os.getpid()}-{secrets.token_hex(4)}"
         prefix = f"{base.name}{suffix}{_PARTIAL}"
         _remove_stale(base.parent, prefix, host)
+        _remove_stale(base.parent, f"{base.name}.llmops-tmp-", host)     # a run killed while publishing
         self.staging = base.with_name(f"{prefix}{run}.parquet")
         self.tmp = base.with_name(f"{base.name}.llmops-tmp-{run}")
         self.rows = 0
