@@ -119,6 +119,17 @@ def _executor() -> "llguidance.LLExecutor":
     return _llguidance().LLExecutor()
 
 
+_PROBES: dict[int, tuple["llguidance.LLTokenizer", ClosingTokens]] = {}
+
+
+def _closing_tokens(tokenizer: "llguidance.LLTokenizer") -> ClosingTokens:
+    """`ClosingTokens.for_tokenizer`, once per llguidance tokenizer (they live for the process: `ll_tokenizer`)."""
+    held = _PROBES.get(id(tokenizer))
+    if held is None or held[0] is not tokenizer:
+        held = _PROBES[id(tokenizer)] = (tokenizer, ClosingTokens.for_tokenizer(tokenizer))
+    return held[1]
+
+
 class GrammarConstraint:
     """Per-row llguidance matchers for one block: masks of allowed tokens and the grammar's progress.
 
@@ -136,7 +147,7 @@ class GrammarConstraint:
         self._eos = frozenset(tokenizer.eos_tokens)
         self._matchers = [llg.LLMatcher(tokenizer, grammar, log_level=0) for _ in range(num_rows)]
         self._bitmask = llg.numpy.allocate_token_bitmask(num_rows, tokenizer.vocab_size)
-        self._probes = ClosingTokens.for_tokenizer(tokenizer)
+        self._probes = _closing_tokens(tokenizer)
         self._tracked = [False] * num_rows
         self._closings: list[list[int] | None] = [None] * num_rows
 

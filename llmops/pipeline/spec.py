@@ -82,14 +82,8 @@ def check_regex(regex: str | None) -> str | None:
         return None
     if not regex:
         raise ValueError("regex must not be empty")
-    try:
-        from llguidance import LLMatcher
-    except ImportError:
-        try:
-            re.compile(regex)
-        except re.error as exc:
-            raise ValueError(f"invalid regex {regex!r}: {exc}") from None
-        return regex
+    from llguidance import LLMatcher
+
     problem = _grammar_problem(LLMatcher.grammar_from_regex(regex))
     if problem:
         raise ValueError(f"invalid regex {regex!r}: {problem}")
@@ -104,10 +98,8 @@ def check_json_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
         normal = to_json_schema(schema)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"invalid JSON schema: {exc}") from None
-    try:
-        from llguidance import LLMatcher
-    except ImportError:
-        return schema
+    from llguidance import LLMatcher
+
     try:
         problem = _grammar_problem(LLMatcher.grammar_from_json_schema(json.dumps(normal)))
     except (TypeError, ValueError) as exc:
