@@ -23,6 +23,8 @@ Paths (each one job over all N rows, result cache off everywhere):
 - duckdb-udf: `llmops.duckdb.register(con, name="extract_invoice", template=..., ...)` then
   `SELECT extract_invoice(body) FROM read_parquet(...)`, both DuckDB results read through an Arrow reader
   (`--duckdb-fetch reader`: first_result_s = the first batch) or fetched whole (`arrow`, `fetchall`).
+`--unordered` lets results arrive out of order (Polars sinks with maintain_order=False, DuckDB with
+preserve_insertion_order=false); by default both keep order and so pass on nothing before earlier rows are done.
 Before the paths an untimed warm-up plans the job's workload once (`LLM.plan` over all N prompts, when the
 engine has it) and generates 8 tokens (`--warmup-new-tokens`) for one block of other rows (`--warmup-rows`,
 default the plan's block size up to `--warmup-cap`) with that plan, so neither planning nor building the
@@ -326,11 +328,11 @@ class Job:
 
         with Timer() as t:
             if variant == "sink_batches":
-                lf.sink_batches(on_batch, engine="streaming")
+                lf.sink_batches(on_batch, engine="streaming", maintain_order=not self.args.unordered)
                 if writer:
                     writer[0].close()
             elif variant == "sink_parquet":
-                lf.sink_parquet(target, engine="streaming")
+                lf.sink_parquet(target, engine="streaming", maintain_order=not self.args.unordered)
             else:
                 out = lf.collect(engine="streaming")
         if variant == "sink_parquet":
@@ -342,7 +344,8 @@ class Job:
         return {"seconds": t.seconds, "first_result_s": first[0] - t.start if observed and first else None,
                 "first_result_note": ("first batch handed to sink_batches' callback" if observed else
                                       f"{variant}: not observable before the query ends"),
-                "variant": variant, "batches": counts["batches"] if observed else None,
+                "variant": variant, "maintain_order": not self.args.unordered,
+                "batches": counts["batches"] if observed else None,
                 "rows_out": counts["rows"], "non_null_rows": counts["non_null"]}
 
     # -- duckdb
@@ -368,11 +371,9 @@ class Job:
         return n, good, first, batches
 
     def run_duckdb_relation(self) -> dict[str, Any]:
-        import duckdb
-
         from llmops.duckdb import map_relation
 
-        con = duckdb.connect()
+        con = self._connect()
         query = f"SELECT id, body FROM read_parquet('{self.parquet}')"
         with Timer() as t:
             rel = map_relation(con, query, self.spec.template, output=OUTPUT, **self.generation_kwargs())
@@ -380,17 +381,23 @@ class Job:
         return self._duck_result(t, n, good, first, batches, con)
 
     def run_duckdb_udf(self) -> dict[str, Any]:
-        import duckdb
-
         from llmops.duckdb import register
 
-        con = duckdb.connect()
+        con = self._connect()
         kw = self.generation_kwargs()
         register(con, name=UDF_NAME, template=self.spec.template, **kw)
         query = f"SELECT {UDF_NAME}(body) AS {OUTPUT} FROM read_parquet('{self.parquet}')"
         with Timer() as t:
             n, good, first, batches = self._fetch(con.sql(query))
         return {**self._duck_result(t, n, good, first, batches, con), "query": query}
+
+    def _connect(self) -> Any:
+        import duckdb
+
+        con = duckdb.connect()
+        if self.args.unordered:
+            con.execute("SET preserve_insertion_order = false")
+        return con
 
     def _duck_result(self, t: Timer, n: int, good: int, first: float | None, batches: int, con: Any) -> dict[str, Any]:
         how = self.args.duckdb_fetch
@@ -399,7 +406,8 @@ class Job:
         return {"seconds": t.seconds, "first_result_s": (first - t.start) if first is not None else t.seconds,
                 "first_result_note": (f"first Arrow batch ({self.args.duckdb_batch} rows) read from the result"
                                       if how == "reader" else f"{how}: the whole result is the first result"),
-                "variant": how, "batches": batches, "rows_out": n, "non_null_rows": good, "duckdb_threads": threads}
+                "variant": how, "batches": batches, "rows_out": n, "non_null_rows": good, "duckdb_threads": threads,
+                "preserve_insertion_order": not self.args.unordered}
 
 
 def _loadavg() -> float | None:
@@ -505,6 +513,10 @@ def main() -> None:
     ap.add_argument("--pipeline", type=Path, default=PIPELINE, help="pipeline YAML with one llm_map step")
     ap.add_argument("--polars-streaming", choices=("sink_batches", "sink_parquet", "collect"), default="sink_batches")
     ap.add_argument("--duckdb-fetch", choices=("reader", "arrow", "fetchall"), default="reader")
+    ap.add_argument("--unordered", action="store_true",
+                    help="let results arrive out of order: Polars sinks with maintain_order=False, DuckDB with "
+                         "preserve_insertion_order=false (both hold results back until earlier ones are done "
+                         "otherwise)")
     ap.add_argument("--duckdb-batch", type=int, default=2048, help="rows per Arrow batch read from DuckDB")
     ap.add_argument("--work-dir", default=None, help="folder for the input and output files (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=None,

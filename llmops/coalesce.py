@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 
-GATHER_S = 0.05   # how long the first run waits for morsels arriving with it (once per coalescer)
+GATHER_S = 0.05      # how long the first run waits for morsels arriving with it (once per coalescer)
+COALESCE_BLOCKS = 2  # a merged run of a job's concurrent tables holds at most this many of its plan's blocks
 
 
 class _Request:
@@ -100,6 +102,17 @@ class Coalescer:
         finally:
             for r in batch:
                 r.done = True
+
+
+def for_job(job: Any, fn: Callable[[pa.Table], pa.Table]) -> Coalescer:
+    """The coalescer of one `llmops.core.Job`: its first run plans the job (`job.prepare`), and a merged
+    run holds at most `COALESCE_BLOCKS` of the plan's blocks, so results come back every few blocks rather
+    than once all concurrent tables are done (a single larger table still runs whole)."""
+    def max_rows() -> int | None:
+        policy = getattr(job.plan, "policy", None)
+        return None if policy is None else COALESCE_BLOCKS * policy.block_size
+
+    return Coalescer(fn, max_rows, prepare=job.prepare)
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:

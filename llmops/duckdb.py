@@ -13,8 +13,11 @@ DuckDB calls the UDF once per 2048-row chunk. A registered function is one job p
 (`llmops.core.Job`): its first chunk plans the engine's policy and every later chunk, of this query or the
 next, reuses the plan and the warm executor; `llmops.last_summary()` adds up all of its chunks (register
 the function again to start a new job). Chunks DuckDB evaluates on several threads at once are merged
-into one engine run (`llmops.coalesce`). `map_relation(con, query, template)` runs a whole query's rows as
-one engine call instead (larger blocks for large tables) and returns a relation.
+into engine runs of a few of the plan's blocks (`llmops.coalesce`). DuckDB holds a Python UDF's results
+until the query ends unless it may reorder them: with `SET preserve_insertion_order = false` (and more
+than one thread) an Arrow reader over the query gets each chunk as it finishes. `map_relation(con, query,
+template)` runs a whole query's rows as one engine call instead (larger blocks for large tables) and
+returns a relation once every row is done.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from typing import Any, Literal
 import duckdb
 import pyarrow as pa
 
-from llmops.coalesce import Coalescer
+from llmops import coalesce
 from llmops.core import Job, MapSpec, map_table_ordered
 from llmops.structured import arrow_type, to_json_schema
 from llmops.templates import TemplateError, template_fields
@@ -67,7 +70,7 @@ class _Udf:
                  engine: Any) -> None:
         self.template, self.spec_kwargs, self.run_kwargs, self.engine = template, spec_kwargs, run_kwargs, engine
         self._specs: dict[str, MapSpec] = {}
-        self._jobs: dict[str, tuple[Job, Coalescer]] = {}
+        self._jobs: dict[str, tuple[Job, coalesce.Coalescer]] = {}
         self._lock = threading.Lock()
         schema = spec_kwargs.get("schema")
         self.out_type = arrow_type(to_json_schema(schema)) if schema is not None else pa.string()
@@ -78,14 +81,14 @@ class _Udf:
                 self._specs[template] = MapSpec(template=template, **self.spec_kwargs)
             return self._specs[template]
 
-    def job(self, template: str) -> tuple[Job, Coalescer]:
+    def job(self, template: str) -> tuple[Job, coalesce.Coalescer]:
         """The job of `template` and the coalescer that merges its concurrent chunks."""
         spec = self.spec(template)
         with self._lock:
             if template not in self._jobs:
                 job = Job(spec, engine=self.engine)
                 run = lambda table: map_table_ordered(table, spec, job=job, **self.run_kwargs)  # noqa: E731
-                self._jobs[template] = (job, Coalescer(run, prepare=job.prepare))
+                self._jobs[template] = (job, coalesce.for_job(job, run))
             return self._jobs[template]
 
     def __call__(self, *args: pa.ChunkedArray) -> pa.Array:

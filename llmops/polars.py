@@ -8,10 +8,13 @@ with an explicit `return_dtype`, so Polars never calls it on dummy data. An expr
 one call; the streaming engine (`collect(engine="streaming")`, `sink_parquet`, `collect_batches`) hands it
 morsels (a parquet scan's row groups, or `pl.Config.set_streaming_chunk_size` rows), so results reach the
 sink morsel by morsel while the job runs. Morsels arriving together on Polars' threads are merged into
-one engine run of up to `COALESCE_BLOCKS` of the plan's blocks (`llmops.coalesce`). One expression never
-generates twice for one input: the last few inputs and outputs are kept and a repeated call with an equal
-input returns the kept output (Polars may call a UDF twice, e.g. with `.struct.unnest()`,
-pola-rs/polars#20260); across evaluations the result cache serves repeats.
+one engine run of up to `llmops.coalesce.COALESCE_BLOCKS` of the plan's blocks, in arrival order. An
+ordered sink (`maintain_order=True`, Polars' default) passes a morsel on only after every earlier one, and
+a UDF is not told which morsel is first, so first results arrive early only by luck there:
+`sink_batches(..., maintain_order=False)` or `sink_parquet(..., maintain_order=False)` get each morsel as
+it finishes. One expression never generates twice for one input: the last few inputs and outputs are
+kept and a repeated call with an equal input returns the kept output (Polars may call a UDF twice, e.g.
+with `.struct.unnest()`, pola-rs/polars#20260); across evaluations the result cache serves repeats.
 """
 from __future__ import annotations
 
@@ -23,11 +26,10 @@ from typing import Any, Literal
 import polars as pl
 import pyarrow as pa
 
-from llmops.coalesce import Coalescer
+from llmops import coalesce
 from llmops.core import Job, MapSpec, map_table_ordered, output_type
 from llmops.templates import template_fields
 
-COALESCE_BLOCKS = 2   # a merged run of concurrent morsels holds at most this many of the plan's blocks
 _MEMO = 8             # (input, output) pairs an expression keeps to answer Polars' repeated calls
 _META = ("output", "finish_reason", "error", "text", "prompt_tokens", "completion_tokens")
 
@@ -45,7 +47,7 @@ class _MapBatches:
         self.spec, self.dtype, self.meta = spec, dtype, meta
         self.kw = {"cache_dir": cache_dir, "progress": progress}
         self.job = Job(spec, engine=engine)
-        self._coalescer = Coalescer(self._run, self._max_rows, prepare=self.job.prepare)
+        self._coalescer = coalesce.for_job(self.job, self._run)
         self._lock = threading.Lock()
         self._memo: list[tuple[pl.Series, pl.Series]] = []
         self.generations = 0
@@ -70,10 +72,6 @@ class _MapBatches:
     def _run(self, table: pa.Table) -> pa.Table:
         self.generations += 1
         return map_table_ordered(table, self.spec, job=self.job, **self.kw)
-
-    def _max_rows(self) -> int | None:
-        policy = getattr(self.job.plan, "policy", None)
-        return None if policy is None else COALESCE_BLOCKS * policy.block_size
 
 
 def _declared_dtype(schema: Any) -> pl.DataType | None:

@@ -15,7 +15,7 @@ from engine import LLM, Policy, SamplingParams
 from engine.planning import Plan, PlanCache, bucket, bucketed, workload_list
 from engine.policy.cost_model import Workload
 from llmops import engines
-from llmops.coalesce import Coalescer
+from llmops.coalesce import COALESCE_BLOCKS, Coalescer, for_job
 from test_constrain import build_tiny_tokenizer
 
 
@@ -217,3 +217,37 @@ def test_coalescer_prepare_failure_raises_in_its_caller_and_leaves_nothing_queue
     with pytest.raises(ValueError, match="cannot plan"):
         co(pa.table({"x": [1, 2]}))
     assert co._pending == [] and co.runs == 0
+
+
+def test_a_jobs_coalescer_cuts_merged_runs_to_a_few_of_its_plans_blocks():
+    class FakeJob:
+        plan = Plan(Policy(gpu_batch_size=4), bucketed([10] * 64, 2), "memory")
+        prepared: list[int] = []
+
+        def prepare(self, table: pa.Table) -> None:
+            self.prepared.append(table.num_rows)
+
+    release, started = threading.Event(), threading.Event()
+    seen: list[int] = []
+
+    def fn(table: pa.Table) -> pa.Table:
+        seen.append(table.num_rows)
+        if len(seen) == 1:
+            started.set()
+            release.wait(timeout=60)
+        return table
+
+    co = for_job(FakeJob(), fn)
+    first = threading.Thread(target=co, args=(pa.table({"x": [0] * 3}),))
+    first.start()
+    started.wait(timeout=60)
+    others = [threading.Thread(target=co, args=(pa.table({"x": [i] * 3}),)) for i in range(1, 6)]
+    for t in others:
+        t.start()
+    while len(co._pending) < 5:
+        threading.Event().wait(0.001)
+    release.set()
+    for t in [first, *others]:
+        t.join()
+    assert COALESCE_BLOCKS * 4 == 8                      # two blocks of 4 rows: two 3-row tables per run
+    assert FakeJob.prepared == [3] and seen == [3, 6, 6, 3]
