@@ -24,7 +24,8 @@ Paths (each one job over all N rows, result cache off everywhere):
   `SELECT extract_invoice(body) FROM read_parquet(...)`, both DuckDB results read through an Arrow reader
   (`--duckdb-fetch reader`: first_result_s = the first batch) or fetched whole (`arrow`, `fetchall`).
 `--unordered` lets results arrive out of order (Polars sinks with maintain_order=False, DuckDB with
-preserve_insertion_order=false); by default both keep order and so pass on nothing before earlier rows are done.
+preserve_insertion_order=false and
+streaming_buffer_size='1kB'); by default both keep order and so pass on nothing before earlier rows are done.
 Before the paths an untimed warm-up plans the job's workload once (`LLM.plan` over all N prompts, when the
 engine has it) and generates 8 tokens (`--warmup-new-tokens`) for one block of other rows (`--warmup-rows`,
 default the plan's block size up to `--warmup-cap`) with that plan, so neither planning nor building the
@@ -395,8 +396,8 @@ class Job:
         import duckdb
 
         con = duckdb.connect()
-        if self.args.unordered:
-            con.execute("SET preserve_insertion_order = false")
+        if self.args.unordered:   # DuckDB passes results on only once its ~1 MB result buffer fills, otherwise
+            con.execute("SET preserve_insertion_order = false; SET streaming_buffer_size = '1kB'")
         return con
 
     def _duck_result(self, t: Timer, n: int, good: int, first: float | None, batches: int, con: Any) -> dict[str, Any]:
@@ -407,7 +408,8 @@ class Job:
                 "first_result_note": (f"first Arrow batch ({self.args.duckdb_batch} rows) read from the result"
                                       if how == "reader" else f"{how}: the whole result is the first result"),
                 "variant": how, "batches": batches, "rows_out": n, "non_null_rows": good, "duckdb_threads": threads,
-                "preserve_insertion_order": not self.args.unordered}
+                "preserve_insertion_order": not self.args.unordered,
+                "streaming_buffer_size": "1kB" if self.args.unordered else "default"}
 
 
 def _loadavg() -> float | None:
