@@ -13,19 +13,18 @@ from typing import Callable
 
 import torch
 
-from engine.models.layers import causal_mask
+from engine.models.attention import attention_layer, attention_layer_with_prefix
 from engine.policy.policy import Policy
+from engine.policy.working import working_bytes
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT, QuantConfig
 from engine.runtime.act_homes import ActHomes
 from engine.runtime.arena import Arena
-from engine.runtime.attention import prefill_attention
 from engine.runtime.batch import GpuBatch
 from engine.runtime.kv_cache import KVHome, StagingClaims
 from engine.runtime.schedule import Action, block_schedule
 from engine.runtime.selector import TokenSelector
 from engine.runtime.transfers import Pending, Transfers
 from engine.runtime.weight_homes import WeightHomes
-from engine.runtime.working import working_bytes
 from engine.storage.tiers import MemoryBudget, Tier
 
 _MIN_SHARED_PREFIX = 4   # a GPU batch's common leading tokens are computed once when at least this many
@@ -235,46 +234,13 @@ class Executor:
         elif spec.kind == "attention":
             kv = self.kv[(a.j, a.k)]
             if isinstance(x, tuple):
-                self.hidden[a.k] = self._attention_with_prefix(w, kv, batch, *x)
+                self.hidden[a.k] = attention_layer_with_prefix(self.config, f, w, kv, batch, *x)
             else:
-                self.hidden[a.k] = self._attention(w, kv, batch, x)
+                self.hidden[a.k] = attention_layer(self.config, f, w, kv, batch, x)
         elif spec.kind == "mlp":
             self.hidden[a.k] = tuple(f.mlp(w, h) for h in x) if isinstance(x, tuple) else f.mlp(w, x)
         else:
             self._head(w, batch, a)
-
-    def _attention(self, w, kv: KVHome, batch: GpuBatch, x: torch.Tensor) -> torch.Tensor:
-        c, f = self.config, self.family
-        b, s, _ = x.shape
-        q, k, v = f.attn_qkv(w, x, batch.positions)                                        # [b, nh|nkv, s, hd]
-        if batch.prefill:
-            mask = causal_mask(batch.key_valid[:, :s], s)                                  # [b, 1, s, s]
-            out = kv.prefill(q, k, v, mask, c.attn_scale)                                  # [b, nh, s, hd]
-        else:
-            t = batch.t
-            out = kv.decode(q, k, v, t, batch.key_valid[:, :t + 1], batch.key_valid_host[:, :t + 1],
-                            c.attn_scale)                                                  # [b, nh, 1, hd]
-        attn = out.transpose(1, 2).reshape(b, s, c.num_attention_heads * c.head_dim)       # [b, s, nh*hd]
-        return f.attn_out(w, attn, x)                                                      # [b, s, h]
-
-    def _attention_with_prefix(self, w, kv: KVHome, batch: GpuBatch, px: torch.Tensor,
-                               x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill of a batch whose rows share a prefix: the prefix [1, L] attends causally to itself once;
-        the suffixes [b, s] attend to the prefix's keys (broadcast) and causally to their own."""
-        c, f = self.config, self.family
-        L, (b, s, _) = px.shape[1], x.shape
-        pq, pk, pv = f.attn_qkv(w, px, batch.prefix_positions)                             # [1, nh|nkv, L, hd]
-        pmask = causal_mask(torch.ones(1, L, dtype=torch.bool, device=px.device), L)       # [1, 1, L, L]
-        pout = prefill_attention(pq, pk, pv, pmask, c.attn_scale)                          # [1, nh, L, hd]
-        px = f.attn_out(w, pout.transpose(1, 2).reshape(1, L, -1), px)                     # [1, L, h]
-        q, k, v = f.attn_qkv(w, x, batch.positions)                                        # [b, nh|nkv, s, hd]
-        k = torch.cat((pk.expand(b, -1, -1, -1), k), dim=2)                                # [b, nkv, L+s, hd]
-        v = torch.cat((pv.expand(b, -1, -1, -1), v), dim=2)
-        own = causal_mask(batch.key_valid[:, L:L + s], s)                                  # [b, 1, s, s]
-        mask = torch.cat((own.new_ones(b, 1, s, L), own), dim=-1)                          # [b, 1, s, L+s]
-        out = kv.prefill(q, k, v, mask, c.attn_scale)                                      # [b, nh, s, hd]
-        attn = out.transpose(1, 2).reshape(b, s, c.num_attention_heads * c.head_dim)       # [b, s, nh*hd]
-        return px, f.attn_out(w, attn, x)
 
     def _head(self, w, batch: GpuBatch, a: Action) -> None:
         x = self.hidden[a.k]
