@@ -212,7 +212,7 @@ def size_gib(value: int | str | None) -> float | None:
     """A size (bytes or "16GiB") in GiB; None stays None."""
     if value is None:
         return None
-    from engine.sizes import parse_size
+    from engine.util.sizes import parse_size
 
     return round(parse_size(value) / GIB, 3)
 

@@ -99,7 +99,7 @@ def tokenizer_files(folder: Path, into: Path) -> list[str]:
 
 def check_tokenizer(folder: Path) -> dict:
     """The facts the benchmark relies on (vocab, eos, chat template); SystemExit when one is missing."""
-    from engine.tokenizer import Tokenizer
+    from engine.decoding.tokenizer import Tokenizer
 
     if not (folder / "tokenizer.json").is_file():
         with tempfile.TemporaryDirectory() as tmp:

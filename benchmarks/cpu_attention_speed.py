@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engine.runtime.attention import cpu_decode_attention, decode_attention  # noqa: E402
+from engine.models.attention import cpu_decode_attention, decode_attention  # noqa: E402
 
 
 def _time(fn, repeats: int) -> float:

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine import LLM, Policy, SamplingParams  # noqa: E402
 from engine.models.aliases import resolve_alias  # noqa: E402
-from engine.prompts import encode_prompts  # noqa: E402
+from engine.decoding.prompts import encode_prompts  # noqa: E402
 
 STREETS = ["Main Street", "Baker Street", "Rue de Rivoli", "Hauptstrasse", "Elm Avenue", "Via Roma", "Calle Mayor"]
 CITIES = [("London", "NW1 6XE"), ("Paris", "75001"), ("Berlin", "10115"), ("Springfield", "62701"),

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from engine.models.hf_config import config_from_hf  # noqa: E402
 from engine.models.presets import PRESETS  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
-from engine.policy.trial import truncated_model  # noqa: E402
+from engine.calibrate.trial import truncated_model  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
 from engine.runtime.selector import GreedyToEnd  # noqa: E402
 

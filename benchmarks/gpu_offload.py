@@ -28,7 +28,7 @@ from engine.models.loader import load_model  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
 from engine.runtime.selector import GreedyToEnd  # noqa: E402
-from engine.sizes import parse_size  # noqa: E402
+from engine.util.sizes import parse_size  # noqa: E402
 
 SUITES: dict[str, dict[str, dict]] = {
     "opt-6.7b": {

@@ -30,10 +30,10 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from engine.policy.cost_model import Workload  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
-from engine.policy.trial import TRIAL_LAYERS, full_block, trial_seconds, truncated_model  # noqa: E402
+from engine.calibrate.trial import TRIAL_LAYERS, full_block, trial_seconds, truncated_model  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
 from engine.runtime.selector import GreedyToEnd  # noqa: E402
-from engine.sizes import parse_size  # noqa: E402
+from engine.util.sizes import parse_size  # noqa: E402
 
 
 def release_memory() -> None:

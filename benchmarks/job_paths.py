@@ -452,7 +452,7 @@ def model_info(llm: Any, model: str) -> dict[str, Any]:
 def prompt_token_counts(llm: Any, prompts: list[Any], params: Any) -> list[int] | None:
     """Prompt lengths as the engine encodes them (chat template applied); None when that API is not there."""
     try:
-        from engine.prompts import encode_prompts
+        from engine.decoding.prompts import encode_prompts
 
         enc = encode_prompts(prompts, params, llm.tokenizer, llm.config.vocab_size, llm.max_context)
         return [len(e.ids) for e in enc]

@@ -47,10 +47,12 @@ from engine.models.loader import load_model  # noqa: E402
 from engine.policy import model_stats as ms  # noqa: E402
 from engine.policy.cost_model import Workload, estimate  # noqa: E402
 from engine.policy.estimate import Budgets, NoFeasiblePolicy  # noqa: E402
-from engine.policy.hardware import GIB, default_cpu_profile, load_or_measure, reference_profile  # noqa: E402
+from engine.calibrate.machine import default_cpu_profile
+from engine.calibrate.profile_cache import load_or_measure
+from engine.policy.hardware import GIB, reference_profile  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
 from engine.runtime.selector import GreedyToEnd  # noqa: E402
-from engine.sizes import parse_size  # noqa: E402
+from engine.util.sizes import parse_size  # noqa: E402
 
 PIN_GIB_S = 1.5          # host pinning rate (ENVIRONMENT.md: 1.58 GiB/s) for the setup-time guess
 SAFETY = 3.0             # measured runs may be this much slower than predicted
@@ -162,7 +164,7 @@ def steady_tokens_per_s(record: dict, block_size: int, gen_len: int) -> float:
 
 def parse_budgets(args) -> None:
     """`args.gpu_memory` / `args.cpu_memory` from size strings to bytes (cpu None: the engine's default budget)."""
-    from engine.policy.hardware import default_cpu_budget
+    from engine.calibrate.machine import default_cpu_budget
 
     args.gpu_memory = parse_size(args.gpu_memory)
     args.cpu_memory = default_cpu_budget() if args.cpu_memory is None else parse_size(args.cpu_memory)
@@ -235,7 +237,7 @@ def autos(loaded, name: str, workload: Workload, budgets: Budgets, profile, devi
     """The model-only auto policy (`search`) and the trial-refined one (`choose_policy_estimate(trials=N)`
     on CUDA; on a CPU the same `search_top` + `best_by_trials` path, for the smoke test)."""
     from engine.policy.search import search_top
-    from engine.policy.trial import best_by_trials
+    from engine.calibrate.trial import best_by_trials
 
     bpe = ms.dtype_bytes(loaded.dtype)
     out = []

@@ -30,7 +30,7 @@ from engine.models.loader import load_model  # noqa: E402
 from engine.policy.cost_model import Workload  # noqa: E402
 from engine.policy.estimate import Budgets  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
-from engine.policy.trial import TRIAL_LAYERS, full_block, trial_seconds  # noqa: E402
+from engine.calibrate.trial import TRIAL_LAYERS, full_block, trial_seconds  # noqa: E402
 from gpu_profile import release_memory  # noqa: E402  (benchmarks/ is the script's folder)
 from policy_validation import parse_budgets, run_policy  # noqa: E402
 

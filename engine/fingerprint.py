@@ -23,7 +23,7 @@ NUMERICS_VERSION = 2   # 1: the first versioned numerics (2026-12); 2: pattern/e
 
 
 def tokenizer_digest(tokenizer: Any) -> str:
-    """sha256 (hex, 32 characters) of a `engine.tokenizer.Tokenizer`: its tokenizer.json bytes, BOS/EOS
+    """sha256 (hex, 32 characters) of a `engine.decoding.tokenizer.Tokenizer`: its tokenizer.json bytes, BOS/EOS
     tokens, BOS rule and chat template text (wherever the template came from: tokenizer_config.json or
     chat_template.jinja / .json). "none" for a model without a tokenizer."""
     if tokenizer is None:

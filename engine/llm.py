@@ -1,9 +1,9 @@
 """The engine facade: `LLM(model, ...)`, `.plan(prompts, params)`, `.generate(...)` and `.stream(...)`.
 
-Flow of one call: encode prompts (engine.prompts) -> per-prompt errors set aside -> the job's plan for the
-valid prompts' lengths (engine.planner, engine.planning: a plan given by the caller when it covers them,
+Flow of one call: encode prompts (engine.decoding.prompts) -> per-prompt errors set aside -> the job's plan for the
+valid prompts' lengths (engine.calibrate.planner, engine.calibrate.planning: a plan given by the caller when it covers them,
 else one per workload bucket, chosen once and reused) -> sort by length and cut into blocks of the
-policy's block size (engine.blocks) -> per block, the warm executor runs prefill + decode while a `BlockDecoder` picks tokens
+policy's block size (engine.decoding.blocks) -> per block, the warm executor runs prefill + decode while a `BlockDecoder` picks tokens
 -> completions mapped back to the caller's order. `stream` yields each block's completions as soon as the
 block is done. `gpu_memory` caps torch's allocator on the device (engine.storage.device_cap), so planning,
 trials and warm-up stay inside the budget too.
@@ -18,21 +18,23 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from engine.blocks import plan_blocks
-from engine.constrain import GrammarConstraint
-from engine.cpu_dtype import fastest_cpu_dtype
-from engine.decoding import BlockDecoder
+from engine.calibrate.cpu_dtype import fastest_cpu_dtype
+from engine.calibrate.planner import Planner
+from engine.calibrate.planning import Plan
+from engine.decoding.blocks import plan_blocks
+from engine.decoding.constrain import GrammarConstraint
+from engine.decoding.decoder import BlockDecoder
+from engine.decoding.params import Completion, SamplingParams
+from engine.decoding.prompts import Encoded, encode_prompts
+from engine.decoding.sampling import sequence_keys
+from engine.decoding.tokenizer import Tokenizer
 from engine.fingerprint import output_fingerprint, tokenizer_digest
 from engine.models.config import ModelConfig
-from engine.params import Completion, SamplingParams
-from engine.planner import Planner
-from engine.planning import Plan
+from engine.models.loader import load_model
 from engine.policy.policy import Policy
-from engine.prompts import Encoded, encode_prompts
-from engine.sampling import sequence_keys
-from engine.sizes import parse_size
+from engine.runtime import executor as executor_mod
 from engine.storage import device_cap
-from engine.tokenizer import Tokenizer
+from engine.util.sizes import parse_size
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,7 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """"auto" -> on CUDA bfloat16 (float16 without bf16 support); on a CPU whichever of bfloat16 and float32
-    multiplies faster there, measured once per machine and cached on disk (`engine.cpu_dtype`), so every
+    multiplies faster there, measured once per machine and cached on disk (`engine.calibrate.cpu_dtype`), so every
     process on the machine resolves it alike. A name or torch.dtype otherwise."""
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -88,21 +90,19 @@ def _size(value: int | str | None, name: str) -> int | None:
 class LLM:
     """An open LLM on this machine's tiers, generating for many prompts at once.
 
-    policy: "auto" (engine.policy.auto.choose_policy, once per workload bucket: see engine.planning), a
+    policy: "auto" (engine.calibrate.auto.choose_policy, once per workload bucket: see engine.calibrate.planning), a
     `Policy` or a Policy dict.
     gpu_memory / cpu_memory: hard budgets in bytes or strings like "16GiB" (None: what the machine has; on a
-    GPU machine the auto policy plans the cpu tier within `hardware.PINNED_SHARE` of the available RAM).
+    GPU machine the auto policy plans the cpu tier within `engine.calibrate.machine.PINNED_SHARE` of the available RAM).
     On CUDA, gpu_memory also caps torch's allocator on the device for as long as this LLM lives.
     disk_dir: folder for the disk tier. dtype: "auto" = bfloat16 on CUDA (float16 without bf16), the
-    faster of bfloat16/float32 on a CPU (measured once per machine, cached: engine.cpu_dtype).
+    faster of bfloat16/float32 on a CPU (measured once per machine, cached: engine.calibrate.cpu_dtype).
     """
 
     def __init__(self, model: str | Path, *, policy: str | Policy | dict[str, Any] = "auto",
                  gpu_memory: int | str | None = None, cpu_memory: int | str | None = None,
                  disk_dir: str | Path | None = None, dtype: str | torch.dtype = "auto",
                  compress_weights: bool = False, compress_cache: bool = False, device: str = "auto") -> None:
-        from engine.models.loader import load_model
-
         if isinstance(policy, dict):
             policy = Policy.from_dict(policy)
         if not (policy == "auto" or isinstance(policy, Policy)):
@@ -317,11 +317,10 @@ class LLM:
 
     def _get_executor(self) -> Any:
         if self._executor is None:
-            from engine.runtime.executor import Executor
-
-            self._executor = Executor(self.loaded, self._policy, device=self.device, dtype=self.dtype,
-                                      gpu_memory=self.gpu_memory, cpu_memory=self.cpu_memory,
-                                      disk_dir=self.disk_dir)
+            # looked up at call time (not imported by name), so a test can substitute the executor class
+            self._executor = executor_mod.Executor(self.loaded, self._policy, device=self.device,
+                                                   dtype=self.dtype, gpu_memory=self.gpu_memory,
+                                                   cpu_memory=self.cpu_memory, disk_dir=self.disk_dir)
             self._executor_policy = self._policy
         return self._executor
 

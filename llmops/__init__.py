@@ -17,7 +17,7 @@ __all__ = ["MapRun", "MapSpec", "RunSummary", "TemplateError", "last_summary", "
 
 def __getattr__(name: str) -> Any:
     if name == "llm_map":
-        from llmops.polars import llm_map
+        from llmops.polars import llm_map  # optional dependency: Polars (`import llmops` works without it)
 
         return llm_map
     raise AttributeError(f"module 'llmops' has no attribute {name!r}")

@@ -9,7 +9,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
 import click
+
+from llmops.cli_policy import policy_cmd, profile_cmd
+from llmops.pipeline.load import PipelineError, load_pipeline, parse_yaml
+from llmops.pipeline.oneoff import generate, list_all_models, models_table
+from llmops.pipeline.plan import format_plan, plan_pipeline
+from llmops.pipeline.runner import run_pipeline
+from llmops.pipeline.sources import SourceError
+from llmops.pipeline.steps import StepError
+from llmops.templates import TemplateError
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
@@ -20,11 +30,6 @@ def _fail(message: str, code: int) -> None:
 
 
 def _invalid_errors() -> tuple[type[BaseException], ...]:
-    from llmops.pipeline.load import PipelineError
-    from llmops.pipeline.sources import SourceError
-    from llmops.pipeline.steps import StepError
-    from llmops.templates import TemplateError
-
     return PipelineError, SourceError, StepError, TemplateError
 
 
@@ -70,9 +75,6 @@ def run_cmd(pipeline_file: Path, limit: int | None, dry_run: bool, no_cache: boo
       llmops run pipelines/extract_invoices.yaml --model /models/Mixtral-8x7B-Instruct \\
           --set engine.gpu_memory=24GiB --set engine.cpu_memory=100GiB
     """
-    from llmops.pipeline.load import load_pipeline
-    from llmops.pipeline.plan import format_plan, plan_pipeline
-    from llmops.pipeline.runner import run_pipeline
 
     if runner == "ray":
         _fail("--runner ray is not available yet; use --runner local (the default)", EXIT_INVALID)
@@ -98,7 +100,6 @@ def _model_overrides(pipeline_file: Path, model: str | None) -> list[str]:
     """`--set` items that point the pipeline and each of its llm_map steps at `model`."""
     if model is None:
         return []
-    from llmops.pipeline.load import PipelineError, parse_yaml
 
     try:
         data = parse_yaml(pipeline_file.read_text(encoding="utf-8"), filename=str(pipeline_file))
@@ -140,7 +141,6 @@ def generate_cmd(input_file: str, template: str | None, model: str, system: str 
       llmops generate sample_data/tickets.csv -t "Classify: {subject}" --choices bug,billing,other
       llmops generate sample_data/invoices.csv -t "Invoice number in: {body}" -o out/numbers.parquet
     """
-    from llmops.pipeline.oneoff import generate
 
     try:
         failed = generate(input_file, template=template, model=model, system=system, schema=schema, choices=choices,
@@ -167,7 +167,6 @@ def models_cmd(as_json: bool, dirs: tuple[Path, ...]) -> None:
       llmops models
       llmops models --dir ~/models --json
     """
-    from llmops.pipeline.oneoff import list_all_models, models_table
 
     try:
         rows = list_all_models(dirs)
@@ -176,22 +175,8 @@ def models_cmd(as_json: bool, dirs: tuple[Path, ...]) -> None:
     click.echo(json.dumps(rows, indent=2, default=str) if as_json else models_table(rows))
 
 
-def _register_policy_commands() -> None:
-    """Add `policy` and `profile` from llmops.cli_policy; placeholders when it cannot be imported."""
-    try:
-        from llmops.cli_policy import policy_cmd, profile_cmd
-    except Exception as exc:  # noqa: BLE001 (a broken optional module must not break the whole CLI)
-        reason = f"{type(exc).__name__}: {exc}"
-        for name in ("policy", "profile"):
-            @main.command(name, help=f"(unavailable: {reason})")
-            def _missing(reason: str = reason) -> None:
-                _fail(f"this command is unavailable: {reason}", EXIT_FAILED)
-        return
-    main.add_command(policy_cmd, "policy")
-    main.add_command(profile_cmd, "profile")
-
-
-_register_policy_commands()
+main.add_command(policy_cmd, "policy")
+main.add_command(profile_cmd, "profile")
 
 
 

@@ -1,7 +1,8 @@
 """`llmops policy` (explain the policy the search picks) and `llmops profile` (measure this machine).
 
 Registered in `llmops.cli` with `from llmops.cli_policy import policy_cmd, profile_cmd`. A budget no policy
-fits exits with status 2 and the reason on stderr.
+fits exits with status 2 and the reason on stderr. The engine is reached through `llmops.core` only (its
+planning tools come from the declared second bridge, `llmops.engine_tools`, which core re-exports).
 """
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ from typing import Any
 
 import click
 
-from engine.policy.hardware import PINNED_SHARE, default_cpu_budget
-from engine.sizes import format_size, parse_size
+from llmops import core
 
 
 class SizeType(click.ParamType):
@@ -22,7 +22,7 @@ class SizeType(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         try:
-            return parse_size(value)
+            return core.parse_size(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 
@@ -30,39 +30,18 @@ class SizeType(click.ParamType):
 SIZE = SizeType()
 
 
-def resolve_model_config(model: str):
-    """A ModelConfig for a preset name, a Hugging Face folder / config.json, or anything `load_model` takes."""
-    from engine.models.hf_config import config_from_hf
-    from engine.models.presets import PRESETS
-
-    if model in PRESETS:
-        return config_from_hf(PRESETS[model])
-    path = Path(model).expanduser()
-    if path.is_dir() and (path / "config.json").is_file():
-        path = path / "config.json"
-    if path.is_file() and path.suffix == ".json":
-        return config_from_hf(json.loads(path.read_text()))
-    from engine.models.loader import load_model
-
-    return load_model(model).config
-
-
 def _pick_profile(profile_file: Path | None, hardware: str | None):
     """(profile, description) from --profile, --hardware, or this machine (the reference H200 without a GPU)."""
-    import torch
-
-    from engine.policy.hardware import load_or_measure, load_profile, reference_profile
-
     if profile_file is not None:
-        profile = load_profile(profile_file)
+        profile = core.load_profile(profile_file)
         return profile, f"file {profile_file} ({profile.device_name})"
     if hardware is None:
-        hardware = "local" if torch.cuda.is_available() else "h200"
+        hardware = "local" if core.cuda_available() else "h200"
     if hardware == "local":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        profile = load_or_measure(device)
+        device = "cuda" if core.cuda_available() else "cpu"
+        profile = core.load_or_measure(device)
         return profile, f"this machine, measured ({profile.device_name})"
-    profile = reference_profile(hardware)
+    profile = core.reference_profile(hardware)
     return profile, f"built-in reference {hardware} ({profile.device_name})"
 
 
@@ -79,7 +58,7 @@ Example:
 @click.option("--model", required=True, help="A preset (opt-30b, mixtral-8x7b, ...), alias or model folder.")
 @click.option("--gpu-memory", type=SIZE, help="GPU budget, e.g. 16GiB (default: the profile's GPU memory).")
 @click.option("--cpu-memory", type=SIZE,
-              help=f"CPU budget, e.g. 100GiB (default: {PINNED_SHARE:.0%} of the profile's RAM, the pinned share).")
+              help=f"CPU budget, e.g. 100GiB (default: {core.PINNED_SHARE:.0%} of the profile's RAM, the pinned share).")
 @click.option("--disk-memory", type=SIZE, default="0", show_default=True, help="Disk budget, e.g. 500GiB.")
 @click.option("--prompt-len", type=click.IntRange(min=1), default=512, show_default=True,
               help="Prompt length in tokens.")
@@ -101,29 +80,25 @@ def policy_cmd(model: str, gpu_memory: int | None, cpu_memory: int | None, disk_
                gen_len: int, num_prompts: int | None, dtype: str, compress_weights: bool, compress_cache: bool,
                allow_compression: bool, profile_file: Path | None, hardware: str | None, as_json: bool) -> None:
     """Choose and explain the offloading policy for MODEL under memory budgets."""
-    from engine.models.loader import resolve_dtype
-    from engine.policy.cost_model import Workload
-    from engine.policy.estimate import Budgets, NoFeasiblePolicy
-    from engine.policy.model_stats import dtype_bytes
-    from engine.policy.search import search
-
     try:
-        config = resolve_model_config(model)
-        torch_dtype = resolve_dtype(dtype, config)
+        config = core.model_config(model)
+        torch_dtype = core.resolve_dtype(dtype, config)
         profile, profile_desc = _pick_profile(profile_file, hardware)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise click.UsageError(str(exc)) from None
-    budgets = Budgets(
+    budgets = core.Budgets(
         gpu_bytes=gpu_memory if gpu_memory is not None else profile.gpu_memory_bytes,
-        cpu_bytes=cpu_memory if cpu_memory is not None else default_cpu_budget(profile.cpu_memory_bytes),
+        cpu_bytes=cpu_memory if cpu_memory is not None else core.default_cpu_budget(profile.cpu_memory_bytes),
         disk_bytes=disk_memory,
     )
-    workload = Workload(prompt_len=prompt_len, gen_len=gen_len, num_prompts=num_prompts)
+    workload = core.Workload(prompt_len=prompt_len, gen_len=gen_len, num_prompts=num_prompts)
     try:
-        result = search(config, workload, budgets, profile, bytes_per_element=dtype_bytes(torch_dtype),
-                        compress_weights=compress_weights or (None if allow_compression else False),
-                        compress_cache=compress_cache or (None if allow_compression else False), model_name=model)
-    except NoFeasiblePolicy as exc:
+        result = core.search(config, workload, budgets, profile,
+                             bytes_per_element=core.dtype_bytes(torch_dtype),
+                             compress_weights=compress_weights or (None if allow_compression else False),
+                             compress_cache=compress_cache or (None if allow_compression else False),
+                             model_name=model)
+    except core.NoFeasiblePolicy as exc:
         click.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from None
     if as_json:
@@ -154,21 +129,17 @@ Example:
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON (loadable with --profile).")
 def profile_cmd(device: str, refresh: bool, disk_dir: Path | None, as_json: bool) -> None:
     """Measure (or read the cached) hardware profile of this machine: bandwidths, compute, capacities."""
-    import torch
-
-    from engine.policy.hardware import load_or_measure, profile_cache_path
-
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
+        device = "cuda" if core.cuda_available() else "cpu"
+    if device == "cuda" and not core.cuda_available():
         raise click.UsageError("--device cuda: no CUDA GPU is available")
     kwargs = {"disk_dir": disk_dir} if disk_dir else {}
-    profile = load_or_measure(device, refresh=refresh, **kwargs)
+    profile = core.load_or_measure(device, refresh=refresh, **kwargs)
     if as_json:
         click.echo(json.dumps(profile.to_dict(), indent=2, sort_keys=True))
         return
     click.echo(f"Hardware profile of {profile.hostname} ({profile.source}), cached at "
-               f"{profile_cache_path(torch.device(device))}")
+               f"{core.device_profile_path(device)}")
     rows = [
         ("device", f"{profile.device_name} [{profile.device_type}]"),
         ("host -> device", f"{profile.h2d_gib_s:.2f} GiB/s"),
@@ -179,8 +150,9 @@ def profile_cmd(device: str, refresh: bool, disk_dir: Path | None, as_json: bool
         ("host matmul (fp32)", f"{profile.cpu_gflops:.1f} GFLOP/s"),
         ("host attention (GEMV)", f"{profile.cpu_mem_gib_s:.1f} GiB/s"),
         ("layer launch overhead", f"{profile.layer_overhead_ms:.3f} ms"),
-        ("memory gpu / cpu / disk free", f"{format_size(profile.gpu_memory_bytes)} / "
-                                         f"{format_size(profile.cpu_memory_bytes)} / {format_size(profile.disk_free_bytes)}"),
+        ("memory gpu / cpu / disk free", f"{core.format_size(profile.gpu_memory_bytes)} / "
+                                         f"{core.format_size(profile.cpu_memory_bytes)} / "
+                                         f"{core.format_size(profile.disk_free_bytes)}"),
     ]
     for name, value in rows:
         click.echo(f"  {name:<30} {value}")

@@ -3,7 +3,8 @@
 `map_table(table, spec)` renders one prompt per row (`spec.template` over the table's columns), skips null
 rows, dedupes identical prompts, serves what the result cache already holds, hands the rest to the engine
 in one `stream` call and yields Arrow record batches as the engine's blocks finish. Every other adapter
-(Polars, DuckDB, pipelines, CLI, Ray) goes through here, and this is the only module importing `engine`.
+(Polars, DuckDB, pipelines, CLI, Ray) goes through here, and this is the only module importing `engine` besides
+`llmops.engine_tools` (the declared second bridge: planning tools for the CLI, re-exported here).
 
 Durability per row: with a result cache, each generated row is stored as it finishes, not when its block
 ends: the engine reports finished rows from its decode loop (`stream(..., on_finished=...)`) to a
@@ -46,8 +47,14 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from engine.params import Completion, SamplingParams
+from engine import LLM
+from engine.decoding.params import Completion, SamplingParams
 from llmops import engines
+from llmops.engine_tools import (  # noqa: F401 (the CLI's planning tools, re-exported: see llmops.engine_tools)
+    PINNED_SHARE, Budgets, NoFeasiblePolicy, Workload, cuda_available, default_cpu_budget, device_profile_path,
+    dtype_bytes, engine_models, format_size, load_or_measure, load_profile, model_config, parse_size,
+    reference_profile, resolve_dtype, search,
+)
 from llmops.progress import Progress
 from llmops.result_cache import CachedResult, RowWriter, open_cache, result_key
 from llmops.structured import arrow_type, parse_json_output, to_json_schema
@@ -159,8 +166,6 @@ def output_schema(spec: MapSpec) -> pa.Schema:
 
 
 def _make_llm(model: str, **settings: Any) -> Any:
-    from engine import LLM
-
     return LLM(model, **settings)
 
 

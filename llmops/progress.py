@@ -8,6 +8,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from tqdm.auto import tqdm
+
 
 def _want(enabled: bool | None) -> bool:
     if enabled is not None:
@@ -21,8 +23,6 @@ class Progress:
     def __init__(self, total: int, *, enabled: bool | None = None, desc: str = "llm_map") -> None:
         self._bar: Any = None
         if _want(enabled) and total > 0:
-            from tqdm.auto import tqdm
-
             self._bar = tqdm(total=total, desc=desc, unit="row", file=sys.stderr, dynamic_ncols=True)
 
     def update(self, rows: int, *, tokens_per_s: float, cache_hits: int, errors: int) -> None:

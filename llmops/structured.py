@@ -47,7 +47,7 @@ def _from_python_type(tp: Any, where: str) -> dict[str, Any]:
 
 
 def _from_polars_dtype(dtype: Any, where: str) -> dict[str, Any]:
-    import polars as pl
+    import polars as pl  # optional dependency: only Polars dtypes reach here
 
     if isinstance(dtype, type):
         dtype = dtype()
@@ -85,7 +85,7 @@ def to_json_schema(schema: Any) -> dict[str, Any]:
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
         return schema.model_json_schema()
     if _is_polars(schema):
-        import polars as pl
+        import polars as pl  # optional dependency: only a Polars schema reaches here
 
         if isinstance(schema, pl.Schema):
             return _strict_object({k: _from_polars_dtype(v, k) for k, v in schema.items()})

@@ -10,7 +10,7 @@ the row's user turn); the engine applies the model's chat template to both (Samp
 
 Data is data. A part is a string (text the user wrote: the template's literal text, the system prompt) or
 `{"data": text}` (a value: a cell, an example's input value or output). This is the contract with the
-engine (engine/prompts.py): the engine reads special-token strings (`<|im_end|>`) as control tokens only
+engine (engine/decoding/prompts.py): the engine reads special-token strings (`<|im_end|>`) as control tokens only
 in template text and in the chat template, and encodes data as plain text. Plain dicts, so a prompt's JSON
 (the result-cache key) tells a value from template text. `build_prompt` / `prompt_text` give the same
 prompt unmarked, for people (dry runs).

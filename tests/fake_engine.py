@@ -18,7 +18,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from engine.params import Completion, SamplingParams
+from engine.decoding.params import Completion, SamplingParams
 
 
 class CharTokenizer:

@@ -4,8 +4,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from engine.policy.hardware import default_cpu_profile, reference_profile, save_profile
-from engine.sizes import format_size, parse_size
+from engine.calibrate.machine import default_cpu_profile
+from engine.calibrate.profile_cache import save_profile
+from engine.policy.hardware import reference_profile
+from engine.util.sizes import format_size, parse_size
 from llmops.cli_policy import policy_cmd, profile_cmd
 
 
@@ -81,7 +83,7 @@ def test_help_has_an_example(cmd):
 
 def test_profile_measures_once_and_prints_json(tmp_path, monkeypatch):
     monkeypatch.setenv("LLMOPS_CACHE_DIR", str(tmp_path))
-    import engine.policy.measure as measure_mod
+    import engine.calibrate.measure as measure_mod
 
     calls = []
     monkeypatch.setattr(measure_mod, "measure", lambda device, **kw: calls.append(device) or default_cpu_profile())

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.chat import ChatTemplateError, check_messages, messages_for, render_chat
-from engine.constrain import GrammarConstraint, bitmask_to_bool, escape_regex, ll_tokenizer
-from engine.decoding import BlockDecoder, cut_at_stop
-from engine.params import SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.decoding.chat import ChatTemplateError, check_messages, messages_for, render_chat
+from engine.decoding.constrain import GrammarConstraint, bitmask_to_bool, escape_regex, ll_tokenizer
+from engine.decoding.decoder import BlockDecoder, cut_at_stop
+from engine.decoding.params import SamplingParams
+from engine.decoding.tokenizer import Tokenizer
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"

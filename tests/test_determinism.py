@@ -15,7 +15,8 @@ import torch
 
 from conftest import requires_smollm2
 from engine import LLM, Policy
-from engine import cpu_dtype, fingerprint
+from engine import fingerprint
+from engine.calibrate import cpu_dtype
 from engine.models import loader
 from test_constrain import build_tiny_tokenizer
 
@@ -73,7 +74,7 @@ def test_a_second_process_reads_the_same_dtype(tmp_path, fake_measure):
     """The cached answer wins over a new measurement: a file saying bfloat16 (whatever this CPU would
     measure) is what a fresh process's dtype="auto" resolves to."""
     cpu_dtype.machine_cpu_dtype(tmp_path)            # writes "bfloat16" (the fake measurement)
-    code = "from engine.cpu_dtype import fastest_cpu_dtype; print(fastest_cpu_dtype())"
+    code = "from engine.calibrate.cpu_dtype import fastest_cpu_dtype; print(fastest_cpu_dtype())"
     assert _python(code, {"LLMOPS_CACHE_DIR": str(tmp_path)}) == "torch.bfloat16"
     path = cpu_dtype.cache_path(tmp_path)
     path.write_text(path.read_text().replace("bfloat16", "float32"))

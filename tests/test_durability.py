@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from engine import LLM, Policy, SamplingParams
-from engine.decoding import BlockDecoder
-from engine.params import Completion
+from engine.decoding.decoder import BlockDecoder
+from engine.decoding.params import Completion
 from llmops import core
 from llmops.result_cache import CachedResult, ResultCache, RowWriter
 from test_constrain import build_tiny_tokenizer

@@ -5,10 +5,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine.policy.hardware import (
-    HardwareProfile, default_cpu_profile, load_cached_profile, load_or_measure, load_profile,
-    profile_cache_path, reference_profile, save_profile,
+from engine.calibrate.machine import default_cpu_profile
+from engine.calibrate.profile_cache import (
+    load_cached_profile, load_or_measure, load_profile, profile_cache_path, save_profile,
 )
+from engine.policy.hardware import HardwareProfile, reference_profile
 
 
 class FakeMeasure:
@@ -86,7 +87,7 @@ def test_missing_field_is_named():
 
 
 def test_tiny_real_measure_on_cpu(tmp_path):
-    from engine.policy.measure import measure
+    from engine.calibrate.measure import measure
 
     torch.set_num_threads(1)
     p = measure("cpu", size_mib=4, disk_dir=tmp_path, disk_size_mib=4, cpu_matmul_n=64, repeats=1)

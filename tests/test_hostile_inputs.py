@@ -23,10 +23,10 @@ from conftest import smollm2_gguf_path
 from fake_engine import FakeLLM
 
 import llmops
-from engine.chat import render_chat
-from engine.params import SamplingParams
-from engine.prompts import encode_prompts
-from engine.tokenizer import Tokenizer
+from engine.decoding.chat import render_chat
+from engine.decoding.params import SamplingParams
+from engine.decoding.prompts import encode_prompts
+from engine.decoding.tokenizer import Tokenizer
 from llmops import engines
 from llmops.cli import main
 from llmops.core import MapSpec, last_summary, map_table_ordered, truncate_prompts
@@ -555,7 +555,7 @@ def test_truncated_gguf_names_the_file_and_tensor(tmp_path):
 
 
 def test_output_cut_mid_character_has_no_replacement_char(tok):
-    from engine.decoding import BlockDecoder
+    from engine.decoding.decoder import BlockDecoder
 
     ids = tok.encode(" 鑫鑫", add_special_tokens=False)          # ' 鑫' is split over 3 byte-level tokens
     assert [tok.decode(ids[:k]) for k in range(1, len(ids) + 1)] == [" ", " ", " 鑫", " 鑫", " 鑫", " 鑫鑫"]
@@ -571,7 +571,7 @@ def test_output_cut_mid_character_has_no_replacement_char(tok):
 
 
 def test_a_chat_template_that_rewrites_content_is_refused_not_left_unmarked():
-    from engine.chat import ChatTemplateError, render_chat_marked
+    from engine.decoding.chat import ChatTemplateError, render_chat_marked
 
     upper = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | upper }}<|im_end|>\n{% endfor %}"
     with pytest.raises(ChatTemplateError, match="placeholders"):

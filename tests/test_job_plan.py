@@ -9,10 +9,10 @@ import threading
 import pyarrow as pa
 import pytest
 
-import engine.policy.auto as auto
+import engine.calibrate.auto as auto
 import engine.runtime.executor as executor_mod
 from engine import LLM, Policy, SamplingParams
-from engine.planning import Plan, PlanCache, bucket, bucketed, workload_list
+from engine.calibrate.planning import Plan, PlanCache, bucket, bucketed, workload_list
 from engine.policy.cost_model import Workload
 from llmops import engines
 from llmops.coalesce import COALESCE_BLOCKS, Coalescer, for_job

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import LLM, Policy, SamplingParams
-from engine.cpu_dtype import fastest_cpu_dtype
+from engine.calibrate.cpu_dtype import fastest_cpu_dtype
 from test_constrain import CHAT_TEMPLATE, build_tiny_tokenizer
 
 MAX_NEW = 8

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.models.layers import attention, causal_mask
+from engine.models.attention import attention, causal_mask
 from engine.models.loader import LoadedModel, load_model
 
 KINDS = ["opt", "llama", "qwen2", "mistral", "mixtral"]

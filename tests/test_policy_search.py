@@ -4,9 +4,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from engine.calibrate.auto import choose_policy, choose_policy_estimate
 from engine.models.hf_config import config_from_hf
 from engine.models.presets import PRESETS
-from engine.policy.auto import choose_policy, choose_policy_estimate
 from engine.policy.cost_model import Workload, estimate
 from engine.policy.estimate import Budgets, NoFeasiblePolicy
 from engine.policy.hardware import GIB, reference_profile
@@ -143,7 +143,7 @@ def test_explain_and_json():
 
 def test_choose_policy_on_cpu_keeps_everything_on_the_compute_tier(monkeypatch, tmp_path):
     monkeypatch.setenv("LLMOPS_CACHE_DIR", str(tmp_path))
-    import engine.policy.measure as measure_mod
+    import engine.calibrate.measure as measure_mod
 
     monkeypatch.setattr(measure_mod, "measure", lambda *a, **k: pytest.fail("CPU must not benchmark"))
     config = preset("tiny-llama")

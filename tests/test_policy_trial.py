@@ -5,16 +5,17 @@ import pytest
 import torch
 
 from conftest import requires_cuda
+from engine.calibrate import trial as trial_mod
+from engine.calibrate.machine import default_cpu_profile
 from engine.models.hf_config import config_from_hf
 from engine.models.presets import PRESETS
-from engine.policy import trial as trial_mod
 from engine.policy.cost_model import Workload, estimate
 from engine.policy.estimate import Budgets
-from engine.policy.hardware import default_cpu_profile, reference_profile
+from engine.policy.hardware import reference_profile
 from engine.policy.memory import executor_memory, model_layout
 from engine.policy.policy import Policy
 from engine.policy.search import search, search_top
-from engine.policy.trial import (
+from engine.calibrate.trial import (
     TrialTimes, best_by_trials, extrapolate, per_layer, trial_estimate, trial_seconds, truncated_model,
 )
 from engine.runtime.executor import Executor

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.blocks import plan_blocks, scatter
-from engine.sampling import chosen_logprobs, greedy, sample, sequence_key, sequence_keys, uniforms
+from engine.decoding.blocks import plan_blocks, scatter
+from engine.decoding.sampling import chosen_logprobs, greedy, sample, sequence_key, sequence_keys, uniforms
 
 
 def test_greedy_picks_first_max():

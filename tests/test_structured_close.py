@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from engine import LLM, Policy
-from engine.closing import ClosingTokens, closing_path
-from engine.constrain import GrammarConstraint
-from engine.decoding import BlockDecoder
-from engine.params import Completion, SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.decoding.closing import ClosingTokens, closing_path
+from engine.decoding.constrain import GrammarConstraint
+from engine.decoding.decoder import BlockDecoder
+from engine.decoding.params import Completion, SamplingParams
+from engine.decoding.tokenizer import Tokenizer
 from fake_engine import FakeLLM
 from llmops.core import MapSpec, map_table_ordered
 from test_constrain import build_tiny_tokenizer

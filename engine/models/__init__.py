@@ -1,17 +1,11 @@
-"""Model families (one file each, built from `layers`), the architecture registry and weight loading.
+"""Model families (one file each, built from `layers` and `attention`), the architecture registry and weight loading.
 
 Public entry points: `load_model`, `LoadedModel`, `list_models` (engine.models.loader) and the
-`ModelFamily` / `LayerSpec` / `WeightSpec` contract (engine.models.base).
+`ModelFamily` / `LayerSpec` / `WeightSpec` contract (engine.models.base). Pure maths and weight sources:
+nothing here imports `engine.storage` or `engine.runtime` (placement is theirs).
 """
 from engine.models.base import LayerSpec, ModelFamily, WeightSpec
 from engine.models.config import ModelConfig
+from engine.models.loader import LoadedModel, list_models, load_model
 
 __all__ = ["LayerSpec", "LoadedModel", "ModelConfig", "ModelFamily", "WeightSpec", "list_models", "load_model"]
-
-
-def __getattr__(name: str):
-    if name in ("LoadedModel", "list_models", "load_model"):
-        from engine.models import loader
-
-        return getattr(loader, name)
-    raise AttributeError(name)

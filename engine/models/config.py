@@ -1,6 +1,6 @@
 """Static description of a model: `ModelConfig`, with Hugging Face field names.
 
-Built from a checkpoint's config.json (`from_hf`), GGUF metadata or a named preset. Only what our layers
+Built from a checkpoint's config.json (`engine.models.hf_config.config_from_hf`), GGUF metadata or a named preset. Only what our layers
 need is kept; every family reads the same dataclass.
 """
 from __future__ import annotations
@@ -49,10 +49,3 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_hf(cls, config_json: dict[str, Any]) -> "ModelConfig":
-        """From a parsed Hugging Face config.json (see engine.models.hf_config.config_from_hf)."""
-        from engine.models.hf_config import config_from_hf
-
-        return config_from_hf(config_json)

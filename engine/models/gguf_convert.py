@@ -75,7 +75,7 @@ def check_tensor_bounds(path: Path, file_size: int, data_start: int, infos: list
 def _reader(path: Path) -> Any:
     """A `gguf.GGUFReader` that checks every tensor's byte range against the file size before it maps the
     tensors (the reader itself would fail with "cannot reshape array of size ...")."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader  # only GGUF files need gguf
 
     class CheckedReader(GGUFReader):
         def _build_tensors(self, start_offs: int, fields: list) -> None:  # noqa: ANN001 (gguf's own hook)
@@ -210,7 +210,7 @@ def tensor_index(reader: Any, config: dict[str, Any], gguf_path: Path) -> list[d
 def _write_tokenizer(gguf_path: Path, reader: Any, folder: Path) -> None:
     """tokenizer.json + tokenizer_config.json (with chat_template) through transformers' GGUF converter."""
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # heavy; only GGUF tokenizer conversion (once per file)
     except ImportError:
         raise ImportError(
             f"converting the tokenizer of {gguf_path} needs `transformers` (pip install transformers)"

@@ -34,7 +34,7 @@ def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 def dequantize_tensor(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> torch.Tensor:
     """uint8 bytes of one GGUF tensor -> an owned float32 tensor of `shape` (HF order: outermost dim first),
     through `gguf.quants.dequantize`."""
-    from gguf import GGMLQuantizationType
+    from gguf import GGMLQuantizationType  # gguf: only GGUF sources need it
     from gguf.quants import dequantize
 
     w = dequantize(raw, GGMLQuantizationType(ggml_type))

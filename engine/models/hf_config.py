@@ -86,25 +86,3 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
         num_local_experts=d.get("num_local_experts", 0) or 0,
         num_experts_per_tok=d.get("num_experts_per_tok", 0) or 0, **tokens,
     )
-
-
-def config_to_hf(config: ModelConfig) -> dict[str, Any]:
-    """A config.json dict for a Llama-shaped ModelConfig (used to write GGUF conversions)."""
-    d: dict[str, Any] = {
-        "architectures": [config.architecture],
-        "model_type": config.architecture.removesuffix("ForCausalLM").lower(),
-        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_hidden_layers,
-        "num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
-        "head_dim": config.head_dim, "max_position_embeddings": config.max_position_embeddings,
-        "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta,
-        "rope_scaling": config.rope_scaling, "tie_word_embeddings": config.tie_word_embeddings,
-        "attention_bias": config.attention_bias, "hidden_act": config.hidden_act,
-        "bos_token_id": config.bos_token_id, "pad_token_id": config.pad_token_id,
-        "eos_token_id": list(config.eos_token_id) if len(config.eos_token_id) != 1 else config.eos_token_id[0],
-        "torch_dtype": config.torch_dtype,
-    }
-    if config.is_moe:
-        d["num_local_experts"] = config.num_local_experts
-        d["num_experts_per_tok"] = config.num_experts_per_tok
-    return d

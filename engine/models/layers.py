@@ -1,4 +1,6 @@
-"""Pure tensor functions shared by the model families: norms, linear, RoPE, activations, the attention core.
+"""Pure tensor functions shared by the model families: norms, linear, RoPE, activations.
+
+The attention core and masks are in `engine.models.attention`.
 
 Nothing here owns state or placement: every function computes on the device and dtype of its inputs.
 Shapes: b batch, s new tokens, t total (past + new) tokens, h hidden, n heads, nkv key/value heads,
@@ -11,7 +13,6 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.models.config import ModelConfig
 
@@ -131,45 +132,3 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     cos = cos.unsqueeze(1)  # [b, 1, s, hd]
     sin = sin.unsqueeze(1)  # [b, 1, s, hd]
     return x * cos + _rotate_half(x) * sin
-
-
-def causal_mask(key_valid: torch.Tensor, s: int) -> torch.Tensor:
-    """Attention mask for s new queries over t keys, the new ones last.
-
-    key_valid [b, t] bool (False for left padding) -> mask [b, 1, s, t] bool, True = may attend. Query i
-    (absolute key index t - s + i) sees valid keys at or before itself; it always sees itself, so a padding
-    query's row is never all-False (its output is garbage the caller ignores, but never NaN)."""
-    b, t = key_valid.shape
-    q_idx = torch.arange(t - s, t, device=key_valid.device)[:, None]  # [s, 1]
-    k_idx = torch.arange(t, device=key_valid.device)[None, :]  # [1, t]
-    causal = k_idx <= q_idx  # [s, t]
-    mask = causal[None] & key_valid[:, None, :]  # [b, s, t]
-    mask = mask | (k_idx == q_idx)[None]  # [b, s, t]
-    return mask[:, None]  # [b, 1, s, t]
-
-
-_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-         enable_gqa: bool = False) -> torch.Tensor:
-    """F.scaled_dot_product_attention, never through cuDNN on a GPU: cuDNN's SDPA builds a new graph for
-    every new key length, which cost 4.8 ms of host time per decode call on the H200 (measured with
-    benchmarks/gpu_profile.py: 1229 ms of 256 calls), more than the whole layer's device time."""
-    if not q.is_cuda:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
-    with sdpa_kernel(_NO_CUDNN):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
-
-
-def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
-) -> torch.Tensor:
-    """The reference attention core.
-
-    q [b, nh, s, hd], k/v [b, nkv, t, hd] (nh a multiple of nkv: grouped-query attention), mask broadcastable
-    to [b, nh, s, t] (bool, True = attend; or additive float) or None for full attention -> [b, s, nh*hd].
-    """
-    b, nh, s, hd = q.shape
-    out = sdpa(q, k, v, mask, scale, enable_gqa=k.shape[1] != nh)  # [b, nh, s, hd]
-    return out.transpose(1, 2).reshape(b, s, nh * hd)  # [b, s, nh*hd]

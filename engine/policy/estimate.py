@@ -7,7 +7,7 @@ from typing import Any
 
 from engine.policy.cost_model import TIERS, Workload
 from engine.policy.policy import Policy
-from engine.sizes import format_size
+from engine.util.sizes import format_size
 
 
 class NoFeasiblePolicy(ValueError):

@@ -1,27 +1,17 @@
-"""`HardwareProfile`: what one machine can move and compute, measured once and cached as JSON.
+"""`HardwareProfile`: what one machine can move and compute (data: the cost model's input).
 
 Units are in the field names (GiB/s are 2**30 bytes per second). The "gpu" tier is the compute device: on a
-machine without a GPU it is the CPU, and h2d/d2h become host memcpy. The cache file is keyed by hostname +
-device name + torch version, lives in `$LLMOPS_CACHE_DIR` or `~/.cache/llmops`, is written to a temporary
-name and renamed into place, and is re-measured (never used) when it does not parse or its key differs.
-The microbenchmark itself lives in `engine.policy.measure`.
+machine without a GPU it is the CPU, and h2d/d2h become host memcpy. This module only holds the profile and
+the built-in reference profiles; measuring a machine (`engine.calibrate.measure`) and caching its profile as
+JSON (`engine.calibrate.machine`) live in the calibrate layer above, so the policy never measures.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import socket
 from dataclasses import MISSING, asdict, dataclass, fields
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import torch
-
-from engine.storage.atomic import write_json_atomic
 
 GIB = 1024**3
-PROFILE_VERSION = 3    # 2: executor slot, CPU attention and dequantization probes; 3: slot extras by placement
 
 
 @dataclass(frozen=True)
@@ -134,16 +124,6 @@ class HardwareProfile:
                 values[name] = value
         return cls(**values)
 
-    def with_capacities(self, gpu_memory_bytes: int | None = None, cpu_memory_bytes: int | None = None,
-                        disk_free_bytes: int | None = None) -> "HardwareProfile":
-        """A copy with the given capacities replaced (None keeps the measured one)."""
-        data = self.to_dict()
-        for name, value in (("gpu_memory_bytes", gpu_memory_bytes), ("cpu_memory_bytes", cpu_memory_bytes),
-                            ("disk_free_bytes", disk_free_bytes)):
-            if value is not None:
-                data[name] = int(value)
-        return HardwareProfile(**data)
-
 
 def reference_profile(name: str) -> HardwareProfile:
     """A built-in profile of a known machine. "h200": the lent H200 host (ENVIRONMENT.md, measured
@@ -162,142 +142,3 @@ def reference_profile(name: str) -> HardwareProfile:
             layer_overhead_ms=0.5, hostname="reference", torch_version="", source="reference:h200",
         )
     raise ValueError(f"unknown reference hardware {name!r}; known: ['h200']")
-
-
-REFERENCE_NAMES = ("h200",)
-
-
-# Share of the available RAM a GPU run's cpu tier may use when no cpu budget is given. The cpu tier is pinned
-# (page-locked) memory: the kernel can neither swap nor reclaim it, and the driver needs memory of its own
-# to map it. On the lent H200 host (125 GiB available) a run that pinned 87.5 GiB was OOM-killed.
-PINNED_SHARE = 0.7
-
-
-def default_cpu_budget(available: int | None = None) -> int:
-    """The cpu-tier budget of a GPU run without an explicit one: PINNED_SHARE of `available` bytes (default:
-    the available host RAM now)."""
-    return int(PINNED_SHARE * (host_memory_bytes() if available is None else available))
-
-
-def host_memory_bytes() -> int:
-    """Available host RAM in bytes (MemAvailable from /proc/meminfo; total pages as a fallback)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def device_memory_bytes(device: torch.device) -> int:
-    """Total memory of a CUDA device, or the available host RAM for a CPU device."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    return host_memory_bytes()
-
-
-def device_display_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({os.cpu_count()} cores)"
-
-
-def default_cpu_profile() -> HardwareProfile:
-    """A cheap, unmeasured profile of this CPU-only machine (nominal desktop-class rates, real capacities):
-    what `choose_policy` uses on a CPU when no cached profile exists, so no test pays for a benchmark."""
-    ram = host_memory_bytes()
-    return HardwareProfile(
-        device_name=device_display_name(torch.device("cpu")), device_type="cpu",
-        h2d_gib_s=8.0, d2h_gib_s=8.0, disk_read_gib_s=1.0, disk_write_gib_s=0.5,
-        gpu_tflops_bf16=0.2, gpu_mem_gib_s=10.0, cpu_gflops=200.0, cpu_mem_gib_s=10.0,
-        gpu_memory_bytes=ram, cpu_memory_bytes=ram, disk_free_bytes=0, layer_overhead_ms=0.2,
-        hostname=socket.gethostname(), torch_version=torch.__version__, source="default",
-    )
-
-
-def cache_dir() -> Path:
-    """`$LLMOPS_CACHE_DIR` or `~/.cache/llmops`."""
-    env = os.environ.get("LLMOPS_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "llmops"
-
-
-def profile_key(device: torch.device) -> dict[str, str]:
-    """What identifies a machine's profile: hostname, device name, torch version."""
-    return {"hostname": socket.gethostname(), "device_name": device_display_name(device),
-            "torch_version": torch.__version__}
-
-
-def profile_cache_path(device: torch.device, directory: Path | None = None) -> Path:
-    key = profile_key(device)
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return (directory or cache_dir()) / f"hardware-{digest}.json"
-
-
-def save_profile(profile: HardwareProfile, path: Path) -> None:
-    """Write atomically: a temporary file in the same folder, fsync, rename into place."""
-    write_json_atomic(path, {"version": PROFILE_VERSION, "profile": profile.to_dict()})
-
-
-def load_profile(path: Path | str) -> HardwareProfile:
-    """Read a profile JSON (the cache format `{"version", "profile"}` or a bare profile dict).
-    Raises ValueError naming the file when it does not parse or a field is wrong."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"hardware profile {path}: cannot read JSON ({exc})") from exc
-    if isinstance(data, dict) and "profile" in data:
-        if data.get("version") not in range(1, PROFILE_VERSION + 1):
-            raise ValueError(f"hardware profile {path}: version {data.get('version')!r}, "
-                             f"expected {PROFILE_VERSION}")
-        data = data["profile"]
-    if not isinstance(data, dict):
-        raise ValueError(f"hardware profile {path}: expected a JSON object")
-    try:
-        return HardwareProfile.from_dict(data)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"hardware profile {path}: {exc}") from exc
-
-
-def load_cached_profile(device: torch.device, directory: Path | None = None) -> HardwareProfile | None:
-    """The cached profile of this machine and device, or None when absent, corrupt or for another key."""
-    path = profile_cache_path(device, directory)
-    if not path.exists():
-        return None
-    try:
-        profile = load_profile(path)
-    except ValueError:
-        return None
-    key = profile_key(device)
-    if any(getattr(profile, k) != v for k, v in key.items()):
-        return None
-    if profile.source == "measured" and not (profile.slot_decode_ms and profile.slot_off_cache_ms):
-        return None                      # measured before the executor probes existed: measure again
-    return profile
-
-
-def load_or_measure(
-    device: torch.device | str | None = None,
-    *,
-    directory: Path | None = None,
-    refresh: bool = False,
-    measure_fn: Callable[..., HardwareProfile] | None = None,
-    **measure_kwargs: Any,
-) -> HardwareProfile:
-    """This machine's profile: the cached one when valid, else measured (under a minute) and cached.
-
-    `refresh` re-measures even when a valid cache exists. A corrupt or mismatched cache file is replaced.
-    `measure_fn` (default `engine.policy.measure.measure`) is called as `measure_fn(device, **measure_kwargs)`.
-    """
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if not refresh:
-        cached = load_cached_profile(device, directory)
-        if cached is not None:
-            return cached
-    if measure_fn is None:
-        from engine.policy.measure import measure as measure_fn
-    profile = measure_fn(device, **measure_kwargs)
-    save_profile(profile, profile_cache_path(device, directory))
-    return profile

@@ -29,9 +29,9 @@ from engine.models.config import ModelConfig
 from engine.models.registry import build_family
 from engine.policy.affine import const, share
 from engine.policy.policy import Policy
+from engine.policy.working import working_bytes
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT
 from engine.quant.qtensor import qtensor_nbytes
-from engine.runtime.working import working_bytes
 from engine.storage.placement import split_ranges, weight_tiers
 from engine.storage.tiers import Tier
 

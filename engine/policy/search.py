@@ -33,7 +33,7 @@ from engine.policy.estimate import Budgets, NoFeasiblePolicy, PolicyEstimate, wo
 from engine.policy.hardware import GIB, HardwareProfile
 from engine.policy.memory import ModelLayout, model_layout, weight_fraction_on, weight_settings
 from engine.policy.policy import Policy
-from engine.sizes import format_size
+from engine.util.sizes import format_size
 
 GPU_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 NUM_GPU_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.quant.kernels import _as_groups, affine_dequant_torch
+from engine.quant.affine_torch import affine_dequant_torch, as_groups
 
 _BLOCK = 1024          # packed bytes per program (2048 outputs)
 
@@ -85,7 +85,7 @@ def affine_dequant_triton(data: torch.Tensor, mn: torch.Tensor, scale: torch.Ten
     Arguments are checked by the caller."""
     *lead, g, half = data.shape
     shape = (*lead, g, 2 * half)
-    view = None if out is None else _as_groups(out, shape)                     # [*lead, g, gs]
+    view = None if out is None else as_groups(out, shape)                     # [*lead, g, gs]
     dense = view if view is not None else torch.empty(shape, dtype=out_dtype, device=data.device)
     plan = _plan(data, mn, scale, dense)
     if plan is None:

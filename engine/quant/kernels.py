@@ -25,6 +25,8 @@ import warnings
 
 import torch
 
+from engine.quant.affine_torch import affine_dequant_torch
+
 _SCALE_DTYPES = (torch.float16, torch.float32)
 
 
@@ -39,42 +41,10 @@ def affine_dequant(data: torch.Tensor, mn: torch.Tensor, scale: torch.Tensor, ou
     """
     _check(data, mn, scale, out_dtype, out)
     if data.is_cuda and _triton_ready(data.get_device()):
-        from engine.quant import _dequant_triton
+        from engine.quant import _dequant_triton    # optional dependency: Triton, imported on CUDA only
 
         return _dequant_triton.affine_dequant_triton(data, mn, scale, out_dtype, out)
     return affine_dequant_torch(data, mn, scale, out_dtype, out)
-
-
-def affine_dequant_torch(data: torch.Tensor, mn: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype,
-                         out: torch.Tensor | None = None) -> torch.Tensor:
-    """The batched torch-op path of `affine_dequant` (any device; same contract)."""
-    *lead, g, half = data.shape
-    shape = (*lead, g, 2 * half)
-    view = None if out is None else _as_groups(out, shape)                      # [*lead, g, gs]
-    if view is not None and mn.dtype == out_dtype:
-        dense = view                                                            # affine step in place
-    else:
-        dense = torch.empty(shape, dtype=mn.dtype, device=data.device)          # [*lead, g, gs]
-    pairs = dense.unflatten(-1, (half, 2))                                      # [*lead, g, gs/2, 2]
-    pairs[..., 0].copy_(data & 0x0F)                                            # even elements: low nibble
-    pairs[..., 1].copy_(data >> 4)                                              # odd elements: high nibble
-    torch.addcmul(mn, dense, scale, out=dense)                                  # [*lead, g, gs]
-    if view is None:
-        return dense.to(out_dtype)
-    if view.data_ptr() != dense.data_ptr():
-        view.copy_(dense)
-    return view
-
-
-def _as_groups(out: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """`out` ([*lead, g, gs] or [*lead, g*gs]) as a [*lead, g, gs] view (a split of the last dim is always
-    a view)."""
-    if tuple(out.shape) == shape:
-        return out
-    if tuple(out.shape) == (*shape[:-2], shape[-2] * shape[-1]):
-        return out.unflatten(-1, shape[-2:])
-    raise ValueError(f"affine_dequant: out must have shape {shape} or {(*shape[:-2], shape[-2] * shape[-1])}, "
-                     f"got {tuple(out.shape)}")
 
 
 def _check(data: torch.Tensor, mn: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype,
@@ -103,7 +73,7 @@ def _triton_ready(device_index: int) -> bool:
     """True when Triton imports and its kernel matches the torch path on a small input on cuda:device_index
     (checked once per device; synchronizes that once). Otherwise warns once and the torch path is used."""
     try:
-        from engine.quant import _dequant_triton
+        from engine.quant import _dequant_triton    # optional dependency: Triton (absent: torch path)
 
         return _dequant_triton.self_check(torch.device("cuda", device_index))
     except ImportError:

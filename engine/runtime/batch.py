@@ -59,10 +59,6 @@ class GpuBatch:
     def prefill(self) -> bool:
         return self.t == 0
 
-    @property
-    def suffix_len(self) -> int:
-        return self.prompt_len - self.prefix_len
-
     def live_index(self) -> list[int]:
         return [r for r, alive in enumerate(self.live) if alive]
 

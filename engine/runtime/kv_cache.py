@@ -1,4 +1,7 @@
-"""The KV cache of one attention layer for one GPU batch: its homes on the tiers and the attention over it.
+"""The KV cache of one attention layer for one GPU batch: its homes on the tiers, and where attention runs.
+
+The attention maths itself (masks, the SDPA cores over dense or 4-bit segments) is `engine.models.attention`;
+a `KVHome` is that module's `CacheAttention`: it picks the device for each segment and calls the cores.
 
 The cache [b, nkv, S, hd] (S = padded prompt + max new tokens) is cut along kv heads into segments by the
 policy's cache fractions (`split_ranges`); each segment's keys/values live on one tier, dense or 4-bit
@@ -21,11 +24,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.models.attention import cpu_decode_attention, decode_attention, prefill_attention
 from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, quantize
 from engine.quant.qtensor import QTensor
 from engine.runtime.arena import Arena
-from engine.runtime.attention import cpu_decode_attention, decode_attention, prefill_attention
 from engine.runtime.transfers import Pending, Transfers
 from engine.storage.copy import copy
 from engine.storage.placement import split_ranges

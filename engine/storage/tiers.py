@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.quant.qtensor import QTensor
-from engine.sizes import format_size
+from engine.util.sizes import format_size
 
 Stored = torch.Tensor | QTensor
 

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 import click
 import pyarrow as pa
 
+from llmops import core
 from llmops.core import MapSpec, map_table
 from llmops.pipeline.sinks import SinkWriter
 from llmops.pipeline.sources import read_source
@@ -100,15 +101,6 @@ def generate(input_file: str, *, template: str | None, model: str, system: str |
     return failed
 
 
-def _engine_models() -> list[dict[str, Any]]:
-    from llmops import core
-
-    lister = getattr(core, "list_models", None)
-    if lister is None:
-        from engine.models.loader import list_models as lister  # the CLI's only direct engine import
-    return list(lister())
-
-
 def _local_models(folder: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     if not folder.is_dir():
@@ -124,7 +116,7 @@ def _local_models(folder: Path) -> list[dict[str, Any]]:
 
 def list_all_models(dirs: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
     """Aliases and presets from the engine, then local models under `dirs` and `$LLMOPS_MODELS_DIR`."""
-    rows = _engine_models()
+    rows = core.engine_models()
     folders = list(dirs) + ([Path(os.environ["LLMOPS_MODELS_DIR"])] if os.environ.get("LLMOPS_MODELS_DIR") else [])
     for folder in folders:
         rows.extend(_local_models(Path(folder).expanduser()))

@@ -67,7 +67,7 @@ Float = Annotated[float, BeforeValidator(_not_bool)]
 
 def _grammar_problem(grammar: Any) -> str | None:
     """llguidance's complaint about a grammar (its `error: ...` line), or None when it is valid."""
-    from llguidance import LLMatcher
+    from llguidance import LLMatcher  # optional at import time: only grammar checks need llguidance
 
     message = LLMatcher.validate_grammar(grammar, None)
     if not message:
@@ -82,7 +82,7 @@ def check_regex(regex: str | None) -> str | None:
         return None
     if not regex:
         raise ValueError("regex must not be empty")
-    from llguidance import LLMatcher
+    from llguidance import LLMatcher  # optional at import time: only grammar checks need llguidance
 
     problem = _grammar_problem(LLMatcher.grammar_from_regex(regex))
     if problem:
@@ -98,7 +98,7 @@ def check_json_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
         normal = to_json_schema(schema)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"invalid JSON schema: {exc}") from None
-    from llguidance import LLMatcher
+    from llguidance import LLMatcher  # optional at import time: only grammar checks need llguidance
 
     try:
         problem = _grammar_problem(LLMatcher.grammar_from_json_schema(json.dumps(normal)))

@@ -1,5 +1,8 @@
 """Estimate of the compute device's working memory for one GPU batch (pure arithmetic).
 
+In the policy package so the memory model (`memory`) and the runtime's executor share one formula with the
+arrow pointing down (runtime -> policy).
+
 Counted against the gpu budget at block start: the live intermediates of the larger of one attention or
 one MLP layer at prefill (per token: hidden, residual, normed input, q/k/v, attention output; or gate/up,
 activation, down output), SDPA's boolean mask, the head's float32 logits, and with a compressed cache the

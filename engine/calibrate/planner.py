@@ -2,7 +2,7 @@
 
 The facade (`engine.llm.LLM`) asks it for the plan of each call; it keeps the plans of this process by
 workload bucket, reads and writes the disk plan cache on CUDA, and runs the policy search (with trials on
-a GPU) only for a bucket nothing known serves. See `engine.planning` for buckets, `Plan` and the cache.
+a GPU) only for a bucket nothing known serves. See `engine.calibrate.planning` for buckets, `Plan` and the cache.
 """
 from __future__ import annotations
 
@@ -14,12 +14,15 @@ from typing import Any, Callable
 
 import torch
 
+from engine.calibrate import auto, machine
+from engine.calibrate.machine import profile_key
+from engine.calibrate.planning import Plan, PlanCache, bucketed, merged, workload_list
 from engine.models.loader import LoadedModel
-from engine.planning import Plan, PlanCache, bucketed, merged, workload_list
 from engine.policy.cost_model import Workload
+from engine.policy.memory import model_layout, peak_memory
+from engine.policy.model_stats import dtype_bytes
 from engine.policy.policy import Policy
 
-CPU_FALLBACK_BATCH = 64
 MAX_PLAN_SHIFT = 12     # plans for up to 2^11 times a bucket's prompt count are looked up as its plan
 AUTO_TRIALS = 4         # on a GPU, policy="auto" measures the cost model's best 4 candidates on truncated copies
 
@@ -73,9 +76,6 @@ class Planner:
         the executor's own budget check decides)."""
         if self.device.type != "cuda":
             return True
-        from engine.policy.memory import model_layout, peak_memory
-        from engine.policy.model_stats import dtype_bytes
-
         B, config = dtype_bytes(self.dtype), self.loaded.config
         peak = peak_memory(config, model_layout(config, B, policy.compress_weights), policy,
                            workload.memory_prompt_len, workload.gen_len, B, "cuda")
@@ -112,16 +112,11 @@ class Planner:
 
     def _choose(self, workload: Workload, trials: int) -> Plan:
         """Run the policy search (and trials) for `workload`."""
-        try:
-            from engine.policy.auto import choose_policy_estimate
-        except ImportError:     # no scipy: a fixed heuristic policy
-            return Plan(Policy(gpu_batch_size=CPU_FALLBACK_BATCH, compress_weights=self.compress_weights,
-                               compress_cache=self.compress_cache), workload, "fallback")
         if trials > 0:
             self._before_trials()
         start = time.perf_counter()
         disk = shutil.disk_usage(self.disk_dir).free if self.disk_dir is not None else 0
-        est = choose_policy_estimate(
+        est = auto.choose_policy_estimate(      # looked up at call time: tests count the searches
             self.loaded.config, workload=workload, device=self.device, dtype=self.dtype,
             gpu_memory=self.gpu_memory, cpu_memory=self.cpu_memory, disk_memory=disk,
             compress_weights=self.compress_weights, compress_cache=self.compress_cache, trials=trials,
@@ -133,8 +128,6 @@ class Planner:
     def disk_key(self, workload: Workload) -> dict[str, Any]:
         """What a cached plan depends on: the model's shape (not its weights), dtype, machine and device,
         budgets, compression, the workload bucket and how many candidates were trialled."""
-        from engine.policy.hardware import profile_key
-
         return {"config": self.loaded.config.to_dict(), "dtype": str(self.dtype), "device": profile_key(self.device),
                 "budgets": [self.gpu_memory, self.cpu_memory, str(self.disk_dir) if self.disk_dir else None],
                 "compress": [self.compress_weights, self.compress_cache], "workload": workload_list(workload),
@@ -142,6 +135,4 @@ class Planner:
 
     @staticmethod
     def cache_dir() -> Path:
-        from engine.policy.hardware import cache_dir
-
-        return cache_dir() / "plans"
+        return machine.cache_dir() / "plans"

@@ -13,7 +13,7 @@ first call).
 
 Budget: given each token's `remaining` count, `GrammarConstraint.advance` keeps every row able to complete
 its grammar before max_new_tokens: it tracks per row a completion from the current state
-(`engine.closing.closing_path`) and replaces a token after which no completion fits the remaining budget by
+(`engine.decoding.closing.closing_path`) and replaces a token after which no completion fits the remaining budget by
 the next token of the completion that fit before it. A row far from its budget pays one `validate_tokens`
 call per token (~1 us), plus a new search after a structural token (a string or container opened or
 closed); only rows at their reserve have tokens replaced.
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from engine.closing import ClosingTokens, closing_path, still_closes
-from engine.params import SamplingParams
+from engine.decoding.closing import ClosingTokens, closing_path, still_closes
+from engine.decoding.params import SamplingParams
 
 if TYPE_CHECKING:
     import llguidance
@@ -42,7 +42,7 @@ PARALLEL_ROWS = 16  # from this many rows, masks are computed on llguidance's th
 def _llguidance():
     """llguidance, imported on first use (only constrained decoding needs it)."""
     try:
-        import llguidance
+        import llguidance  # optional at import time: only constrained decoding needs it
         import llguidance.numpy  # noqa: F401
     except ImportError as exc:
         raise ImportError("constrained decoding (json_schema/choices/regex) needs llguidance: "

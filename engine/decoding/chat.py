@@ -9,7 +9,7 @@ text) or `{"data": text}` (data). The template is rendered once with each data p
 unguessable placeholder (a per-call random nonce between private-use characters), and the data is put back
 where the placeholders landed, so the result says which characters of the prompt are data. The template is
 also rendered with the real contents; when the two texts differ (a template that transforms content, e.g.
-`| trim` or `| tojson`), `MarkedText`'s caller chooses (engine.prompts): the template's own text when the
+`| trim` or `| tojson`), `MarkedText`'s caller chooses (engine.decoding.prompts): the template's own text when the
 data added no special-token string, else the verbatim-data text.
 """
 from __future__ import annotations

@@ -20,10 +20,15 @@ from typing import Callable
 
 import torch
 
-from engine.policy.hardware import (
-    GIB, HardwareProfile, device_display_name, device_memory_bytes, host_memory_bytes,
-)
+from engine.calibrate.machine import device_display_name, device_memory_bytes, host_memory_bytes
+from engine.calibrate.trial import slot_seconds
+from engine.models.attention import cpu_decode_attention
+from engine.models.hf_config import config_from_hf
+from engine.models.presets import PRESETS
+from engine.policy.hardware import GIB, HardwareProfile
 from engine.policy.policy import Policy
+from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT
+from engine.quant.group import dequantize, quantize
 
 MIB = 1024**2
 # the host-CPU probes take at least this many repeats: on the lent H200 hosts their best of 3 read 6x apart
@@ -150,10 +155,6 @@ def measure_executor_slots(device: torch.device, dtype: torch.dtype, repeats: in
     hidden states on the cpu tier, the weights on the cpu tier, and the cache on the cpu tier with CPU
     attention: the host cost the cost model charges per slot (`cost_model.SlotCosts`); and what 4-bit
     weights add per layer and step. Each is the best of `repeats` runs."""
-    from engine.models.hf_config import config_from_hf
-    from engine.models.presets import PRESETS
-    from engine.policy.trial import slot_seconds
-
     config = config_from_hf(PRESETS["tiny-opt"])
 
     def slot_ms(**placement) -> tuple[float, float]:
@@ -184,10 +185,6 @@ def measure_cpu_decode_attention(dtype: torch.dtype, repeats: int, batch: int = 
                                  head_dim: int = 128, context: int = 512) -> tuple[float, float]:
     """(dense, 4-bit) GiB/s of K+V (dense-equivalent bytes) that the runtime's `cpu_decode_attention`
     reads, timed on a realistic shape: q [batch, heads, 1, hd] over k/v [batch, heads, context, hd]."""
-    from engine.quant.config import CACHE_QUANT
-    from engine.quant.group import quantize
-    from engine.runtime.attention import cpu_decode_attention
-
     cpu = torch.device("cpu")
     q = torch.randn(batch, heads, 1, head_dim).to(dtype)                    # [b, nh, 1, hd]
     k = torch.randn(batch, heads, context, head_dim).to(dtype)              # [b, nkv, t, hd]
@@ -203,9 +200,6 @@ def measure_cpu_decode_attention(dtype: torch.dtype, repeats: int, batch: int = 
 
 def measure_dequant(device: torch.device, dtype: torch.dtype, size_mib: int, repeats: int) -> float:
     """GiB/s of dense output of the runtime's 4-bit `dequantize` on `device` (a [rows, 4096] weight)."""
-    from engine.quant.config import WEIGHT_QUANT
-    from engine.quant.group import dequantize, quantize
-
     rows = max(1, size_mib * MIB // (4096 * torch.empty((), dtype=dtype).element_size()))
     w = torch.randn(rows, 4096, device=device).to(dtype)                    # [rows, 4096]
     packed = quantize(w, WEIGHT_QUANT)

@@ -7,7 +7,7 @@ dtype is part of the result-cache key and bf16 and fp32 give different outputs, 
 process (a near tie flips with the load of the moment) would make an unchanged rerun miss the cache and
 change its answers.
 
-The answer lives beside the hardware profile (`engine.policy.hardware.cache_dir()`, i.e. `$LLMOPS_CACHE_DIR`
+The answer lives beside the hardware profile (`engine.calibrate.machine.cache_dir()`, i.e. `$LLMOPS_CACHE_DIR`
 or `~/.cache/llmops`) in `cpu-dtype-<digest>.json`, keyed by hostname + CPU model + torch version (the
 things that decide which kernels run). It is written to a temporary name and renamed into place, under a
 lock file so that two processes starting at once measure once and agree; a file that does not parse, names
@@ -29,6 +29,7 @@ from typing import Iterator
 
 import torch
 
+from engine.calibrate.machine import cache_dir
 from engine.storage.atomic import write_json_atomic
 
 _SHAPE = (256, 576, 1536)   # a decode-sized GEMM (m, k, n): rows x hidden -> MLP width
@@ -74,9 +75,7 @@ def machine_key() -> dict[str, str]:
 
 
 def cache_path(directory: Path | None = None) -> Path:
-    """`<directory or hardware.cache_dir()>/cpu-dtype-<sha256 of machine_key()[:16]>.json`."""
-    from engine.policy.hardware import cache_dir
-
+    """`<directory or machine.cache_dir()>/cpu-dtype-<sha256 of machine_key()[:16]>.json`."""
     digest = hashlib.sha256(json.dumps(machine_key(), sort_keys=True).encode()).hexdigest()[:16]
     return (directory or cache_dir()) / f"cpu-dtype-{digest}.json"
 

@@ -25,10 +25,10 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from engine.constrain import GrammarConstraint
-from engine.params import Completion, FinishReason, SamplingParams
-from engine.sampling import chosen_logprobs, greedy, sample, uniforms
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine.decoding.constrain import GrammarConstraint
+from engine.decoding.params import Completion, FinishReason, SamplingParams
+from engine.decoding.sampling import chosen_logprobs, greedy, sample, uniforms
+from engine.decoding.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
@@ -41,7 +41,7 @@ class BlockDecoder:
     """Chooses tokens for the rows of one block and records them; call `completions()` after the block.
 
     prompts: the block's prompt token ids (row r = prompts[r]); max_new_tokens: per row; keys: per-row
-    sampling keys (engine.sampling.sequence_keys), required when params.temperature > 0; tokenizer: needed
+    sampling keys (engine.decoding.sampling.sequence_keys), required when params.temperature > 0; tokenizer: needed
     for stop strings and text (None: text stays empty); constraint: the block's grammar matchers or None.
     on_finished: called as `on_finished(row, completion)` when a row finishes (see the module docstring); it
     runs on the decode loop, so it must be quick, and an exception it raises aborts the block.

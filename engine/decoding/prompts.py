@@ -16,7 +16,7 @@ Data is data: special tokens come only from the chat template and from template-
 raw string prompt, which is all template text). Every string the engine puts into a chat message on its
 own (a string prompt, a string message content, SamplingParams.system) and every `{"data"}` part is data:
 a special-token string in it (`<|im_end|>`, `<|endoftext|>`) is encoded as ordinary text
-(engine.tokenizer.Tokenizer.encode_marked_batch; engine.chat.render_chat_marked says where data landed).
+(engine.decoding.tokenizer.Tokenizer.encode_marked_batch; engine.decoding.chat.render_chat_marked says where data landed).
 A prompt whose data holds no special-token string encodes to the same ids as the unmarked text.
 """
 from __future__ import annotations
@@ -24,10 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from engine.chat import (ChatTemplateError, Part, RenderedChat, check_messages, is_part, messages_for, parts_text,
+from engine.decoding.chat import (ChatTemplateError, Part, RenderedChat, check_messages, is_part, messages_for, parts_text,
                          render_chat_marked)
-from engine.params import SamplingParams
-from engine.tokenizer import MarkedText, Tokenizer
+from engine.decoding.params import SamplingParams
+from engine.decoding.tokenizer import MarkedText, Tokenizer
 
 
 @dataclass

@@ -38,6 +38,7 @@ from engine.models.registry import build_family
 from engine.policy.cost_model import Workload
 from engine.policy.estimate import Budgets, PolicyEstimate
 from engine.policy.policy import Policy
+from engine.runtime.executor import Executor
 from engine.runtime.schedule import Action
 from engine.runtime.selector import GreedyToEnd
 
@@ -112,8 +113,6 @@ def step_seconds(loaded: LoadedModel, policy: Policy, prompts: list[list[int]], 
     """A warm-up block (buffers, kernels), then one block of `steps` decode steps on the real executor with
     its step clock (`Executor.timing`) and the `on_action` hook: that block's seconds per step (index 0 the
     prefill)."""
-    from engine.runtime.executor import Executor
-
     executor = Executor(loaded, policy, device=device, dtype=dtype, **executor_kwargs)
     try:
         executor.timing = True

@@ -14,17 +14,17 @@ from typing import Any, Sequence
 
 import torch
 
+from engine.calibrate.machine import default_cpu_budget, default_cpu_profile, host_memory_bytes
+from engine.calibrate.profile_cache import load_cached_profile, load_or_measure
+from engine.calibrate.trial import best_by_trials
 from engine.models.config import ModelConfig
 from engine.policy import model_stats as ms
 from engine.policy.cost_model import Workload, estimate
 from engine.policy.estimate import Budgets, NoFeasiblePolicy, PolicyEstimate, workload_dict
-from engine.policy.hardware import (
-    HardwareProfile, default_cpu_budget, default_cpu_profile, host_memory_bytes, load_cached_profile, load_or_measure,
-)
+from engine.policy.hardware import HardwareProfile
 from engine.policy.policy import Policy
 from engine.policy.search import search, search_top
-from engine.policy.trial import best_by_trials
-from engine.sizes import format_size
+from engine.util.sizes import format_size
 
 CPU_MAX_BATCH = 128
 CPU_RELAX = 0.85    # share of the CPU budget the heuristic lets weights + cache + working buffers use
@@ -88,7 +88,7 @@ def choose_policy_estimate(
     """Like `choose_policy`, returning the estimate (for logging and `explain()`).
 
     On CUDA with `trials` > 0, the `trials` best distinct candidates of `search_top` are each run for one
-    short block on 2- and 6-layer copies of the model (`engine.policy.trial`), within about `trial_time_s`
+    short block on 2- and 6-layer copies of the model (`engine.calibrate.trial`), within about `trial_time_s`
     seconds, and the best measured one is returned; its estimate holds the extrapolated measurement and
     the cost model's prediction (`context["predicted"]`, `context["trials"]`). `compress_weights` /
     `compress_cache` None let the search decide (on CUDA; a CPU device never compresses then). `workload`,
@@ -121,7 +121,7 @@ def choose_policy(config: ModelConfig, **kwargs: Any) -> Policy:
     """The policy for running `config` over prompts of `prompt_lens` tokens, `max_new_tokens` each.
 
     Keyword arguments are `choose_policy_estimate`'s. Budgets are bytes (None: the device's free memory for
-    the gpu; for the cpu, `hardware.PINNED_SHARE` of the available RAM on CUDA, all of it on a CPU device;
+    the gpu; for the cpu, `engine.calibrate.machine.PINNED_SHARE` of the available RAM on CUDA, all of it on a CPU device;
     no disk). The batch never exceeds the number of prompts. Raises
     NoFeasiblePolicy (a ValueError) naming what does not fit. On CUDA the first call on a machine may run
     the ~1-minute hardware microbenchmark (then cached); on CPU no benchmark runs.

@@ -1,0 +1,171 @@
+"""Attention, in one room: the masks, the SDPA core, the cores over a KV cache and the attention layer.
+
+Shapes: b batch, nh query heads, nkv kv heads, g = nh / nkv, s new tokens, t keys, L a shared prefix's
+tokens, hd head_dim, h hidden.
+
+Why here, in `models`: attention is model maths (a pure function of weights, hidden states and a kv view),
+and the design forbids models -> runtime, while the runtime may import models. So the cores live here and
+both the reference model path (`attention`, used by the parity tests) and the runtime use them: the
+runtime's `KVHome` (engine.runtime.kv_cache) only decides *where* the cache segments live and calls
+`prefill_attention` / `decode_attention` / `cpu_decode_attention` on them; the executor calls
+`attention_layer` / `attention_layer_with_prefix` with its KV home and GPU batch (the `CacheAttention` and
+`AttentionBatch` protocols below). The 4-bit cache is dequantized with `engine.quant` (pure maths).
+
+Decode uses grouped-query attention without repeating K/V: the g query heads of each kv head are laid out
+as g "positions" of one query block (they all sit at the same position, so no causal mask is needed).
+All cores run natively in the cache dtype (bf16/fp16 SDPA kernels), never upcasting the cache.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from engine.models.base import ModelFamily, Weights
+from engine.models.config import ModelConfig
+from engine.quant.group import dequantize
+from engine.quant.qtensor import QTensor
+
+_CPU_CHUNK_BYTES = 64 << 20
+
+
+def causal_mask(key_valid: torch.Tensor, s: int) -> torch.Tensor:
+    """Attention mask for s new queries over t keys, the new ones last.
+
+    key_valid [b, t] bool (False for left padding) -> mask [b, 1, s, t] bool, True = may attend. Query i
+    (absolute key index t - s + i) sees valid keys at or before itself; it always sees itself, so a padding
+    query's row is never all-False (its output is garbage the caller ignores, but never NaN)."""
+    b, t = key_valid.shape
+    q_idx = torch.arange(t - s, t, device=key_valid.device)[:, None]  # [s, 1]
+    k_idx = torch.arange(t, device=key_valid.device)[None, :]  # [1, t]
+    causal = k_idx <= q_idx  # [s, t]
+    mask = causal[None] & key_valid[:, None, :]  # [b, s, t]
+    mask = mask | (k_idx == q_idx)[None]  # [b, s, t]
+    return mask[:, None]  # [b, 1, s, t]
+
+
+_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+         enable_gqa: bool = False) -> torch.Tensor:
+    """F.scaled_dot_product_attention, never through cuDNN on a GPU: cuDNN's SDPA builds a new graph for
+    every new key length, which cost 4.8 ms of host time per decode call on the H200 (measured with
+    benchmarks/gpu_profile.py: 1229 ms of 256 calls), more than the whole layer's device time."""
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
+    with sdpa_kernel(_NO_CUDNN):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """The reference attention core.
+
+    q [b, nh, s, hd], k/v [b, nkv, t, hd] (nh a multiple of nkv: grouped-query attention), mask broadcastable
+    to [b, nh, s, t] (bool, True = attend; or additive float) or None for full attention -> [b, s, nh*hd].
+    """
+    b, nh, s, hd = q.shape
+    out = sdpa(q, k, v, mask, scale, enable_gqa=k.shape[1] != nh)  # [b, nh, s, hd]
+    return out.transpose(1, 2).reshape(b, s, nh * hd)  # [b, s, nh*hd]
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """q [b, nh, s, hd], k/v [b, nkv, s, hd], mask [b, 1, s, s] bool (True = attend) -> [b, nh, s, hd]."""
+    return sdpa(q, k, v, mask, scale, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """q [b, nh, 1, hd], k/v [b, nkv, t, hd] (the new token included), key_valid [b, t] bool -> [b, nh, 1, hd]."""
+    b, nh, _, hd = q.shape
+    nkv = k.shape[1]
+    qg = q.reshape(b, nkv, nh // nkv, hd)                                   # [b, nkv, g, hd]
+    mask = key_valid[:, None, None, :]                                      # [b, 1, 1, t]
+    out = sdpa(qg, k, v, mask, scale)                                       # [b, nkv, g, hd]
+    return out.reshape(b, nh, 1, hd)
+
+
+def cpu_decode_attention(q: torch.Tensor, k: torch.Tensor | QTensor, v: torch.Tensor | QTensor,
+                         key_valid: torch.Tensor, scale: float) -> torch.Tensor:
+    """`decode_attention` on host tensors, chunked over the batch so a compressed cache is dequantized
+    one chunk (~64 MiB of keys+values) at a time; each chunk runs torch's multi-threaded SDPA kernel in
+    the cache's own dtype. k/v may be memory-mapped (disk tier): pages are read as chunks are touched."""
+    b, nh, _, hd = q.shape
+    nkv, t = k.shape[1], k.shape[2]
+    row_bytes = 2 * nkv * t * hd * q.element_size()
+    chunk = max(1, min(b, _CPU_CHUNK_BYTES // max(1, row_bytes)))
+    if chunk >= b and not isinstance(k, QTensor):
+        return decode_attention(q, k, v, key_valid, scale)
+    out = torch.empty_like(q)                                               # [b, nh, 1, hd]
+    for r0 in range(0, b, chunk):
+        r1 = min(b, r0 + chunk)
+        kc = dequantize(k[r0:r1]) if isinstance(k, QTensor) else k[r0:r1]  # [c, nkv, t, hd]
+        vc = dequantize(v[r0:r1]) if isinstance(v, QTensor) else v[r0:r1]
+        out[r0:r1] = decode_attention(q[r0:r1], kc, vc, key_valid[r0:r1], scale)
+    return out
+
+
+class CacheAttention(Protocol):
+    """The attention over one layer's KV cache for one GPU batch (the runtime's `KVHome`): it stores the new
+    k/v and returns the attention output, wherever its segments live."""
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                scale: float) -> torch.Tensor: ...
+
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, key_valid: torch.Tensor,
+               key_valid_host: torch.Tensor, scale: float) -> torch.Tensor: ...
+
+
+class AttentionBatch(Protocol):
+    """What the attention layer reads of a GPU batch (the runtime's `GpuBatch`)."""
+
+    positions: torch.Tensor          # [b, s]
+    prefix_positions: torch.Tensor   # [1, L]
+    key_valid: torch.Tensor          # [b, S] bool on the device
+    key_valid_host: torch.Tensor     # [b, S] bool on the host
+    t: int                           # cache positions written so far
+
+    @property
+    def prefill(self) -> bool: ...
+
+
+def attention_layer(c: ModelConfig, f: ModelFamily, w: Weights, kv: CacheAttention, batch: AttentionBatch,
+                    x: torch.Tensor) -> torch.Tensor:
+    """One attention layer of a GPU batch: q/k/v from `f`, attention over `kv` (prefill: causal over the
+    batch's valid keys; decode: the new token over the cache), then `f.attn_out` -> [b, s, h]."""
+    b, s, _ = x.shape
+    q, k, v = f.attn_qkv(w, x, batch.positions)                                        # [b, nh|nkv, s, hd]
+    if batch.prefill:
+        mask = causal_mask(batch.key_valid[:, :s], s)                                  # [b, 1, s, s]
+        out = kv.prefill(q, k, v, mask, c.attn_scale)                                  # [b, nh, s, hd]
+    else:
+        t = batch.t
+        out = kv.decode(q, k, v, t, batch.key_valid[:, :t + 1], batch.key_valid_host[:, :t + 1],
+                        c.attn_scale)                                                  # [b, nh, 1, hd]
+    attn = out.transpose(1, 2).reshape(b, s, c.num_attention_heads * c.head_dim)       # [b, s, nh*hd]
+    return f.attn_out(w, attn, x)                                                      # [b, s, h]
+
+
+def attention_layer_with_prefix(c: ModelConfig, f: ModelFamily, w: Weights, kv: CacheAttention,
+                                batch: AttentionBatch, px: torch.Tensor,
+                                x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill of a batch whose rows share a prefix: the prefix [1, L] attends causally to itself once;
+    the suffixes [b, s] attend to the prefix's keys (broadcast) and causally to their own."""
+    L, (b, s, _) = px.shape[1], x.shape
+    pq, pk, pv = f.attn_qkv(w, px, batch.prefix_positions)                             # [1, nh|nkv, L, hd]
+    pmask = causal_mask(torch.ones(1, L, dtype=torch.bool, device=px.device), L)       # [1, 1, L, L]
+    pout = prefill_attention(pq, pk, pv, pmask, c.attn_scale)                          # [1, nh, L, hd]
+    px = f.attn_out(w, pout.transpose(1, 2).reshape(1, L, -1), px)                     # [1, L, h]
+    q, k, v = f.attn_qkv(w, x, batch.positions)                                        # [b, nh|nkv, s, hd]
+    k = torch.cat((pk.expand(b, -1, -1, -1), k), dim=2)                                # [b, nkv, L+s, hd]
+    v = torch.cat((pv.expand(b, -1, -1, -1), v), dim=2)
+    own = causal_mask(batch.key_valid[:, L:L + s], s)                                  # [b, 1, s, s]
+    mask = torch.cat((own.new_ones(b, 1, s, L), own), dim=-1)                          # [b, 1, s, L+s]
+    out = kv.prefill(q, k, v, mask, c.attn_scale)                                      # [b, nh, s, hd]
+    attn = out.transpose(1, 2).reshape(b, s, c.num_attention_heads * c.head_dim)       # [b, s, nh*hd]
+    return px, f.attn_out(w, attn, x)

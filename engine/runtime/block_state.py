@@ -1,0 +1,59 @@
+"""`BlockState`: everything the executor holds for one block, made at block start and dropped at its end.
+
+Indices as in the executor: i step (0 = prefill), j layer (embed, attention/mlp per decoder layer, head),
+k GPU batch. The executor keeps only run-long state (weight homes, arena, transfers, budget) on itself;
+a block's rows, cache homes, hidden states and pending transfers live here, so dropping the one object
+drops every reference into the block's buffers (pending transfers' closures hold cache views).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.runtime.act_homes import ActHomes
+from engine.runtime.batch import GpuBatch
+from engine.runtime.kv_cache import KVHome, StagingClaims
+from engine.runtime.selector import TokenSelector
+from engine.runtime.transfers import Pending
+
+Hidden = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None   # [b, s, h], or (prefix [1, L, h], [b, s, h])
+
+
+@dataclass
+class BlockState:
+    """One block's state. `kv` maps (j, k) of attention layers to their cache homes; `hidden[k]` is GPU
+    batch k's hidden states between layers; `inflight` the transfers to wait for at the next `sync`;
+    `wpend[(i, j)]` / `cpend[(i, j, k)]` the weight / cache loads a compute waits for; `weights` the
+    (i, j, tensors) of the layer last fetched; `stores` counts cache stores (their staging buffers
+    alternate); `t0` is when the current step began (perf_counter seconds)."""
+
+    select: TokenSelector
+    batches: list[GpuBatch]
+    kv: dict[tuple[int, int], KVHome]
+    acts: ActHomes
+    hidden: list[Hidden]
+    inflight: list[Pending] = field(default_factory=list)
+    claims: StagingClaims = field(default_factory=StagingClaims)
+    stores: int = 0
+    wpend: dict[tuple[int, int], list[Pending]] = field(default_factory=dict)
+    cpend: dict[tuple[int, int, int], list[Pending]] = field(default_factory=dict)
+    weights: tuple[int, int, dict[str, torch.Tensor]] | None = None
+    t0: float = field(default_factory=time.perf_counter)
+
+    @property
+    def all_done(self) -> bool:
+        """Whether every row of every GPU batch has ended."""
+        return all(b.done for b in self.batches)
+
+    def track(self, pendings: list[Pending]) -> list[Pending]:
+        """Remember `pendings` for the next sync; returns them."""
+        self.inflight.extend(pendings)
+        return pendings
+
+    def wait_inflight(self) -> None:
+        """Wait for every transfer issued since the last sync."""
+        for pending in self.inflight:
+            pending.wait()
+        self.inflight = []
