@@ -115,7 +115,7 @@ def main() -> None:
     run_id = new_run_id()
     for model in models:
         out = args.out or results_path("gpu_offload", model, folder=args.out_dir)
-        record = new_record("gpu_offload", model, model, gpu_memory=gpu_memory_text, commit=args.commit,
+        record = new_record("gpu_offload", model, model, gpu_memory=gpu_memory_text or None, commit=args.commit,
                             run_id=run_id)
         record.update(prompt_len=args.prompt_len, gen_len=args.gen_len)
         loaded = load_model(model, dtype=torch.float16)

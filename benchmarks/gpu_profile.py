@@ -192,7 +192,8 @@ def main() -> None:
     loaded = load_model(args.model, dtype=torch.float16)
     workload = args.workload or args.model
     out = args.out or results_path("gpu_profile", workload)
-    record = new_record("gpu_profile", workload, args.model, gpu_memory=args.gpu_memory, commit=args.commit)
+    record = new_record("gpu_profile", workload, args.model, gpu_memory=args.gpu_memory or None,
+                        commit=args.commit)
     record.update(prompt_len=args.prompt_len, gen_len=args.gen_len, results=[])
     results = record["results"]
     for item in args.policy:
