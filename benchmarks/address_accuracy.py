@@ -1,24 +1,24 @@
 """Few-shot city extraction with a JSON schema on SmolLM2 over sample_data/addresses.csv: exact-match
-accuracy of `city` (target >= 0.8) and the share of valid (finished, parsed) outputs (target 1.0).
+accuracy of `city` (target >= 0.8) and the share of valid (finished, parsed) outputs (target 1.0), as one
+record (common fields, rows_per_h) in --out, default benchmarks/results/address_accuracy_addresses.json.
 
-    PYTHONPATH=. python benchmarks/address_accuracy.py [--limit N] [--dtype float32] [--out benchmarks/results/address_accuracy.json]
+    python benchmarks/address_accuracy.py [--limit N] [--dtype float32] [--out /tmp/address_accuracy.json]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-import time
 import unicodedata
 from pathlib import Path
 
 import pyarrow.csv as pacsv
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
+from bench_common import ROOT, Timer, add_record_args, new_record, results_path, rows_per_hour, save_record  # noqa: E402
 from llmops.core import MapSpec, last_summary, map_table_ordered  # noqa: E402
 
+BENCHMARK, WORKLOAD = "address_accuracy", "addresses"
 TEMPLATE = "Extract the city from this address: {address}"
 SYSTEM = "You extract the city (the locality name as written in the address) and answer in JSON."
 EXAMPLES = (
@@ -42,17 +42,18 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--dtype", default="auto", help="engine dtype: auto (bfloat16), float32, ...")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "address_accuracy.json"))
+    add_record_args(ap)
     args = ap.parse_args()
+    record = new_record(BENCHMARK, WORKLOAD, args.model, commit=args.commit)
 
     table = pacsv.read_csv(ROOT / "sample_data" / "addresses.csv")
     if args.limit:
         table = table.slice(0, args.limit)
     spec = MapSpec(TEMPLATE, model=args.model, system=SYSTEM, examples=EXAMPLES, schema={"city": str},
                    max_new_tokens=args.max_new_tokens, engine={"dtype": args.dtype})
-    start = time.perf_counter()
-    out = map_table_ordered(table, spec, cache_dir=False, progress=None)
-    seconds = time.perf_counter() - start
+    with Timer() as clock:
+        out = map_table_ordered(table, spec, cache_dir=False, progress=None)
+    seconds = clock.seconds
     labels = table.column("city").to_pylist()
     outputs = out.column("output").to_pylist()
     valid = [o is not None and r == "stop" for o, r in zip(outputs, out.column("finish_reason").to_pylist())]
@@ -61,12 +62,10 @@ def main() -> None:
     misses = [{"address": a, "label": lab, "got": o and o["city"]}
               for a, lab, o, ok in zip(table.column("address").to_pylist(), labels, outputs, exact) if not ok]
     n = table.num_rows
-    result = {"rows": n, "model": args.model, "dtype": args.dtype, "exact_match": sum(exact) / n, "casefold_match": sum(loose) / n,
+    result = {**record, "rows_per_h": rows_per_hour(n, seconds), "rows": n, "dtype": args.dtype, "exact_match": sum(exact) / n, "casefold_match": sum(loose) / n,
               "valid_outputs": sum(valid) / n, "targets": {"exact_match": 0.8, "valid_outputs": 1.0},
-              "seconds": seconds, "summary": last_summary().to_dict(), "misses": misses,
-              "command": " ".join(sys.argv)}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2, ensure_ascii=False))
+              "seconds": seconds, "summary": last_summary().to_dict(), "misses": misses}
+    save_record(args.out or results_path(BENCHMARK, WORKLOAD), result)
     print(json.dumps({k: result[k] for k in ("rows", "exact_match", "casefold_match", "valid_outputs", "seconds")}))
 
 

@@ -1,18 +1,28 @@
-"""What every benchmark record needs (DESIGN.md section 6): paths, a timer, run ids, machine, device and commit
-capture, and atomic JSON / JSONL writing. Importing it puts the repository root on `sys.path`.
+"""The suite's shared module (DESIGN.md section 6): paths, a timer, run ids, machine, device and commit capture,
+atomic JSON / JSONL writing, and the one record shape and file naming every harness uses. Importing it puts the
+repository root on `sys.path`.
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/ (already there for a script)
-    from bench_common import RESULTS_DIR, Timer, append_jsonl, base_record, new_run_id
+    from bench_common import Timer, add_record_args, new_record, results_path, save_record
 
-    run_id = new_run_id()
+    add_record_args(ap)                                          # --out, --commit
+    args = ap.parse_args()
+    record = new_record("cpu_generate", "sample-prompts", "smollm2-135m-instruct", commit=args.commit)
     with Timer() as t:
         ...
-    append_jsonl(RESULTS_DIR / "x.jsonl", {**base_record(run_id, "llmops"), "seconds": t.seconds})
+    record.update(seconds=t.seconds, tokens_per_s=...)
+    save_record(args.out or results_path("cpu_generate", "sample-prompts"), record)
+
+Records: run_id (one invocation, one device call), system, benchmark, workload, model, gpu_memory_gib,
+tokens_per_s / rows_per_h, peak_device_gib, device, machine, commit, command, timestamp, then the harness's
+own fields. Files: `<benchmark>_<workload>.json` (`.jsonl` for harnesses that append one record per run or
+path), in benchmarks/results/ (the dev machine) or `results/<device>/` (e.g. `results/h200/`); never numbered by
+run, since history is git's. JSONL harnesses (job_paths.py) use `base_record` + `append_jsonl` directly.
 
 Torch is imported only by the functions that need it (device and peak memory), so a harness that has no GPU
 work can use the rest without it. Commit capture works without a `.git` (the device machine gets a copy of
-the working tree): an explicit value (`--commit`), then `git rev-parse HEAD` + dirtiness, then
-`$LLMOPS_COMMIT` ("<sha>" or "<sha>-dirty").
+the working tree): an explicit value (`--commit`), then `$LLMOPS_COMMIT` ("<sha>" or "<sha>-dirty"), then
+`git rev-parse HEAD` + dirtiness.
 """
 from __future__ import annotations
 
@@ -56,6 +66,11 @@ class Timer:
 
     def __exit__(self, *exc: Any) -> None:
         self.end = time.perf_counter()
+
+    @classmethod
+    def started(cls) -> "Timer":
+        """A timer already running, for a span that is no one block of code: read `.elapsed` at its end."""
+        return cls().__enter__()
 
     @property
     def elapsed(self) -> float:
@@ -294,3 +309,76 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 def rows_per_hour(rows: int, seconds: float | None) -> float | None:
     return round(rows * 3600.0 / seconds, 1) if seconds else None
+
+
+# ---- the suite's harness helpers: one naming scheme, one record shape
+def results_path(benchmark: str, workload: str, suffix: str = ".json", folder: str | Path | None = None) -> Path:
+    """Where a harness writes by default: `<benchmark>_<workload><suffix>` in `folder`, else in $OUT when it is
+    set (the device machine's output folder; the lead commits those under `results/<device>/`), else in
+    benchmarks/results/. Runs are not numbered: history is git's."""
+    if folder is None:
+        folder = os.environ.get("OUT") or RESULTS_DIR
+    return Path(folder) / f"{benchmark}_{workload_slug(workload)}{suffix}"
+
+
+def workload_slug(text: str) -> str:
+    """A workload name as it goes into a file name: lower case, runs of other characters than letters, digits,
+    '.', '+' and '-' as one '-' ("OPT-6.7B split 1/32" -> "opt-6.7b-split-1-32")."""
+    out, dash = [], False
+    for c in text.lower():
+        if c.isalnum() or c in ".+-":
+            out.append(c)
+            dash = False
+        elif not dash:
+            out.append("-")
+            dash = True
+    return "".join(out).strip("-")
+
+
+def add_record_args(ap: Any, *, out_help: str = "result file (default results_path(benchmark, workload))") -> None:
+    """`--out` (a file; None: the harness's `results_path`) and `--commit` (for a tree copied without git)."""
+    ap.add_argument("--out", type=Path, default=None, help=out_help)
+    ap.add_argument("--commit", default=None, help="commit to record (default: git, then $LLMOPS_COMMIT)")
+
+
+def new_record(benchmark: str, workload: str, model: str | None, *, system: str = "llmops",
+               gpu_memory: int | str | None = None, device: str | None = None, commit: str | None = None,
+               run_id: str | None = None) -> dict[str, Any]:
+    """A record with DESIGN.md section 6's common fields (run_id, system, benchmark, workload, model,
+    gpu_memory_gib, device, machine, commit, command, timestamp) and the metric fields every harness fills or
+    leaves null (tokens_per_s, rows_per_h, peak_device_gib). `device` overrides the detected one (a run pinned
+    to the CPU on a GPU machine); `commit` is an explicit value (`--commit`)."""
+    rec = base_record(run_id or new_run_id(), system, commit=git_commit(commit))
+    if device is not None:
+        rec["device"] = device
+    return {**rec, "benchmark": benchmark, "workload": workload, "model": model,
+            "gpu_memory_gib": size_gib(gpu_memory), "tokens_per_s": None, "rows_per_h": None,
+            "peak_device_gib": None}
+
+
+def save_record(path: str | Path, record: dict[str, Any], *, indent: int | None = 2) -> Path:
+    """Write `record` atomically to `path` and say where on stderr; returns the path."""
+    write_json_atomic(path, record, indent=indent)
+    print(f"wrote {path}", file=sys.stderr)
+    return Path(path)
+
+
+def torch_device(name: str = "auto") -> Any:
+    """`torch.device` for "auto" (cuda when there is one, else cpu), "cpu", "cuda", "cuda:1"..."""
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def release_memory() -> None:
+    """Give a closed executor's memory back: device blocks and the pinned host blocks torch caches."""
+    import gc
+
+    gc.collect()
+    if cuda_available():
+        import torch
+
+        torch.cuda.empty_cache()
+        getattr(torch._C, "_host_emptyCache", lambda: None)()

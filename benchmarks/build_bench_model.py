@@ -38,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import ROOT, write_json_atomic  # noqa: E402
 
-# Files `engine.tokenizer.Tokenizer.from_dir` reads (tokenizer.json, tokenizer_config.json, chat_template.*) and
+# Files `engine.decoding.tokenizer.Tokenizer.from_dir` reads (tokenizer.json, tokenizer_config.json, chat_template.*) and
 # what transformers writes beside them.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "added_tokens.json")

@@ -3,20 +3,22 @@
 One decode step's attention over a host KV cache (b rows, nkv heads, t positions, head_dim hd), as the
 executor runs it when the cache lives on the cpu tier with cpu_attention: `cpu_decode_attention` in fp16,
 bf16 and fp32, and FlexGen's way (upcast the whole cache to fp32, then attend). Reports seconds per call and
-the cache bytes read per second (keys + values in the stored dtype). Writes JSON to --out.
+the cache bytes read per second (keys + values in the stored dtype). Writes one record (common fields, one
+entry per kernel and dtype) to --out, default cpu_attention_speed_opt-30b.json (the default shape, OPT-30B's
+heads; another shape: cpu_attention_speed_b<batch>-h<heads>-t<context>-d<head_dim>.json) in $OUT or
+benchmarks/results/.
 
     python benchmarks/cpu_attention_speed.py --out /tmp/cpu_attention.json      # OPT-30B-like shape
+    python benchmarks/cpu_attention_speed.py --batch 2 --heads 4 --context 64 --repeats 2 --out /tmp/a.json
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
+from bench_common import Timer, add_record_args, new_record, results_path, save_record  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -25,10 +27,10 @@ from engine.models.attention import cpu_decode_attention, decode_attention  # no
 
 def _time(fn, repeats: int) -> float:
     fn()
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - t0) / repeats
+    with Timer() as t:
+        for _ in range(repeats):
+            fn()
+    return t.seconds / repeats
 
 
 def main() -> None:
@@ -38,9 +40,11 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=544)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", type=Path, required=True)
+    add_record_args(ap)
     args = ap.parse_args()
     b, h, t, hd = args.batch, args.heads, args.context, args.head_dim
+    workload = "opt-30b" if (b, h, t, hd) == (16, 56, 544, 128) else f"b{b}-h{h}-t{t}-d{hd}"
+    record = new_record("cpu_attention_speed", workload, None, device="cpu", commit=args.commit)
     g = torch.Generator().manual_seed(0)
     q32 = torch.randn(b, h, 1, hd, generator=g)
     k32 = torch.randn(b, h, t, hd, generator=g)
@@ -58,9 +62,9 @@ def main() -> None:
                          "gb_s": cache_bytes / s / 1e9})
     for r in rows:
         print(f"{r['kernel']:24s} {r['dtype']:9s} {r['s'] * 1e3:8.2f} ms  {r['gb_s']:6.2f} GB/s")
-    args.out.write_text(json.dumps({"shape": {"batch": b, "heads": h, "context": t, "head_dim": hd},
-                                    "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-                                    "torch": torch.__version__, "results": rows}, indent=1))
+    record.update(shape={"batch": b, "heads": h, "context": t, "head_dim": hd}, threads=torch.get_num_threads(),
+                  results=rows)
+    save_record(args.out or results_path("cpu_attention_speed", workload), record, indent=1)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,11 @@ Each side runs at its best batch size from a small sweep; prompts (>= 256, varie
 row texts: invoices, addresses, tickets) are sorted by length for both, so neither pays more padding than
 it must. Tokens are counted honestly: both stop a row at EOS, and only tokens produced up to and including
 the first EOS count (transformers keeps computing finished rows of a batch: that cost is its own).
-Writes JSON (tokens/s each, ratio, batch sizes, peak RSS, machine, command) to
-benchmarks/results/cpu_generate.json.
+Writes one record (bench_common's common fields; tokens_per_s = our best; per dtype tokens/s each side,
+ratio, batch sizes; peak RSS) to benchmarks/results/cpu_generate_sample-prompts.json (`make bench`).
 
     python benchmarks/cpu_generate.py [--prompts 256] [--ours 16,64,128,256] [--hf 16,64] [--dtypes bfloat16,float32]
+    python benchmarks/cpu_generate.py --prompts 8 --ours 8 --hf 8 --dtypes float32 --max-new-tokens 4 --out /tmp/g.json
 """
 from __future__ import annotations
 
@@ -15,18 +16,15 @@ import argparse
 import csv
 import json
 import os
-import platform
 import random
 import resource
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
+from bench_common import ROOT, Timer, add_record_args, new_record, results_path, save_record  # noqa: E402
 from engine import LLM, Policy, SamplingParams  # noqa: E402
 from engine.models.aliases import resolve_alias  # noqa: E402
 from engine.decoding.prompts import encode_prompts  # noqa: E402
@@ -38,6 +36,7 @@ ISSUES = ["the app crashes when I press save", "I was charged twice for my subsc
           "the invoice shows the wrong VAT number", "my password reset email never arrives",
           "the export to CSV hangs at 99 percent", "please cancel my order before it ships",
           "the dashboard is blank after the last update", "can I change the billing address on my account"]
+BENCHMARK, WORKLOAD, MODEL = "cpu_generate", "sample-prompts", "smollm2-135m-instruct"
 TASKS = ["Extract the city from this address: {}", "Classify this support ticket as bug, billing or other: {}",
          "Extract the invoice number and total amount as JSON: {}", "Summarize in one short sentence: {}"]
 
@@ -98,32 +97,30 @@ def peak_rss_mib() -> float:
 
 
 def run_ours(prompts: list[str], batch: int, max_new: int, dtype: str) -> dict:
-    with LLM("smollm2-135m-instruct", dtype=dtype, device="cpu", policy=Policy(gpu_batch_size=batch)) as llm:
+    with LLM(MODEL, dtype=dtype, device="cpu", policy=Policy(gpu_batch_size=batch)) as llm:
         llm.generate(prompts[:batch][:8], SamplingParams(max_new_tokens=4))  # warm-up
-        start = time.perf_counter()
-        out = llm.generate(prompts, SamplingParams(max_new_tokens=max_new))
-        seconds = time.perf_counter() - start
+        with Timer() as t:
+            out = llm.generate(prompts, SamplingParams(max_new_tokens=max_new))
     tokens = sum(len(c.token_ids) for c in out)
-    return {"batch_size": batch, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+    return {"batch_size": batch, "tokens": tokens, "seconds": t.seconds, "tokens_per_s": tokens / t.seconds}
 
 
 def run_hf(model, tok, prompt_ids: list[list[int]], batch: int, max_new: int, eos: set[int]) -> dict:
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     tokens = 0
-    start = time.perf_counter()
-    for s in range(0, len(order), batch):
-        chunk = [prompt_ids[i] for i in order[s:s + batch]]
-        width = max(len(p) for p in chunk)
-        ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in chunk])              # [b, s]
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])              # [b, s]
-        with torch.inference_mode():
-            new = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
-                                 pad_token_id=tok.pad_token_id)[:, width:].tolist()
-        for row in new:
-            stop = next((k for k, t in enumerate(row) if t in eos), None)
-            tokens += len(row) if stop is None else stop + 1
-    seconds = time.perf_counter() - start
-    return {"batch_size": batch, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+    with Timer() as clock:
+        for s in range(0, len(order), batch):
+            chunk = [prompt_ids[i] for i in order[s:s + batch]]
+            width = max(len(p) for p in chunk)
+            ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in chunk])              # [b, s]
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])              # [b, s]
+            with torch.inference_mode():
+                new = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+                                     pad_token_id=tok.pad_token_id)[:, width:].tolist()
+            for row in new:
+                stop = next((k for k, t in enumerate(row) if t in eos), None)
+                tokens += len(row) if stop is None else stop + 1
+    return {"batch_size": batch, "tokens": tokens, "seconds": clock.seconds, "tokens_per_s": tokens / clock.seconds}
 
 
 def main() -> None:
@@ -133,16 +130,17 @@ def main() -> None:
     ap.add_argument("--ours", default="16,64,128,256", help="our batch sizes to sweep")
     ap.add_argument("--hf", default="16,64", help="transformers batch sizes to sweep")
     ap.add_argument("--dtypes", default="bfloat16,float32", help="dtypes to compare (both sides, each)")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cpu_generate.json")
+    add_record_args(ap)
     args = ap.parse_args()
+    record = new_record(BENCHMARK, WORKLOAD, MODEL, device="cpu", commit=args.commit)
     torch.manual_seed(0)
     prompts, source = build_prompts(args.prompts)
 
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    probe = LLM("smollm2-135m-instruct", dtype="float32", device="cpu")
+    probe = LLM(MODEL, dtype="float32", device="cpu")
     folder, our_tok = probe.loaded.tokenizer_dir, probe.tokenizer   # the model cache: config + tokenizer only
-    gguf = resolve_alias("smollm2-135m-instruct")                   # transformers reads the GGUF itself
+    gguf = resolve_alias(MODEL)                   # transformers reads the GGUF itself
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     prompt_ids = [e.ids for e in encode_prompts(prompts, params, our_tok, probe.config.vocab_size, probe.max_context)]
     tok = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), eos_token=our_tok.eos_token,
@@ -163,7 +161,7 @@ def main() -> None:
     best_hf = max((d["transformers"]["best"]["tokens_per_s"], k) for k, d in per_dtype.items())
     lengths = [len(p) for p in prompt_ids]
     result = {
-        "model": "smollm2-135m-instruct", "max_new_tokens": args.max_new_tokens,
+        **record, "tokens_per_s": best_ours[0], "max_new_tokens": args.max_new_tokens,
         "token_count": "generated tokens up to and including EOS, both sides stop at EOS",
         "prompts": len(prompts), "prompt_source": source,
         "prompt_tokens": {"min": min(lengths), "mean": sum(lengths) / len(lengths), "max": max(lengths)},
@@ -171,16 +169,9 @@ def main() -> None:
         "best_vs_best": {"ours_tokens_per_s": best_ours[0], "ours_dtype": best_ours[1],
                          "transformers_tokens_per_s": best_hf[0], "transformers_dtype": best_hf[1],
                          "ratio": best_ours[0] / best_hf[0]},
-        "peak_rss_mib_process": peak_rss_mib(),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-                    "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-                    "load_average": os.getloadavg()},
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "peak_rss_mib_process": peak_rss_mib(), "load_average": os.getloadavg(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(args.out)
+    save_record(args.out or results_path(BENCHMARK, WORKLOAD), result)
     sys.stdout.write(json.dumps({"per_dtype_ratio": {k: d["ratio"] for k, d in per_dtype.items()},
                                  "best_vs_best": result["best_vs_best"]}) + "\n")
 

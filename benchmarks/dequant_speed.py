@@ -8,9 +8,11 @@ Cases, on OPT-6.7B shapes in float16:
   kv_decode_cat  a loaded compressed cache of t = 544 positions plus the new token: old = dequantize then
                  torch.cat, new = dequantize into a buffer of t + 1 positions and write the token in place
 Times are medians over --repeat runs (CUDA events on a GPU, perf_counter on the CPU); GB/s counts the packed
-bytes read plus the dense bytes written once. Writes JSON to --out.
+bytes read plus the dense bytes written once. Writes one record (common fields, one entry per case) to
+--out, default dequant_speed_opt-6.7b.json (`--scale N`: dequant_speed_opt-6.7b-div<N>.json) in $OUT or
+benchmarks/results/.
 
-    python benchmarks/dequant_speed.py --out benchmarks/results/h200/dequant_speed.json [--repeat 50]
+    python benchmarks/dequant_speed.py --repeat 50                          # GPU: $OUT/dequant_speed_opt-6.7b.json
     python benchmarks/dequant_speed.py --out /tmp/dequant_speed_cpu.json --repeat 3 [--scale 8]   # CPU
 """
 from __future__ import annotations
@@ -19,14 +21,13 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
+from bench_common import Timer, add_record_args, new_record, results_path, save_record, torch_device  # noqa: E402
 from engine.quant import QuantConfig, quantize  # noqa: E402
 from engine.quant.kernels import affine_dequant, affine_dequant_torch  # noqa: E402
 from engine.quant.qtensor import QTensor  # noqa: E402
@@ -69,9 +70,9 @@ def _timed(fn: Callable[[], object], device: torch.device, repeat: int) -> float
             end.synchronize()
             times.append(start.elapsed_time(end))
         else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+            with Timer() as t:
+                fn()
+            times.append(t.seconds * 1e3)
     return statistics.median(times)
 
 
@@ -124,13 +125,13 @@ def _check(cases: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True, help="JSON file to write")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--scale", type=int, default=1, help="divide the batch dims (quick CPU runs)")
+    add_record_args(ap)
     args = ap.parse_args()
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = torch_device(args.device)
+    workload = "opt-6.7b" if args.scale == 1 else f"opt-6.7b-div{args.scale}"
     cases, shapes = _cases(device, args.scale)
     _check(cases)
     try:
@@ -151,16 +152,12 @@ def main() -> None:
             row[f"{variant}_GBps"] = round(moved / ms / 1e6, 1)
         row["speedup"] = round(row["old_ms"] / row["new_ms"], 2)
         results[name] = row
-    record = {
-        "benchmark": "dequant_speed", "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "triton": triton_version, "threads": torch.get_num_threads(),
-        "repeat": args.repeat, "scale": args.scale, "dtype": "float16", "results": results,
-        "command": f"python benchmarks/dequant_speed.py --out {args.out} --device {args.device} "
-                   f"--repeat {args.repeat} --scale {args.scale}",
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps(record, indent=2))
+    record = new_record("dequant_speed", workload, None, commit=args.commit,
+                        device=None if device.type == "cuda" else "cpu")
+    record.update(triton=triton_version, threads=torch.get_num_threads(), repeat=args.repeat, scale=args.scale,
+                  dtype="float16", results=results)
+    save_record(args.out or results_path("dequant_speed", workload), record)
+    print(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 A 32-layer copy of the `tiny-opt` preset (hidden 64, dummy weights) on the CPU, so the torch ops are cheap and
 the executor's bookkeeping shows: per GPU-batch count (1 and 2 batches of 4 rows, 16-token prompts, 16 new
 tokens), the Python function calls of one block (cProfile, deterministic) and the median CPU time
-(`time.process_time`, one thread) of `--repeats` blocks. Writes JSON to --out with the git commit.
+(`time.process_time`, one thread) of `--repeats` blocks. Writes one record (common fields, one entry per
+GPU-batch count) to --out, default benchmarks/results/executor_overhead_tiny-opt-deep.json (CPU).
 
-    python benchmarks/executor_overhead.py --out /tmp/executor_overhead.json
+    python benchmarks/executor_overhead.py [--layers 32] [--repeats 15] [--out /tmp/executor_overhead.json]
 """
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ import cProfile
 import json
 import pstats
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
+from bench_common import add_record_args, new_record, results_path, save_record  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -30,13 +31,16 @@ from engine.calibrate.trial import truncated_model  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
 from engine.runtime.selector import GreedyToEnd  # noqa: E402
 
+BENCHMARK, WORKLOAD = "executor_overhead", "tiny-opt-deep"
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--out", type=Path, required=True)
+    add_record_args(ap)
     args = ap.parse_args()
+    record = new_record(BENCHMARK, WORKLOAD, "tiny-opt", device="cpu", commit=args.commit)
     torch.set_num_threads(1)
     loaded = truncated_model(config_from_hf(PRESETS["tiny-opt"]), args.layers, torch.float32, name="overhead")
     results = []
@@ -58,9 +62,8 @@ def main() -> None:
         results.append({"gpu_batches": batches, "python_calls": pstats.Stats(profiler).total_calls,
                         "cpu_s_median": statistics.median(seconds), "cpu_s_min": min(seconds)})
         print(json.dumps(results[-1]))
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    args.out.write_text(json.dumps({"commit": commit, "layers": args.layers, "command": sys.argv,
-                                    "results": results}, indent=1))
+    record.update(layers=args.layers, repeats=args.repeats, results=results)
+    save_record(args.out or results_path(BENCHMARK, WORKLOAD), record, indent=1)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ Per schedule action it records the allocator's bytes in use: `--sync` synchroniz
 (device-side truth per action), the default does not (the host may run ahead, as in a real run). With
 `--snapshot`, allocation history with Python stacks is recorded and, each time usage climbs past the highest
 so far by 256 MiB, the live blocks are summarized by state (active / pending free after a cross-stream use)
-and by the innermost engine frame that allocated them. Prints the summary and writes it as JSON to --out.
+and by the innermost engine frame that allocated them. Prints the summary and writes it as one record
+(common fields; peak_device_gib the measured block's) to --out, default gpu_memory_trace_<model>.json in
+$OUT or benchmarks/results/ (GPU only).
 
     python benchmarks/gpu_memory_trace.py --model opt-6.7b --policy '{"gpu_batch_size": 16, "num_gpu_batches": 2,
         "w_gpu": 0, "w_cpu": 1}' --gen-len 4 --snapshot --out /tmp/trace.json
@@ -18,7 +20,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
+from bench_common import GIB, add_record_args, new_record, results_path, save_record  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -28,7 +31,6 @@ from engine.runtime.executor import Executor  # noqa: E402
 from engine.runtime.selector import GreedyToEnd  # noqa: E402
 from engine.util.sizes import parse_size  # noqa: E402
 
-GIB = 2 ** 30
 _STEP = 256 << 20
 
 
@@ -63,8 +65,10 @@ def main() -> None:
     ap.add_argument("--gpu-memory", default="16GiB")
     ap.add_argument("--sync", action="store_true", help="synchronize before each reading")
     ap.add_argument("--snapshot", action="store_true", help="summarize live blocks at each new peak")
-    ap.add_argument("--out", type=Path, help="write the result as JSON here")
+    add_record_args(ap)
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_memory_trace.py traces the CUDA allocator: it needs a GPU")
     loaded = load_model(args.model, dtype=torch.float16)
     policy = Policy.from_dict(json.loads(args.policy))
     ex = Executor(loaded, policy, device=torch.device("cuda"), dtype=torch.float16,
@@ -75,7 +79,9 @@ def main() -> None:
                             generator=torch.Generator().manual_seed(0)).tolist()
     if args.snapshot:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
-    result = {"model": args.model, "policy": policy.to_dict(), "sync": args.sync, "blocks": []}
+    result = new_record("gpu_memory_trace", args.model, args.model, gpu_memory=args.gpu_memory, commit=args.commit)
+    result.update(policy=policy.to_dict(), prompt_len=args.prompt_len, gen_len=args.gen_len, sync=args.sync,
+                  blocks=[])
     for label, gen in (("warm-up", 1), ("measured", args.gen_len)):
         peaks: dict[tuple, int] = defaultdict(int)
         state = {"high": torch.cuda.memory_allocated(), "snapshot": None}
@@ -102,8 +108,8 @@ def main() -> None:
         result["blocks"].append(block)
         print(json.dumps(block, indent=1))
     ex.close()
-    if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=1))
+    result["peak_device_gib"] = round(result["blocks"][-1]["torch_peak_gib"], 3)
+    save_record(args.out or results_path("gpu_memory_trace", args.model), result, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 """Offloading throughput on one GPU with dummy weights (FlexGen's setting): prompt 512, gen 32, gpu_memory cap.
 
 Runs the engine's `Executor` on a dummy preset (`opt-6.7b`, `opt-30b`, ...) under several policies and writes
-one JSON file per model to OUT_DIR: per policy the Policy fields, generated tokens/s (all generated tokens
-over prefill + decode wall time), decode tokens/s, prefill/decode seconds, peak device memory
-(torch.cuda.max_memory_allocated) and the executor's own per-tier byte counts, plus the machine.
+one record per model (workload = the preset) to OUT_DIR/gpu_offload_<model>.json, rewritten after every
+policy: the common fields (tokens_per_s, peak_device_gib: the best policy's) and per policy the Policy fields,
+generated tokens/s (all generated tokens over prefill + decode wall time), decode tokens/s, prefill/decode
+seconds, peak device memory (torch.cuda.max_memory_allocated) and the executor's own per-tier byte counts.
+All records of one invocation share its run_id. OUT_DIR defaults to $OUT, else benchmarks/results.
 
-    python benchmarks/gpu_offload.py --model opt-6.7b --model opt-30b --out-dir benchmarks/results
+    python benchmarks/gpu_offload.py --model opt-6.7b --model opt-30b --out-dir "$OUT"
     python benchmarks/gpu_offload.py --model opt-30b --policy '{"gpu_batch_size": 24, "num_gpu_batches": 2,
         "w_gpu": 0, "w_cpu": 1, "compress_weights": true, "compress_cache": true}' --out-dir /tmp/out
 """
@@ -13,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
-import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
+from bench_common import (GIB, Timer, add_record_args, new_record, new_run_id, results_path,  # noqa: E402
+                          save_record, torch_device)
 
 import torch  # noqa: E402
 
@@ -48,29 +49,16 @@ SUITES: dict[str, dict[str, dict]] = {
 }
 
 
-def machine() -> dict:
-    info = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
-            "host": platform.node()}
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        info.update(gpu=props.name, gpu_memory_bytes=props.total_memory)
-    try:
-        info["ram_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        pass
-    return info
-
-
 def run_one(loaded, name: str, policy: Policy, args) -> dict:
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch_device()
     result = {"name": name, "policy": policy.to_dict(), "prompt_len": args.prompt_len, "gen_len": args.gen_len}
     ex = None
     try:
         torch.cuda.empty_cache() if device.type == "cuda" else None
-        t0 = time.perf_counter()
-        ex = Executor(loaded, policy, device=device, dtype=torch.float16, gpu_memory=args.gpu_memory,
-                      cpu_memory=args.cpu_memory, disk_dir=args.disk_dir)
-        result["init_s"] = time.perf_counter() - t0
+        with Timer() as init:
+            ex = Executor(loaded, policy, device=device, dtype=torch.float16, gpu_memory=args.gpu_memory,
+                          cpu_memory=args.cpu_memory, disk_dir=args.disk_dir)
+        result["init_s"] = init.seconds
         ex.timing = True
         n = policy.block_size
         g = torch.Generator().manual_seed(0)
@@ -81,15 +69,16 @@ def run_one(loaded, name: str, policy: Policy, args) -> dict:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         counter = GreedyToEnd()
-        t0 = time.perf_counter()
-        ex.generate_block(prompts, [args.gen_len] * n, counter)
-        total = time.perf_counter() - t0
+        with Timer() as block:
+            ex.generate_block(prompts, [args.gen_len] * n, counter)
+        total = block.seconds
         prefill, decode = ex.stats["prefill_s"], ex.stats["decode_s"]
         result.update(
             ok=True, generated_tokens=counter.tokens, total_s=total, prefill_s=prefill, decode_s=decode,
             tokens_per_s=counter.tokens / total,
             decode_tokens_per_s=n * (args.gen_len - 1) / decode if decode > 0 else None,
             peak_device_bytes=torch.cuda.max_memory_allocated() if device.type == "cuda" else None,
+            peak_device_gib=round(torch.cuda.max_memory_allocated() / GIB, 3) if device.type == "cuda" else None,
             executor_memory=ex.memory_report(),
         )
         if result["peak_device_bytes"] is not None and args.gpu_memory is not None:
@@ -113,13 +102,22 @@ def main() -> None:
     ap.add_argument("--cpu-memory", default=None)
     ap.add_argument("--disk-dir", default="/tmp/llmops-offload")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false")
-    ap.add_argument("--out-dir", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--out-dir", type=Path, default=None,
+                    help="folder of the gpu_offload_<model>.json files (default $OUT, else benchmarks/results)")
+    add_record_args(ap, out_help="one model's result file (one --model only; default OUT_DIR/gpu_offload_<model>.json)")
     args = ap.parse_args()
+    gpu_memory_text = args.gpu_memory
     args.gpu_memory = parse_size(args.gpu_memory) if args.gpu_memory else None
     args.cpu_memory = parse_size(args.cpu_memory) if args.cpu_memory else None
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for model in args.model or ["opt-6.7b", "opt-30b"]:
+    models = args.model or ["opt-6.7b", "opt-30b"]
+    if args.out is not None and len(models) > 1:
+        raise SystemExit("--out names one file: give one --model (or use --out-dir)")
+    run_id = new_run_id()
+    for model in models:
+        out = args.out or results_path("gpu_offload", model, folder=args.out_dir)
+        record = new_record("gpu_offload", model, model, gpu_memory=gpu_memory_text or None, commit=args.commit,
+                            run_id=run_id)
+        record.update(prompt_len=args.prompt_len, gen_len=args.gen_len)
         loaded = load_model(model, dtype=torch.float16)
         if args.policy:
             policies = {f"custom{n}": json.loads(p) for n, p in enumerate(args.policy)}
@@ -132,8 +130,10 @@ def main() -> None:
             brief = {k: res.get(k) for k in ("name", "ok", "tokens_per_s", "prefill_s", "decode_s", "peak_device_bytes",
                                              "error")}
             print(json.dumps(brief), flush=True)
-            record = {"model": model, "machine": machine(), "command": sys.argv, "results": results}
-            (out_dir / f"gpu_offload_{model}.json").write_text(json.dumps(record, indent=1))
+            best = max((r for r in results if r.get("ok")), key=lambda r: r["tokens_per_s"], default={})
+            record.update(tokens_per_s=best.get("tokens_per_s"), peak_device_gib=best.get("peak_device_gib"),
+                          best=best.get("name"), results=results)
+            save_record(out, record, indent=1)
 
 
 if __name__ == "__main__":

@@ -4,24 +4,27 @@ Runs one dummy preset under one or more policies (a warm-up block, then a measur
 as gpu_offload.py does). Host time per verb comes from the executor's `on_action` hook (time between one
 action's start and the next's; "sync" is the host waiting for transfers); device kernels come from
 torch.profiler over the measured block (`--no-kernels` skips it). With `--trial`, each policy is also run the
-same way on the smaller of the copies the policy trials use (`engine.policy.trial`), and the trial's extrapolated
+same way on the smaller of the copies the policy trials use (`engine.calibrate.trial`), and the trial's extrapolated
 tokens/s is recorded next to the full model's measurement, with both runs' seconds per decoder layer: where
-a trial mispredicts, the verbs say which part does not scale. Writes one JSON object per policy to --out.
+a trial mispredicts, the verbs say which part does not scale. Writes one record (common fields; tokens_per_s
+the first policy's, one entry per policy in `results`) to --out, default gpu_profile_<workload>.json
+(--workload, default the model) in $OUT or benchmarks/results/, rewritten after every policy.
 
     python benchmarks/gpu_profile.py --model opt-6.7b --policy all_gpu_b8='{"gpu_batch_size": 8}' --out /tmp/p.json
-    python benchmarks/gpu_profile.py --model opt-30b --trial --no-kernels --policy A='{...}' --out /tmp/t.json
+    python benchmarks/gpu_profile.py --model opt-30b --trial --no-kernels --policy A='{...}' --workload opt-30b-trial
 """
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
+from bench_common import (add_record_args, new_record, peak_gib, release_memory, reset_peak,  # noqa: E402
+                          results_path, save_record, torch_device)
 
 import torch  # noqa: E402
 from torch.autograd import DeviceType  # noqa: E402
@@ -34,14 +37,6 @@ from engine.calibrate.trial import TRIAL_LAYERS, full_block, trial_seconds, trun
 from engine.runtime.executor import Executor  # noqa: E402
 from engine.runtime.selector import GreedyToEnd  # noqa: E402
 from engine.util.sizes import parse_size  # noqa: E402
-
-
-def release_memory() -> None:
-    """Give a closed executor's memory back: device blocks and the pinned host blocks torch caches."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-        getattr(torch._C, "_host_emptyCache", lambda: None)()
 
 
 # (module, attribute path) of the engine functions `--annotate` wraps in profiler ranges ("annotate.<name>")
@@ -107,7 +102,7 @@ def device_busy(events) -> dict[str, float]:
 
 
 def profile_policy(loaded, name: str, policy: Policy, args) -> dict:
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch_device()
     ex = Executor(loaded, policy, device=device, dtype=torch.float16 if device.type == "cuda" else torch.float32,
                   gpu_memory=parse_size(args.gpu_memory) if device.type == "cuda" else None)
     specs = loaded.family.layer_specs()
@@ -127,6 +122,7 @@ def profile_policy(loaded, name: str, policy: Policy, args) -> dict:
 
     ex.on_action = hook
     ex.timing = True
+    reset_peak()
     top_ops, top_host_ops, busy = [], [], {}
     if args.kernels:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -143,6 +139,7 @@ def profile_policy(loaded, name: str, policy: Policy, args) -> dict:
     else:
         ex.generate_block(prompts, [args.gen_len] * n, GreedyToEnd())
     stats = dict(ex.stats)
+    peak = peak_gib()                   # torch's peaks over the measured block
     ex.close()
     release_memory()
     layers = loaded.config.num_hidden_layers
@@ -157,13 +154,14 @@ def profile_policy(loaded, name: str, policy: Policy, args) -> dict:
         "top_ops": top_ops,
         "top_host_ops": top_host_ops,
         "device_busy_ms": busy,
+        **peak,
     }
 
 
 def trial_comparison(loaded, name: str, policy: Policy, args) -> dict:
     """The policy on the trial's smaller copy (same measurement as the full run) and the trial's own
     extrapolation of the full model's tokens/s at this --gen-len."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch_device()
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     copy = truncated_model(loaded.config, TRIAL_LAYERS[0], dtype)
     workload = Workload(prompt_len=args.prompt_len, gen_len=args.gen_len, num_prompts=policy.block_size)
@@ -182,7 +180,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen-len", type=int, default=8)
     ap.add_argument("--gpu-memory", default="16GiB")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--workload", default=None, help="name in the default file name (default: the model)")
+    add_record_args(ap)
     ap.add_argument("--no-kernels", dest="kernels", action="store_false", help="skip torch.profiler")
     ap.add_argument("--trial", action="store_true", help="also run the trial (2- and 6-layer copies) and its estimate")
     ap.add_argument("--annotate", action="store_true",
@@ -191,7 +190,12 @@ def main() -> None:
     if args.annotate:
         annotate()
     loaded = load_model(args.model, dtype=torch.float16)
-    results = []
+    workload = args.workload or args.model
+    out = args.out or results_path("gpu_profile", workload)
+    record = new_record("gpu_profile", workload, args.model, gpu_memory=args.gpu_memory or None,
+                        commit=args.commit)
+    record.update(prompt_len=args.prompt_len, gen_len=args.gen_len, results=[])
+    results = record["results"]
     for item in args.policy:
         name, _, spec = item.partition("=")
         policy = Policy.from_dict(json.loads(spec))
@@ -210,8 +214,8 @@ def main() -> None:
             for op in ops:
                 print(f"   {op['self_ms']:9.1f} ms dev  {op['cpu_ms']:9.1f} ms cpu  x{op['count']:<6} {op['op'][:70]}")
         results.append(res)
-        args.out.write_text(json.dumps({"model": args.model, "prompt_len": args.prompt_len,
-                                        "gen_len": args.gen_len, "results": results}, indent=1))
+        record.update(tokens_per_s=results[0]["tokens_per_s"], peak_device_gib=results[0]["peak_device_gib"])
+        save_record(out, record, indent=1)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,11 @@
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
 # Usage (device tool, carry .whl): bash benchmarks/gpu_suite.sh [tests|kernels|offload|policy|all]
 # policy mode: POLICY_MODELS (default opt-6.7b,opt-30b:8) and POLICY_BUDGET_S (default 400) pick its models and time.
-# Results land in $OUT (JSON + logs); the lead commits them under benchmarks/results/.
+# Results land in $OUT as <benchmark>_<workload>.json (bench_common.results_path) + logs; the lead commits them
+# under benchmarks/results/h200/ (one file per benchmark and workload, replaced by a newer run: history is git's).
+# Set LLMOPS_COMMIT=<sha>[-dirty] when the copied tree has no usable .git.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -18,15 +20,15 @@ if [[ $what == tests || $what == all ]]; then
 fi
 if [[ $what == kernels || $what == all ]]; then
   { python3 -m pytest -q -p no:cacheprovider tests/test_quant_kernels.py tests/test_quant.py tests/test_policy_trial.py
-    python3 benchmarks/dequant_speed.py --out "$OUT/dequant_speed.json" --repeat 50
-    python3 benchmarks/cpu_attention_speed.py --out "$OUT/cpu_attention_speed.json"
+    python3 benchmarks/dequant_speed.py --repeat 50              # $OUT/dequant_speed_opt-6.7b.json
+    python3 benchmarks/cpu_attention_speed.py                    # $OUT/cpu_attention_speed_opt-30b.json
   } 2>&1 | tee "$OUT/kernels.log" | tail -30
 fi
 if [[ $what == offload || $what == all ]]; then
   python3 benchmarks/gpu_offload.py --out-dir "$OUT" 2>&1 | tee "$OUT/gpu_offload.log" | tail -30
 fi
 if [[ $what == policy || $what == all ]]; then
-  python3 benchmarks/policy_validation.py --out "$OUT" --trials 8 --time-budget-s "${POLICY_BUDGET_S:-400}" \
+  python3 benchmarks/policy_validation.py --out-dir "$OUT" --trials 8 --time-budget-s "${POLICY_BUDGET_S:-400}" \
     --models "${POLICY_MODELS:-opt-6.7b,opt-30b:8}" 2>&1 \
     | tee "$OUT/policy_validation.log" | tail -30
 fi

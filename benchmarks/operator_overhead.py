@@ -1,9 +1,10 @@
 """Operator overhead: the same prompts through the engine directly, Polars `llm_map`, DuckDB's scalar
 `llm_map` UDF (2048-row chunks) and DuckDB `map_relation`; ratios of direct time to operator time
-(target >= 0.9 each) written as JSON.
+(target >= 0.9 each) written as one record (common fields; rows_per_h / tokens_per_s of the direct path) to
+--out, default benchmarks/results/operator_overhead_addresses.json.
 
-    PYTHONPATH=. python benchmarks/operator_overhead.py --rows 10000 --max-new-tokens 4 \
-        [--model smollm2-135m-instruct] [--out benchmarks/results/operator_overhead.json]
+    python benchmarks/operator_overhead.py --rows 10000 --max-new-tokens 4 \
+        [--model smollm2-135m-instruct] [--out /tmp/operator_overhead.json]
 
 Every prompt is distinct (the row number is part of it) so deduplication does not flatter the operators,
 and the result cache is off (cache_dir=False) so each path really generates. The direct path runs first
@@ -14,24 +15,21 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
-import platform
 import sys
-import time
 from pathlib import Path
 
 import duckdb
 import polars as pl
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
+from bench_common import ROOT, Timer, add_record_args, new_record, results_path, rows_per_hour, save_record  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 from llmops.core import MapSpec, sampling_params  # noqa: E402
 from llmops.duckdb import map_relation, register  # noqa: E402
 from llmops.polars import llm_map  # noqa: E402
 from llmops.templates import render  # noqa: E402
 
+BENCHMARK, WORKLOAD = "operator_overhead", "addresses"
 TEMPLATE = "Record {id}. In one word, which city is this address in? {address}"
 
 
@@ -42,9 +40,10 @@ def rows(n: int) -> list[dict[str, str]]:
 
 
 def timed(fn) -> tuple[float, object]:
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
+    """(seconds, fn())."""
+    with Timer() as t:
+        out = fn()
+    return t.seconds, out
 
 
 def main() -> None:
@@ -53,8 +52,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=4)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "operator_overhead.json"))
+    add_record_args(ap)
     args = ap.parse_args()
+    record = new_record(BENCHMARK, WORKLOAD, args.model, commit=args.commit)
 
     data = rows(args.rows)
     spec = MapSpec(TEMPLATE, model=args.model, max_new_tokens=args.max_new_tokens)
@@ -85,18 +85,16 @@ def main() -> None:
     t_direct = min(t_direct, timed(lambda: llm.generate(prompts, params))[0])   # direct before and after
 
     result = {
-        "rows": args.rows, "max_new_tokens": args.max_new_tokens, "model": args.model,
+        **record, "rows_per_h": rows_per_hour(args.rows, t_direct), "tokens_per_s": tokens / t_direct,
+        "rows": args.rows, "max_new_tokens": args.max_new_tokens,
         "generated_tokens_direct": tokens,
         "seconds": {"direct": t_direct, "polars": t_polars, "duckdb_udf": t_duck, "duckdb_relation": t_rel},
         "ratio_vs_direct": {"polars": t_direct / t_polars, "duckdb_udf": t_direct / t_duck,
                             "duckdb_relation": t_direct / t_rel},
         "target": 0.9,
-        "policy": str(llm.policy),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": str(llm.device)},
-        "command": " ".join(sys.argv),
+        "policy": str(llm.policy), "engine_device": str(llm.device),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    save_record(args.out or results_path(BENCHMARK, WORKLOAD), result)
     print(json.dumps(result["ratio_vs_direct"], indent=2))
 
 

@@ -2,12 +2,14 @@
 
 Runs every `pipelines/*.yaml` task on its first N rows (the pipeline as written: model, prompts, few-shot
 examples; only the sink is redirected to a temporary folder) and compares each predicted column with its
-label. Writes `benchmarks/results/pipeline_accuracy.json`:
-{"model", "rows", "tasks": {task: {"rows", "seconds", "generated_tokens", "tokens_per_s", "failed_rows",
-"valid_rate", "row_accuracy", "fields": {column: accuracy}}}}.
+label. Writes one record to --out, default `benchmarks/results/pipeline_accuracy_sample-pipelines.json`:
+the common fields (tokens_per_s over all tasks) and {"rows", "overrides", "tasks": {task: {"rows", "seconds",
+"generated_tokens", "tokens_per_s", "failed_rows", "model", "valid_rate", "row_accuracy",
+"fields": {column: accuracy}}}}.
 
 Usage (from the repository root):
     python benchmarks/pipeline_accuracy.py --rows 20
+    python benchmarks/pipeline_accuracy.py --rows 2 --tasks classify_tickets --no-cache --out /tmp/p.json
     python benchmarks/pipeline_accuracy.py --rows 200 --tasks classify_tickets --set model=/models/Llama-3-8B-Instruct
 """
 from __future__ import annotations
@@ -22,9 +24,8 @@ from typing import Any, Callable
 
 import duckdb
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
+from bench_common import ROOT as REPO, add_record_args, new_record, results_path, save_record  # noqa: E402
 from llmops.pipeline.load import load_pipeline  # noqa: E402
 from llmops.pipeline.runner import run_pipeline  # noqa: E402
 
@@ -55,6 +56,7 @@ def same_date(pred: Any, label: Any) -> bool:
     return pred is not None and iso(pred) == iso(label)
 
 
+BENCHMARK, WORKLOAD = "pipeline_accuracy", "sample-pipelines"
 # task -> (source CSV, {predicted column: (label column, comparison)})
 TASKS: dict[str, tuple[str, dict[str, tuple[str, Callable[[Any, Any], bool]]]]] = {
     "extract_invoices": ("sample_data/invoices.csv", {
@@ -119,17 +121,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                         help="pipeline override for every task, e.g. model=... or engine.device=cuda")
     parser.add_argument("--no-cache", action="store_true", help="recompute every row")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "pipeline_accuracy.json")
+    add_record_args(parser)
     args = parser.parse_args(argv)
-    report: dict[str, Any] = {"rows": args.rows, "overrides": args.overrides, "tasks": {}}
+    report = new_record(BENCHMARK, WORKLOAD, None, commit=args.commit)
+    report.update(rows=args.rows, overrides=args.overrides, tasks={})
     with tempfile.TemporaryDirectory() as tmp:
         for task in args.tasks:
             report["tasks"][task] = run_task(task, args.rows, Path(tmp), args.overrides, not args.no_cache)
             print(task, json.dumps(report["tasks"][task]), file=sys.stderr)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(report, indent=2) + "\n")
-    tmp_out.replace(args.out)
+    done = report["tasks"].values()
+    seconds = sum(t["seconds"] for t in done)
+    report["model"] = ",".join(sorted({str(t["model"]) for t in done})) or None
+    report["tokens_per_s"] = round(sum(t["generated_tokens"] for t in done) / seconds, 2) if seconds else None
+    save_record(args.out or results_path(BENCHMARK, WORKLOAD), report)
     return report
 
 

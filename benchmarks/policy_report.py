@@ -4,10 +4,12 @@ For each measured policy of each model: predicted and measured (steady) tokens/s
 tokens/s, and decode milliseconds per layer-step and per (layer, GPU batch) slot, measured and predicted;
 then per model the Spearman rank correlation (predicted vs steady) over the grid policies of every file and the
 autos of the first, and each file's autos' steady / the best grid policy's. Records copied by `--grid-from`
-(they name a `source`) are skipped, so list the grid files too, after the file whose autos count.
+(they name a `source`) are skipped, so list the grid files too, after the file whose autos count. Prints a
+table (stdout); it measures nothing and writes no file.
 
-    python benchmarks/policy_report.py benchmarks/results/h200/policy_validation.json \\
-        benchmarks/results/h200/policy_validation_6.7b_grid.json benchmarks/results/h200/policy_validation_30b_grid.json
+    python benchmarks/policy_report.py benchmarks/results/h200/policy_validation_opt-6.7b.json
+    python benchmarks/policy_report.py benchmarks/results/h200/policy_validation_opt-6.7b+opt-30b.json \\
+        benchmarks/results/h200/policy_validation_grids.json
 """
 from __future__ import annotations
 
@@ -16,9 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common, policy_validation
+import bench_common  # noqa: E402,F401  (puts the repository root on sys.path)
 from engine.models.hf_config import config_from_hf  # noqa: E402
 from engine.models.presets import PRESETS  # noqa: E402
 from policy_validation import spearman, steady_tokens_per_s  # noqa: E402

@@ -6,7 +6,7 @@ For each model (dummy-weight presets, default OPT-6.7B at gen 32 and OPT-30B at 
   - "auto (model only)": `search_top(...)[0]`, the cost model's choice;
   - "auto (with trials)": the best measured of `search_top`'s `--trials` candidates, each run for one short
     block on 2- and 6-layer copies of the model and counted at most at its prediction
-    (`engine.policy.trial.best_by_trials`, what `choose_policy_estimate(trials=N)` does on CUDA);
+    (`engine.calibrate.trial.best_by_trials`, what `choose_policy_estimate(trials=N)` does on CUDA);
   - >= 8 hand-made grid policies spanning the space (`grid_policies`), or with `--grid-from FILE` the grid
     measured by an earlier run (only the autos run; each copied record names its source and is predicted
     again with this run's profile and cost model).
@@ -16,30 +16,32 @@ A policy chosen under several names is measured once. Records per policy the pre
 generated tokens/s (`steady_tokens_per_s`: prefill + decode as the executor clocks them; the block's wall
 time, which also holds first-use setup, is `wall_tokens_per_s`) or the error, then per model the
 Spearman rank correlation over all measured policies, the best one and each auto's measured / best
-measured. Results are rewritten after every policy to `<out>/policy_validation.json`.
+measured. Results (one record: common fields, tokens_per_s the best measured, peak_device_gib the largest
+torch peak; `models` per model) are rewritten after every policy to `--out`, default
+`policy_validation_<models>.json` (the model names joined by "+") in `--out-dir`, $OUT or benchmarks/results/.
 
 Time bound: autos run first, then the grid from the cheapest predicted; a policy is skipped (and recorded
 as skipped) when its expected setup + run time exceeds what remains of this model's share of
 `--time-budget-s` (default 420 s; a model's unused share passes to the next). The first policy of a model
 pins its cpu-tier memory (~1.5 GiB/s); later ones reuse torch's cached pinned blocks.
 
-    python benchmarks/policy_validation.py --out "$OUT"                 # on the H200, ~7 minutes
+    python benchmarks/policy_validation.py --out-dir "$OUT"             # on the H200, ~7 minutes
     python benchmarks/policy_validation.py --models tiny-opt --device cpu --gpu-memory 1GiB --cpu-memory 2GiB \
-        --prompt-len 16 --gen-len 4 --hardware default --max-block 8    # smoke test on a CPU
+        --prompt-len 16 --gen-len 4 --hardware default --max-block 8 --out /tmp/pv.json   # smoke test on a CPU
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import json
-import os
 import sys
 import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
+from bench_common import Timer, add_record_args, new_record, results_path, save_record  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -127,20 +129,20 @@ def run_policy(loaded, policy: Policy, args, device: torch.device) -> dict:
     g = torch.Generator().manual_seed(0)
     vocab = loaded.config.vocab_size
     prompts = [torch.randint(3, vocab, (args.prompt_len,), generator=g).tolist() for _ in range(policy.block_size)]
-    t0 = time.perf_counter()
-    executor = Executor(loaded, policy, device=device, dtype=loaded.dtype, gpu_memory=args.gpu_memory,
-                        cpu_memory=args.cpu_memory, disk_dir=args.disk_dir)
+    with Timer() as setup:
+        executor = Executor(loaded, policy, device=device, dtype=loaded.dtype, gpu_memory=args.gpu_memory,
+                            cpu_memory=args.cpu_memory, disk_dir=args.disk_dir)
     try:
-        setup_s = time.perf_counter() - t0
+        setup_s = setup.seconds
         executor.timing = True
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
-        t1 = time.perf_counter()
-        executor.generate_block(prompts, [args.gen_len] * len(prompts), GreedyToEnd())
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        run_s = time.perf_counter() - t1
+        with Timer() as run:
+            executor.generate_block(prompts, [args.gen_len] * len(prompts), GreedyToEnd())
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        run_s = run.seconds
         out = {"setup_s": setup_s, "run_s": run_s, "wall_tokens_per_s": len(prompts) * args.gen_len / run_s,
                "executor_stats": dict(executor.stats), "step_s": list(executor.step_s),
                "memory_report": executor.memory_report()}
@@ -148,6 +150,7 @@ def run_policy(loaded, policy: Policy, args, device: torch.device) -> dict:
         if device.type == "cuda":
             out["torch_peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / GIB
             out["torch_peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
+            out["peak_device_gib"] = round(out["torch_peak_allocated_gib"], 3)
         return out
     finally:
         executor.close()
@@ -170,11 +173,13 @@ def parse_budgets(args) -> None:
     args.cpu_memory = default_cpu_budget() if args.cpu_memory is None else parse_size(args.cpu_memory)
 
 
-def write(out_dir: Path, payload: dict) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / "policy_validation.json.tmp"
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, out_dir / "policy_validation.json")
+def write(out: Path, payload: dict) -> None:
+    """The record's headline fields (best measured tokens/s, largest torch peak) from its policies, then the
+    file, atomically."""
+    done = [r for e in payload["models"].values() for r in e["policies"] if "measured_tokens_per_s" in r]
+    payload["tokens_per_s"] = max((r["measured_tokens_per_s"] for r in done), default=None)
+    payload["peak_device_gib"] = max((r["peak_device_gib"] for r in done if "peak_device_gib" in r), default=None)
+    save_record(out, dict(sorted(payload.items())))
 
 
 AUTO_MODEL, AUTO_TRIALS = "auto (model only)", "auto (with trials)"
@@ -242,18 +247,18 @@ def autos(loaded, name: str, workload: Workload, budgets: Budgets, profile, devi
     bpe = ms.dtype_bytes(loaded.dtype)
     out = []
     try:
-        t0 = time.perf_counter()
         allow = None if args.compress == "auto" else False
-        top = search_top(loaded.config, workload, budgets, profile, top=max(1, args.trials), bytes_per_element=bpe,
-                         compress_weights=allow, compress_cache=allow, model_name=name)
-        entry["search_s"] = time.perf_counter() - t0
+        with Timer() as searching:
+            top = search_top(loaded.config, workload, budgets, profile, top=max(1, args.trials),
+                             bytes_per_element=bpe, compress_weights=allow, compress_cache=allow, model_name=name)
+        entry["search_s"] = searching.seconds
         out.append((AUTO_MODEL, top[0].policy))
         entry["auto_model_explain"] = top[0].explain()
         if args.trials > 0:
-            t0 = time.perf_counter()
-            chosen = best_by_trials(loaded.config, top, workload, device, loaded.dtype, budgets,
-                                    time_budget_s=args.trial_time_s, disk_dir=args.disk_dir)
-            entry["trials_s"] = time.perf_counter() - t0
+            with Timer() as trying:
+                chosen = best_by_trials(loaded.config, top, workload, device, loaded.dtype, budgets,
+                                        time_budget_s=args.trial_time_s, disk_dir=args.disk_dir)
+            entry["trials_s"] = trying.seconds
             entry["auto_trials_explain"] = chosen.explain()
             entry["auto_trials_log"] = chosen.context.get("trials")
             out.append((AUTO_TRIALS, chosen.policy))
@@ -264,12 +269,15 @@ def autos(loaded, name: str, workload: Workload, budgets: Budgets, profile, devi
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--out-dir", type=Path, default=None,
+                    help="folder of the default result file (default $OUT, else benchmarks/results)")
+    add_record_args(ap, out_help="result file (default OUT_DIR/policy_validation_<models>.json; "
+                                 "a folder here counts as --out-dir)")
     ap.add_argument("--models", default="opt-6.7b,opt-30b:8",
                     help="comma-separated NAME[:GEN_LEN] (default gen: --gen-len)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--gpu-memory", default="16GiB")
-    ap.add_argument("--cpu-memory", default=None, help="default: engine.policy.hardware.default_cpu_budget() (PINNED_SHARE of the available RAM)")
+    ap.add_argument("--cpu-memory", default=None, help="default: engine.calibrate.machine.default_cpu_budget() (PINNED_SHARE of the available RAM)")
     ap.add_argument("--disk-dir", default=None)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen-len", type=int, default=32)
@@ -288,14 +296,20 @@ def main() -> None:
     args = ap.parse_args()
     start = time.perf_counter()
     device = torch.device(args.device)
+    gpu_memory_text = args.gpu_memory
     parse_budgets(args)
-    t0 = time.perf_counter()
-    profile = {"local": lambda: load_or_measure(device), "h200": lambda: reference_profile("h200"),
-               "default": default_cpu_profile}[args.hardware]()
-    payload = {"device": str(device), "profile": profile.to_dict(), "profile_s": time.perf_counter() - t0,
-               "args": vars(args) | {"out": str(args.out)}, "models": {}}
-    out_dir = Path(args.out)
     models = parse_models(args.models, args.gen_len)
+    workload = "+".join(name for name, _ in models)
+    if args.out is not None and args.out.is_dir():       # the old `--out FOLDER`
+        args.out_dir, args.out = args.out, None
+    out = args.out or results_path("policy_validation", workload, folder=args.out_dir)
+    with Timer() as profiling:
+        profile = {"local": lambda: load_or_measure(device), "h200": lambda: reference_profile("h200"),
+                   "default": default_cpu_profile}[args.hardware]()
+    payload = new_record("policy_validation", workload, args.models, gpu_memory=gpu_memory_text,
+                         device=None if device.type == "cuda" else "cpu", commit=args.commit)
+    payload.update({"torch_device": str(device), "profile": profile.to_dict(), "profile_s": profiling.seconds,
+                    "args": vars(args) | {"out": str(out)}, "models": {}})
     budgets = Budgets(args.gpu_memory, args.cpu_memory, 0)
     for m, (name, gen_len) in enumerate(models):
         now = time.perf_counter()
@@ -351,13 +365,13 @@ def main() -> None:
             entry["policies"].append(record)
             summarize(payload)
             payload["elapsed_s"] = time.perf_counter() - start
-            write(out_dir, payload)
+            write(out, payload)
             print(json.dumps({k: record.get(k) for k in ("names", "predicted_tokens_per_s", "measured_tokens_per_s",
                                                           "error", "skipped")}), flush=True)
         del loaded
         gc.collect()
     summarize(payload)
-    write(out_dir, payload)
+    write(out, payload)
     print(json.dumps({m: {k: e.get(k) for k in ("spearman", "measured_policies", "best",
                                                 "auto_model_measured_over_best", "auto_trials_measured_over_best")}
                       for m, e in payload["models"].items()} | {"spearman_all": payload.get("spearman_all")}))

@@ -13,9 +13,11 @@ weights re-quantized in groups of 32 land on that grid; groups of 64 do not. Var
 below) cover weights, cache and both, with and without the Hadamard rotation (`QuantConfig.rotate`), and
 with the output head also 4-bit (`*_head4`: a what-if; the engine keeps every family's lm_head dense,
 because SmolLM2's lm_head is its tied embedding, stored as Q8_0 in the GGUF, not on a 4-bit grid).
-Writes benchmarks/results/quant_perplexity.json (the target: both compressed within 5% of uncompressed).
+Writes one record (common fields; per variant perplexity, KL, relative change) to --out, default
+benchmarks/results/quant_perplexity_sample-text.json (the target: both compressed within 5% of uncompressed).
 
     python benchmarks/quant_perplexity.py [--dtype float32] [--variants all|name,name] [--out FILE]
+    python benchmarks/quant_perplexity.py --passages 1 --context 16 --scored 4 --variants both_defaults --out /tmp/q.json
 
 The default variants run in about 8 minutes on the 2-core development machine.
 """
@@ -27,11 +29,10 @@ import dataclasses
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
+from bench_common import ROOT, Timer, add_record_args, new_record, results_path, save_record  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -40,6 +41,7 @@ from engine.policy.policy import Policy  # noqa: E402
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT, QuantConfig  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
 
+BENCHMARK, WORKLOAD = "quant_perplexity", "sample-text"
 G64, G32 = QuantConfig(group_size=64), QuantConfig(group_size=32)
 G64R, G32R = QuantConfig(group_size=64, rotate=True), QuantConfig(group_size=32, rotate=True)
 VARIANTS: dict[str, tuple[QuantConfig | None, QuantConfig | None, bool]] = {
@@ -142,16 +144,16 @@ def run(loaded, prompts, targets, dtype, weights, cache, head4=False, reference=
     ex = Executor(loaded, policy, device=torch.device("cpu"), dtype=dtype,
                   quant_config=weights or WEIGHT_QUANT, cache_quant_config=cache or CACHE_QUANT)
     sel = TeacherForcing(targets, reference, keep)
-    t0 = time.perf_counter()
     try:
-        ex.generate_block(prompts, [len(t) for t in targets], sel)
+        with Timer() as clock:
+            ex.generate_block(prompts, [len(t) for t in targets], sel)
     finally:
         ex.close()
     cfg = {f: (None if q is None else {"group_size": q.group_size, "rotate": q.rotate}) for f, q in
            (("weights", weights), ("cache", cache))}
     cfg["head4"] = head4
     res = {"perplexity": math.exp(sel.nll / sel.count), "tokens": sel.count, **cfg,
-           "seconds": round(time.perf_counter() - t0, 1)}
+           "seconds": round(clock.seconds, 1)}
     if reference is not None:
         res["mean_kl_nats"] = sel.kl / sel.count
     return res, sel
@@ -166,8 +168,10 @@ def main() -> None:
     ap.add_argument("--scored", type=int, default=48, help="tokens scored per passage, after the prompt")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                     help=f"'all' or a comma-separated subset of {list(VARIANTS)}")
-    ap.add_argument("--out", default="benchmarks/results/quant_perplexity.json")
+    add_record_args(ap)
     args = ap.parse_args()
+    record = new_record(BENCHMARK, WORKLOAD, args.model, device="cpu", commit=args.commit)
+    total = Timer.started()
     from tokenizers import Tokenizer
 
     names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
@@ -175,7 +179,6 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; known: {list(VARIANTS)}")
     dtype = getattr(torch, args.dtype)
-    started = time.perf_counter()
     loaded = load_model(args.model, dtype=dtype)
     tok = Tokenizer.from_file(str(Path(loaded.tokenizer_dir) / "tokenizer.json"))
     ids = passages(lambda s: tok.encode(s, add_special_tokens=False).ids, args.passages, args.context + args.scored)
@@ -192,19 +195,17 @@ def main() -> None:
         results[name]["relative_change"] = results[name]["perplexity"] / base["perplexity"] - 1
         print(name, results[name], file=sys.stderr, flush=True)
     base["relative_change"] = 0.0
-    record = {
-        "model": args.model, "dtype": args.dtype,
+    record.update({
+        "dtype": args.dtype,
         "text": f"sample_data {list(SOURCES)}: {len(ids)} passages, {args.context} prompt + {args.scored} scored "
                 "tokens each, teacher-forced through Executor decode",
         "quant": "4-bit asymmetric, min/scale float32 (float16 for half dtypes); rotate = normalized Hadamard per group",
         "defaults": {"WEIGHT_QUANT": repr(WEIGHT_QUANT), "CACHE_QUANT": repr(CACHE_QUANT)},
         "results": results,
         "within_5_percent": {n: abs(r["relative_change"]) <= 0.05 for n, r in results.items()},
-        "command": "python " + " ".join(["benchmarks/quant_perplexity.py", *sys.argv[1:]]),
-        "total_seconds": round(time.perf_counter() - started, 1),
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+        "total_seconds": round(total.elapsed, 1),
+    })
+    save_record(args.out or results_path(BENCHMARK, WORKLOAD), record, indent=1)
     print(json.dumps(record, indent=1))
 
 

@@ -1,13 +1,15 @@
-"""Do trials predict the full model? Each policy's trial (`engine.policy.trial.trial_seconds`) next to a
+"""Do trials predict the full model? Each policy's trial (`engine.calibrate.trial.trial_seconds`) next to a
 full run of the same block on the same machine.
 
 For one dummy preset and the named policies, runs (1) the trial the auto policy would run (2- and 6-layer
 copies, the difference of their step times per layer) and (2) one block of the full model (token-id
 prompts of --prompt-len, every row runs --gen-len tokens, `Executor.timing`: the device synchronized at
 step ends only), and records both throughputs, both per-layer times and the ratio trial / full. Policies
-come from --policy NAME=JSON (repeatable). Results are rewritten after every policy to --out.
+come from --policy NAME=JSON (repeatable). Results (one record: common fields, tokens_per_s the first full
+run's, one entry per policy) are rewritten after every policy to --out, default trial_accuracy_<model>.json
+in $OUT or benchmarks/results/.
 
-    python benchmarks/trial_accuracy.py --model opt-6.7b --gen-len 32 --out $OUT/trial_accuracy.json \\
+    python benchmarks/trial_accuracy.py --model opt-6.7b --gen-len 32 \\
         --policy q4_64='{"gpu_batch_size": 64, "compress_weights": true, "compress_cache": true}'
     python benchmarks/trial_accuracy.py --model tiny-opt --device cpu --prompt-len 16 --gen-len 4 \\
         --policy a='{"gpu_batch_size": 2}' --out /tmp/t.json                  # smoke test on a CPU
@@ -16,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
+from bench_common import Timer, add_record_args, new_record, release_memory, results_path, save_record  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -31,7 +32,6 @@ from engine.policy.cost_model import Workload  # noqa: E402
 from engine.policy.estimate import Budgets  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
 from engine.calibrate.trial import TRIAL_LAYERS, full_block, trial_seconds  # noqa: E402
-from gpu_profile import release_memory  # noqa: E402  (benchmarks/ is the script's folder)
 from policy_validation import parse_budgets, run_policy  # noqa: E402
 
 
@@ -49,14 +49,17 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen-len", type=int, default=32)
     ap.add_argument("--policy", action="append", default=[], help="NAME=JSON of Policy fields (repeatable)")
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "trial_accuracy.json"))
+    add_record_args(ap)
     args = ap.parse_args()
     args.disk_dir = None
     device = torch.device(args.device)
+    record_fields = new_record("trial_accuracy", args.model, args.model, gpu_memory=args.gpu_memory,
+                               device=None if device.type == "cuda" else "cpu", commit=args.commit)
+    out = args.out or results_path("trial_accuracy", args.model)
     parse_budgets(args)
     loaded = load_model(args.model, dtype=torch.float16 if device.type == "cuda" else torch.float32)
     config = loaded.config
-    payload = {"model": args.model, "device": str(device), "prompt_len": args.prompt_len, "gen_len": args.gen_len,
+    payload = {**record_fields, "torch_device": str(device), "prompt_len": args.prompt_len, "gen_len": args.gen_len,
                "trial_layers": list(TRIAL_LAYERS), "gpu_memory": args.gpu_memory, "cpu_memory": args.cpu_memory,
                "results": []}
     if device.type == "cuda":
@@ -66,19 +69,20 @@ def main() -> None:
         record: dict = {"name": name, "policy": policy.to_dict()}
         workload = Workload(args.prompt_len, args.gen_len, num_prompts=policy.block_size)
         try:
-            t0 = time.perf_counter()
-            times = trial_seconds(config, policy, workload, device, loaded.dtype, budgets)
+            with Timer() as trial:
+                times = trial_seconds(config, policy, workload, device, loaded.dtype, budgets)
             record["trial"] = {"tokens_per_s": full_block(config, times, args.gen_len, policy.block_size)[2],
                                "prefill_ms_per_layer": 1e3 * times.prefill_s_per_layer,
                                "decode_ms_per_layer_step": 1e3 * times.decode_s_per_layer_step,
-                               "wall_s": time.perf_counter() - t0, **(times.detail or {})}
+                               "wall_s": trial.seconds, **(times.detail or {})}
             release_memory()
             full = run_policy(loaded, policy, args, device)       # the same prompts as the trial's
             L, steps = config.num_hidden_layers, full["step_s"]
             record["full"] = {"setup_s": full["setup_s"], "step_s": steps,
                               "tokens_per_s": full["measured_tokens_per_s"],
                               "prefill_ms_per_layer": 1e3 * steps[0] / L,
-                              "decode_ms_per_layer_step": 1e3 * sum(steps[1:]) / max(1, len(steps) - 1) / L}
+                              "decode_ms_per_layer_step": 1e3 * sum(steps[1:]) / max(1, len(steps) - 1) / L,
+                              "peak_device_gib": full.get("peak_device_gib")}
             record["trial_over_full"] = record["trial"]["tokens_per_s"] / record["full"]["tokens_per_s"]
         except BaseException as exc:  # noqa: BLE001 - OOM and engine errors are results here
             if isinstance(exc, KeyboardInterrupt):
@@ -87,8 +91,10 @@ def main() -> None:
             record["traceback"] = traceback.format_exc(limit=4)
         release_memory()
         payload["results"].append(record)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(payload, indent=2))
+        full_runs = [r["full"] for r in payload["results"] if "full" in r]
+        if full_runs:
+            payload.update(tokens_per_s=full_runs[0]["tokens_per_s"], peak_device_gib=full_runs[0]["peak_device_gib"])
+        save_record(out, payload)
         print(json.dumps({"name": name, "trial": record.get("trial", {}).get("tokens_per_s"),
                           "full": record.get("full", {}).get("tokens_per_s"),
                           "ratio": record.get("trial_over_full"), "error": record.get("error")}), flush=True)

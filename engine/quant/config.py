@@ -41,7 +41,7 @@ class QuantConfig:
 
 
 # Defaults, chosen by benchmarks/quant_perplexity.py (SmolLM2-135M, fp32, 768 tokens of sample_data text
-# scored after 256-token prompts; numbers in benchmarks/results/quant_perplexity.json).
+# scored after 256-token prompts; numbers in benchmarks/results/quant_perplexity_sample-text.json).
 # Weights: groups of 32, not the issue's 64. SmolLM2's GGUF projections are llama.cpp Q4_1 (min/scale per 32
 # inputs): groups of 32 land on that grid and re-quantize them exactly (perplexity +0.0%, mean KL 0.0; the
 # output head stays dense), while groups of 64 straddle two grids (+26.7%, weights alone). Not rotated: a
