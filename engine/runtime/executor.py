@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from engine.models.layers import causal_mask
+from engine.models.layers import causal_mask, window_keep
 from engine.policy.policy import Policy
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT, QuantConfig
 from engine.runtime.act_homes import ActHomes
@@ -235,44 +235,56 @@ class Executor:
         elif spec.kind == "attention":
             kv = self.kv[(a.j, a.k)]
             if isinstance(x, tuple):
-                self.hidden[a.k] = self._attention_with_prefix(w, kv, batch, *x)
+                self.hidden[a.k] = self._attention_with_prefix(w, kv, batch, spec.index, *x)
             else:
-                self.hidden[a.k] = self._attention(w, kv, batch, x)
+                self.hidden[a.k] = self._attention(w, kv, batch, spec.index, x)
         elif spec.kind == "mlp":
             self.hidden[a.k] = tuple(f.mlp(w, h) for h in x) if isinstance(x, tuple) else f.mlp(w, x)
         else:
             self._head(w, batch, a)
 
-    def _attention(self, w, kv: KVHome, batch: GpuBatch, x: torch.Tensor) -> torch.Tensor:
+    def _attention(self, w, kv: KVHome, batch: GpuBatch, layer: int, x: torch.Tensor) -> torch.Tensor:
         c, f = self.config, self.family
         b, s, _ = x.shape
-        q, k, v = f.attn_qkv(w, x, batch.positions)                                        # [b, nh|nkv, s, hd]
+        window, cap = c.layer_window(layer), c.attn_logit_softcapping
+        q, k, v = f.attn_qkv(w, x, batch.positions, layer)                                 # [b, nh|nkv, s, hd]
         if batch.prefill:
             mask = causal_mask(batch.key_valid[:, :s], s)                                  # [b, 1, s, s]
-            out = kv.prefill(q, k, v, mask, c.attn_scale)                                  # [b, nh, s, hd]
+            if window is not None:
+                mask = mask & window_keep(batch.key_valid[:, :s], s, window)
+            out = kv.prefill(q, k, v, mask, c.attn_scale, cap)                             # [b, nh, s, hd]
         else:
             t = batch.t
-            out = kv.decode(q, k, v, t, batch.key_valid[:, :t + 1], batch.key_valid_host[:, :t + 1],
-                            c.attn_scale)                                                  # [b, nh, 1, hd]
+            valid, valid_host = batch.key_valid[:, :t + 1], batch.key_valid_host[:, :t + 1]   # [b, t+1]
+            if window is not None:
+                valid = valid & window_keep(valid, 1, window)[:, 0, 0]
+                valid_host = valid_host & window_keep(valid_host, 1, window)[:, 0, 0]
+            out = kv.decode(q, k, v, t, valid, valid_host, c.attn_scale, cap)              # [b, nh, 1, hd]
         attn = out.transpose(1, 2).reshape(b, s, c.num_attention_heads * c.head_dim)       # [b, s, nh*hd]
         return f.attn_out(w, attn, x)                                                      # [b, s, h]
 
-    def _attention_with_prefix(self, w, kv: KVHome, batch: GpuBatch, px: torch.Tensor,
+    def _attention_with_prefix(self, w, kv: KVHome, batch: GpuBatch, layer: int, px: torch.Tensor,
                                x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill of a batch whose rows share a prefix: the prefix [1, L] attends causally to itself once;
         the suffixes [b, s] attend to the prefix's keys (broadcast) and causally to their own."""
         c, f = self.config, self.family
         L, (b, s, _) = px.shape[1], x.shape
-        pq, pk, pv = f.attn_qkv(w, px, batch.prefix_positions)                             # [1, nh|nkv, L, hd]
-        pmask = causal_mask(torch.ones(1, L, dtype=torch.bool, device=px.device), L)       # [1, 1, L, L]
-        pout = prefill_attention(pq, pk, pv, pmask, c.attn_scale)                          # [1, nh, L, hd]
+        window, cap = c.layer_window(layer), c.attn_logit_softcapping
+        pq, pk, pv = f.attn_qkv(w, px, batch.prefix_positions, layer)                      # [1, nh|nkv, L, hd]
+        ones = torch.ones(1, L, dtype=torch.bool, device=px.device)
+        pmask = causal_mask(ones, L)                                                       # [1, 1, L, L]
+        if window is not None:
+            pmask = pmask & window_keep(ones, L, window)
+        pout = prefill_attention(pq, pk, pv, pmask, c.attn_scale, cap)                     # [1, nh, L, hd]
         px = f.attn_out(w, pout.transpose(1, 2).reshape(1, L, -1), px)                     # [1, L, h]
-        q, k, v = f.attn_qkv(w, x, batch.positions)                                        # [b, nh|nkv, s, hd]
+        q, k, v = f.attn_qkv(w, x, batch.positions, layer)                                 # [b, nh|nkv, s, hd]
         k = torch.cat((pk.expand(b, -1, -1, -1), k), dim=2)                                # [b, nkv, L+s, hd]
         v = torch.cat((pv.expand(b, -1, -1, -1), v), dim=2)
         own = causal_mask(batch.key_valid[:, L:L + s], s)                                  # [b, 1, s, s]
         mask = torch.cat((own.new_ones(b, 1, s, L), own), dim=-1)                          # [b, 1, s, L+s]
-        out = kv.prefill(q, k, v, mask, c.attn_scale)                                      # [b, nh, s, hd]
+        if window is not None:
+            mask = mask & window_keep(batch.key_valid[:, :L + s], s, window)
+        out = kv.prefill(q, k, v, mask, c.attn_scale, cap)                                 # [b, nh, s, hd]
         attn = out.transpose(1, 2).reshape(b, s, c.num_attention_heads * c.head_dim)       # [b, s, nh*hd]
         return px, f.attn_out(w, attn, x)
 
