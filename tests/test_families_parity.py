@@ -175,3 +175,20 @@ def test_compressed_weights_and_cache_stay_close(checkpoints, kind):
     # the tiny Gemmas' inputs are large (embeddings x5 here, x sqrt(h) by Gemma) and Gemma2's caps (0.5 on
     # scores, 0.3 on logits) saturate tanh: 4-bit weights + cache move their logits more (measured 0.26, 0.25)
     assert (b - a).norm() / a.norm() < (0.3 if kind.startswith("gemma") else 0.15)
+
+
+def test_longrope_switches_to_long_factors_past_the_original_context(checkpoints):
+    """Positions >= original_max_position_embeddings use the long factors (transformers' rotary embedding
+    over a sequence that long), earlier ones the short factors; both times the attention factor."""
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    folder, hf = checkpoints["phi3"]
+    family = load_model(folder).family
+    x = torch.zeros(1, 1, dtype=torch.float32)
+    for positions in (torch.arange(0, 60)[None], torch.arange(0, 100)[None]):
+        ref_cos, ref_sin = Phi3RotaryEmbedding(hf.config)(x, positions)   # [1, n, hd]
+        cos, sin = family.rope.lookup(positions, torch.float32)
+        part = slice(0, 60) if positions.shape[1] == 60 else slice(64, 100)
+        assert torch.allclose(cos[:, part], ref_cos[:, part], atol=1e-5)
+        assert torch.allclose(sin[:, part], ref_sin[:, part], atol=1e-5)
+    assert family.rope.mscale > 1.0
