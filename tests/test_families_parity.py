@@ -192,3 +192,47 @@ def test_longrope_switches_to_long_factors_past_the_original_context(checkpoints
         assert torch.allclose(cos[:, part], ref_cos[:, part], atol=1e-5)
         assert torch.allclose(sin[:, part], ref_sin[:, part], atol=1e-5)
     assert family.rope.mscale > 1.0
+
+
+_HUB_BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4)
+
+
+@pytest.mark.parametrize("d, windows", [
+    # Mistral-7B-v0.1: every layer slides
+    (dict(architectures=["MistralForCausalLM"], sliding_window=4096), [4096] * 4),
+    # Qwen2.5: a window in config.json that is off
+    (dict(architectures=["Qwen2ForCausalLM"], sliding_window=32768, use_sliding_window=False, max_window_layers=2),
+     [None] * 4),
+    # Qwen2 with use_sliding_window: layers from max_window_layers on slide
+    (dict(architectures=["Qwen2ForCausalLM"], sliding_window=16, use_sliding_window=True, max_window_layers=2),
+     [None, None, 16, 16]),
+    # Qwen1.5-MoE: sliding_window 0 means none
+    (dict(architectures=["Qwen2MoeForCausalLM"], sliding_window=0, num_experts=4, num_experts_per_tok=2), [None] * 4),
+    # Gemma2 (4.x config.json, no layer_types): even layers slide
+    (dict(architectures=["Gemma2ForCausalLM"], sliding_window=4096), [4096, None, 4096, None]),
+    # Gemma3 (4.x): sliding_window_pattern
+    (dict(architectures=["Gemma3ForCausalLM"], sliding_window=512, sliding_window_pattern=2), [512, None, 512, None]),
+    # Phi-3-mini: every layer slides
+    (dict(architectures=["Phi3ForCausalLM"], sliding_window=2047), [2047] * 4),
+])
+def test_hub_config_spellings_give_windows(d, windows):
+    from engine.models.hf_config import config_from_hf
+
+    c = config_from_hf({**_HUB_BASE, **d})
+    assert [c.layer_window(i) for i in range(4)] == windows
+
+
+def test_hub_config_spellings_of_rope():
+    from engine.models.hf_config import config_from_hf
+
+    gemma3 = config_from_hf({**_HUB_BASE, "architectures": ["Gemma3ForCausalLM"], "rope_theta": 1e6,
+                             "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+                             "query_pre_attn_scalar": 168, "hidden_activation": "gelu_pytorch_tanh"})
+    assert gemma3.rope_theta == 1e6 and gemma3.rope_local_base_freq == 1e4
+    assert gemma3.rope_scaling == {"rope_type": "linear", "factor": 8.0} and gemma3.hidden_act == "gelu_pytorch_tanh"
+    phi = config_from_hf({**_HUB_BASE, "architectures": ["Phi3ForCausalLM"], "original_max_position_embeddings": 4096,
+                          "rope_scaling": {"type": "su", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}})
+    assert phi.rope_scaling["rope_type"] == "longrope"
+    assert phi.rope_scaling["original_max_position_embeddings"] == 4096
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        config_from_hf({**_HUB_BASE, "architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 0.75})
