@@ -1,5 +1,8 @@
 """Model families (one file each, built from `layers` and `attention`), the architecture registry and weight loading.
 
+Families: opt, llama (Llama/Mistral/Qwen2), mixtral, qwen3, qwen2_moe, qwen3_moe, gemma2, gemma3, phi3; the
+registry (engine.models.registry) maps each HF `architectures` string to one of them.
+
 Public entry points: `load_model`, `LoadedModel`, `list_models` (engine.models.loader) and the
 `ModelFamily` / `LayerSpec` / `WeightSpec` contract (engine.models.base). Pure maths and weight sources:
 nothing here imports `engine.storage` or `engine.runtime` (placement is theirs).

@@ -14,6 +14,8 @@ runtime's `KVHome` (engine.runtime.kv_cache) only decides *where* the cache segm
 Decode uses grouped-query attention without repeating K/V: the g query heads of each kv head are laid out
 as g "positions" of one query block (they all sit at the same position, so no causal mask is needed).
 All cores run natively in the cache dtype (bf16/fp16 SDPA kernels), never upcasting the cache.
+`softcap` (Gemma2's attn_logit_softcapping) switches to the explicit soft-capped core; a sliding window is
+part of the mask / key_valid the attention layer builds (`window_keep`).
 """
 from __future__ import annotations
 
@@ -46,14 +48,43 @@ def causal_mask(key_valid: torch.Tensor, s: int) -> torch.Tensor:
     return mask[:, None]  # [b, 1, s, t]
 
 
+def window_keep(key_valid: torch.Tensor, s: int, window: int) -> torch.Tensor:
+    """Sliding-window attention's extra mask: key_valid [b, t] bool, the last s keys being the queries' own ->
+    [b, 1, s, t] bool, True where the key is fewer than `window` positions before the query (transformers'
+    `kv_idx > q_idx - sliding_window`). Positions count valid keys only (a row's left padding and the gap
+    after a shared prefix are not positions), so it is exact for padded and prefix-sharing batches."""
+    pos = key_valid.cumsum(-1) - 1  # [b, t]
+    return (pos[:, None, :] > pos[:, -s:, None] - window)[:, None]  # [b, 1, s, t]
+
+
 _NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                         scale: float, softcap: float) -> torch.Tensor:
+    """Attention with Gemma2's logit soft-capping, as transformers' eager path computes it: scores = q k^T *
+    scale, capped to softcap * tanh(scores / softcap), masked, softmax in float32, cast back, times v.
+    q [b, nh, s, hd], k/v [b, nkv, t, hd] (nh a multiple of nkv), mask [b, 1, s, t] bool -> [b, nh, s, hd]."""
+    b, nh, s, hd = q.shape
+    nkv = k.shape[1]
+    qg = q.reshape(b, nkv, (nh // nkv) * s, hd)  # [b, nkv, g*s, hd]: the g query heads of a kv head
+    scores = torch.matmul(qg, k.transpose(2, 3)).view(b, nkv, nh // nkv, s, -1) * scale  # [b, nkv, g, s, t]
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)  # [b, nkv, g, s, t]
+    out = torch.matmul(probs.view(b, nkv, -1, probs.shape[-1]), v)  # [b, nkv, g*s, hd]
+    return out.view(b, nh, s, hd)
+
+
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-         enable_gqa: bool = False) -> torch.Tensor:
+         enable_gqa: bool = False, softcap: float | None = None) -> torch.Tensor:
     """F.scaled_dot_product_attention, never through cuDNN on a GPU: cuDNN's SDPA builds a new graph for
     every new key length, which cost 4.8 ms of host time per decode call on the H200 (measured with
-    benchmarks/gpu_profile.py: 1229 ms of 256 calls), more than the whole layer's device time."""
+    benchmarks/gpu_profile.py: 1229 ms of 256 calls), more than the whole layer's device time. With
+    `softcap` (Gemma2) SDPA cannot apply the cap: `softcapped_attention` computes it."""
+    if softcap is not None:
+        return softcapped_attention(q, k, v, mask, scale, softcap)
     if not q.is_cuda:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
     with sdpa_kernel(_NO_CUDNN):
@@ -61,7 +92,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """The reference attention core.
 
@@ -69,29 +101,29 @@ def attention(
     to [b, nh, s, t] (bool, True = attend; or additive float) or None for full attention -> [b, s, nh*hd].
     """
     b, nh, s, hd = q.shape
-    out = sdpa(q, k, v, mask, scale, enable_gqa=k.shape[1] != nh)  # [b, nh, s, hd]
+    out = sdpa(q, k, v, mask, scale, enable_gqa=k.shape[1] != nh, softcap=softcap)  # [b, nh, s, hd]
     return out.transpose(1, 2).reshape(b, s, nh * hd)  # [b, s, nh*hd]
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                      scale: float) -> torch.Tensor:
+                      scale: float, softcap: float | None = None) -> torch.Tensor:
     """q [b, nh, s, hd], k/v [b, nkv, s, hd], mask [b, 1, s, s] bool (True = attend) -> [b, nh, s, hd]."""
-    return sdpa(q, k, v, mask, scale, enable_gqa=k.shape[1] != q.shape[1])
+    return sdpa(q, k, v, mask, scale, enable_gqa=k.shape[1] != q.shape[1], softcap=softcap)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+                     scale: float, softcap: float | None = None) -> torch.Tensor:
     """q [b, nh, 1, hd], k/v [b, nkv, t, hd] (the new token included), key_valid [b, t] bool -> [b, nh, 1, hd]."""
     b, nh, _, hd = q.shape
     nkv = k.shape[1]
     qg = q.reshape(b, nkv, nh // nkv, hd)                                   # [b, nkv, g, hd]
     mask = key_valid[:, None, None, :]                                      # [b, 1, 1, t]
-    out = sdpa(qg, k, v, mask, scale)                                       # [b, nkv, g, hd]
+    out = sdpa(qg, k, v, mask, scale, softcap=softcap)                      # [b, nkv, g, hd]
     return out.reshape(b, nh, 1, hd)
 
 
 def cpu_decode_attention(q: torch.Tensor, k: torch.Tensor | QTensor, v: torch.Tensor | QTensor,
-                         key_valid: torch.Tensor, scale: float) -> torch.Tensor:
+                         key_valid: torch.Tensor, scale: float, softcap: float | None = None) -> torch.Tensor:
     """`decode_attention` on host tensors, chunked over the batch so a compressed cache is dequantized
     one chunk (~64 MiB of keys+values) at a time; each chunk runs torch's multi-threaded SDPA kernel in
     the cache's own dtype. k/v may be memory-mapped (disk tier): pages are read as chunks are touched."""
@@ -100,13 +132,13 @@ def cpu_decode_attention(q: torch.Tensor, k: torch.Tensor | QTensor, v: torch.Te
     row_bytes = 2 * nkv * t * hd * q.element_size()
     chunk = max(1, min(b, _CPU_CHUNK_BYTES // max(1, row_bytes)))
     if chunk >= b and not isinstance(k, QTensor):
-        return decode_attention(q, k, v, key_valid, scale)
+        return decode_attention(q, k, v, key_valid, scale, softcap)
     out = torch.empty_like(q)                                               # [b, nh, 1, hd]
     for r0 in range(0, b, chunk):
         r1 = min(b, r0 + chunk)
         kc = dequantize(k[r0:r1]) if isinstance(k, QTensor) else k[r0:r1]  # [c, nkv, t, hd]
         vc = dequantize(v[r0:r1]) if isinstance(v, QTensor) else v[r0:r1]
-        out[r0:r1] = decode_attention(q[r0:r1], kc, vc, key_valid[r0:r1], scale)
+        out[r0:r1] = decode_attention(q[r0:r1], kc, vc, key_valid[r0:r1], scale, softcap)
     return out
 
 
@@ -115,10 +147,10 @@ class CacheAttention(Protocol):
     k/v and returns the attention output, wherever its segments live."""
 
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                scale: float) -> torch.Tensor: ...
+                scale: float, softcap: float | None = None) -> torch.Tensor: ...
 
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, key_valid: torch.Tensor,
-               key_valid_host: torch.Tensor, scale: float) -> torch.Tensor: ...
+               key_valid_host: torch.Tensor, scale: float, softcap: float | None = None) -> torch.Tensor: ...
 
 
 class AttentionBatch(Protocol):
@@ -135,37 +167,50 @@ class AttentionBatch(Protocol):
 
 
 def attention_layer(c: ModelConfig, f: ModelFamily, w: Weights, kv: CacheAttention, batch: AttentionBatch,
-                    x: torch.Tensor) -> torch.Tensor:
-    """One attention layer of a GPU batch: q/k/v from `f`, attention over `kv` (prefill: causal over the
-    batch's valid keys; decode: the new token over the cache), then `f.attn_out` -> [b, s, h]."""
+                    layer: int, x: torch.Tensor) -> torch.Tensor:
+    """Attention layer `layer` of a GPU batch: q/k/v from `f`, attention over `kv` (prefill: causal over the
+    batch's valid keys; decode: the new token over the cache; both inside the layer's sliding window, if
+    any, and soft-capped where the config says), then `f.attn_out` -> [b, s, h]."""
     b, s, _ = x.shape
-    q, k, v = f.attn_qkv(w, x, batch.positions)                                        # [b, nh|nkv, s, hd]
+    window, cap = c.layer_window(layer), c.attn_logit_softcapping
+    q, k, v = f.attn_qkv(w, x, batch.positions, layer)                                 # [b, nh|nkv, s, hd]
     if batch.prefill:
         mask = causal_mask(batch.key_valid[:, :s], s)                                  # [b, 1, s, s]
-        out = kv.prefill(q, k, v, mask, c.attn_scale)                                  # [b, nh, s, hd]
+        if window is not None:
+            mask = mask & window_keep(batch.key_valid[:, :s], s, window)
+        out = kv.prefill(q, k, v, mask, c.attn_scale, cap)                             # [b, nh, s, hd]
     else:
         t = batch.t
-        out = kv.decode(q, k, v, t, batch.key_valid[:, :t + 1], batch.key_valid_host[:, :t + 1],
-                        c.attn_scale)                                                  # [b, nh, 1, hd]
+        valid, valid_host = batch.key_valid[:, :t + 1], batch.key_valid_host[:, :t + 1]   # [b, t+1]
+        if window is not None:
+            valid = valid & window_keep(valid, 1, window)[:, 0, 0]
+            valid_host = valid_host & window_keep(valid_host, 1, window)[:, 0, 0]
+        out = kv.decode(q, k, v, t, valid, valid_host, c.attn_scale, cap)              # [b, nh, 1, hd]
     attn = out.transpose(1, 2).reshape(b, s, c.num_attention_heads * c.head_dim)       # [b, s, nh*hd]
     return f.attn_out(w, attn, x)                                                      # [b, s, h]
 
 
 def attention_layer_with_prefix(c: ModelConfig, f: ModelFamily, w: Weights, kv: CacheAttention,
-                                batch: AttentionBatch, px: torch.Tensor,
+                                batch: AttentionBatch, layer: int, px: torch.Tensor,
                                 x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill of a batch whose rows share a prefix: the prefix [1, L] attends causally to itself once;
     the suffixes [b, s] attend to the prefix's keys (broadcast) and causally to their own."""
     L, (b, s, _) = px.shape[1], x.shape
-    pq, pk, pv = f.attn_qkv(w, px, batch.prefix_positions)                             # [1, nh|nkv, L, hd]
-    pmask = causal_mask(torch.ones(1, L, dtype=torch.bool, device=px.device), L)       # [1, 1, L, L]
-    pout = prefill_attention(pq, pk, pv, pmask, c.attn_scale)                          # [1, nh, L, hd]
+    window, cap = c.layer_window(layer), c.attn_logit_softcapping
+    pq, pk, pv = f.attn_qkv(w, px, batch.prefix_positions, layer)                      # [1, nh|nkv, L, hd]
+    ones = torch.ones(1, L, dtype=torch.bool, device=px.device)
+    pmask = causal_mask(ones, L)                                                       # [1, 1, L, L]
+    if window is not None:
+        pmask = pmask & window_keep(ones, L, window)
+    pout = prefill_attention(pq, pk, pv, pmask, c.attn_scale, cap)                     # [1, nh, L, hd]
     px = f.attn_out(w, pout.transpose(1, 2).reshape(1, L, -1), px)                     # [1, L, h]
-    q, k, v = f.attn_qkv(w, x, batch.positions)                                        # [b, nh|nkv, s, hd]
+    q, k, v = f.attn_qkv(w, x, batch.positions, layer)                                 # [b, nh|nkv, s, hd]
     k = torch.cat((pk.expand(b, -1, -1, -1), k), dim=2)                                # [b, nkv, L+s, hd]
     v = torch.cat((pv.expand(b, -1, -1, -1), v), dim=2)
     own = causal_mask(batch.key_valid[:, L:L + s], s)                                  # [b, 1, s, s]
     mask = torch.cat((own.new_ones(b, 1, s, L), own), dim=-1)                          # [b, 1, s, L+s]
-    out = kv.prefill(q, k, v, mask, c.attn_scale)                                      # [b, nh, s, hd]
+    if window is not None:
+        mask = mask & window_keep(batch.key_valid[:, :L + s], s, window)
+    out = kv.prefill(q, k, v, mask, c.attn_scale, cap)                                 # [b, nh, s, hd]
     attn = out.transpose(1, 2).reshape(b, s, c.num_attention_heads * c.head_dim)       # [b, s, nh*hd]
     return px, f.attn_out(w, attn, x)

@@ -77,11 +77,13 @@ class ModelFamily(Protocol):
         """input_ids, positions [b, s] int64 (position 0 = first real token) -> hidden [b, s, h]."""
 
     def attn_qkv(
-        self, w: Weights, hidden: torch.Tensor, positions: torch.Tensor
+        self, w: Weights, hidden: torch.Tensor, positions: torch.Tensor, layer: int = -1
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """hidden [b, s, h] -> q [b, nh, s, hd], k [b, nkv, s, hd], v [b, nkv, s, hd], RoPE applied.
+        """hidden [b, s, h] of decoder layer `layer` -> q [b, nh, s, hd], k [b, nkv, s, hd], v [b, nkv, s, hd],
+        RoPE applied (`layer` picks per-layer RoPE, Gemma3's local base; -1 = unknown, the global one).
 
-        q is pre-scaled by nothing: the attention core applies `config.attn_scale`."""
+        q is pre-scaled by nothing: the attention core applies `config.attn_scale`, masks keys outside
+        `config.layer_window(layer)` and soft-caps scores by `config.attn_logit_softcapping`."""
 
     def attn_out(self, w: Weights, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """attn [b, s, nh*hd], residual = the hidden that entered attn_qkv [b, s, h] -> hidden [b, s, h]."""

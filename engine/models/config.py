@@ -1,7 +1,9 @@
 """Static description of a model: `ModelConfig`, with Hugging Face field names.
 
-Built from a checkpoint's config.json (`engine.models.hf_config.config_from_hf`), GGUF metadata or a named preset. Only what our layers
-need is kept; every family reads the same dataclass.
+Built from a checkpoint's config.json (`engine.models.hf_config.config_from_hf`), GGUF metadata or a named
+preset. Only what our layers need is kept; every family reads the same dataclass. Per-layer facts the
+runtime needs (a layer's sliding window, whether its MLP is sparse) are methods here, so the executor never
+asks a family.
 """
 from __future__ import annotations
 
@@ -30,9 +32,22 @@ class ModelConfig:
     do_layer_norm_before: bool = True
     word_embed_proj_dim: int | None = None
     enable_bias: bool = True
-    # Mixtral only
-    num_local_experts: int = 0
+    # attention variants (Mistral, Qwen2/3, Phi3, Gemma2/3)
+    sliding_window: int | None = None    # keys more than this many positions back are masked
+    layer_types: tuple[str, ...] = ()    # per layer "sliding_attention" | "full_attention"; () = all sliding
+                                         # when sliding_window is set (Mistral), else all full
+    attn_logit_softcapping: float | None = None   # Gemma2: scores -> cap * tanh(scores / cap)
+    final_logit_softcapping: float | None = None  # Gemma2: logits -> cap * tanh(logits / cap)
+    query_pre_attn_scalar: float | None = None    # Gemma: attention scale is query_pre_attn_scalar ** -0.5
+    rope_local_base_freq: float | None = None     # Gemma3: rope_theta of the sliding-window layers
+    # sparse MoE (Mixtral, Qwen2-MoE, Qwen3-MoE)
+    num_local_experts: int = 0           # Qwen-MoE: num_experts
     num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0       # Qwen-MoE: each routed expert's width (0 = intermediate_size)
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: the sigmoid-gated shared expert (0 = none)
+    norm_topk_prob: bool = True          # renormalise the top-k routing weights to sum 1 (Mixtral: always)
+    decoder_sparse_step: int = 1         # layer i is sparse when (i + 1) % step == 0 and i not in mlp_only_layers
+    mlp_only_layers: tuple[int, ...] = ()
     # tokens
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = field(default_factory=tuple)
@@ -45,7 +60,25 @@ class ModelConfig:
 
     @property
     def attn_scale(self) -> float:
-        return self.head_dim ** -0.5
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def expert_intermediate_size(self) -> int:
+        """Width of one routed expert."""
+        return self.moe_intermediate_size or self.intermediate_size
+
+    def layer_window(self, i: int) -> int | None:
+        """Sliding window of decoder layer i (None: full causal attention)."""
+        if self.sliding_window is None:
+            return None
+        if not self.layer_types or self.layer_types[i] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    def is_moe_layer(self, i: int) -> bool:
+        """True when decoder layer i has a sparse-MoE block (else a dense MLP of intermediate_size)."""
+        return (self.is_moe and i not in self.mlp_only_layers
+                and (i + 1) % max(1, self.decoder_sparse_step) == 0)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

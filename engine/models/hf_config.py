@@ -1,8 +1,10 @@
 """`ModelConfig` from a Hugging Face config.json dict (transformers 4.x and 5.x spellings).
 
 Normalises the differences between families (OPT's `ffn_dim`, `activation_function`; RoPE in
-`rope_scaling` + `rope_theta` or in 5.x's `rope_parameters`; `eos_token_id` int or list) so that every
-family reads one dataclass.
+`rope_scaling` + `rope_theta` or in 5.x's `rope_parameters`, Gemma3's per-layer-type rope_parameters or 4.x's
+`rope_local_base_freq`; Phi3's "su" rope = "longrope"; sliding windows as `layer_types`, Gemma's
+`sliding_window_pattern`, Qwen2's `use_sliding_window` + `max_window_layers`; Qwen-MoE's `num_experts`;
+`eos_token_id` int or list) so that every family reads one dataclass.
 """
 from __future__ import annotations
 
@@ -20,15 +22,21 @@ def _eos_tuple(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def _rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+def _rope(d: dict[str, Any], params: dict[str, Any] | None = None) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling or None) from either spelling; rope_scaling always has a "rope_type" key."""
-    params = dict(d.get("rope_parameters") or {})
+    params = dict((d.get("rope_parameters") or {}) if params is None else params)
     legacy = dict(d.get("rope_scaling") or {})
     theta = params.pop("rope_theta", None)
     if theta is None:
         theta = d.get("rope_theta", 10000.0)
+    partial = float(params.pop("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) or 1.0)
+    if partial != 1.0:
+        raise ValueError(f"config.json: partial_rotary_factor {partial} is not supported (only 1.0)")
     scaling = params or legacy
     rope_type = scaling.pop("rope_type", scaling.pop("type", "default")) if scaling else "default"
+    rope_type = "longrope" if rope_type == "su" else rope_type
+    if rope_type == "longrope" and "original_max_position_embeddings" not in scaling:
+        scaling["original_max_position_embeddings"] = d.get("original_max_position_embeddings")
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
             f"config.json: rope type {rope_type!r} is not supported; supported: {list(SUPPORTED_ROPE_TYPES)}"
@@ -36,6 +44,42 @@ def _rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     if rope_type == "default":
         return float(theta), None
     return float(theta), {"rope_type": rope_type, **scaling}
+
+
+def _rope_by_layer_type(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float | None]:
+    """(rope_theta, rope_scaling, rope_local_base_freq): Gemma3's global and sliding-layer RoPE, 5.x's
+    {"full_attention": ..., "sliding_attention": ...} or 4.x's rope_theta / rope_scaling / rope_local_base_freq."""
+    params = d.get("rope_parameters") or {}
+    if "full_attention" in params:
+        theta, scaling = _rope(d, params["full_attention"])
+        local = params.get("sliding_attention", {}).get("rope_theta")
+        return theta, scaling, None if local is None else float(local)
+    theta, scaling = _rope(d)
+    local = d.get("rope_local_base_freq")
+    return theta, scaling, None if local is None else float(local)
+
+
+_WINDOW_PATTERN = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 6}   # every n-th layer is global
+
+
+def _sliding(d: dict[str, Any], arch: str) -> tuple[int | None, tuple[str, ...]]:
+    """(sliding_window, layer_types): the window and which layers use it; (None, ()) when none does."""
+    window = d.get("sliding_window")
+    if not window or d.get("use_sliding_window", True) is False:
+        return None, ()
+    types = d.get("layer_types")
+    n = d["num_hidden_layers"]
+    if types is None and arch in _WINDOW_PATTERN:
+        every = d.get("sliding_window_pattern") or d.get("_sliding_window_pattern") or _WINDOW_PATTERN[arch]
+        types = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)]
+    elif types is None and d.get("use_sliding_window") and d.get("max_window_layers") is not None:
+        types = ["sliding_attention" if i >= d["max_window_layers"] else "full_attention" for i in range(n)]
+    elif types is None:
+        return int(window), ()                     # every layer (Mistral, Phi3)
+    types = tuple(types)
+    if len(types) != n:
+        raise ValueError(f"config.json: layer_types has {len(types)} entries for {n} layers")
+    return (int(window), types) if "sliding_attention" in types else (None, ())
 
 
 def _require(d: dict[str, Any], *keys: str) -> None:
@@ -72,8 +116,11 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
         )
     _require(d, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     hidden, heads = d["hidden_size"], d["num_attention_heads"]
-    theta, scaling = _rope(d)
-    attention_bias = bool(d.get("attention_bias", False)) or arch == "Qwen2ForCausalLM"
+    theta, scaling, local_theta = _rope_by_layer_type(d)
+    qwen2 = arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
+    attention_bias = bool(d.get("attention_bias", False)) or bool(d.get("qkv_bias", qwen2))
+    window, layer_types = _sliding(d, arch)
+    gemma = arch.startswith("Gemma")
     return ModelConfig(
         architecture=arch, vocab_size=d["vocab_size"], hidden_size=hidden,
         intermediate_size=d["intermediate_size"], num_hidden_layers=d["num_hidden_layers"],
@@ -82,7 +129,17 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
         max_position_embeddings=d.get("max_position_embeddings", 4096),
         rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), attention_bias=attention_bias,
-        hidden_act=d.get("hidden_act", "silu"),
-        num_local_experts=d.get("num_local_experts", 0) or 0,
-        num_experts_per_tok=d.get("num_experts_per_tok", 0) or 0, **tokens,
+        hidden_act=(gemma and d.get("hidden_activation")) or d.get("hidden_act", "silu"),
+        sliding_window=window, layer_types=layer_types,
+        attn_logit_softcapping=d.get("attn_logit_softcapping") if gemma else None,
+        final_logit_softcapping=d.get("final_logit_softcapping") if gemma else None,
+        query_pre_attn_scalar=d.get("query_pre_attn_scalar") if gemma else None,
+        rope_local_base_freq=local_theta if gemma else None,
+        num_local_experts=d.get("num_local_experts") or d.get("num_experts") or 0,
+        num_experts_per_tok=d.get("num_experts_per_tok", 0) or 0,
+        moe_intermediate_size=d.get("moe_intermediate_size") or 0,
+        shared_expert_intermediate_size=d.get("shared_expert_intermediate_size") or 0,
+        norm_topk_prob=arch == "MixtralForCausalLM" or bool(d.get("norm_topk_prob", False)),
+        decoder_sparse_step=d.get("decoder_sparse_step") or 1,
+        mlp_only_layers=tuple(d.get("mlp_only_layers") or ()), **tokens,
     )

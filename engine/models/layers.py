@@ -9,6 +9,7 @@ hd head_dim.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 
 from engine.models.config import ModelConfig
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -58,7 +59,8 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     """Inverse frequencies [hd/2] float32 for `config.rope_theta` and `config.rope_scaling`.
 
-    Matches transformers' ROPE_INIT_FUNCTIONS for "default", "linear" and "llama3"."""
+    Matches transformers' ROPE_INIT_FUNCTIONS for "default", "linear" and "llama3"; for "longrope" these are
+    the short-context frequencies (see `rope_table` for the long ones and the attention factor)."""
     dim = config.head_dim
     base = config.rope_theta
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim))  # [hd/2]
@@ -70,6 +72,8 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
         return inv_freq / float(scaling["factor"])
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
+    if rope_type == "longrope":
+        return inv_freq / torch.tensor(scaling["short_factor"], dtype=torch.float32)
     raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: {list(SUPPORTED_ROPE_TYPES)}")
 
 
@@ -89,23 +93,44 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.T
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _longrope(config: ModelConfig) -> tuple[torch.Tensor, int, float]:
+    """LongRoPE ("su", Phi3): (long-context inverse frequencies [hd/2], the position from which they apply
+    (original_max_position_embeddings), the cos/sin factor sqrt(1 + ln(factor) / ln(original)))."""
+    scaling = dict(config.rope_scaling or {})
+    original = int(scaling["original_max_position_embeddings"])
+    base = rope_inv_freq(replace(config, rope_scaling=None))  # [hd/2]
+    factor = float(scaling.get("factor") or config.max_position_embeddings / original)
+    mscale = scaling.get("attention_factor")
+    if mscale is None:
+        mscale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return base / torch.tensor(scaling["long_factor"], dtype=torch.float32), original, float(mscale)
+
+
 def rope_cos_sin(
-    inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
+    inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype, mscale: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [b, s] int64 -> cos, sin [b, s, hd] in `dtype` (computed in float32, as transformers does)."""
+    """positions [b, s] int64 -> cos, sin [b, s, hd] in `dtype` (computed in float32, as transformers does;
+    times `mscale` before the cast when it is not 1, LongRoPE's attention factor)."""
     freqs = positions[..., None].to(torch.float32) * inv_freq.to(positions.device, torch.float32)  # [b, s, hd/2]
     emb = torch.cat((freqs, freqs), dim=-1)  # [b, s, hd]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    cos, sin = emb.cos(), emb.sin()
+    if mscale != 1.0:
+        cos, sin = cos * mscale, sin * mscale
+    return cos.to(dtype), sin.to(dtype)
 
 
 class RopeTable:
     """cos/sin of positions 0..n-1 per (device, dtype), built once and gathered per layer.
 
     Values equal `rope_cos_sin`'s (float32 products, cast to `dtype` last); the table grows by doubling when
-    a larger position appears, so a decode step costs one gather per layer instead of a cos and a sin."""
+    a larger position appears, so a decode step costs one gather per layer instead of a cos and a sin.
+    LongRoPE: positions from `switch` on use `long_inv_freq` (transformers switches the whole sequence once
+    it is longer than the original context; per position, a cached key never changes), all times `mscale`."""
 
-    def __init__(self, inv_freq: torch.Tensor) -> None:
+    def __init__(self, inv_freq: torch.Tensor, long_inv_freq: torch.Tensor | None = None, switch: int = 0,
+                 mscale: float = 1.0) -> None:
         self.inv_freq = inv_freq  # [hd/2] float32
+        self.long_inv_freq, self.switch, self.mscale = long_inv_freq, switch, mscale
         self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,10 +141,21 @@ class RopeTable:
         if cos is None or cos.shape[0] < needed:
             size = max(needed, 2 * (0 if cos is None else cos.shape[0]), 256)
             grid = torch.arange(size, device=positions.device)[None, :]  # [1, n]
-            cos, sin = rope_cos_sin(self.inv_freq, grid, dtype)  # [1, n, hd]
+            cos, sin = rope_cos_sin(self.inv_freq, grid, dtype, self.mscale)  # [1, n, hd]
             cos, sin = cos[0], sin[0]  # [n, hd]
+            if self.long_inv_freq is not None and size > self.switch:
+                lcos, lsin = rope_cos_sin(self.long_inv_freq, grid[:, self.switch:], dtype, self.mscale)
+                cos, sin = torch.cat((cos[:self.switch], lcos[0])), torch.cat((sin[:self.switch], lsin[0]))
             self._tables[key] = (cos, sin)
         return F.embedding(positions, cos), F.embedding(positions, sin)  # [b, s, hd]
+
+
+def rope_table(config: ModelConfig) -> RopeTable:
+    """The RoPE table of `config` (rope_theta, rope_scaling incl. LongRoPE's two frequency sets)."""
+    if (config.rope_scaling or {}).get("rope_type") == "longrope":
+        long_inv_freq, switch, mscale = _longrope(config)
+        return RopeTable(rope_inv_freq(config), long_inv_freq, switch, mscale)
+    return RopeTable(rope_inv_freq(config))
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,10 @@
 """Llama-shaped decoders: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (and SmolLM2, a Llama).
 
 Grouped-query attention with RoPE (incl. "linear"/"llama3" scaling), RMSNorm, SwiGLU MLP, optional q/k/v
-bias (Qwen2), optional tied embeddings. q/k/v and gate/up are fused at load time (WeightSpec.sources).
-Mixtral reuses everything here except the MLP (see mixtral.py).
+bias (Qwen2), optional tied embeddings, a sliding window (Mistral; applied by the runtime from
+`ModelConfig.layer_window`). q/k/v and gate/up are fused at load time: `PACKED` says which checkpoint
+tensors form each fused weight (data: Phi3's checkpoints hold them fused already).
+Mixtral, Qwen3, Qwen-MoE, Gemma and Phi3 reuse the parts here they share (see their files).
 """
 from __future__ import annotations
 
@@ -11,15 +13,19 @@ import torch.nn.functional as F
 
 from engine.models.base import LayerSpec, Weights, WeightSpec
 from engine.models.config import ModelConfig
-from engine.models.layers import RopeTable, activation, apply_rope, linear, rms_norm, rope_inv_freq
+from engine.models.layers import activation, apply_rope, linear, rms_norm, rope_table
 
 
 class LlamaFamily:
     """Pure layer functions of the Llama family; holds only the config and the RoPE frequencies."""
 
+    # fused weight -> the checkpoint's tensors (under self_attn. / mlp.) concatenated along dim 0
+    PACKED: dict[str, tuple[str, ...]] = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
+                                          "gate_up_proj": ("gate_proj", "up_proj")}
+
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
-        self.rope = RopeTable(rope_inv_freq(config))
+        self.rope = rope_table(config)
         self.act = activation(config.hidden_act)
 
     # ---- specs -------------------------------------------------------------------------------------
@@ -40,7 +46,7 @@ class LlamaFamily:
         c = self.config
         p = f"model.layers.{i}."
         q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-        qkv = tuple(f"{p}self_attn.{n}_proj" for n in "qkv")
+        qkv = tuple(f"{p}self_attn.{n}" for n in self.PACKED["qkv_proj"])
         w = {
             "input_layernorm.weight": WeightSpec((c.hidden_size,), (f"{p}input_layernorm.weight",)),
             "qkv_proj.weight": WeightSpec(
@@ -59,7 +65,7 @@ class LlamaFamily:
             "post_attention_layernorm.weight": WeightSpec((c.hidden_size,), (f"{p}post_attention_layernorm.weight",)),
             "gate_up_proj.weight": WeightSpec(
                 (2 * c.intermediate_size, c.hidden_size),
-                (f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"), quantizable=True,
+                tuple(f"{p}mlp.{n}.weight" for n in self.PACKED["gate_up_proj"]), quantizable=True,
             ),
             "down_proj.weight": WeightSpec(
                 (c.hidden_size, c.intermediate_size), (f"{p}mlp.down_proj.weight",), quantizable=True
@@ -81,19 +87,24 @@ class LlamaFamily:
         return F.embedding(input_ids, w["embed_tokens.weight"])  # [b, s, h]
 
     def attn_qkv(
-        self, w: Weights, hidden: torch.Tensor, positions: torch.Tensor
+        self, w: Weights, hidden: torch.Tensor, positions: torch.Tensor, layer: int = -1
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = rms_norm(hidden, w["input_layernorm.weight"], self.config.rms_norm_eps)  # [b, s, h]
+        q, k, v = self.qkv_heads(w, x)
+        cos, sin = self.rope.lookup(positions, hidden.dtype)  # [b, s, hd]
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.contiguous()
+
+    def qkv_heads(self, w: Weights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The normed hidden x [b, s, h] -> q [b, nh, s, hd], k/v [b, nkv, s, hd] before RoPE."""
         c = self.config
-        b, s, _ = hidden.shape
-        x = rms_norm(hidden, w["input_layernorm.weight"], c.rms_norm_eps)  # [b, s, h]
+        b, s, _ = x.shape
         qkv = linear(x, w["qkv_proj.weight"], w.get("qkv_proj.bias"))  # [b, s, (nh+2nkv)*hd]
         q_out, kv_out = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
         q, k, v = qkv.split([q_out, kv_out, kv_out], dim=-1)
         q = q.view(b, s, c.num_attention_heads, c.head_dim).transpose(1, 2)  # [b, nh, s, hd]
         k = k.view(b, s, c.num_key_value_heads, c.head_dim).transpose(1, 2)  # [b, nkv, s, hd]
         v = v.view(b, s, c.num_key_value_heads, c.head_dim).transpose(1, 2)  # [b, nkv, s, hd]
-        cos, sin = self.rope.lookup(positions, hidden.dtype)  # [b, s, hd]
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.contiguous()
+        return q, k, v
 
     def attn_out(self, w: Weights, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return residual + linear(attn, w["o_proj.weight"])  # [b, s, h]

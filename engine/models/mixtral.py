@@ -3,6 +3,7 @@
 Experts are stacked tensors built from the per-expert checkpoint tensors (WeightSpec sources stacked):
 w1 [E, i, h] (gate), w2 [E, h, i] (down), w3 [E, i, h] (up). Routing is transformers' MixtralTopKRouter:
 softmax over E in float32, top-k, renormalised to sum 1. Each expert computes only the tokens routed to it.
+`moe_route` / `moe_experts` are shared with the Qwen-MoE families (qwen2_moe.py).
 """
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ from engine.models.layers import linear, rms_norm
 from engine.models.llama import LlamaFamily
 
 
-def moe_route(x: torch.Tensor, gate: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [n, h], gate [E, h] -> (weights [n, k] float32 summing to 1 per row, experts [n, k] int64)."""
+def moe_route(x: torch.Tensor, gate: torch.Tensor, top_k: int,
+              normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [n, h], gate [E, h] -> (weights [n, k] float32, experts [n, k] int64). The weights are the softmax
+    probabilities of the chosen experts, renormalised to sum 1 per row when `normalize` (Mixtral; Qwen-MoE's
+    `norm_topk_prob`)."""
     probs = torch.softmax(linear(x, gate).float(), dim=-1)  # [n, E]
     top_w, top_e = torch.topk(probs, top_k, dim=-1)  # [n, k]
-    return top_w / top_w.sum(dim=-1, keepdim=True), top_e
+    return (top_w / top_w.sum(dim=-1, keepdim=True) if normalize else top_w), top_e
 
 
 def moe_experts(

@@ -87,7 +87,7 @@ class OPTFamily:
         return x + F.embedding(positions + POSITION_OFFSET, w["embed_positions.weight"])  # [b, s, h]
 
     def attn_qkv(
-        self, w: Weights, hidden: torch.Tensor, positions: torch.Tensor
+        self, w: Weights, hidden: torch.Tensor, positions: torch.Tensor, layer: int = -1
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         c = self.config
         b, s, _ = hidden.shape

@@ -36,6 +36,15 @@ def _mixtral(hidden: int, inter: int, layers: int, heads: int, vocab: int, max_p
     return {**base, **kw}
 
 
+def _qwen3(hidden: int, inter: int, layers: int, heads: int, kv: int, **kw: Any) -> dict[str, Any]:
+    base = _llama(
+        hidden, inter, layers, heads, kv, architectures=["Qwen3ForCausalLM"], vocab_size=151936, head_dim=128,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1e6, bos_token_id=151643,
+        eos_token_id=151645,
+    )
+    return {**base, **kw}
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     "opt-125m": _opt(768, 3072, 12, 12),
     "opt-1.3b": _opt(2048, 8192, 24, 32),
@@ -47,6 +56,25 @@ PRESETS: dict[str, dict[str, Any]] = {
     "llama-3-70b": _llama(8192, 28672, 80, 64, 8),
     "mixtral-8x7b": _mixtral(4096, 14336, 32, 32, 32000, 32768),
     "mixtral-8x22b": _mixtral(6144, 16384, 56, 48, 32768, 65536),
+    "llama-3.1-405b": _llama(
+        16384, 53248, 126, 128, 8, max_position_embeddings=131072,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192},
+    ),
+    "qwen3-32b": _qwen3(5120, 25600, 64, 64, 8),
+    "qwen3-30b-a3b": _qwen3(
+        2048, 6144, 48, 32, 4, architectures=["Qwen3MoeForCausalLM"], num_experts=128, num_experts_per_tok=8,
+        moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+    ),
+    "gemma-3-27b": dict(
+        architectures=["Gemma3ForCausalLM"], vocab_size=262208, hidden_size=5376, intermediate_size=21504,
+        num_hidden_layers=62, num_attention_heads=32, num_key_value_heads=16, head_dim=128,
+        hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131072, rms_norm_eps=1e-6,
+        rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8.0},
+        query_pre_attn_scalar=168, sliding_window=1024, sliding_window_pattern=6, tie_word_embeddings=True,
+        final_logit_softcapping=None, attn_logit_softcapping=None, bos_token_id=2, eos_token_id=[1, 106],
+        pad_token_id=0, torch_dtype="bfloat16",
+    ),
     "tiny-opt": dict(
         _opt(64, 128, 2, 4), vocab_size=320, max_position_embeddings=256, torch_dtype="float32"
     ),

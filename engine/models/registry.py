@@ -1,6 +1,7 @@
 """Architecture registry: the Hugging Face `architectures` string -> the family class, imported lazily.
 
-Data, not code: adding an architecture is one line here plus a parity test in tests/test_models_parity.py.
+Data, not code: adding an architecture is one line here plus a parity test in tests/test_models_parity.py
+(the first families) or tests/test_families_parity.py (Qwen3, Qwen-MoE, Gemma2/3, Phi3, Mistral's window).
 """
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "MistralForCausalLM": ("llama", "LlamaFamily"),
     "Qwen2ForCausalLM": ("llama", "LlamaFamily"),
     "MixtralForCausalLM": ("mixtral", "MixtralFamily"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3Family"),
+    "Qwen2MoeForCausalLM": ("qwen2_moe", "Qwen2MoeFamily"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeFamily"),
+    "Gemma2ForCausalLM": ("gemma2", "Gemma2Family"),
+    "Gemma3ForCausalLM": ("gemma3", "Gemma3Family"),
+    "Phi3ForCausalLM": ("phi3", "Phi3Family"),
 }
 
 

@@ -2,7 +2,10 @@
 per token, FLOPs per token (dense and activated experts). Pure functions; no tensors are built.
 
 Conventions: a "decoder layer" is one attention block plus one MLP (or sparse-MoE) block, with their norms
-and biases. Element counts are exact for the families we implement (OPT, Llama-shaped, Mixtral); byte
+and biases. Element counts are exact for the families we implement (OPT, Llama-shaped, Mixtral, Qwen3,
+Qwen-MoE with routed experts of `moe_intermediate_size` and a shared expert, Gemma2/3 with their extra norms,
+Phi3); a Qwen-MoE model with dense layers (`mlp_only_layers`, `decoder_sparse_step`) is counted as if every
+layer were sparse (an upper bound: its dense MLPs are smaller than the experts together); byte
 counts multiply by `bytes_per_element`, and `compressed_bytes` gives the 4-bit group-wise size
 (4 bits per value plus an fp16 min and scale per group of 64: 36 / 128 = 0.28x of fp16).
 """
@@ -28,6 +31,13 @@ def _is_opt(config: ModelConfig) -> bool:
     return config.architecture.startswith("OPT")
 
 
+def _is_gemma(config: ModelConfig) -> bool:
+    return config.architecture.startswith("Gemma")
+
+
+_QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM")   # per-head q/k RMSNorm weights
+
+
 def attention_matmul_numel(config: ModelConfig) -> int:
     """Elements of the q/k/v/o projection matrices of one layer (quantizable)."""
     h, q_dim = config.hidden_size, config.num_attention_heads * config.head_dim
@@ -43,23 +53,34 @@ def attention_other_numel(config: ModelConfig) -> int:
         bias = (q_dim + 2 * kv_dim + h) if config.enable_bias else 0
         return bias + 2 * h  # biases + layer norm weight and bias
     bias = (q_dim + 2 * kv_dim) if config.attention_bias else 0
-    return bias + h  # q/k/v biases + RMSNorm weight
+    qk_norm = 2 * config.head_dim if config.architecture in _QK_NORM else 0
+    post = h if _is_gemma(config) else 0   # Gemma's post_attention_layernorm (on the attention output)
+    return bias + h + qk_norm + post  # q/k/v biases + RMSNorm weight(s)
 
 
 def expert_numel(config: ModelConfig) -> int:
-    """Elements of one feed-forward network: gate/up/down for gated MLPs, fc1/fc2 (+biases) for OPT."""
+    """Elements of one feed-forward network (one routed expert for MoE): gate/up/down for gated MLPs,
+    fc1/fc2 (+biases) for OPT."""
     h, i = config.hidden_size, config.intermediate_size
     if _is_opt(config):
         return 2 * h * i + ((i + h) if config.enable_bias else 0)
-    return 3 * h * i
+    return 3 * h * (config.expert_intermediate_size if config.is_moe else i)
+
+
+def _shared_expert_numel(config: ModelConfig) -> int:
+    """Elements of Qwen2-MoE's shared expert and its sigmoid gate (0 without one)."""
+    si = config.shared_expert_intermediate_size
+    return 3 * config.hidden_size * si + config.hidden_size if si else 0
 
 
 def mlp_matmul_numel(config: ModelConfig) -> int:
-    """Elements of one MLP block's matrices: all experts for MoE (plus the router), else one FFN."""
+    """Elements of one MLP block's matrices: all experts for MoE (plus the router and a shared expert),
+    else one FFN."""
     h, i = config.hidden_size, config.intermediate_size
     ffn_matmul = (2 if _is_opt(config) else 3) * h * i
     if config.is_moe:
-        return config.num_local_experts * ffn_matmul + h * config.num_local_experts  # experts + router
+        e = config.num_local_experts
+        return e * expert_numel(config) + h * e + _shared_expert_numel(config)  # experts + router + shared
     return ffn_matmul
 
 
@@ -68,7 +89,7 @@ def mlp_other_numel(config: ModelConfig) -> int:
     h, i = config.hidden_size, config.intermediate_size
     if _is_opt(config):
         return ((i + h) if config.enable_bias else 0) + 2 * h
-    return h
+    return 2 * h if _is_gemma(config) else h   # Gemma: pre_ and post_feedforward_layernorm
 
 
 def layer_numel(config: ModelConfig) -> int:
@@ -151,8 +172,9 @@ def active_matmul_numel(config: ModelConfig) -> int:
     """Matrix elements one token multiplies through in one layer: attention projections + the router and
     `num_experts_per_tok` experts for MoE (activated experts), else the whole MLP."""
     if config.is_moe:
-        h, i = config.hidden_size, config.intermediate_size
-        return attention_matmul_numel(config) + h * config.num_local_experts + config.num_experts_per_tok * 3 * h * i
+        h, k = config.hidden_size, config.num_experts_per_tok
+        return (attention_matmul_numel(config) + h * config.num_local_experts + k * expert_numel(config)
+                + _shared_expert_numel(config))
     return attention_matmul_numel(config) + mlp_matmul_numel(config)
 
 

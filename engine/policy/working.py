@@ -6,7 +6,8 @@ arrow pointing down (runtime -> policy).
 Counted against the gpu budget at block start: the live intermediates of the larger of one attention or
 one MLP layer at prefill (per token: hidden, residual, normed input, q/k/v, attention output; or gate/up,
 activation, down output), SDPA's boolean mask, the head's float32 logits, and with a compressed cache the
-dense keys/values dequantized for one segment's attention. A fixed margin covers the allocator's rounding.
+dense keys/values dequantized for one segment's attention, and with soft-capped attention (Gemma2: no fused
+kernel) the explicit float scores and probabilities. A fixed margin covers the allocator's rounding.
 """
 from __future__ import annotations
 
@@ -30,4 +31,5 @@ def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtyp
     mask = b * s * length
     logits = b * c.vocab_size * 4 * 2
     dense_cache = 4 * b * c.num_key_value_heads * length * c.head_dim * e if compressed_cache else 0
-    return b * s * per_token + mask + logits + dense_cache + _MARGIN
+    scores = 3 * b * c.num_attention_heads * s * length * 4 if c.attn_logit_softcapping is not None else 0
+    return b * s * per_token + mask + logits + dense_cache + scores + _MARGIN

@@ -229,9 +229,9 @@ class Executor:
         elif spec.kind == "attention":
             kv = blk.kv[(a.j, a.k)]
             if isinstance(x, tuple):
-                blk.hidden[a.k] = attention_layer_with_prefix(self.config, f, w, kv, batch, *x)
+                blk.hidden[a.k] = attention_layer_with_prefix(self.config, f, w, kv, batch, spec.index, *x)
             else:
-                blk.hidden[a.k] = attention_layer(self.config, f, w, kv, batch, x)
+                blk.hidden[a.k] = attention_layer(self.config, f, w, kv, batch, spec.index, x)
         elif spec.kind == "mlp":
             blk.hidden[a.k] = tuple(f.mlp(w, h) for h in x) if isinstance(x, tuple) else f.mlp(w, x)
         else:

@@ -179,11 +179,11 @@ class KVHome:
 
     # ---- compute --------------------------------------------------------------------------------------
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                scale: float) -> torch.Tensor:
+                scale: float, softcap: float | None = None) -> torch.Tensor:
         """Attention of the prompt's s new queries (q [b, nh, s, hd]) over its t keys (k/v [b, nkv, t, hd], a
         shared prefix first when there is one), mask [b, 1, s, t]; the cache homes get positions [0, t) (gpu
-        homes now, the others on `store`). Returns [b, nh, s, hd]."""
-        out = prefill_attention(q, k, v, mask, scale)
+        homes now, the others on `store`). `softcap`: attention-logit soft-capping (Gemma2). Returns [b, nh, s, hd]."""
+        out = prefill_attention(q, k, v, mask, scale, softcap)
         for seg in self.segments:
             ks, vs = k[:, seg.h0:seg.h1], v[:, seg.h0:seg.h1]
             if seg.tier is Tier.GPU or self._aliased(seg):
@@ -194,9 +194,10 @@ class KVHome:
         return out
 
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, key_valid: torch.Tensor,
-               key_valid_host: torch.Tensor, scale: float) -> torch.Tensor:
+               key_valid_host: torch.Tensor, scale: float, softcap: float | None = None) -> torch.Tensor:
         """One new token per row at cache position t: q [b, nh, 1, hd], k/v [b, nkv, 1, hd],
-        key_valid [b, t+1] bool on the device (key_valid_host: the same on the host). Returns [b, nh, 1, hd]."""
+        key_valid [b, t+1] bool on the device (key_valid_host: the same on the host; both already exclude
+        keys outside a sliding window). Returns [b, nh, 1, hd]."""
         g = q.shape[1] // k.shape[1]
         if self.cpu_attention:
             self.settle()                       # the host reads the homes the prefill's stores fill
@@ -207,13 +208,14 @@ class KVHome:
             if seg.tier is Tier.GPU:
                 _write(seg.k, ks, t, self.quant)
                 _write(seg.v, vs, t, self.quant)
-                outs.append(decode_attention(qs, _dense(seg.k, t + 1), _dense(seg.v, t + 1), key_valid, scale))
+                outs.append(decode_attention(qs, _dense(seg.k, t + 1), _dense(seg.v, t + 1), key_valid, scale,
+                                             softcap))
             elif self._host_side(seg, True):
                 kh, vh = ks.to("cpu"), vs.to("cpu")
                 _write(seg.k, kh, t, self.quant)
                 _write(seg.v, vh, t, self.quant)
                 index = (_ALL, _ALL, slice(0, t + 1))
-                out = cpu_decode_attention(qs.to("cpu"), seg.k[index], seg.v[index], key_valid_host, scale)
+                out = cpu_decode_attention(qs.to("cpu"), seg.k[index], seg.v[index], key_valid_host, scale, softcap)
                 outs.append(out.to(q.device, non_blocking=True))
             else:
                 bk, bv = seg.buf
@@ -223,7 +225,7 @@ class KVHome:
                     _write(bk, ks, t, None)
                     _write(bv, vs, t, None)
                     bk, bv = bk[:, :, :t + 1], bv[:, :, :t + 1]
-                outs.append(decode_attention(qs, bk, bv, key_valid, scale))
+                outs.append(decode_attention(qs, bk, bv, key_valid, scale, softcap))
                 if not self._aliased(seg):
                     seg.staged.append((ks, vs, t))
                 seg.buf = None

@@ -1,0 +1,63 @@
+"""Qwen2MoeForCausalLM: the Llama family's attention (q/k/v bias) and head, with Qwen's sparse-MoE MLP.
+
+The MoE block reuses Mixtral's machinery (engine.models.mixtral: stacked experts w1/w2/w3 [E, ...], the
+top-k router, per-expert compute of routed tokens), with Qwen's differences as config data:
+`norm_topk_prob` (renormalise the top-k weights or keep the softmax values), `moe_intermediate_size` (each
+expert's width), a shared expert of `shared_expert_intermediate_size` gated per token by
+sigmoid(shared_expert_gate x), and dense MLP layers where `ModelConfig.is_moe_layer` says so
+(`decoder_sparse_step`, `mlp_only_layers`).
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.models.base import LayerSpec, Weights, WeightSpec
+from engine.models.layers import linear, rms_norm
+from engine.models.llama import LlamaFamily
+from engine.models.mixtral import moe_experts, moe_route
+
+
+class Qwen2MoeFamily(LlamaFamily):
+    """Llama attention and head (inherited), Qwen sparse-MoE MLP (or a dense one on non-sparse layers)."""
+
+    def _mlp_spec(self, i: int) -> LayerSpec:
+        c = self.config
+        if not c.is_moe_layer(i):
+            return super()._mlp_spec(i)
+        p = f"model.layers.{i}.mlp."
+        h, n, e = c.hidden_size, c.num_local_experts, c.expert_intermediate_size
+
+        def stacked(name: str, shape: tuple[int, int]) -> WeightSpec:
+            return WeightSpec((n, *shape), tuple(f"{p}experts.{j}.{name}.weight" for j in range(n)), quantizable=True)
+
+        w = {
+            "post_attention_layernorm.weight": WeightSpec((h,), (f"model.layers.{i}.post_attention_layernorm.weight",)),
+            "gate.weight": WeightSpec((n, h), (f"{p}gate.weight",)),
+            "experts.w1": stacked("gate_proj", (e, h)),  # [E, e, h]
+            "experts.w2": stacked("down_proj", (h, e)),  # [E, h, e]
+            "experts.w3": stacked("up_proj", (e, h)),  # [E, e, h]
+        }
+        si = c.shared_expert_intermediate_size
+        if si:
+            w["shared_expert.gate_up_proj.weight"] = WeightSpec(
+                (2 * si, h), (f"{p}shared_expert.gate_proj.weight", f"{p}shared_expert.up_proj.weight"), quantizable=True
+            )  # [2 si, h]
+            w["shared_expert.down_proj.weight"] = WeightSpec(
+                (h, si), (f"{p}shared_expert.down_proj.weight",), quantizable=True
+            )  # [h, si]
+            w["shared_expert_gate.weight"] = WeightSpec((1, h), (f"{p}shared_expert_gate.weight",))
+        return LayerSpec(f"layers.{i}.mlp", "mlp", i, w)
+
+    def mlp(self, w: Weights, hidden: torch.Tensor) -> torch.Tensor:
+        if "gate.weight" not in w:
+            return super().mlp(w, hidden)
+        c = self.config
+        b, s, h = hidden.shape
+        x = rms_norm(hidden, w["post_attention_layernorm.weight"], c.rms_norm_eps).reshape(b * s, h)  # [n, h]
+        top_w, top_e = moe_route(x, w["gate.weight"], c.num_experts_per_tok, c.norm_topk_prob)  # [n, k] x 2
+        y = moe_experts(x, top_w, top_e, w["experts.w1"], w["experts.w2"], w["experts.w3"], self.act)  # [n, h]
+        if "shared_expert_gate.weight" in w:
+            gate, up = linear(x, w["shared_expert.gate_up_proj.weight"]).chunk(2, dim=-1)  # 2 x [n, si]
+            shared = linear(self.act(gate) * up, w["shared_expert.down_proj.weight"])  # [n, h]
+            y = y + torch.sigmoid(linear(x, w["shared_expert_gate.weight"])) * shared
+        return hidden + y.view(b, s, h)
