@@ -93,8 +93,8 @@ class MapSpec:
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0
-    stop: tuple[str, ...] = ()
     chat: bool | None = None
+    stop: tuple[str, ...] = ()
     engine: tuple[tuple[str, Any], ...] = ()
     on_long_prompt: Literal["error", "truncate"] = "error"
     on_empty: Literal["null", "error", "run"] = "null"

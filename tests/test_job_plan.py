@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+from collections.abc import Callable
 
 import pyarrow as pa
 import pytest
@@ -148,34 +149,51 @@ def test_polars_groups_and_streaming_morsels_are_one_job(tiny_engine, counted, t
     assert counted["plans"] <= 3 and counted["executors"] == 1
 
 
-def test_coalescer_merges_concurrent_calls_and_slices_results_back():
+def _first_run_held(fn: Callable[[pa.Table], pa.Table]) -> tuple[Callable[[pa.Table], pa.Table], list[int],
+                                                                   threading.Event, threading.Event]:
+    """`fn` wrapped so its first run waits for `release` (set `started` when it begins); `seen` gets the rows
+    of every run."""
     release, started = threading.Event(), threading.Event()
     seen: list[int] = []
 
-    def fn(table: pa.Table) -> pa.Table:
+    def held(table: pa.Table) -> pa.Table:
         seen.append(table.num_rows)
         if len(seen) == 1:
             started.set()
             release.wait(timeout=60)
-        return pa.table({"y": [v * 10 for v in table.column("x").to_pylist()]})
+        return fn(table)
 
+    return held, seen, release, started
+
+
+def _call_while_first_runs(co: Coalescer, release: threading.Event, started: threading.Event,
+                           first: Callable[[], None], others: list[Callable[[], None]]) -> None:
+    """Start `first`, queue `others` behind its run, then let the run finish and wait for every caller."""
+    threads = [threading.Thread(target=first)]
+    threads[0].start()
+    started.wait(timeout=60)
+    threads += [threading.Thread(target=call) for call in others]
+    for t in threads[1:]:
+        t.start()
+    while len(co._pending) < len(others):          # the callers are queued behind the running call
+        threading.Event().wait(0.001)
+    release.set()
+    for t in threads:
+        t.join()
+
+
+def test_coalescer_merges_concurrent_calls_and_slices_results_back():
+    fn, seen, release, started = _first_run_held(
+        lambda table: pa.table({"y": [v * 10 for v in table.column("x").to_pylist()]}))
     co = Coalescer(fn)
     results: dict[int, list[int]] = {}
 
-    def call(i: int) -> None:
-        results[i] = co(pa.table({"x": [i * 100 + k for k in range(i + 1)]})).column("y").to_pylist()
+    def call(i: int) -> Callable[[], None]:
+        def run() -> None:
+            results[i] = co(pa.table({"x": [i * 100 + k for k in range(i + 1)]})).column("y").to_pylist()
+        return run
 
-    first = threading.Thread(target=call, args=(0,))
-    first.start()
-    started.wait(timeout=60)
-    others = [threading.Thread(target=call, args=(i,)) for i in (1, 2, 3)]
-    for t in others:
-        t.start()
-    while len(co._pending) < 3:          # the three callers are queued behind the running call
-        threading.Event().wait(0.001)
-    release.set()
-    for t in [first, *others]:
-        t.join()
+    _call_while_first_runs(co, release, started, call(0), [call(i) for i in (1, 2, 3)])
     assert seen == [1, 2 + 3 + 4]                        # the three waiting calls ran as one
     for i in range(4):
         assert results[i] == [(i * 100 + k) * 10 for k in range(i + 1)]
@@ -227,27 +245,9 @@ def test_a_jobs_coalescer_cuts_merged_runs_to_a_few_of_its_plans_blocks():
         def prepare(self, table: pa.Table) -> None:
             self.prepared.append(table.num_rows)
 
-    release, started = threading.Event(), threading.Event()
-    seen: list[int] = []
-
-    def fn(table: pa.Table) -> pa.Table:
-        seen.append(table.num_rows)
-        if len(seen) == 1:
-            started.set()
-            release.wait(timeout=60)
-        return table
-
+    fn, seen, release, started = _first_run_held(lambda table: table)
     co = for_job(FakeJob(), fn)
-    first = threading.Thread(target=co, args=(pa.table({"x": [0] * 3}),))
-    first.start()
-    started.wait(timeout=60)
-    others = [threading.Thread(target=co, args=(pa.table({"x": [i] * 3}),)) for i in range(1, 6)]
-    for t in others:
-        t.start()
-    while len(co._pending) < 5:
-        threading.Event().wait(0.001)
-    release.set()
-    for t in [first, *others]:
-        t.join()
+    tables = [pa.table({"x": [i] * 3}) for i in range(6)]
+    _call_while_first_runs(co, release, started, lambda: co(tables[0]), [lambda t=t: co(t) for t in tables[1:]])
     assert COALESCE_BLOCKS * 4 == 8                      # two blocks of 4 rows: two 3-row tables per run
     assert FakeJob.prepared == [3] and seen == [3, 6, 6, 3]
