@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -16,7 +17,8 @@ from llmops.cli_policy import policy_cmd, profile_cmd
 from llmops.pipeline.load import PipelineError, load_pipeline, parse_yaml
 from llmops.pipeline.oneoff import generate, list_all_models, models_table
 from llmops.pipeline.plan import format_plan, plan_pipeline
-from llmops.pipeline.runner import run_pipeline
+from llmops.pipeline.runner import RunResult, run_pipeline
+from llmops.pipeline.spec import Pipeline
 from llmops.pipeline.sources import SourceError
 from llmops.pipeline.steps import StepError
 from llmops.templates import TemplateError
@@ -53,14 +55,20 @@ def main() -> None:
 @click.option("--no-cache", is_flag=True, help="Neither read nor fill the result cache (everything is recomputed).")
 @click.option("--runner", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Where to run: this process, or a Ray cluster.")
+@click.option("--address", help="With --runner ray: the Ray cluster to join (default: a running one, else a local one).")
+@click.option("--num-engines", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --runner ray: engines (actors) per llm_map step.")
+@click.option("--gpus-per-engine", type=click.FloatRange(min=0), default=0, show_default=True,
+              help="With --runner ray: GPUs each engine actor holds (0: CPU actors).")
 @click.option("--allow-errors", is_flag=True, help="Exit 0 even when some rows failed (their values are null).")
 @click.option("--model", "model", help="Override the pipeline's model (and every step's) with this name or path.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="Override a pipeline field, e.g. --set engine.gpu_memory=24GiB --set steps.1.llm_map.max_new_tokens=8.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary (or the plan) as JSON.")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar (default: when stderr is a terminal).")
-def run_cmd(pipeline_file: Path, limit: int | None, dry_run: bool, no_cache: bool, runner: str, allow_errors: bool,
-            model: str | None, overrides: tuple[str, ...], as_json: bool, progress: bool | None) -> None:
+def run_cmd(pipeline_file: Path, limit: int | None, dry_run: bool, no_cache: bool, runner: str, address: str | None,
+            num_engines: int, gpus_per_engine: float, allow_errors: bool, model: str | None,
+            overrides: tuple[str, ...], as_json: bool, progress: bool | None) -> None:
     """Run a pipeline YAML: read the source, apply the steps, write the sink.
 
     Results stream to the sink as blocks finish and are published (renamed into place) when the run
@@ -76,8 +84,7 @@ def run_cmd(pipeline_file: Path, limit: int | None, dry_run: bool, no_cache: boo
           --set engine.gpu_memory=24GiB --set engine.cpu_memory=100GiB
     """
 
-    if runner == "ray":
-        _fail("--runner ray is not available yet; use --runner local (the default)", EXIT_INVALID)
+    run_on = _ray_runner(num_engines, gpus_per_engine, address) if runner == "ray" else run_pipeline
     invalid = _invalid_errors()
     try:
         pipeline = load_pipeline(pipeline_file, overrides=list(overrides) + _model_overrides(pipeline_file, model))
@@ -85,7 +92,7 @@ def run_cmd(pipeline_file: Path, limit: int | None, dry_run: bool, no_cache: boo
             plan = plan_pipeline(pipeline, limit=limit, use_cache=not no_cache)
             click.echo(json.dumps(plan, indent=2, default=str) if as_json else format_plan(plan))
             return
-        result = run_pipeline(pipeline, limit=limit, use_cache=not no_cache, progress=progress)
+        result = run_on(pipeline, limit=limit, use_cache=not no_cache, progress=progress)
     except invalid as exc:
         _fail(str(exc), EXIT_INVALID)
     except Exception as exc:  # noqa: BLE001 (any engine/sink failure is reported, not a traceback)
@@ -94,6 +101,25 @@ def run_cmd(pipeline_file: Path, limit: int | None, dry_run: bool, no_cache: boo
     if result.failed_rows and not allow_errors:
         click.echo(f"{result.failed_rows} row(s) failed (null values); pass --allow-errors to exit 0", err=True)
         sys.exit(EXIT_FAILED)
+
+
+def _ray_runner(num_engines: int, gpus_per_engine: float, address: str | None) -> Callable[..., RunResult]:
+    """`run_pipeline`'s signature, run on Ray Data (`llmops.pipeline.ray_runner`); exit 2 without Ray."""
+    try:
+        from llmops.pipeline.ray_runner import run_pipeline_ray  # optional dependency: the `ray` extra
+        from llmops.ray import ClusterTooSmall  # optional dependency: the `ray` extra
+    except ImportError as exc:
+        _fail(f"--runner ray needs Ray ({exc.name or 'ray'} is not installed): pip install \"llmops[ray]\"",
+              EXIT_INVALID)
+
+    def run(pipeline: Pipeline, *, limit: int | None, use_cache: bool, progress: bool | None) -> RunResult:
+        try:
+            return run_pipeline_ray(pipeline, limit=limit, use_cache=use_cache, address=address,
+                                    num_engines=num_engines, gpus_per_engine=gpus_per_engine)
+        except ClusterTooSmall as exc:
+            _fail(str(exc), EXIT_INVALID)
+            raise
+    return run
 
 
 def _model_overrides(pipeline_file: Path, model: str | None) -> list[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -118,9 +119,11 @@ def test_run_limit_set_and_model_overrides(fake, files, monkeypatch):
     assert pq.read_table(files["out"]).num_rows == 2
 
 
-def test_runner_ray_is_not_available_yet(fake, files):
+def test_runner_ray_without_ray_installed_says_how_to_get_it(fake, files, monkeypatch):
+    for name in ("ray", "ray.data", "llmops.ray", "llmops.pipeline.ray_runner"):
+        monkeypatch.setitem(sys.modules, name, None)       # `import ray` raises ImportError
     result = _run("run", files["pipeline"], "--runner", "ray")
-    assert result.exit_code == 2 and "not available yet" in result.stderr and fake.calls == 0
+    assert result.exit_code == 2 and 'pip install "llmops[ray]"' in result.stderr and fake.calls == 0
 
 
 def test_generate_lines_from_stdin(fake):

@@ -1,0 +1,105 @@
+"""The Ray runner against the local one: the same pipeline over the same rows gives the same sink, and
+`llmops.ray.map_dataset` the same outputs as `map_table_ordered` (greedy decoding on a tiny random Llama
+built offline, one local Ray instance with 2 CPUs)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from llmops.cli import main as cli_main
+from llmops.core import MapSpec, map_table_ordered
+from test_constrain import build_tiny_tokenizer
+
+ray = pytest.importorskip("ray")
+from llmops.ray import map_dataset  # noqa: E402
+
+ENGINE = (("device", "cpu"), ("dtype", "float32"), ("policy", "auto"))
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tiny_checkpoints, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ray") / "llama"
+    shutil.copytree(tiny_checkpoints["llama"], folder)
+    build_tiny_tokenizer(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().execution_options.preserve_order = True
+    yield
+    ray.shutdown()
+
+
+def _rows(n: int) -> pa.Table:
+    return pa.table({"id": list(range(n)), "city": [f"town {i % 7} street {i}" for i in range(n)]})
+
+
+def test_map_dataset_equals_the_local_map(tiny_llama, local_ray):
+    spec = MapSpec(template="Where is {city}?", model=str(tiny_llama), max_new_tokens=4, engine=ENGINE)
+    table = _rows(23)
+    local = map_table_ordered(table, spec, cache_dir=False)
+    out = map_dataset(ray.data.from_arrow(table), spec, output="where", num_engines=1, batch_rows=8,
+                      cache_dir=False).to_arrow_refs()
+    got = pa.concat_tables([ray.get(r) for r in out])
+    assert got.column("id").to_pylist() == list(range(23))
+    assert got.column("where").to_pylist() == local.column("output").to_pylist()
+    assert all(v is not None for v in got.column("where").to_pylist())
+
+
+def _pipeline(tmp_path, model, source: dict, sink: str) -> str:
+    doc = {"name": "ray_vs_local", "model": str(model), "engine": dict(ENGINE), "cache_dir": str(tmp_path / "cache"),
+           "source": source,
+           "steps": [{"filter": "id % 5 <> 3"},
+                     {"llm_map": {"output": "answer", "template": "Name the town of {city}.", "max_new_tokens": 5,
+                                  "error_column": "why"}},
+                     {"select": ["id", "answer", "why"]}],
+           "sink": {"parquet": sink}}
+    path = tmp_path / "p.yaml"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["parquet", "csv"])
+def test_a_pipeline_on_ray_writes_the_local_runners_rows(tiny_llama, local_ray, tmp_path, kind):
+    table = _rows(40)
+    src = tmp_path / f"in.{kind}"
+    pq.write_table(table, src, row_group_size=16) if kind == "parquet" else pacsv.write_csv(table, src)
+    sinks = {runner: tmp_path / f"{runner}.parquet" for runner in ("local", "ray")}
+    for runner, sink in sinks.items():
+        (tmp_path / runner).mkdir()
+        path = _pipeline(tmp_path / runner, tiny_llama, {kind: str(src)}, str(sink))
+        res = CliRunner().invoke(cli_main, ["run", path, "--runner", runner, "--json",
+                                            "--no-cache"])
+        assert res.exit_code == 0, res.output
+        summary = json.loads(res.output[res.output.index("{"):])
+        assert summary["rows_written"] == 32 and summary["source_rows"] == 40
+    local, remote = pq.read_table(sinks["local"]), pq.read_table(sinks["ray"])
+    assert remote.column_names == local.column_names == ["id", "answer", "why"]
+    assert remote.to_pylist() == local.to_pylist()
+
+
+def test_a_rerun_on_ray_is_served_from_the_result_cache(tiny_llama, local_ray, tmp_path):
+    src = tmp_path / "in.parquet"
+    pq.write_table(_rows(12), src)
+    path = _pipeline(tmp_path, tiny_llama, {"parquet": str(src)}, str(tmp_path / "out.parquet"))
+    runs = [CliRunner().invoke(cli_main, ["run", path, "--runner", "ray", "--json"]) for _ in range(2)]
+    first, second = (json.loads(r.output[r.output.index("{"):]) for r in runs)
+    assert first["generated_tokens"] > 0 and first["cache_hits"] == 0
+    assert second["cache_hits"] == first["rows_written"] and second["generated_tokens"] == 0
+
+
+def test_more_engines_than_the_cluster_holds_is_a_clear_error(tiny_llama, local_ray, tmp_path):
+    src = tmp_path / "in.parquet"
+    pq.write_table(_rows(4), src)
+    path = _pipeline(tmp_path, tiny_llama, {"parquet": str(src)}, str(tmp_path / "out.parquet"))
+    res = CliRunner().invoke(cli_main, ["run", path, "--runner", "ray", "--num-engines", "2"])
+    assert res.exit_code == 2 and "the Ray cluster has 2" in res.output
+    assert not (tmp_path / "out.parquet").exists()
