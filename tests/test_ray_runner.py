@@ -3,8 +3,12 @@
 built offline, one local Ray instance with 2 CPUs)."""
 from __future__ import annotations
 
+import functools
 import json
+import os
 import shutil
+import sys
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -103,3 +107,40 @@ def test_more_engines_than_the_cluster_holds_is_a_clear_error(tiny_llama, local_
     res = CliRunner().invoke(cli_main, ["run", path, "--runner", "ray", "--num-engines", "2"])
     assert res.exit_code == 2 and "the Ray cluster has 2" in res.output
     assert not (tmp_path / "out.parquet").exists()
+
+
+class DiesOnce:
+    """An engine whose process exits during its second `stream` call, once (a marker file remembers it):
+    a worker lost mid-run."""
+
+    def __init__(self, inner: Any, marker: str) -> None:
+        self._inner, self._marker, self._calls = inner, marker, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def stream(self, *args: Any, **kwargs: Any) -> Any:
+        self._calls += 1
+        if self._calls == 2 and not os.path.exists(self._marker):
+            open(self._marker, "w").close()
+            os._exit(1)
+        yield from self._inner.stream(*args, **kwargs)
+
+
+def test_a_killed_engine_actor_is_restarted_and_every_row_comes_out_once(tiny_llama, local_ray, tmp_path):
+    from engine import LLM  # tests may build engines directly
+
+    marker = str(tmp_path / "died")
+    spec = MapSpec(template="Where is {city}?", model=str(tiny_llama), max_new_tokens=3, engine=ENGINE)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    factory = functools.partial(_dies_once_engine, LLM, marker)
+    out = map_dataset(ray.data.from_arrow(_rows(30)), spec, output="where", batch_rows=8, cache_dir=False,
+                      engine_factory=factory)
+    got = pa.concat_tables([ray.get(r) for r in out.to_arrow_refs()])
+    assert os.path.exists(marker)                                   # the actor did die once
+    assert sorted(got.column("id").to_pylist()) == list(range(30))  # every row exactly once
+    assert got.column("where").null_count == 0
+
+
+def _dies_once_engine(llm_class: Any, marker: str, spec: MapSpec) -> DiesOnce:
+    return DiesOnce(llm_class(spec.model, **dict(spec.engine)), marker)
