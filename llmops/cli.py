@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from llmops.cli_batch import batch_cmd
 from llmops.cli_policy import policy_cmd, profile_cmd
 from llmops.pipeline.load import PipelineError, load_pipeline, parse_yaml
 from llmops.pipeline.oneoff import generate, list_all_models, models_table
@@ -41,6 +42,7 @@ def main() -> None:
     Examples:
       llmops run pipelines/extract_invoices.yaml --limit 5   # a YAML pipeline: source -> steps -> sink
       llmops generate prompts.txt                            # one prompt per line, answers to stdout
+      llmops batch requests.jsonl -o results.jsonl           # an OpenAI / vLLM batch file
       llmops models                                          # model names you can use
       llmops policy --model mixtral-8x7b --gpu-memory 24GiB  # how a big model would be placed
     """
@@ -175,6 +177,7 @@ def models_cmd(as_json: bool, dirs: tuple[Path, ...]) -> None:
     click.echo(json.dumps(rows, indent=2, default=str) if as_json else models_table(rows))
 
 
+main.add_command(batch_cmd, "batch")
 main.add_command(policy_cmd, "policy")
 main.add_command(profile_cmd, "profile")
 

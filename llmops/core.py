@@ -260,9 +260,13 @@ class MapRun:
     validates the template against the table's columns (TemplateError) and does nothing else."""
 
     def __init__(self, table: pa.Table, spec: MapSpec, *, cache_dir: CacheDir = None,
-                 progress: bool | None = None, engine: Any = None, job: Job | None = None) -> None:
+                 progress: bool | None = None, engine: Any = None, job: Job | None = None,
+                 prompts: list[Any] | None = None) -> None:
         self.table, self.spec = table, spec
         self.fields = check_columns(spec.template, table.column_names)
+        if prompts is not None and len(prompts) != table.num_rows:
+            raise ValueError(f"map_table: {len(prompts)} prompts for a table of {table.num_rows} rows")
+        self._prompts = prompts
         self._cache_dir, self._progress = cache_dir, progress
         self.job = job if job is not None else Job(spec, engine=engine)
         self.summary = RunSummary(rows=table.num_rows)
@@ -350,6 +354,8 @@ class MapRun:
 
     def _render(self) -> list[RowOutcome]:
         spec = self.spec
+        if self._prompts is not None:
+            return [RowOutcome(p) for p in self._prompts]
         columns = {f: self.table.column(f).to_pylist() for f in self.fields}
         return render_rows(spec.template, columns, self.table.num_rows, system=spec.system,
                            examples=spec.examples, on_empty=spec.on_empty)
@@ -429,15 +435,17 @@ def _close_quietly(writer: RowWriter) -> None:
 
 
 def map_table(table: pa.Table, spec: MapSpec, *, cache_dir: CacheDir = None, progress: bool | None = None,
-              engine: Any = None, job: Job | None = None) -> MapRun:
+              engine: Any = None, job: Job | None = None, prompts: list[Any] | None = None) -> MapRun:
     """Run `spec` over every row of `table`; an iterator of record batches as blocks finish (rows already
     cached, null and unrenderable rows come first; not in row order). cache_dir: None = the default
     result cache dir, False = no cache. progress: None = a bar when stderr is a TTY. engine: an object
     with the `engine.LLM` API (default: the process-wide cached LLM for spec.model/spec.engine).
     job: the `Job` this run is one call of (its engine and plan are used; default: a job of its own).
+    prompts: one engine prompt per row, already built (marked parts or chat messages, see llmops.templates;
+    None: a null row), used instead of rendering `spec.template` (`llmops batch`: OpenAI request files).
     The returned MapRun's `.summary` holds this call's figures (final once exhausted), `.job.summary` the
     job's; `last_summary()` returns the job's."""
-    return MapRun(table, spec, cache_dir=cache_dir, progress=progress, engine=engine, job=job)
+    return MapRun(table, spec, cache_dir=cache_dir, progress=progress, engine=engine, job=job, prompts=prompts)
 
 
 def map_table_ordered(table: pa.Table, spec: MapSpec, **kwargs: Any) -> pa.Table:
