@@ -124,6 +124,11 @@ def _model_overrides(pipeline_file: Path, model: str | None) -> list[str]:
 @click.option("--system", help="System prompt.")
 @click.option("--schema", help="JSON schema (or {field: type} shorthand) as JSON text, or @file.json.")
 @click.option("--choices", help="Comma-separated list: the answer is exactly one of them.")
+@click.option("--regex", help="The answer matches this regex (constrained decoding).")
+@click.option("--id", "id_column", metavar="COLUMN", help="Carry this input column into each --jsonl line.")
+@click.option("--limit", type=click.IntRange(min=0), help="Read at most N input rows.")
+@click.option("--format", "fmt", type=click.Choice(["auto", "text", "csv", "jsonl", "parquet"]), default="auto",
+              show_default=True, help="Input format (auto: the file's suffix; on stdin, sniffed from the data).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--output", "-o", "output", type=click.Path(dir_okay=False), help="Write a table (.csv/.parquet/.jsonl) "
@@ -133,21 +138,24 @@ def _model_overrides(pipeline_file: Path, model: str | None) -> list[str]:
 @click.option("--allow-errors", is_flag=True, help="Exit 0 even when some rows failed (their values are null).")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar (default: when stderr is a terminal).")
 def generate_cmd(input_file: str, template: str | None, model: str, system: str | None, schema: str | None,
-                 choices: str | None, max_new_tokens: int, temperature: float, output: str | None, jsonl: bool,
+                 choices: str | None, regex: str | None, id_column: str | None, limit: int | None, fmt: str,
+                 max_new_tokens: int, temperature: float, output: str | None, jsonl: bool,
                  no_cache: bool, allow_errors: bool, progress: bool | None) -> None:
-    """One-off generation: one prompt per line of a text file (or stdin), or a template over a table.
+    """One-off generation: one prompt per line of a text file (or stdin), or a template over a table
+    (CSV, JSONL or Parquet; a file or stdin).
 
     \b
     Examples:
       printf 'Say hi\\nName a colour\\n' | llmops generate
-      llmops generate sample_data/tickets.csv -t "Classify: {subject}" --choices bug,billing,other
+      llmops generate sample_data/tickets.csv -t "Classify: {subject}" --choices bug,billing,other --id id --jsonl
+      cat sample_data/tickets.csv | llmops generate -t "Classify: {subject}" --limit 5
       llmops generate sample_data/invoices.csv -t "Invoice number in: {body}" -o out/numbers.parquet
     """
 
     try:
         failed = generate(input_file, template=template, model=model, system=system, schema=schema, choices=choices,
                  max_new_tokens=max_new_tokens, temperature=temperature, output=output, jsonl=jsonl,
-                 use_cache=not no_cache, progress=progress)
+                 use_cache=not no_cache, progress=progress, regex=regex, id_column=id_column, limit=limit, fmt=fmt)
     except _invalid_errors() + (click.BadParameter,) as exc:
         _fail(str(exc), EXIT_INVALID)
     except Exception as exc:  # noqa: BLE001

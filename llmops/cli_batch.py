@@ -110,7 +110,7 @@ def batch_cmd(input_file: str, output: str, model: str, max_tokens: int, limit: 
         sys.exit(EXIT_INVALID)
     try:
         result = run_batch(lines, model=model, engine_settings=settings, default_max_tokens=max_tokens, limit=limit,
-                           use_cache=not no_cache, progress=progress)
+                           cache_dir=False if no_cache else None, progress=progress)
         _write(output, result.lines)
     except Exception as exc:  # noqa: BLE001 (an engine failure is reported, not a traceback)
         click.echo(f"error: {type(exc).__name__}: {exc}", err=True)

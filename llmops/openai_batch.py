@@ -32,7 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from llmops.core import MapSpec, map_table, output_type
+from llmops.core import CacheDir, MapSpec, map_table, output_type
 from llmops.summary import RunSummary
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -246,10 +246,11 @@ def read_requests(lines: Iterable[str], *, model: str, engine: tuple[tuple[str, 
 
 
 def run_batch(lines: Iterable[str], *, model: str, engine_settings: tuple[tuple[str, Any], ...] = (),
-              default_max_tokens: int = DEFAULT_MAX_TOKENS, limit: int | None = None, use_cache: bool = True,
+              default_max_tokens: int = DEFAULT_MAX_TOKENS, limit: int | None = None, cache_dir: CacheDir = None,
               progress: bool | None = None, engine: Any = None) -> BatchResult:
     """Run every request of a batch file; one job (one plan, one `map_table` call) per group of requests
-    with equal sampling parameters and constraints. Returns the output lines in input order."""
+    with equal sampling parameters and constraints. cache_dir as `map_table` (None: the default result
+    cache, False: none). Returns the output lines in input order."""
     items = list(read_requests(lines, model=model, engine=engine_settings, default_max_tokens=default_max_tokens,
                                limit=limit))
     out: dict[int, dict[str, Any]] = {n: item for n, item in items if isinstance(item, dict)}
@@ -260,7 +261,7 @@ def run_batch(lines: Iterable[str], *, model: str, engine_settings: tuple[tuple[
     result, created = BatchResult(), int(time.time())
     for spec, reqs in groups.items():
         table = pa.table({"line": pa.array([r.line for r in reqs], pa.int64())})
-        run = map_table(table, spec, prompts=[r.prompt for r in reqs], cache_dir=None if use_cache else False,
+        run = map_table(table, spec, prompts=[r.prompt for r in reqs], cache_dir=cache_dir,
                         progress=progress, engine=engine)
         for rec in run.ordered().to_pylist():
             req = reqs[rec["row"]]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import requires_smollm2
 from fake_engine import FakeLLM
 
 from llmops import engines
@@ -37,7 +38,7 @@ def _chat(text: str, **extra) -> dict:
 def test_output_lines_have_the_published_shape(fake, tmp_path):
     lines = [_line("a", _chat("hello world", max_tokens=5)),
              _line("b", {"model": "m", "prompt": "once upon", "max_tokens": 5}, url="/v1/completions")]
-    result = run_batch(lines, model="fake", use_cache=False)
+    result = run_batch(lines, model="fake", cache_dir=False)
     a, b = result.lines
     assert set(a) == {"id", "custom_id", "response", "error"} and a["error"] is None and a["custom_id"] == "a"
     assert set(a["response"]) == {"status_code", "request_id", "body"} and a["response"]["status_code"] == 200
@@ -59,7 +60,7 @@ def test_bad_lines_give_error_lines_naming_the_line(fake):
              _line("n2", _chat("x", n=2)), _line("img", {"messages": [{"role": "user", "content": [
                  {"type": "image_url", "image_url": {"url": "http://x"}}]}]}),
              _line("t", _chat("x", temperature="hot"))]
-    result = run_batch(lines, model="fake", use_cache=False)
+    result = run_batch(lines, model="fake", cache_dir=False)
     out = result.lines
     assert len(out) == 7 and result.failed == 6          # the blank line 2 is skipped, not answered
     assert out[0]["custom_id"] is None and out[0]["error"]["message"].startswith("line 1: not valid JSON")
@@ -79,7 +80,7 @@ def test_parameters_map_to_the_engine_and_group_into_jobs(fake):
     lines = [_line(f"s{i}", _chat(f"where {i}", max_completion_tokens=20, response_format=fmt)) for i in range(3)]
     lines += [_line("g", _chat("pick", guided_choice=["yes", "no"])),
               _line("p", _chat("sampled", temperature=0.5, top_p=0.9, seed=3, stop="\n", max_tokens=7))]
-    result = run_batch(lines, model="fake", use_cache=False)
+    result = run_batch(lines, model="fake", cache_dir=False)
     assert result.jobs == 3 and fake.calls == 3 and result.failed == 0
     content = json.loads(result.lines[0]["response"]["body"]["choices"][0]["message"]["content"])
     assert set(content) == {"city"}
@@ -102,14 +103,14 @@ def test_message_content_reaches_the_engine_as_data(fake):
                           {"role": "user", "content": [{"data": hostile}]}]
     comp = parse_line(_line("c", {"prompt": hostile}, url="/v1/completions"), 2, model="m")
     assert comp.prompt == [{"data": hostile}] and comp.spec.chat is False
-    run_batch([_line("h", {"messages": [{"role": "user", "content": hostile}]})], model="fake", use_cache=False)
+    run_batch([_line("h", {"messages": [{"role": "user", "content": hostile}]})], model="fake", cache_dir=False)
     seen = json.loads(next(iter(fake.seen)))
     assert seen == [{"role": "user", "content": [{"data": hostile}]}]
 
 
 def test_engine_row_errors_are_error_lines(fake):
     fake.max_context = 10
-    result = run_batch([_line("long", _chat("x" * 50)), _line("short", _chat("hi"))], model="fake", use_cache=False)
+    result = run_batch([_line("long", _chat("x" * 50)), _line("short", _chat("hi"))], model="fake", cache_dir=False)
     long, short = result.lines
     assert long["error"]["code"] == "generation_failed" and long["error"]["message"].startswith("line 1:")
     assert long["response"]["status_code"] == 500 and short["error"] is None
@@ -137,3 +138,16 @@ def test_cli_batch_file_cache_and_exit_codes(fake, tmp_path, monkeypatch):
     assert missing.exit_code == 2 and "nope.jsonl" in missing.stderr
     unknown = CliRunner().invoke(main, ["batch", str(SAMPLE), "--set", "engine.gpu_memry=24GiB"])
     assert unknown.exit_code == 2 and "engine.gpu_memry" in unknown.stderr and "engine.gpu_memory" in unknown.stderr
+
+
+@requires_smollm2
+@pytest.mark.slow
+def test_sample_batch_file_on_the_embedded_model(tmp_path):
+    """The sample file end to end: every json_schema answer parses and is one of the enum's labels."""
+    lines = SAMPLE.read_text().splitlines()
+    result = run_batch(lines, model="smollm2-135m-instruct", cache_dir=tmp_path)
+    assert result.failed == 0, result.lines
+    for out in result.lines[:2]:
+        content = out["response"]["body"]["choices"][0]["message"]["content"]
+        assert json.loads(content)["label"] in ("bug", "billing", "other")
+    assert result.lines[3]["response"]["body"]["object"] == "text_completion"

@@ -1,7 +1,8 @@
 """What `llmops generate` and `llmops models` do, kept out of the click layer.
 
-`generate` maps a template over a table file (CSV/Parquet/JSONL) or over the lines of a text file /
-stdin (each line is the column `prompt`), then prints one result per row or writes a table.
+`generate` maps a template over a table (CSV/Parquet/JSONL, a file or stdin) or over the lines of a text
+file / stdin (each line is the column `prompt`; `llmops.pipeline.inputs`), then prints one result per row
+or writes a table.
 `list_all_models` gathers the engine's aliases and presets plus model files found in local folders.
 """
 from __future__ import annotations
@@ -10,36 +11,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 import click
-import pyarrow as pa
-
 from llmops import core
 from llmops.core import MapSpec, map_table
+from llmops.pipeline.inputs import TABLE_SUFFIXES, read_input
 from llmops.pipeline.sinks import SinkWriter
-from llmops.pipeline.sources import read_source
-from llmops.pipeline.spec import LlmMap, Sink, Source, schema_from_shorthand
+from llmops.pipeline.spec import LlmMap, Sink, check_regex, schema_from_shorthand
 from llmops.pipeline.steps import attach_output
-
-TABLE_SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
-
-
-def _read_input(input_file: str, template: str | None, stdin: TextIO) -> tuple[pa.Table, str]:
-    suffix = Path(input_file).suffix.lower()
-    if input_file != "-" and suffix in TABLE_SUFFIXES:
-        if not template:
-            raise click.BadParameter(f"{input_file} is a table: give --template with {{column}} placeholders")
-        return read_source(Source(**{TABLE_SUFFIXES[suffix]: input_file})), template
-    if input_file == "-":
-        text = stdin.read()
-    else:
-        try:
-            text = Path(input_file).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise click.BadParameter(f"cannot read {input_file}: {exc.strerror}") from None
-    lines = [line for line in text.splitlines() if line.strip()]
-    return pa.table({"prompt": pa.array(lines, pa.string())}), template or "{prompt}"
 
 
 def _schema(text: str | None) -> dict | None:
@@ -67,16 +47,38 @@ def _line(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
+def _binary(stdin: TextIO | BinaryIO) -> BinaryIO:
+    buffer = getattr(stdin, "buffer", None)
+    if buffer is not None:
+        return buffer
+    if isinstance(stdin.read(0), bytes):
+        return stdin  # type: ignore[return-value]
+    raise TypeError("stdin must be binary or have a .buffer")
+
+
 def generate(input_file: str, *, template: str | None, model: str, system: str | None, schema: str | None,
              choices: str | None, max_new_tokens: int, temperature: float, output: str | None, jsonl: bool,
-             use_cache: bool, progress: bool | None, stdin: TextIO | None = None,
-             engine: Any = None) -> int:
-    """Run one template over the input; print (one line per row, in input order) or write `output`.
+             use_cache: bool, progress: bool | None, stdin: TextIO | BinaryIO | None = None,
+             engine: Any = None, regex: str | None = None, id_column: str | None = None,
+             limit: int | None = None, fmt: str = "auto") -> int:
+    """Run one template over the input (`llmops.pipeline.inputs.read_input`: text lines, CSV, JSONL,
+    Parquet, a file or stdin; at most `limit` rows); print one line per row in input order (with `jsonl`,
+    an object with `id_column`'s value when given, row, output, finish_reason, error) or write `output`.
     Returns the number of failed rows; job-level problems raise (click.BadParameter, TemplateError...)."""
-    table, template = _read_input(input_file, template, stdin or sys.stdin)
+    constraints = [n for n, v in (("--schema", schema), ("--choices", choices), ("--regex", regex)) if v]
+    if len(constraints) > 1:
+        raise click.BadParameter(f"give at most one of --schema, --choices, --regex (got {', '.join(constraints)})")
+    try:
+        check_regex(regex)
+    except ValueError as exc:
+        raise click.BadParameter(f"--regex: {exc}") from None
+    table, template = read_input(input_file, template, _binary(stdin or sys.stdin), fmt=fmt, limit=limit)
+    if id_column is not None and id_column not in table.column_names:
+        raise click.BadParameter(f"--id {id_column!r} is not a column of the input; available columns: "
+                                 f"{', '.join(table.column_names)}")
     spec = MapSpec(template=template, model=model, system=system, schema=_schema(schema),
                    choices=tuple(c.strip() for c in choices.split(",") if c.strip()) if choices else None,
-                   max_new_tokens=max_new_tokens, temperature=temperature)
+                   regex=regex, max_new_tokens=max_new_tokens, temperature=temperature)
     writer = None
     if output is not None:  # checked before any work: the name, and what is at that path (SinkError)
         suffix = Path(output).suffix.lower()
@@ -93,8 +95,10 @@ def generate(input_file: str, *, template: str | None, model: str, system: str |
             writer.abort()
             raise
     else:
+        ids = table.column(id_column).to_pylist() if id_column is not None else None
         for rec in results.to_pylist():
-            click.echo(json.dumps({k: rec[k] for k in ("row", "output", "finish_reason", "error")},
+            head = {id_column: ids[rec["row"]]} if ids is not None else {}
+            click.echo(json.dumps({**head, **{k: rec[k] for k in ("row", "output", "finish_reason", "error")}},
                                   ensure_ascii=False, default=str) if jsonl else _line(rec["output"]))
     failed = run.summary.errors + run.summary.truncated
     click.echo(str(run.summary), err=True)
