@@ -12,7 +12,9 @@ from pathlib import Path
 
 import click
 
+from llmops import __version__
 from llmops.cli_batch import batch_cmd
+from llmops.cli_common import configure, note, want_progress
 from llmops.cli_policy import policy_cmd, profile_cmd
 from llmops.pipeline.load import PipelineError, load_pipeline, parse_yaml
 from llmops.pipeline.oneoff import generate, list_all_models, models_table
@@ -35,7 +37,10 @@ def _invalid_errors() -> tuple[type[BaseException], ...]:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
+@click.version_option(__version__, "-V", "--version", prog_name="llmops", message="%(prog)s %(version)s")
+@click.option("--verbose", "-v", count=True, help="More log output on stderr (-v info, -vv debug).")
+@click.option("--quiet", "-q", is_flag=True, help="Only errors on stderr: no progress bars, no summaries.")
+def main(verbose: int, quiet: bool) -> None:
     """Run an open LLM over every row of a table.
 
     \b
@@ -44,8 +49,10 @@ def main() -> None:
       llmops generate prompts.txt                            # one prompt per line, answers to stdout
       llmops batch requests.jsonl -o results.jsonl           # an OpenAI / vLLM batch file
       llmops models                                          # model names you can use
+      llmops -q run pipelines/classify_tickets.yaml --limit 5 # errors only on stderr
       llmops policy --model mixtral-8x7b --gpu-memory 24GiB  # how a big model would be placed
     """
+    configure(verbose, quiet)
 
 
 @main.command("run")
@@ -87,7 +94,7 @@ def run_cmd(pipeline_file: Path, limit: int | None, dry_run: bool, no_cache: boo
             plan = plan_pipeline(pipeline, limit=limit, use_cache=not no_cache)
             click.echo(json.dumps(plan, indent=2, default=str) if as_json else format_plan(plan))
             return
-        result = run_pipeline(pipeline, limit=limit, use_cache=not no_cache, progress=progress)
+        result = run_pipeline(pipeline, limit=limit, use_cache=not no_cache, progress=want_progress(progress))
     except invalid as exc:
         _fail(str(exc), EXIT_INVALID)
     except Exception as exc:  # noqa: BLE001 (any engine/sink failure is reported, not a traceback)
@@ -155,7 +162,7 @@ def generate_cmd(input_file: str, template: str | None, model: str, system: str 
     try:
         failed = generate(input_file, template=template, model=model, system=system, schema=schema, choices=choices,
                  max_new_tokens=max_new_tokens, temperature=temperature, output=output, jsonl=jsonl,
-                 use_cache=not no_cache, progress=progress, regex=regex, id_column=id_column, limit=limit, fmt=fmt)
+                 use_cache=not no_cache, progress=want_progress(progress), regex=regex, id_column=id_column, limit=limit, fmt=fmt)
     except _invalid_errors() + (click.BadParameter,) as exc:
         _fail(str(exc), EXIT_INVALID)
     except Exception as exc:  # noqa: BLE001

@@ -17,6 +17,7 @@ import click
 import yaml
 from pydantic import ValidationError
 
+from llmops.cli_common import note, want_progress
 from llmops.openai_batch import DEFAULT_MAX_TOKENS, run_batch
 from llmops.pipeline.spec import EngineSettings
 
@@ -110,14 +111,14 @@ def batch_cmd(input_file: str, output: str, model: str, max_tokens: int, limit: 
         sys.exit(EXIT_INVALID)
     try:
         result = run_batch(lines, model=model, engine_settings=settings, default_max_tokens=max_tokens, limit=limit,
-                           cache_dir=False if no_cache else None, progress=progress)
+                           cache_dir=False if no_cache else None, progress=want_progress(progress))
         _write(output, result.lines)
     except Exception as exc:  # noqa: BLE001 (an engine failure is reported, not a traceback)
         click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_FAILED)
     s = result.summary
-    click.echo(f"{len(result.lines)} lines, {result.failed} with errors, {result.jobs} job(s); {s}"
-               + (f"; output: {output}" if output != "-" else ""), err=True)
+    note(f"{len(result.lines)} lines, {result.failed} with errors, {result.jobs} job(s); {s}"
+         + (f"; output: {output}" if output != "-" else ""))
     if result.failed and not allow_errors:
         click.echo(f"{result.failed} line(s) failed (their `error` says why); pass --allow-errors to exit 0", err=True)
         sys.exit(EXIT_FAILED)

@@ -15,6 +15,7 @@ from typing import Any, BinaryIO, TextIO
 
 import click
 from llmops import core
+from llmops.cli_common import note
 from llmops.core import MapSpec, map_table
 from llmops.pipeline.inputs import TABLE_SUFFIXES, read_input
 from llmops.pipeline.sinks import SinkWriter
@@ -101,7 +102,7 @@ def generate(input_file: str, *, template: str | None, model: str, system: str |
             click.echo(json.dumps({**head, **{k: rec[k] for k in ("row", "output", "finish_reason", "error")}},
                                   ensure_ascii=False, default=str) if jsonl else _line(rec["output"]))
     failed = run.summary.errors + run.summary.truncated
-    click.echo(str(run.summary), err=True)
+    note(str(run.summary))
     return failed
 
 
