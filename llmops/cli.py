@@ -16,7 +16,7 @@ from llmops import __version__
 from llmops.cli_batch import batch_cmd
 from llmops.cli_common import configure, note, want_progress
 from llmops.cli_policy import policy_cmd, profile_cmd
-from llmops.pipeline.load import PipelineError, load_pipeline, parse_yaml
+from llmops.pipeline.load import PipelineError, load_pipeline, locate_error, parse_yaml
 from llmops.pipeline.oneoff import generate, list_all_models, models_table
 from llmops.pipeline.plan import format_plan, plan_pipeline
 from llmops.pipeline.runner import run_pipeline
@@ -50,7 +50,7 @@ def main(verbose: int, quiet: bool) -> None:
       llmops batch requests.jsonl -o results.jsonl           # an OpenAI / vLLM batch file
       llmops models                                          # model names you can use
       llmops -q run pipelines/classify_tickets.yaml --limit 5 # errors only on stderr
-      llmops policy --model mixtral-8x7b --gpu-memory 24GiB  # how a big model would be placed
+      llmops policy --model mixtral-8x7b --gpu-memory 24GiB --cpu-memory 128GiB  # how a big model is placed
     """
     configure(verbose, quiet)
 
@@ -95,8 +95,10 @@ def run_cmd(pipeline_file: Path, limit: int | None, dry_run: bool, no_cache: boo
             click.echo(json.dumps(plan, indent=2, default=str) if as_json else format_plan(plan))
             return
         result = run_pipeline(pipeline, limit=limit, use_cache=not no_cache, progress=want_progress(progress))
-    except invalid as exc:
+    except PipelineError as exc:
         _fail(str(exc), EXIT_INVALID)
+    except invalid as exc:
+        _fail(locate_error(pipeline_file, str(exc)), EXIT_INVALID)
     except Exception as exc:  # noqa: BLE001 (any engine/sink failure is reported, not a traceback)
         _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else str(result))

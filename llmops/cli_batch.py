@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from llmops.cli_common import note, want_progress
 from llmops.openai_batch import DEFAULT_MAX_TOKENS, run_batch
+from llmops.pipeline.oneoff import check_can_generate
 from llmops.pipeline.spec import EngineSettings
 
 EXIT_FAILED, EXIT_INVALID = 1, 2
@@ -96,6 +97,7 @@ def batch_cmd(input_file: str, output: str, model: str, max_tokens: int, limit: 
     """
     try:
         settings = engine_overrides(overrides)
+        check_can_generate(model)
         _check_output(output)
         if input_file == "-":
             lines = sys.stdin.read().splitlines()

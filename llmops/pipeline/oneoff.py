@@ -73,6 +73,7 @@ def generate(input_file: str, *, template: str | None, model: str, system: str |
         check_regex(regex)
     except ValueError as exc:
         raise click.BadParameter(f"--regex: {exc}") from None
+    check_can_generate(model)
     table, template = read_input(input_file, template, _binary(stdin or sys.stdin), fmt=fmt, limit=limit)
     if id_column is not None and id_column not in table.column_names:
         raise click.BadParameter(f"--id {id_column!r} is not a column of the input; available columns: "
@@ -119,13 +120,31 @@ def _local_models(folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _uses(row: dict[str, Any]) -> str:
+    """What an entry can do: "generate" (weights and a tokenizer) or "benchmark" (a dummy-weight preset:
+    no tokenizer, for `llmops policy` and the benchmarks)."""
+    return "benchmark" if row.get("kind") == "preset" else "generate"
+
+
 def list_all_models(dirs: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
-    """Aliases and presets from the engine, then local models under `dirs` and `$LLMOPS_MODELS_DIR`."""
+    """Aliases and presets from the engine, then local models under `dirs` and `$LLMOPS_MODELS_DIR`; each
+    row says what it can do (`uses`: "generate" or "benchmark")."""
     rows = core.engine_models()
     folders = list(dirs) + ([Path(os.environ["LLMOPS_MODELS_DIR"])] if os.environ.get("LLMOPS_MODELS_DIR") else [])
     for folder in folders:
         rows.extend(_local_models(Path(folder).expanduser()))
-    return rows
+    return [{**r, "uses": _uses(r)} for r in rows]
+
+
+def check_can_generate(model: str, *, option: str = "--model") -> None:
+    """click.BadParameter when `model` is a benchmark-only preset (dummy weights, no tokenizer), before any
+    work; anything else (an alias, a folder, a file) is left to the engine."""
+    preset = next((r for r in core.engine_models() if r.get("name") == model and r.get("kind") == "preset"), None)
+    if preset is not None:
+        usable = ", ".join(r["name"] for r in core.engine_models() if r.get("kind") != "preset" and r.get("available"))
+        raise click.BadParameter(f"{option} {model}: a benchmark-only preset (dummy weights, no tokenizer) cannot "
+                                 f"generate text; use a model that can ({usable or 'a Hugging Face folder or .gguf'}"
+                                 f"; `llmops models` lists them), or `llmops policy --model {model}` to plan it")
 
 
 def _count(n: float | None) -> str:
@@ -149,11 +168,14 @@ def _bytes(n: float | None) -> str:
 
 
 def models_table(rows: list[dict[str, Any]]) -> str:
-    """A fixed-width table: name, kind, parameters, size, availability and a note."""
-    table = [("NAME", "KIND", "PARAMS", "SIZE", "AVAILABLE", "NOTE")]
+    """A fixed-width table: name, kind, what it can do, parameters, size, availability and a note."""
+    table = [("NAME", "KIND", "USE", "PARAMS", "SIZE", "AVAILABLE", "NOTE")]
     for r in rows:
         note = r.get("install") or r.get("description") or r.get("architecture") or ""
-        table.append((str(r.get("name")), str(r.get("kind", "")), _count(r.get("params")), _bytes(r.get("bytes")),
-                      "yes" if r.get("available") else "no", str(note)))
-    widths = [max(len(row[i]) for row in table) for i in range(5)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:5], widths)) + "  " + row[5] for row in table)
+        if r.get("kind") == "preset":
+            note = f"{note}, no tokenizer: llmops policy and benchmarks only"
+        use = r.get("uses") or _uses(r)
+        table.append((str(r.get("name")), str(r.get("kind", "")), use, _count(r.get("params")),
+                      _bytes(r.get("bytes")), "yes" if r.get("available") else "no", str(note)))
+    widths = [max(len(row[i]) for row in table) for i in range(6)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:6], widths)) + "  " + row[6] for row in table)
