@@ -40,6 +40,7 @@ import json
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -195,6 +196,17 @@ class Job:
         self._engine = engine
         self._lock = threading.Lock()
         self._done: dict[str, CachedResult] = {}
+        self._bar: Progress | None = None
+
+    def progress(self, rows: int, enabled: bool | None) -> Progress:
+        """The job's one progress bar, its total grown by this call's `rows` (closed with the job)."""
+        with self._lock:
+            if self._bar is None:
+                self._bar = Progress(rows, enabled=enabled)
+                weakref.finalize(self, self._bar.close)
+                return self._bar
+        self._bar.grow(rows)
+        return self._bar
 
     @property
     def engine(self) -> Any:
@@ -268,7 +280,9 @@ class MapRun:
             raise ValueError(f"map_table: {len(prompts)} prompts for a table of {table.num_rows} rows")
         self._prompts = prompts
         self._cache_dir, self._progress = cache_dir, progress
+        self._own_job = job is None
         self.job = job if job is not None else Job(spec, engine=engine)
+        self._shown = 0   # rows this call has moved the progress bar by
         self.summary = RunSummary(rows=table.num_rows)
         self.schema = output_schema(spec)
         self._out_type = output_type(spec)
@@ -291,7 +305,8 @@ class MapRun:
     def _run(self) -> Iterator[pa.RecordBatch]:
         start = time.perf_counter()
         spec, summary = self.spec, self.summary
-        bar = Progress(self.table.num_rows, enabled=self._progress)
+        bar = Progress(self.table.num_rows, enabled=self._progress) if self._own_job \
+            else self.job.progress(self.table.num_rows, self._progress)
         plan, writer = None, None
         try:
             outcomes = self._render()
@@ -330,7 +345,17 @@ class MapRun:
             if spec.on_long_prompt == "truncate":
                 prompts = truncate_prompts(prompts, eng, spec.max_new_tokens, params)
             writer = RowWriter(cache) if cache is not None else None
-            report = None if writer is None else (lambda idx, c: writer.add(pending[idx], _to_cached(c)))
+            live = [0]   # tokens of rows reported finished in this call, for the bar's tok/s
+
+            def report(idx: int, c: Completion) -> None:
+                """One row finished in the engine's decode loop: store it, move the bar by its rows."""
+                if writer is not None:
+                    writer.add(pending[idx], _to_cached(c))
+                rows = len(rows_by_key[pending[idx]])
+                live[0] += len(c.token_ids)
+                self._shown += rows
+                elapsed = time.perf_counter() - start
+                bar.advance(rows, tokens_per_s=(summary.generated_tokens + live[0]) / elapsed if elapsed > 0 else 0.0)
             with engine_lock(eng):
                 for group in _stream(eng, prompts, params, self.job.plan, report):
                     plan = getattr(eng, "last_plan", None)
@@ -345,7 +370,8 @@ class MapRun:
         finally:
             if writer is not None:
                 _close_quietly(writer)
-            bar.close()
+            if self._own_job:
+                bar.close()
             summary.seconds = time.perf_counter() - start
             total = self.job.finished(summary, plan)
             record(total)
@@ -377,7 +403,8 @@ class MapRun:
         s = self.summary
         s.done_rows += len(items)
         s.seconds = time.perf_counter() - start
-        bar.update(len(items), tokens_per_s=s.tokens_per_s, cache_hits=s.cache_hits, errors=s.errors)
+        step, self._shown = max(0, s.done_rows - self._shown), max(self._shown, s.done_rows)
+        bar.update(step, tokens_per_s=s.tokens_per_s, cache_hits=s.cache_hits, errors=s.errors)
         return pa.RecordBatch.from_pydict(cols, schema=self.schema)
 
     def _decode(self, res: CachedResult | None, err: str | None) -> tuple[Any, str | None, str | None]:
