@@ -265,6 +265,18 @@ def explain_policy(spec: MapSpec, prompts: list[Any], rows: int | None = None) -
         return eng.plan(prompts, sampling_params(spec), rows=rows, measure=False).explain()
 
 
+def rows_by_result_key(outcomes: list[RowOutcome], spec: MapSpec, eng: Any) -> dict[str, list[int]]:
+    """The rows of each distinct result-cache key (model fingerprint, prompt, parameters) among the
+    outcomes that have a prompt, in first-row order: what a run generates once and serves to every row."""
+    pdict = {**asdict(sampling_params(spec)), "on_long_prompt": spec.on_long_prompt}
+    fingerprint = str(getattr(eng, "fingerprint", spec.model))
+    rows: dict[str, list[int]] = {}
+    for i, o in enumerate(outcomes):
+        if o.prompt is not None:
+            rows.setdefault(result_key(fingerprint, o.prompt, pdict), []).append(i)
+    return rows
+
+
 class MapRun:
     """One run of `spec` over `table`: an iterator of record batches (see module docstring).
 
@@ -318,11 +330,7 @@ class MapRun:
             if len(early) < len(outcomes):
                 eng = self.job.engine
                 params = sampling_params(spec)
-                pdict = {**asdict(params), "on_long_prompt": spec.on_long_prompt}
-                fingerprint = str(getattr(eng, "fingerprint", spec.model))
-                for i, o in enumerate(outcomes):
-                    if o.prompt is not None:
-                        rows_by_key.setdefault(result_key(fingerprint, o.prompt, pdict), []).append(i)
+                rows_by_key = rows_by_result_key(outcomes, spec, eng)
             summary.deduped = sum(len(r) - 1 for r in rows_by_key.values())
             cache = open_cache(None if self._cache_dir is None else self._cache_dir) \
                 if self._cache_dir is not False and rows_by_key else None

@@ -117,3 +117,19 @@ def test_main_help_policy_example_works_and_a_no_fit_gives_a_hint():
     suggested = _run("policy", "--model", "mixtral-8x7b", "--gpu-memory", "24GiB", "--cpu-memory", "128GiB",
                      "--hardware", "h200")
     assert suggested.exit_code == 0
+
+
+def test_dry_run_prints_the_estimate_and_generates_nothing(fake, tmp_path):
+    csv = tmp_path / "five.csv"
+    csv.write_text("id,body\n1,a bug\n2,billing\n3,a bug\n4,\n5,other\n")
+    pipe = _pipeline(tmp_path, data=str(csv))
+    plan = __import__("json").loads(_run("run", pipe, "--dry-run", "--json").stdout)
+    est = plan["steps"][0]["estimate"]
+    assert fake.prompts_seen == 0
+    assert (est["rows"], est["null_rows"], est["deduped_rows"], est["cached_rows"], est["rows_to_generate"]) == \
+        (5, 1, 1, 0, 3)
+    assert est["prompt_tokens"] > 0 and est["max_generated_tokens"] == 3 * 64
+    assert _run("run", pipe, "--limit", "2").exit_code == 0 and fake.prompts_seen == 2
+    text = _run("run", pipe, "--dry-run").stdout
+    assert "estimate: 5 rows, 3 cached, 0 deduped, 1 null/empty, 1 to generate" in text
+    assert "no speed prediction" in text and fake.prompts_seen == 2
