@@ -41,6 +41,7 @@ import logging
 import threading
 import time
 import weakref
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -57,6 +58,7 @@ from llmops.engine_tools import (  # noqa: F401 (the CLI's planning tools, re-ex
     reference_profile, resolve_dtype, search,
 )
 from llmops.progress import Progress
+from llmops.report import failure_kind
 from llmops.result_cache import CachedResult, RowWriter, open_cache, result_key
 from llmops.structured import arrow_type, parse_json_output, to_json_schema
 from llmops.summary import RunSummary, last_summary, record  # noqa: F401 (last_summary: re-exported)
@@ -295,6 +297,8 @@ class MapRun:
         self._own_job = job is None
         self.job = job if job is not None else Job(spec, engine=engine)
         self._shown = 0   # rows this call has moved the progress bar by
+        self.failures: Counter[str] = Counter()        # rows with a null output, by `failure_kind`
+        self.timeline: list[tuple[float, int, int]] = []  # (seconds, rows done, generated tokens) per batch
         self.summary = RunSummary(rows=table.num_rows)
         self.schema = output_schema(spec)
         self._out_type = output_type(spec)
@@ -408,9 +412,13 @@ class MapRun:
             cols["completion_tokens"].append(res.completion_tokens if res is not None else 0)
             self.summary.errors += reason == "error"
             self.summary.truncated += reason == "length" and value is None
+            kind = failure_kind(reason, err) if value is None else None
+            if kind is not None:
+                self.failures[kind] += 1
         s = self.summary
         s.done_rows += len(items)
         s.seconds = time.perf_counter() - start
+        self.timeline.append((round(s.seconds, 3), s.done_rows, s.generated_tokens))
         step, self._shown = max(0, s.done_rows - self._shown), max(self._shown, s.done_rows)
         bar.update(step, tokens_per_s=s.tokens_per_s, cache_hits=s.cache_hits, errors=s.errors)
         return pa.RecordBatch.from_pydict(cols, schema=self.schema)
