@@ -7,7 +7,6 @@ The output file is written to a temporary name beside it and renamed into place 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -51,20 +50,21 @@ def _check_output(output: str) -> None:
 
 
 def _write(output: str, lines: list[dict[str, Any]]) -> None:
+    """The output lines to stdout, or to `output` through a temporary file renamed into place."""
     text = "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in lines)
     if output == "-":
         click.echo(text, nl=False)
         return
     target = Path(output)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=target.parent, prefix=f".{target.name}.",
+                                     suffix=".tmp", delete=False) as fh:
+        staged = Path(fh.name)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        staged.write_text(text, encoding="utf-8")
+        staged.replace(target)
+    finally:
+        staged.unlink(missing_ok=True)
 
 
 @click.command("batch")

@@ -55,7 +55,7 @@ from llmops import engines
 from llmops.engine_tools import (  # noqa: F401 (the CLI's planning tools, re-exported: see llmops.engine_tools)
     PINNED_SHARE, Budgets, NoFeasiblePolicy, Workload, cuda_available, default_cpu_budget, device_profile_path,
     dtype_bytes, engine_models, format_size, load_or_measure, load_profile, model_config, parse_size,
-    reference_profile, resolve_dtype, search,
+    reference_profile, resolve_dtype, search, write_json_atomic,
 )
 from llmops.progress import Progress
 from llmops.report import failure_kind

@@ -7,13 +7,11 @@ its figures (`llmops.summary.RunSummary`), `failures` (rows by reason: `cut by m
 `prompt too long`, `empty input`, `unparsable output`, `not one of the choices`, `engine error`),
 `timeline` ([seconds since the step began, rows done, generated tokens] per emitted batch: throughput over
 time) and `plan` (the engine's plan: policy, source, `predicted_tokens_per_s`) beside the measured
-`tokens_per_s`. Written to a temporary name and renamed into place. Pure Python: no engine, no core.
+`tokens_per_s`. The runner writes it atomically (`llmops.core.write_json_atomic`). Pure Python: no engine,
+no core (core imports `failure_kind` from here).
 """
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -60,17 +58,3 @@ def build_report(run: dict[str, Any], times: dict[str, float], steps: list[dict[
                           "measured_over_predicted": (measured / predicted) if predicted and measured else None})
     return {"version": REPORT_VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "run": run, "time": {**times, "other": max(0.0, total - accounted)}, "llm_steps": out_steps}
-
-
-def write_report(path: Path, report: dict[str, Any]) -> Path:
-    """Write `report` as JSON to `path` atomically (temporary name, then rename); returns `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=2, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path

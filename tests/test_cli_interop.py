@@ -8,21 +8,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from fake_engine import FakeLLM
 
 import llmops
-from llmops import engines
 from llmops.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def fake() -> FakeLLM:
-    engine = FakeLLM(block_size=2)
-    previous = engines.set_factory(lambda model, **settings: engine)
-    yield engine
-    engines.set_factory(previous)
 
 
 def _run(*args: str, input: str | None = None):

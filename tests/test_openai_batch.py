@@ -10,21 +10,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import requires_smollm2
-from fake_engine import FakeLLM
 
-from llmops import engines
 from llmops.cli import main
 from llmops.openai_batch import BatchLineError, parse_line, run_batch
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_data" / "batch_requests.jsonl"
-
-
-@pytest.fixture
-def fake() -> FakeLLM:
-    engine = FakeLLM(block_size=2)
-    previous = engines.set_factory(lambda model, **settings: engine)
-    yield engine
-    engines.set_factory(previous)
 
 
 def _line(custom_id: str, body: dict, url: str = "/v1/chat/completions") -> str:

@@ -22,12 +22,12 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from llmops.core import CacheDir, MapRun, map_table, output_schema
+from llmops.core import CacheDir, MapRun, map_table, output_schema, write_json_atomic
 from llmops.pipeline.sinks import SinkWriter
 from llmops.pipeline.sources import read_source
 from llmops.pipeline.spec import ROW_WISE, LlmMapStep, Pipeline
 from llmops.pipeline.steps import ROW_COLUMN, StepError, apply_step, attach_output, map_spec, step_label
-from llmops.report import build_report, report_path, write_report
+from llmops.report import build_report, report_path
 from llmops.templates import TemplateError
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class _Run:
                  "sink": self.times["sink"]}
         self.result.report = str(path)
         try:
-            write_report(path, build_report(self.result.to_dict(), times, self.details))
+            write_json_atomic(path, build_report(self.result.to_dict(), times, self.details))
         except OSError as exc:
             self.result.report = None
             log.warning("run report %s: cannot write it: %s", path, exc.strerror)
