@@ -14,7 +14,7 @@ import click
 
 from llmops import __version__
 from llmops.cli_batch import batch_cmd
-from llmops.cli_common import configure, note, want_progress
+from llmops.cli_common import configure, want_progress
 from llmops.cli_policy import policy_cmd, profile_cmd
 from llmops.pipeline.load import PipelineError, load_pipeline, locate_error, parse_yaml
 from llmops.pipeline.oneoff import generate, list_all_models, models_table

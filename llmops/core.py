@@ -367,7 +367,8 @@ class MapRun:
                 live[0] += len(c.token_ids)
                 self._shown += rows
                 elapsed = time.perf_counter() - start
-                bar.advance(rows, tokens_per_s=(summary.generated_tokens + live[0]) / elapsed if elapsed > 0 else 0.0)
+                tokens = max(summary.generated_tokens, live[0])
+                bar.advance(rows, tokens_per_s=tokens / elapsed if elapsed > 0 else 0.0)
             with engine_lock(eng):
                 for group in _stream(eng, prompts, params, self.job.plan, report):
                     plan = getattr(eng, "last_plan", None)
