@@ -6,7 +6,6 @@ import logging
 from importlib import metadata
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 import llmops
@@ -123,3 +122,8 @@ def test_dry_run_prints_the_estimate_and_generates_nothing(fake, tmp_path):
     text = _run("run", pipe, "--dry-run").stdout
     assert "estimate: 5 rows, 3 cached, 0 deduped, 1 null/empty, 1 to generate" in text
     assert "no speed prediction" in text and fake.prompts_seen == 2
+
+
+def test_batch_help_has_an_example():
+    result = _run("batch", "--help")
+    assert result.exit_code == 0 and "xample" in result.stdout and "llmops batch" in result.stdout
