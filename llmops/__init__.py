@@ -11,6 +11,7 @@ from llmops.core import (MapRun, MapSpec, RunSummary, last_summary, map_table, m
                          output_schema, output_type)
 from llmops.templates import TemplateError
 
+__version__ = "0.1.0"   # the package version (pyproject.toml reads it from here)
 __all__ = ["MapRun", "MapSpec", "RunSummary", "TemplateError", "last_summary", "llm_map", "map_table",
            "map_table_ordered", "output_schema", "output_type"]
 

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import click
 
+from llmops import __version__
+from llmops.cli_batch import batch_cmd
+from llmops.cli_common import configure, want_progress
 from llmops.cli_policy import policy_cmd, profile_cmd
-from llmops.pipeline.load import PipelineError, load_pipeline, parse_yaml
+from llmops.pipeline.load import PipelineError, load_pipeline, locate_error, parse_yaml
 from llmops.pipeline.oneoff import generate, list_all_models, models_table
 from llmops.pipeline.plan import format_plan, plan_pipeline
 from llmops.pipeline.runner import RunResult, run_pipeline
@@ -36,16 +39,22 @@ def _invalid_errors() -> tuple[type[BaseException], ...]:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
+@click.version_option(__version__, "-V", "--version", prog_name="llmops", message="%(prog)s %(version)s")
+@click.option("--verbose", "-v", count=True, help="More log output on stderr (-v info, -vv debug).")
+@click.option("--quiet", "-q", is_flag=True, help="Only errors on stderr: no progress bars, no summaries.")
+def main(verbose: int, quiet: bool) -> None:
     """Run an open LLM over every row of a table.
 
     \b
     Examples:
       llmops run pipelines/extract_invoices.yaml --limit 5   # a YAML pipeline: source -> steps -> sink
       llmops generate prompts.txt                            # one prompt per line, answers to stdout
+      llmops batch requests.jsonl -o results.jsonl           # an OpenAI / vLLM batch file
       llmops models                                          # model names you can use
-      llmops policy --model mixtral-8x7b --gpu-memory 24GiB  # how a big model would be placed
+      llmops -q run pipelines/classify_tickets.yaml --limit 5 # errors only on stderr
+      llmops policy --model mixtral-8x7b --gpu-memory 24GiB --cpu-memory 128GiB  # how a big model is placed
     """
+    configure(verbose, quiet)
 
 
 @main.command("run")
@@ -92,9 +101,11 @@ def run_cmd(pipeline_file: Path, limit: int | None, dry_run: bool, no_cache: boo
             plan = plan_pipeline(pipeline, limit=limit, use_cache=not no_cache)
             click.echo(json.dumps(plan, indent=2, default=str) if as_json else format_plan(plan))
             return
-        result = run_on(pipeline, limit=limit, use_cache=not no_cache, progress=progress)
-    except invalid as exc:
+        result = run_on(pipeline, limit=limit, use_cache=not no_cache, progress=want_progress(progress))
+    except PipelineError as exc:
         _fail(str(exc), EXIT_INVALID)
+    except invalid as exc:
+        _fail(locate_error(pipeline_file, str(exc)), EXIT_INVALID)
     except Exception as exc:  # noqa: BLE001 (any engine/sink failure is reported, not a traceback)
         _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else str(result))
@@ -148,6 +159,11 @@ def _model_overrides(pipeline_file: Path, model: str | None) -> list[str]:
 @click.option("--system", help="System prompt.")
 @click.option("--schema", help="JSON schema (or {field: type} shorthand) as JSON text, or @file.json.")
 @click.option("--choices", help="Comma-separated list: the answer is exactly one of them.")
+@click.option("--regex", help="The answer matches this regex (constrained decoding).")
+@click.option("--id", "id_column", metavar="COLUMN", help="Carry this input column into each --jsonl line.")
+@click.option("--limit", type=click.IntRange(min=0), help="Read at most N input rows.")
+@click.option("--format", "fmt", type=click.Choice(["auto", "text", "csv", "jsonl", "parquet"]), default="auto",
+              show_default=True, help="Input format (auto: the file's suffix; on stdin, sniffed from the data).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--output", "-o", "output", type=click.Path(dir_okay=False), help="Write a table (.csv/.parquet/.jsonl) "
@@ -157,21 +173,24 @@ def _model_overrides(pipeline_file: Path, model: str | None) -> list[str]:
 @click.option("--allow-errors", is_flag=True, help="Exit 0 even when some rows failed (their values are null).")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar (default: when stderr is a terminal).")
 def generate_cmd(input_file: str, template: str | None, model: str, system: str | None, schema: str | None,
-                 choices: str | None, max_new_tokens: int, temperature: float, output: str | None, jsonl: bool,
+                 choices: str | None, regex: str | None, id_column: str | None, limit: int | None, fmt: str,
+                 max_new_tokens: int, temperature: float, output: str | None, jsonl: bool,
                  no_cache: bool, allow_errors: bool, progress: bool | None) -> None:
-    """One-off generation: one prompt per line of a text file (or stdin), or a template over a table.
+    """One-off generation: one prompt per line of a text file (or stdin), or a template over a table
+    (CSV, JSONL or Parquet; a file or stdin).
 
     \b
     Examples:
       printf 'Say hi\\nName a colour\\n' | llmops generate
-      llmops generate sample_data/tickets.csv -t "Classify: {subject}" --choices bug,billing,other
+      llmops generate sample_data/tickets.csv -t "Classify: {subject}" --choices bug,billing,other --id id --jsonl
+      cat sample_data/tickets.csv | llmops generate -t "Classify: {subject}" --limit 5
       llmops generate sample_data/invoices.csv -t "Invoice number in: {body}" -o out/numbers.parquet
     """
 
     try:
         failed = generate(input_file, template=template, model=model, system=system, schema=schema, choices=choices,
                  max_new_tokens=max_new_tokens, temperature=temperature, output=output, jsonl=jsonl,
-                 use_cache=not no_cache, progress=progress)
+                 use_cache=not no_cache, progress=want_progress(progress), regex=regex, id_column=id_column, limit=limit, fmt=fmt)
     except _invalid_errors() + (click.BadParameter,) as exc:
         _fail(str(exc), EXIT_INVALID)
     except Exception as exc:  # noqa: BLE001
@@ -201,6 +220,7 @@ def models_cmd(as_json: bool, dirs: tuple[Path, ...]) -> None:
     click.echo(json.dumps(rows, indent=2, default=str) if as_json else models_table(rows))
 
 
+main.add_command(batch_cmd, "batch")
 main.add_command(policy_cmd, "policy")
 main.add_command(profile_cmd, "profile")
 

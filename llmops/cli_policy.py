@@ -45,6 +45,22 @@ def _pick_profile(profile_file: Path | None, hardware: str | None):
     return profile, f"built-in reference {hardware} ({profile.device_name})"
 
 
+def _no_fit_hint(model: str, budgets: Any, compressing: bool) -> str:
+    """What to try when no policy fits: a cpu budget the weights fit in, a disk tier, 4-bit weights."""
+    size = next((r.get("bytes") for r in core.engine_models() if r.get("name") == model and r.get("bytes")), None)
+    tips = []
+    if size:
+        gib = 2 ** 30
+        need = max(32, -(-int(size * 1.25 / 0.9) // (32 * gib)) * 32)   # weights + cache, 90% usable
+        if need * gib > budgets.cpu_bytes:
+            tips.append(f"--cpu-memory {need}GiB (the weights are {core.format_size(size)})")
+    if not budgets.disk_bytes:
+        tips.append("--disk-memory 200GiB (weights streamed from disk)")
+    if not compressing:
+        tips.append("--allow-compression (4-bit weights, ~1/4 of the size)")
+    return "hint: try " + "; or ".join(tips) if tips else "hint: raise the budgets or shorten --prompt-len/--gen-len"
+
+
 POLICY_EXAMPLE = """
 \b
 Example:
@@ -99,7 +115,7 @@ def policy_cmd(model: str, gpu_memory: int | None, cpu_memory: int | None, disk_
                              compress_cache=compress_cache or (None if allow_compression else False),
                              model_name=model)
     except core.NoFeasiblePolicy as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {exc}\n{_no_fit_hint(model, budgets, allow_compression or compress_weights)}", err=True)
         raise SystemExit(2) from None
     if as_json:
         data = result.to_dict()

@@ -40,6 +40,8 @@ import json
 import logging
 import threading
 import time
+import weakref
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -53,9 +55,10 @@ from llmops import engines
 from llmops.engine_tools import (  # noqa: F401 (the CLI's planning tools, re-exported: see llmops.engine_tools)
     PINNED_SHARE, Budgets, NoFeasiblePolicy, Workload, cuda_available, default_cpu_budget, device_profile_path,
     dtype_bytes, engine_models, format_size, load_or_measure, load_profile, model_config, parse_size,
-    reference_profile, resolve_dtype, search,
+    reference_profile, resolve_dtype, search, write_json_atomic,
 )
 from llmops.progress import Progress
+from llmops.report import failure_kind
 from llmops.result_cache import CachedResult, RowWriter, open_cache, result_key
 from llmops.structured import arrow_type, parse_json_output, to_json_schema
 from llmops.summary import RunSummary, last_summary, record  # noqa: F401 (last_summary: re-exported)
@@ -195,6 +198,17 @@ class Job:
         self._engine = engine
         self._lock = threading.Lock()
         self._done: dict[str, CachedResult] = {}
+        self._bar: Progress | None = None
+
+    def progress(self, rows: int, enabled: bool | None) -> Progress:
+        """The job's one progress bar, its total grown by this call's `rows` (closed with the job)."""
+        with self._lock:
+            if self._bar is None:
+                self._bar = Progress(rows, enabled=enabled)
+                weakref.finalize(self, self._bar.close)
+                return self._bar
+        self._bar.grow(rows)
+        return self._bar
 
     @property
     def engine(self) -> Any:
@@ -253,6 +267,18 @@ def explain_policy(spec: MapSpec, prompts: list[Any], rows: int | None = None) -
         return eng.plan(prompts, sampling_params(spec), rows=rows, measure=False).explain()
 
 
+def rows_by_result_key(outcomes: list[RowOutcome], spec: MapSpec, eng: Any) -> dict[str, list[int]]:
+    """The rows of each distinct result-cache key (model fingerprint, prompt, parameters) among the
+    outcomes that have a prompt, in first-row order: what a run generates once and serves to every row."""
+    pdict = {**asdict(sampling_params(spec)), "on_long_prompt": spec.on_long_prompt}
+    fingerprint = str(getattr(eng, "fingerprint", spec.model))
+    rows: dict[str, list[int]] = {}
+    for i, o in enumerate(outcomes):
+        if o.prompt is not None:
+            rows.setdefault(result_key(fingerprint, o.prompt, pdict), []).append(i)
+    return rows
+
+
 class MapRun:
     """One run of `spec` over `table`: an iterator of record batches (see module docstring).
 
@@ -260,11 +286,19 @@ class MapRun:
     validates the template against the table's columns (TemplateError) and does nothing else."""
 
     def __init__(self, table: pa.Table, spec: MapSpec, *, cache_dir: CacheDir = None,
-                 progress: bool | None = None, engine: Any = None, job: Job | None = None) -> None:
+                 progress: bool | None = None, engine: Any = None, job: Job | None = None,
+                 prompts: list[Any] | None = None) -> None:
         self.table, self.spec = table, spec
         self.fields = check_columns(spec.template, table.column_names)
+        if prompts is not None and len(prompts) != table.num_rows:
+            raise ValueError(f"map_table: {len(prompts)} prompts for a table of {table.num_rows} rows")
+        self._prompts = prompts
         self._cache_dir, self._progress = cache_dir, progress
+        self._own_job = job is None
         self.job = job if job is not None else Job(spec, engine=engine)
+        self._shown = 0   # rows this call has moved the progress bar by
+        self.failures: Counter[str] = Counter()        # rows with a null output, by `failure_kind`
+        self.timeline: list[tuple[float, int, int]] = []  # (seconds, rows done, generated tokens) per batch
         self.summary = RunSummary(rows=table.num_rows)
         self.schema = output_schema(spec)
         self._out_type = output_type(spec)
@@ -287,7 +321,8 @@ class MapRun:
     def _run(self) -> Iterator[pa.RecordBatch]:
         start = time.perf_counter()
         spec, summary = self.spec, self.summary
-        bar = Progress(self.table.num_rows, enabled=self._progress)
+        bar = Progress(self.table.num_rows, enabled=self._progress) if self._own_job \
+            else self.job.progress(self.table.num_rows, self._progress)
         plan, writer = None, None
         try:
             outcomes = self._render()
@@ -299,11 +334,7 @@ class MapRun:
             if len(early) < len(outcomes):
                 eng = self.job.engine
                 params = sampling_params(spec)
-                pdict = {**asdict(params), "on_long_prompt": spec.on_long_prompt}
-                fingerprint = str(getattr(eng, "fingerprint", spec.model))
-                for i, o in enumerate(outcomes):
-                    if o.prompt is not None:
-                        rows_by_key.setdefault(result_key(fingerprint, o.prompt, pdict), []).append(i)
+                rows_by_key = rows_by_result_key(outcomes, spec, eng)
             summary.deduped = sum(len(r) - 1 for r in rows_by_key.values())
             cache = open_cache(None if self._cache_dir is None else self._cache_dir) \
                 if self._cache_dir is not False and rows_by_key else None
@@ -326,7 +357,18 @@ class MapRun:
             if spec.on_long_prompt == "truncate":
                 prompts = truncate_prompts(prompts, eng, spec.max_new_tokens, params)
             writer = RowWriter(cache) if cache is not None else None
-            report = None if writer is None else (lambda idx, c: writer.add(pending[idx], _to_cached(c)))
+            live = [0]   # tokens of rows reported finished in this call, for the bar's tok/s
+
+            def report(idx: int, c: Completion) -> None:
+                """One row finished in the engine's decode loop: store it, move the bar by its rows."""
+                if writer is not None:
+                    writer.add(pending[idx], _to_cached(c))
+                rows = len(rows_by_key[pending[idx]])
+                live[0] += len(c.token_ids)
+                self._shown += rows
+                elapsed = time.perf_counter() - start
+                tokens = max(summary.generated_tokens, live[0])
+                bar.advance(rows, tokens_per_s=tokens / elapsed if elapsed > 0 else 0.0)
             with engine_lock(eng):
                 for group in _stream(eng, prompts, params, self.job.plan, report):
                     plan = getattr(eng, "last_plan", None)
@@ -341,7 +383,8 @@ class MapRun:
         finally:
             if writer is not None:
                 _close_quietly(writer)
-            bar.close()
+            if self._own_job:
+                bar.close()
             summary.seconds = time.perf_counter() - start
             total = self.job.finished(summary, plan)
             record(total)
@@ -350,6 +393,8 @@ class MapRun:
 
     def _render(self) -> list[RowOutcome]:
         spec = self.spec
+        if self._prompts is not None:
+            return [RowOutcome(p) for p in self._prompts]
         columns = {f: self.table.column(f).to_pylist() for f in self.fields}
         return render_rows(spec.template, columns, self.table.num_rows, system=spec.system,
                            examples=spec.examples, on_empty=spec.on_empty)
@@ -368,10 +413,15 @@ class MapRun:
             cols["completion_tokens"].append(res.completion_tokens if res is not None else 0)
             self.summary.errors += reason == "error"
             self.summary.truncated += reason == "length" and value is None
+            kind = failure_kind(reason, err) if value is None else None
+            if kind is not None:
+                self.failures[kind] += 1
         s = self.summary
         s.done_rows += len(items)
         s.seconds = time.perf_counter() - start
-        bar.update(len(items), tokens_per_s=s.tokens_per_s, cache_hits=s.cache_hits, errors=s.errors)
+        self.timeline.append((round(s.seconds, 3), s.done_rows, s.generated_tokens))
+        step, self._shown = max(0, s.done_rows - self._shown), max(self._shown, s.done_rows)
+        bar.update(step, tokens_per_s=s.tokens_per_s, cache_hits=s.cache_hits, errors=s.errors)
         return pa.RecordBatch.from_pydict(cols, schema=self.schema)
 
     def _decode(self, res: CachedResult | None, err: str | None) -> tuple[Any, str | None, str | None]:
@@ -429,15 +479,17 @@ def _close_quietly(writer: RowWriter) -> None:
 
 
 def map_table(table: pa.Table, spec: MapSpec, *, cache_dir: CacheDir = None, progress: bool | None = None,
-              engine: Any = None, job: Job | None = None) -> MapRun:
+              engine: Any = None, job: Job | None = None, prompts: list[Any] | None = None) -> MapRun:
     """Run `spec` over every row of `table`; an iterator of record batches as blocks finish (rows already
     cached, null and unrenderable rows come first; not in row order). cache_dir: None = the default
     result cache dir, False = no cache. progress: None = a bar when stderr is a TTY. engine: an object
     with the `engine.LLM` API (default: the process-wide cached LLM for spec.model/spec.engine).
     job: the `Job` this run is one call of (its engine and plan are used; default: a job of its own).
+    prompts: one engine prompt per row, already built (marked parts or chat messages, see llmops.templates;
+    None: a null row), used instead of rendering `spec.template` (`llmops batch`: OpenAI request files).
     The returned MapRun's `.summary` holds this call's figures (final once exhausted), `.job.summary` the
     job's; `last_summary()` returns the job's."""
-    return MapRun(table, spec, cache_dir=cache_dir, progress=progress, engine=engine, job=job)
+    return MapRun(table, spec, cache_dir=cache_dir, progress=progress, engine=engine, job=job, prompts=prompts)
 
 
 def map_table_ordered(table: pa.Table, spec: MapSpec, **kwargs: Any) -> pa.Table:

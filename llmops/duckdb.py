@@ -2,7 +2,7 @@
 
 `register(con)` creates `llm_map(template, value)`: `value` is one value (bound to the template's single
 placeholder) or a struct whose fields the placeholders name (`llm_map('{a} and {b}', {'a': x, 'b': y})`).
-It returns VARCHAR (or the schema's STRUCT). `register(con, name="extract_invoice", template=...,
+It returns VARCHAR (an `ENUM` of the choices for `choices=`, or the schema's STRUCT). `register(con, name="extract_invoice", template=...,
 schema=...)` creates a typed function whose arguments are the template's placeholders in order of first
 appearance. Both are SQL macros over one Arrow UDF that receives `to_json(value)`, so any argument type
 works (DuckDB Python UDFs cannot be overloaded nor take ANY). NULL in (or a NULL struct field) gives
@@ -54,6 +54,11 @@ def duckdb_type(typ: pa.DataType) -> str:
 
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+def enum_type(choices: Sequence[str]) -> str:
+    """The DuckDB `ENUM('a', 'b')` type of a choices list (duplicates dropped, order kept)."""
+    return "ENUM(" + ", ".join("'" + c.replace("'", "''") + "'" for c in dict.fromkeys(choices)) + ")"
 
 
 def _spec_kwargs(model: str, schema: Any, choices: Sequence[str] | None, kw: Mapping[str, Any]) -> dict[str, Any]:
@@ -161,17 +166,18 @@ def register(con: duckdb.DuckDBPyConnection, *, name: str = "llm_map", template:
         def function(value: pa.ChunkedArray) -> pa.Array:  # type: ignore[misc]
             return udf(value)
     con.create_function(impl, function, params, ret, type="arrow", null_handling="special", side_effects=side_effects)
+    cast = f" AS {enum_type(choices)})" if choices is not None else ""   # choices: an ENUM column
     if template is None:
         con.execute(f"CREATE OR REPLACE MACRO {name}(template, value) AS "
-                    f"{impl}(template, CAST(to_json(value) AS VARCHAR))")
+                    f"{'CAST(' if cast else ''}{impl}(template, CAST(to_json(value) AS VARCHAR)){cast}")
     else:
         args = template_fields(template)
         if not args:
             raise TemplateError(f"template {template!r} has no placeholder: a typed function needs arguments")
         pack = ", ".join(f"'{a.replace(chr(39), chr(39) * 2)}': {_quote(a)}" for a in args)
         con.execute(f"CREATE OR REPLACE MACRO {name}({', '.join(_quote(a) for a in args)}) AS "
-                    f"{impl}(CASE WHEN {' OR '.join(f'{_quote(a)} IS NULL' for a in args)} THEN NULL "
-                    f"ELSE CAST(to_json({{{pack}}}) AS VARCHAR) END)")
+                    f"{'CAST(' if cast else ''}{impl}(CASE WHEN {' OR '.join(f'{_quote(a)} IS NULL' for a in args)} "
+                    f"THEN NULL ELSE CAST(to_json({{{pack}}}) AS VARCHAR) END){cast}")
     return name
 
 
@@ -192,4 +198,7 @@ def map_relation(con: duckdb.DuckDBPyConnection, query: str | duckdb.DuckDBPyRel
     if with_meta:
         for col in _META:
             table = table.append_column(col, result.column(col))
-    return con.from_arrow(table)
+    rel = con.from_arrow(table)
+    if spec.choices is not None:   # choices: an ENUM column
+        rel = rel.project(f"* REPLACE (CAST({_quote(output)} AS {enum_type(spec.choices)}) AS {_quote(output)})")
+    return rel

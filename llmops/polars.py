@@ -18,6 +18,8 @@ with `.struct.unnest()`, pola-rs/polars#20260); across evaluations the result ca
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -96,7 +98,8 @@ def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any 
             with_meta: bool = False, cache_dir: str | Path | None | Literal[False] = None,
             progress: bool | None = None, engine: Any = None) -> pl.Expr:
     """An expression generating one value per row from `template` (see `llmops.core.MapSpec` for the
-    generation arguments). Output dtype: String, or a Struct matching `schema`; with `with_meta=True` a
+    generation arguments). Output dtype: String, `pl.Enum(choices)` for choices, or a Struct matching
+    `schema`; named `default_name(spec)` unless aliased; with `with_meta=True` a
     Struct {output, finish_reason, error, text, prompt_tokens, completion_tokens} (error: why output is
     null; text: the raw generated text, see `llmops.core`). Null in any placeholder column
     -> null. `columns` binds placeholder names to other columns or expressions (default `pl.col(name)`).
@@ -122,5 +125,16 @@ def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any 
                          ("text", pa.string()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64())])
     declared = None if with_meta else _declared_dtype(schema)
     dtype = declared if declared is not None else polars_dtype(out)
+    if spec.choices is not None:   # choices come back as pl.Enum of exactly those categories
+        enum = pl.Enum(list(dict.fromkeys(spec.choices)))
+        dtype = pl.Struct({**dict(dtype), "output": enum}) if with_meta else enum
     udf = _MapBatches(spec, dtype, with_meta, cache_dir, progress, engine)
-    return pl.struct(exprs).map_batches(udf, return_dtype=dtype, is_elementwise=True).alias("llm_map")
+    return pl.struct(exprs).map_batches(udf, return_dtype=dtype, is_elementwise=True).alias(default_name(spec))
+
+
+def default_name(spec: MapSpec) -> str:
+    """The output name of an unaliased `llm_map`: `llm_map_<first placeholder>_<6 hex digits of the spec>`,
+    so two different maps in one `with_columns` never collide (`.alias(...)` names it yourself)."""
+    digest = hashlib.sha1(json.dumps(spec.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:6]
+    first = template_fields(spec.template)[0]
+    return f"llm_map_{first}_{digest}"

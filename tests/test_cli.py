@@ -169,3 +169,44 @@ def test_models_lists_aliases_and_presets(files):
 def test_every_command_has_help_with_an_example(command):
     result = _run(*command)
     assert result.exit_code == 0 and "xample" in result.stdout and "llmops" in result.stdout
+
+
+def test_generate_tables_on_stdin_with_id_and_limit(fake, files):
+    csv_text = files["data"].read_text()
+    result = _run("generate", "-t", "Classify: {body}", "--choices", "bug,billing,other", "--jsonl", "--id", "id",
+                  "--no-cache", input=csv_text)
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert result.exit_code == 0, result.output
+    assert [r["id"] for r in rows] == [1, 2, 3, 4] and rows[0]["output"] == "bug"
+    jsonl = "".join(json.dumps({"key": f"k{i}", "body": f"text {i}"}) + "\n" for i in range(5))
+    piped = _run("generate", "-t", "{body}", "--jsonl", "--id", "key", "--limit", "3", "--no-cache", input=jsonl)
+    assert piped.exit_code == 0, piped.output
+    assert [json.loads(line)["key"] for line in piped.stdout.splitlines()] == ["k0", "k1", "k2"]
+    prompts = _run("generate", "--jsonl", "--no-cache", input='{"prompt": "hi there"}\n')   # {prompt} by default
+    assert prompts.exit_code == 0 and json.loads(prompts.stdout)["output"] == "echo: hi there"
+    text = _run("generate", "--limit", "1", "--no-cache", input="one\ntwo\n")
+    assert text.exit_code == 0 and text.stdout.splitlines() == ["echo: one"]
+
+
+def test_generate_parquet_stdin_regex_and_errors(fake, files):
+    import pyarrow as pa
+    import pyarrow.parquet as pq_
+
+    path = files["dir"] / "in.parquet"
+    pq_.write_table(pa.table({"id": [7, 8], "body": ["a", "b"]}), path)
+    result = CliRunner().invoke(main, ["generate", "-t", "{body}", "--jsonl", "--id", "id", "--no-cache"],
+                                input=path.read_bytes())
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["id"] for line in result.stdout.splitlines()] == [7, 8]
+    regex = _run("generate", files["data"], "-t", "{body}", "--regex", "[a-z]+", "--no-cache", "--limit", "1")
+    assert regex.exit_code == 0 and fake.last_params.regex == "[a-z]+"
+    assert _run("generate", files["data"], "-t", "{body}", "--regex", "(?=x)").exit_code == 2
+    both = _run("generate", files["data"], "-t", "{body}", "--regex", "a", "--choices", "a,b")
+    assert both.exit_code == 2 and "at most one" in both.stderr
+    bad_id = _run("generate", files["data"], "-t", "{body}", "--id", "nope")
+    assert bad_id.exit_code == 2 and "available columns: id, body" in bad_id.stderr
+    batch = files["dir"] / "req.jsonl"
+    batch.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                                 "body": {"messages": [{"role": "user", "content": "x"}]}}) + "\n")
+    hint = _run("generate", batch)
+    assert hint.exit_code == 2 and "llmops batch" in hint.stderr

@@ -53,7 +53,7 @@ def test_choices_meta_and_namespace(df):
     eng = FakeLLM()
     out = df.with_columns(pl.col("body").llm.map("Pick for {text}", choices=["a", "c", "z"], engine=eng,
                                                  cache_dir=False, with_meta=True).alias("m"))
-    assert out.schema["m"] == pl.Struct({"output": pl.String, "finish_reason": pl.String, "error": pl.String,
+    assert out.schema["m"] == pl.Struct({"output": pl.Enum(["a", "c", "z"]), "finish_reason": pl.String, "error": pl.String,
                                          "text": pl.String, "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64})
     m = out["m"].struct.unnest()
     assert m["output"].to_list()[:4] == ["a", None, "a", "c"]

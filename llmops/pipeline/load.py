@@ -7,6 +7,7 @@ say what was expected (e.g. the allowed keys for an unknown one). Every failure 
 """
 from __future__ import annotations
 
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,7 @@ def locate(data: Any, loc: tuple) -> tuple[int | None, str]:
             continue
         previous = part
         if isinstance(node, LineDict) and part in node:
-            line, node = node.key_lines[part], node[part]
+            line, node = node.key_lines.get(part, line), node[part]   # a key added by --set has no line
             path += f".{part}" if path else str(part)
         elif isinstance(node, LineList) and isinstance(part, int) and 0 <= part < len(node):
             line, node = node.item_lines[part], node[part]
@@ -168,12 +169,22 @@ def _message(err: dict, model: type[BaseModel]) -> str:
     return msg
 
 
-def validation_problems(exc: ValidationError, data: Any, filename: str) -> list[str]:
-    """One `file:line: key.path: message` string per pydantic error."""
+def _dotted(path: str) -> str:
+    return re.sub(r"\[(\d+)\]", r".\1", path)
+
+
+def validation_problems(exc: ValidationError, data: Any, filename: str, overrides: list[str] = ()) -> list[str]:
+    """One `file:line: key.path: message` string per pydantic error; an error at (or under) a key set by an
+    override says `--set ITEM` instead of the file's line."""
     located = []
     for err in exc.errors():
         line, path = locate(data, tuple(err["loc"]))
         where = f"{filename}:{line}" if line else filename
+        dotted = _dotted(path)
+        for item in overrides:
+            key = item.partition("=")[0]
+            if dotted == key or dotted.startswith(key + ".") or key.startswith(dotted + "."):
+                where, line = f"--set {item}", 0
         located.append((line or 0, f"{where}: {path}: {_message(err, Pipeline)}"))
     return [text for _, text in sorted(located, key=lambda item: item[0])]
 
@@ -217,7 +228,33 @@ def load_pipeline(path: str | Path, *, overrides: list[str] = ()) -> Pipeline:
     try:
         return Pipeline.from_dict(data)
     except ValidationError as exc:
-        raise PipelineError(validation_problems(exc, data, filename)) from None
+        raise PipelineError(validation_problems(exc, data, filename, list(overrides))) from None
+
+
+_STEP_PREFIX = re.compile(r"^steps\[(\d+)\] \((\w+)\): ")
+_PART_PREFIX = re.compile(r"^(source|sink)\.(\w+): ")
+
+
+def locate_error(path: str | Path, message: str) -> str:
+    """`message` (a SourceError / StepError / TemplateError raised while running or planning the pipeline
+    at `path`, which names `steps[i] (kind)` or `source.key` / `sink.key`) prefixed with `file:line` of
+    that place: a template error points at the step's `template` line. Unchanged when nothing matches or
+    the file cannot be read again."""
+    step, part = _STEP_PREFIX.match(message), _PART_PREFIX.match(message)
+    if step is None and part is None:
+        return message
+    try:
+        data = parse_yaml(Path(path).read_text(encoding="utf-8"), filename=str(path))
+    except (OSError, PipelineError):
+        return message
+    if step is not None:
+        loc: tuple = ("steps", int(step.group(1)), step.group(2))
+        if "template" in message:
+            loc += ("template",)
+    else:
+        loc = (part.group(1), part.group(2))
+    line, _ = locate(data, loc)
+    return f"{path}:{line}: {message}" if line else message
 
 
 def dump_pipeline(pipeline: Pipeline) -> str:

@@ -1,7 +1,8 @@
 """What `llmops generate` and `llmops models` do, kept out of the click layer.
 
-`generate` maps a template over a table file (CSV/Parquet/JSONL) or over the lines of a text file /
-stdin (each line is the column `prompt`), then prints one result per row or writes a table.
+`generate` maps a template over a table (CSV/Parquet/JSONL, a file or stdin) or over the lines of a text
+file / stdin (each line is the column `prompt`; `llmops.pipeline.inputs`), then prints one result per row
+or writes a table.
 `list_all_models` gathers the engine's aliases and presets plus model files found in local folders.
 """
 from __future__ import annotations
@@ -10,36 +11,16 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 import click
-import pyarrow as pa
-
 from llmops import core
+from llmops.cli_common import note
 from llmops.core import MapSpec, map_table
+from llmops.pipeline.inputs import TABLE_SUFFIXES, read_input
 from llmops.pipeline.sinks import SinkWriter
-from llmops.pipeline.sources import read_source
-from llmops.pipeline.spec import LlmMap, Sink, Source, schema_from_shorthand
+from llmops.pipeline.spec import LlmMap, Sink, check_regex, schema_from_shorthand
 from llmops.pipeline.steps import attach_output
-
-TABLE_SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
-
-
-def _read_input(input_file: str, template: str | None, stdin: TextIO) -> tuple[pa.Table, str]:
-    suffix = Path(input_file).suffix.lower()
-    if input_file != "-" and suffix in TABLE_SUFFIXES:
-        if not template:
-            raise click.BadParameter(f"{input_file} is a table: give --template with {{column}} placeholders")
-        return read_source(Source(**{TABLE_SUFFIXES[suffix]: input_file})), template
-    if input_file == "-":
-        text = stdin.read()
-    else:
-        try:
-            text = Path(input_file).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise click.BadParameter(f"cannot read {input_file}: {exc.strerror}") from None
-    lines = [line for line in text.splitlines() if line.strip()]
-    return pa.table({"prompt": pa.array(lines, pa.string())}), template or "{prompt}"
 
 
 def _schema(text: str | None) -> dict | None:
@@ -67,16 +48,39 @@ def _line(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
+def _binary(stdin: TextIO | BinaryIO) -> BinaryIO:
+    buffer = getattr(stdin, "buffer", None)
+    if buffer is not None:
+        return buffer
+    if isinstance(stdin.read(0), bytes):
+        return stdin  # type: ignore[return-value]
+    raise TypeError("stdin must be binary or have a .buffer")
+
+
 def generate(input_file: str, *, template: str | None, model: str, system: str | None, schema: str | None,
              choices: str | None, max_new_tokens: int, temperature: float, output: str | None, jsonl: bool,
-             use_cache: bool, progress: bool | None, stdin: TextIO | None = None,
-             engine: Any = None) -> int:
-    """Run one template over the input; print (one line per row, in input order) or write `output`.
+             use_cache: bool, progress: bool | None, stdin: TextIO | BinaryIO | None = None,
+             engine: Any = None, regex: str | None = None, id_column: str | None = None,
+             limit: int | None = None, fmt: str = "auto") -> int:
+    """Run one template over the input (`llmops.pipeline.inputs.read_input`: text lines, CSV, JSONL,
+    Parquet, a file or stdin; at most `limit` rows); print one line per row in input order (with `jsonl`,
+    an object with `id_column`'s value when given, row, output, finish_reason, error) or write `output`.
     Returns the number of failed rows; job-level problems raise (click.BadParameter, TemplateError...)."""
-    table, template = _read_input(input_file, template, stdin or sys.stdin)
+    constraints = [n for n, v in (("--schema", schema), ("--choices", choices), ("--regex", regex)) if v]
+    if len(constraints) > 1:
+        raise click.BadParameter(f"give at most one of --schema, --choices, --regex (got {', '.join(constraints)})")
+    try:
+        check_regex(regex)
+    except ValueError as exc:
+        raise click.BadParameter(f"--regex: {exc}") from None
+    check_can_generate(model)
+    table, template = read_input(input_file, template, _binary(stdin or sys.stdin), fmt=fmt, limit=limit)
+    if id_column is not None and id_column not in table.column_names:
+        raise click.BadParameter(f"--id {id_column!r} is not a column of the input; available columns: "
+                                 f"{', '.join(table.column_names)}")
     spec = MapSpec(template=template, model=model, system=system, schema=_schema(schema),
                    choices=tuple(c.strip() for c in choices.split(",") if c.strip()) if choices else None,
-                   max_new_tokens=max_new_tokens, temperature=temperature)
+                   regex=regex, max_new_tokens=max_new_tokens, temperature=temperature)
     writer = None
     if output is not None:  # checked before any work: the name, and what is at that path (SinkError)
         suffix = Path(output).suffix.lower()
@@ -93,11 +97,13 @@ def generate(input_file: str, *, template: str | None, model: str, system: str |
             writer.abort()
             raise
     else:
+        ids = table.column(id_column).to_pylist() if id_column is not None else None
         for rec in results.to_pylist():
-            click.echo(json.dumps({k: rec[k] for k in ("row", "output", "finish_reason", "error")},
+            head = {id_column: ids[rec["row"]]} if ids is not None else {}
+            click.echo(json.dumps({**head, **{k: rec[k] for k in ("row", "output", "finish_reason", "error")}},
                                   ensure_ascii=False, default=str) if jsonl else _line(rec["output"]))
     failed = run.summary.errors + run.summary.truncated
-    click.echo(str(run.summary), err=True)
+    note(str(run.summary))
     return failed
 
 
@@ -114,13 +120,31 @@ def _local_models(folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _uses(row: dict[str, Any]) -> str:
+    """What an entry can do: "generate" (weights and a tokenizer) or "benchmark" (a dummy-weight preset:
+    no tokenizer, for `llmops policy` and the benchmarks)."""
+    return "benchmark" if row.get("kind") == "preset" else "generate"
+
+
 def list_all_models(dirs: tuple[Path, ...] = ()) -> list[dict[str, Any]]:
-    """Aliases and presets from the engine, then local models under `dirs` and `$LLMOPS_MODELS_DIR`."""
+    """Aliases and presets from the engine, then local models under `dirs` and `$LLMOPS_MODELS_DIR`; each
+    row says what it can do (`uses`: "generate" or "benchmark")."""
     rows = core.engine_models()
     folders = list(dirs) + ([Path(os.environ["LLMOPS_MODELS_DIR"])] if os.environ.get("LLMOPS_MODELS_DIR") else [])
     for folder in folders:
         rows.extend(_local_models(Path(folder).expanduser()))
-    return rows
+    return [{**r, "uses": _uses(r)} for r in rows]
+
+
+def check_can_generate(model: str, *, option: str = "--model") -> None:
+    """click.BadParameter when `model` is a benchmark-only preset (dummy weights, no tokenizer), before any
+    work; anything else (an alias, a folder, a file) is left to the engine."""
+    preset = next((r for r in core.engine_models() if r.get("name") == model and r.get("kind") == "preset"), None)
+    if preset is not None:
+        usable = ", ".join(r["name"] for r in core.engine_models() if r.get("kind") != "preset" and r.get("available"))
+        raise click.BadParameter(f"{option} {model}: a benchmark-only preset (dummy weights, no tokenizer) cannot "
+                                 f"generate text; use a model that can ({usable or 'a Hugging Face folder or .gguf'}"
+                                 f"; `llmops models` lists them), or `llmops policy --model {model}` to plan it")
 
 
 def _count(n: float | None) -> str:
@@ -144,11 +168,14 @@ def _bytes(n: float | None) -> str:
 
 
 def models_table(rows: list[dict[str, Any]]) -> str:
-    """A fixed-width table: name, kind, parameters, size, availability and a note."""
-    table = [("NAME", "KIND", "PARAMS", "SIZE", "AVAILABLE", "NOTE")]
+    """A fixed-width table: name, kind, what it can do, parameters, size, availability and a note."""
+    table = [("NAME", "KIND", "USE", "PARAMS", "SIZE", "AVAILABLE", "NOTE")]
     for r in rows:
         note = r.get("install") or r.get("description") or r.get("architecture") or ""
-        table.append((str(r.get("name")), str(r.get("kind", "")), _count(r.get("params")), _bytes(r.get("bytes")),
-                      "yes" if r.get("available") else "no", str(note)))
-    widths = [max(len(row[i]) for row in table) for i in range(5)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:5], widths)) + "  " + row[5] for row in table)
+        if r.get("kind") == "preset":
+            note = f"{note}, no tokenizer: llmops policy and benchmarks only"
+        use = r.get("uses") or _uses(r)
+        table.append((str(r.get("name")), str(r.get("kind", "")), use, _count(r.get("params")),
+                      _bytes(r.get("bytes")), "yes" if r.get("available") else "no", str(note)))
+    widths = [max(len(row[i]) for row in table) for i in range(6)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:6], widths)) + "  " + row[6] for row in table)

@@ -5,7 +5,9 @@ llm_map is checked (template columns, examples) and stands in null output column
 later steps and templates can be checked too. For the last llm_map the model is loaded (no executor is
 built, no trial runs) to say which plan the job will run with and where it comes from (this process, the
 plan cache, or the cost model's pick that trials will refine), for the source's row count of prompts like
-the sample's. The plan is a dict (JSON-ready); `format_plan` renders it for people.
+the sample's. Each llm_map also gets its job's cost estimate (`llmops.estimate`: rows, cached rows, tokens,
+predicted speed and time; peak memory per tier is in the plan's explanation). The plan is a dict
+(JSON-ready); `format_plan` renders it for people.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pyarrow as pa
 
 from llmops import core
 from llmops.core import output_schema, output_type
+from llmops.estimate import duration, estimate_job
 from llmops.pipeline.runner import cache_setting
 from llmops.pipeline.sinks import SinkWriter
 from llmops.pipeline.sources import count_source_rows, read_source
@@ -24,6 +27,7 @@ from llmops.pipeline.steps import ROW_COLUMN, apply_step, attach_output, map_spe
 from llmops.result_cache import default_cache_dir
 from llmops.templates import RowRenderError, TemplateError, build_prompt, check_columns
 
+ESTIMATE_ROWS = 200_000   # source rows the estimate reads (counts are scaled from them beyond)
 POLICY_NOTE = ("chosen when the model loads, from this run's prompt lengths, max_new_tokens and the memory "
                "budgets (see `llmops policy --model ...` to preview one)")
 
@@ -77,6 +81,26 @@ def _policy_preview(pipeline: Pipeline, step: LlmMapStep | None, prompts: list[A
         return f"{POLICY_NOTE}; preview failed: {type(exc).__name__}: {exc}"
 
 
+def _estimate(full: pa.Table, step: LlmMapStep, pipeline: Pipeline, cache: Any, scale: float,
+              label: str) -> dict[str, Any]:
+    """`llmops.estimate.estimate_job` of one llm_map over the rows reaching it (scaled by `scale` when the
+    source has more rows than were read); a failure is reported in the dict, never raised."""
+    try:
+        est = estimate_job(full, map_spec(step.llm_map, pipeline), cache_dir=cache).to_dict()
+    except TemplateError as exc:
+        raise TemplateError(f"{label}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 (an estimate only: the run decides for real)
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    if scale > 1:
+        for key in ("rows", "null_rows", "cached_rows", "deduped_rows", "rows_to_generate", "prompt_tokens",
+                    "max_generated_tokens"):
+            est[key] = round(est[key] * scale)
+        if est["seconds_at_most"] is not None:
+            est["seconds_at_most"] *= scale
+        est["scaled_from_rows"] = full.num_rows
+    return est
+
+
 def _describe(step: Any) -> str:
     kind = step_kind(step)
     if isinstance(step, LlmMapStep):
@@ -92,13 +116,21 @@ def _describe(step: Any) -> str:
 
 
 def plan_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: bool = True,
-                  sample_rows: int = 20) -> dict[str, Any]:
-    """Validate `pipeline` on at most `sample_rows` source rows and return its plan (no generation).
+                  sample_rows: int = 20, estimate: bool = True) -> dict[str, Any]:
+    """Validate `pipeline` on at most `sample_rows` source rows and return its plan (no generation). With
+    `estimate`, each llm_map step also gets the cost estimate of its job (`llmops.estimate`) over the rows
+    reaching it (the first ESTIMATE_ROWS source rows, scaled beyond), and the last one's plan is the
+    policy note.
     Raises what `run_pipeline` would raise for the same data (SourceError, StepError, TemplateError)."""
     n = sample_rows if limit is None else min(limit, sample_rows)
     table = read_source(pipeline.source, limit=n)
+    total = count_source_rows(pipeline.source, limit=limit)
+    cache = cache_setting(pipeline, use_cache)
+    full = read_source(pipeline.source, limit=min(total, ESTIMATE_ROWS)) if estimate else None
+    scale = total / full.num_rows if full is not None and full.num_rows else 1.0
     steps_out: list[dict[str, Any]] = []
     last_map: tuple[LlmMapStep | None, list[Any]] = (None, [])
+    last_plan = ""
     for i, step in enumerate(pipeline.steps):
         entry: dict[str, Any] = {"index": i, "kind": step_kind(step), "detail": _describe(step),
                                  "rows_in_sample": None}
@@ -109,18 +141,22 @@ def plan_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: bo
                          example_prompt=_example_prompt(table, step, label))
             last_map = (step, _sample_prompts(table, step))
             table = _null_outputs(table, step, pipeline)
+            if full is not None:
+                entry["estimate"] = _estimate(full, step, pipeline, cache, scale, label)
+                last_plan = entry["estimate"].pop("plan", "") or last_plan
+                full = _null_outputs(full, step, pipeline)
         else:
             table = apply_step(i, step, table)
+            full = apply_step(i, step, full) if full is not None else None
         entry["rows_in_sample"] = table.num_rows
         steps_out.append(entry)
     llm = [i for i, s in enumerate(pipeline.steps) if isinstance(s, LlmMapStep)]
     streams = bool(llm) and all(isinstance(s, ROW_WISE) for s in pipeline.steps[llm[-1] + 1:])
-    cache = cache_setting(pipeline, use_cache)
     writer = SinkWriter(pipeline.sink)
     return {
         "name": pipeline.name, "description": pipeline.description, "model": pipeline.model,
         "engine": {"policy": pipeline.engine.policy, **pipeline.engine.llm_kwargs()},
-        "policy_note": _policy_preview(pipeline, *last_map, rows=count_source_rows(pipeline.source, limit=limit)),
+        "policy_note": last_plan or _policy_preview(pipeline, *last_map, rows=total),
         "source": {"kind": pipeline.source.kind, "from": getattr(pipeline.source, pipeline.source.kind),
                    "limit": limit, "sample_rows": n},
         "steps": steps_out,
@@ -147,6 +183,17 @@ def format_plan(plan: dict[str, Any]) -> str:
     for s in plan["steps"]:
         detail = "\n       ".join(s["detail"].splitlines())
         lines.append(f"  {s['index']}. {detail}  [{s['rows_in_sample']} sample rows after]")
+        est = s.get("estimate")
+        if est and "error" in est:
+            lines.append(f"     estimate: not available ({est['error']})")
+        elif est:
+            scaled = f" (scaled from the first {est['scaled_from_rows']} rows)" if est.get("scaled_from_rows") else ""
+            speed = (f"{est['predicted_tokens_per_s']:.1f} tok/s predicted, at most {duration(est['seconds_at_most'])}"
+                     if est["predicted_tokens_per_s"] else "no speed prediction")
+            lines.append(f"     estimate{scaled}: {est['rows']} rows, {est['cached_rows']} cached, {est['deduped_rows']} "
+                         f"deduped, {est['null_rows']} null/empty, {est['rows_to_generate']} to generate; "
+                         f"~{est['prompt_tokens']} prompt tokens, at most {est['max_generated_tokens']} generated; "
+                         f"{speed}")
         if "example_prompt" in s:
             prompt = s["example_prompt"]
             lines.append(f"     output type: {s['output_type']}; example prompt (first sample row):")

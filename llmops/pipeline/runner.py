@@ -9,22 +9,28 @@ rerun after a crash recomputes only the rows that had not finished.
 
 Job-level problems raise: `SourceError`, `StepError`, `TemplateError` (the pipeline does not fit its
 data: the CLI exits 2), `SinkError` or the engine's own exception (exit 1). Per-row failures are counted
-in `RunResult.failed_rows`, never raised.
+in `RunResult.failed_rows`, never raised. Every finished run writes its report beside the sink
+(`llmops.report`: figures, failures by reason, throughput over time, where the time went, the plan's
+predicted vs the measured speed); `RunResult.report` is its path.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
 import pyarrow as pa
 
-from llmops.core import CacheDir, MapRun, map_table, output_schema
+from llmops.core import CacheDir, MapRun, map_table, output_schema, write_json_atomic
 from llmops.pipeline.sinks import SinkWriter
 from llmops.pipeline.sources import read_source
 from llmops.pipeline.spec import ROW_WISE, LlmMapStep, Pipeline
 from llmops.pipeline.steps import ROW_COLUMN, StepError, apply_step, attach_output, map_spec, step_label
+from llmops.report import build_report, report_path
 from llmops.templates import TemplateError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,6 +49,7 @@ class RunResult:
     failed_rows: int = 0
     seconds: float = 0.0
     llm_steps: list[dict[str, Any]] = field(default_factory=list)
+    report: str | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -55,7 +62,8 @@ class RunResult:
     def __str__(self) -> str:
         return (f"{self.name}: {self.source_rows} rows read, {self.rows_written} written to {self.output} in "
                 f"{self.seconds:.1f}s; {self.generated_tokens} tokens generated ({self.tokens_per_s:.1f} tok/s), "
-                f"{self.cache_hits} cache hits, {self.failed_rows} failed rows")
+                f"{self.cache_hits} cache hits, {self.failed_rows} failed rows"
+                + (f"; report: {self.report}" if self.report else ""))
 
 
 def cache_setting(pipeline: Pipeline, use_cache: bool) -> CacheDir:
@@ -78,6 +86,9 @@ class _Run:
         self.pipeline, self.limit, self.progress, self.engine = pipeline, limit, progress, engine
         self.cache_dir = cache_setting(pipeline, use_cache)
         self.result = RunResult(name=pipeline.name or "pipeline", output=pipeline.sink.target)
+        self.details: list[dict[str, Any]] = []        # llm_map steps for the run report
+        self.times: dict[str, float] = {"source": 0.0, "sink": 0.0}
+        self.streamed = False   # the last llm_map streamed into the sink (its time includes the sink's)
         self.maps: list[tuple[int, MapRun]] = []
 
     def start_map(self, index: int, step: LlmMapStep, table: pa.Table) -> MapRun:
@@ -90,6 +101,19 @@ class _Run:
         self.maps.append((index, run))
         return run
 
+    def write_report(self) -> None:
+        """Write the run report beside the sink (`llmops.report`); a failure to write it is logged."""
+        sink = self.pipeline.sink
+        path = report_path(sink.kind, sink.target, sink.table if sink.kind == "database" else None)
+        times = {"source": self.times["source"], **_report_step_times(self.details, self.times["sink"], self.streamed),
+                 "sink": self.times["sink"]}
+        self.result.report = str(path)
+        try:
+            write_json_atomic(path, build_report(self.result.to_dict(), times, self.details))
+        except OSError as exc:
+            self.result.report = None
+            log.warning("run report %s: cannot write it: %s", path, exc.strerror)
+
     def tally(self) -> None:
         res = self.result
         for index, run in self.maps:
@@ -100,6 +124,18 @@ class _Run:
             res.failed_rows += s.errors + s.truncated
             res.llm_steps.append({"step": index, "output": self.pipeline.steps[index].llm_map.output,
                                   **s.to_dict()})
+            plan = getattr(run.job, "plan", None)
+            self.details.append({**res.llm_steps[-1], "failures": dict(run.failures), "timeline": run.timeline,
+                                 "plan": plan.to_dict() if hasattr(plan, "to_dict") else None})
+
+
+def _report_step_times(details: list[dict[str, Any]], sink_s: float, streamed: bool) -> dict[str, float]:
+    """Seconds per llm_map step (`llm_map[i]`); the streamed last step's own time excludes the sink's."""
+    times = {f"llm_map[{d['step']}]": float(d["seconds"]) for d in details}
+    if streamed and details:
+        key = f"llm_map[{details[-1]['step']}]"
+        times[key] = max(0.0, times[key] - sink_s)
+    return times
 
 
 def _batches(table: pa.Table, run: MapRun, step: LlmMapStep) -> Iterator[pa.Table]:
@@ -120,6 +156,7 @@ def run_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: boo
     start = time.perf_counter()
     state = _Run(pipeline, limit=limit, use_cache=use_cache, progress=progress, engine=engine)
     table = read_source(pipeline.source, limit=limit)
+    state.times["source"] = time.perf_counter() - start
     state.result.source_rows = table.num_rows
     steps = pipeline.steps
     llm_indices = [i for i, s in enumerate(steps) if isinstance(s, LlmMapStep)]
@@ -138,22 +175,30 @@ def run_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: boo
         else:
             parts = _batches(table, state.start_map(last, steps[last], table), steps[last])
         if all(isinstance(s, ROW_WISE) for _, s in tail):
+            state.streamed = last >= 0
             for part in parts:
                 for i, step in tail:
                     part = apply_step(i, step, part, keep=(ROW_COLUMN,))
+                began = time.perf_counter()
                 writer.write(part)
+                state.times["sink"] += time.perf_counter() - began
         else:
             whole = pa.concat_tables(list(parts)).sort_by(ROW_COLUMN).drop_columns([ROW_COLUMN])
             for i, step in tail:
                 whole = apply_step(i, step, whole)
+            began = time.perf_counter()
             writer.write(_with_positions(whole))
+            state.times["sink"] += time.perf_counter() - began
+        began = time.perf_counter()
         state.result.rows_written = writer.commit()
+        state.times["sink"] += time.perf_counter() - began
     except BaseException:
         writer.abort()
         raise
     finally:
         state.tally()
         state.result.seconds = time.perf_counter() - start
+    state.write_report()
     return state.result
 
 

@@ -1,0 +1,126 @@
+"""`llmops batch`: an OpenAI / vLLM batch request file in, a batch output file out (llmops.openai_batch).
+
+Exit codes as the rest of the CLI: 0 every line answered; 1 some lines carry an error (unless
+`--allow-errors`) or the engine failed; 2 the command line is invalid (missing input, bad --set).
+The output file is written to a temporary name beside it and renamed into place when every line is done.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+from pydantic import ValidationError
+
+from llmops.cli_common import note, want_progress
+from llmops.openai_batch import DEFAULT_MAX_TOKENS, run_batch
+from llmops.pipeline.oneoff import check_can_generate
+from llmops.pipeline.spec import EngineSettings
+
+EXIT_FAILED, EXIT_INVALID = 1, 2
+
+
+def engine_overrides(items: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
+    """`engine.KEY=VALUE` items as validated engine settings; click.BadParameter names a bad or unknown key."""
+    known = sorted(EngineSettings.model_fields)
+    values: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        name = key.removeprefix("engine.")
+        if not sep or not key.startswith("engine.") or name not in known:
+            raise click.BadParameter(f"--set {item!r}: unknown key {key!r}; known: "
+                                     f"{', '.join('engine.' + k for k in known)}")
+        values[name] = yaml.safe_load(raw)
+    try:
+        return tuple(sorted(EngineSettings(**values).llm_kwargs().items()))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise click.BadParameter(f"--set engine.{err['loc'][0]}: {err['msg']}") from None
+
+
+def _check_output(output: str) -> None:
+    """Before any work: the output path must be stdout or a regular file (or nothing yet)."""
+    target = Path(output)
+    if output != "-" and (target.is_symlink() or (target.exists() and not target.is_file())):
+        raise click.BadParameter(f"--output {output}: not a regular file (a link, folder or device is never replaced)")
+
+
+def _write(output: str, lines: list[dict[str, Any]]) -> None:
+    """The output lines to stdout, or to `output` through a temporary file renamed into place."""
+    text = "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in lines)
+    if output == "-":
+        click.echo(text, nl=False)
+        return
+    target = Path(output)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=target.parent, prefix=f".{target.name}.",
+                                     suffix=".tmp", delete=False) as fh:
+        staged = Path(fh.name)
+    try:
+        staged.write_text(text, encoding="utf-8")
+        staged.replace(target)
+    finally:
+        staged.unlink(missing_ok=True)
+
+
+@click.command("batch")
+@click.argument("input_file", type=click.Path(allow_dash=True, path_type=str))
+@click.option("--output", "-o", default="-", show_default=True, type=click.Path(allow_dash=True, dir_okay=False),
+              help="Batch output file (JSONL), '-' for stdout.")
+@click.option("--model", "-m", default="smollm2-135m-instruct", show_default=True,
+              help="Model serving every line (the lines' own `model` is not used).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_TOKENS, show_default=True,
+              help="max_tokens for lines that give none.")
+@click.option("--limit", type=click.IntRange(min=0), help="Run only the first N request lines.")
+@click.option("--set", "overrides", multiple=True, metavar="engine.KEY=VALUE",
+              help="Engine setting, e.g. --set engine.gpu_memory=24GiB --set engine.device=cuda.")
+@click.option("--no-cache", is_flag=True, help="Neither read nor fill the result cache.")
+@click.option("--allow-errors", is_flag=True, help="Exit 0 even when some lines carry an error.")
+@click.option("--progress/--no-progress", default=None, help="Show a progress bar (default: when stderr is a terminal).")
+def batch_cmd(input_file: str, output: str, model: str, max_tokens: int, limit: int | None,
+              overrides: tuple[str, ...], no_cache: bool, allow_errors: bool, progress: bool | None) -> None:
+    """Run an OpenAI batch file (the format of OpenAI's Batch API and vLLM's run_batch).
+
+    Each input line is {"custom_id", "method": "POST", "url": "/v1/chat/completions" or "/v1/completions",
+    "body": {...}}; each output line {"id", "custom_id", "response": {"status_code", "request_id", "body"},
+    "error"}, in input order. response_format json_schema / json_object become constrained decoding.
+    Requests with equal sampling parameters run as one job; finished lines stay in the result cache.
+
+    \b
+    Examples:
+      llmops batch sample_data/batch_requests.jsonl -o out/batch_results.jsonl
+      llmops batch requests.jsonl --model /models/Llama-3-8B-Instruct --set engine.gpu_memory=24GiB > results.jsonl
+    """
+    try:
+        settings = engine_overrides(overrides)
+        check_can_generate(model)
+        _check_output(output)
+        if input_file == "-":
+            lines = sys.stdin.read().splitlines()
+        else:
+            try:
+                lines = Path(input_file).read_text(encoding="utf-8").splitlines()
+            except OSError as exc:
+                raise click.BadParameter(f"cannot read {input_file}: {exc.strerror}") from None
+            except UnicodeDecodeError as exc:
+                raise click.BadParameter(f"{input_file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except click.BadParameter as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        sys.exit(EXIT_INVALID)
+    try:
+        result = run_batch(lines, model=model, engine_settings=settings, default_max_tokens=max_tokens, limit=limit,
+                           cache_dir=False if no_cache else None, progress=want_progress(progress))
+        _write(output, result.lines)
+    except Exception as exc:  # noqa: BLE001 (an engine failure is reported, not a traceback)
+        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+    s = result.summary
+    note(f"{len(result.lines)} lines, {result.failed} with errors, {result.jobs} job(s); {s}"
+         + (f"; output: {output}" if output != "-" else ""))
+    if result.failed and not allow_errors:
+        click.echo(f"{result.failed} line(s) failed (their `error` says why); pass --allow-errors to exit 0", err=True)
+        sys.exit(EXIT_FAILED)
