@@ -2,7 +2,8 @@
 root, `python sample_data/make_entity_samples.py` (fixed seed: identical output on every run).
 
 - `customers_dupes.csv`: customer records with duplicates (1-4 records per person: name order, case and
-  typos vary, the phone is formatted differently, the city's case varies); `label_entity` is the person.
+  typos vary, the phone is formatted differently, mistyped (10%) or missing (15%), the city's case varies);
+  `label_entity` is the person.
   Different people may share a name (a hard negative: other city, other phone).
 - `products_left.csv` / `products_right.csv`: the two sides of `products_pairs.csv` as two shop tables
   (`id` is the pair's id on both sides); the labelled pairs are `products_pairs.csv`'s.
@@ -52,8 +53,13 @@ def customer_records(rng: random.Random, entities: int) -> list[dict]:
             name = _messy_name(rng, first, last).strip()
             if rng.random() < 0.3:
                 name = _typo(rng, name)
+            own = digits
+            if rng.random() < 0.1:  # a mistyped digit
+                k = rng.randrange(10)
+                own = digits[:k] + str((int(digits[k]) + 1) % 10) + digits[k + 1:]
+            phone = "" if rng.random() < 0.15 else _phone(rng, country, own)
             rows.append(dict(name=name, city=rng.choice([city, city.upper(), city.lower()]),
-                             phone=_phone(rng, country, digits), label_entity=e + 1))
+                             phone=phone, label_entity=e + 1))
     rng.shuffle(rows)
     return [{"id": i + 1, **r} for i, r in enumerate(rows)]
 
