@@ -86,7 +86,7 @@ def llm_reduce_table(table: pa.Table, by: Sequence[str], template: str, llm: Llm
     allowed = [ROWS, *by]
     for t in (template, fold_template or template):
         check_template(t, allowed, what="llm_reduce template ({rows} and the `by` columns)")
-    if ROWS not in template:
+    if "{" + ROWS + "}" not in template:
         raise TemplateError(f"llm_reduce template {template!r} must contain {{{ROWS}}} (the group's rows)")
     spec = llm.spec(template, **constraint)
     fold = llm.spec(fold_template, **constraint) if fold_template else spec
