@@ -99,7 +99,7 @@ def run_task(task: str, rows: int | None, folder: Path, extra: tuple[str, ...] =
              "reduce_tickets": lambda: score_reduce(out, step)}[task]()
     return {"source_rows": result.source_rows, "seconds": round(seconds, 1), "generated_tokens": result.generated_tokens,
             "prompt_tokens": result.prompt_tokens, "llm_prompts": step.get("generated_rows"),
-            "failed_rows": result.failed_rows, "model": pipeline.model, **score}
+            "failed_rows": result.failed_rows, "cache_hits": result.cache_hits, "model": pipeline.model, **score}
 
 
 def main() -> None:
