@@ -86,7 +86,7 @@ def run_task(task: str, rows: int | None, folder: Path, extra: tuple[str, ...] =
     if rows and task == "join_products":
         right = f"SELECT * FROM read_csv('sample_data/products_right.csv', all_varchar = true) LIMIT {rows}"
         overrides.append(f"steps.0.llm_join.right={right}")
-    pipeline = load_pipeline(ROOT / "pipelines" / f"{task}.yaml", overrides=overrides)
+    pipeline = load_pipeline(ROOT / "pipelines" / "semantic" / f"{task}.yaml", overrides=overrides)
     start = time.perf_counter()
     result = run_pipeline(pipeline, limit=rows if task == "join_products" else None, progress=False)
     seconds = time.perf_counter() - start

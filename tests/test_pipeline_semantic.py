@@ -8,7 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 from fake_engine import FakeLLM
 
-from llmops.pipeline.load import PipelineError, load_pipeline
+from llmops.pipeline.load import PipelineError, dump_pipeline, load_pipeline
+from llmops.pipeline.plan import plan_pipeline
+from llmops.pipeline.spec import Pipeline
 from llmops.pipeline.runner import run_pipeline
 from llmops.pipeline.steps import StepError
 
@@ -80,3 +82,17 @@ def test_llm_map_validate_counts_rejected_rows(tmp_path):
     out = pq.read_table(tmp_path / "out.parquet").to_pydict()
     assert out["o"] == [None] * 5 and all("fails validate rule" in e for e in out["err"])
     assert result.failed_rows == 5 and result.llm_steps[0]["retried"] == 5
+
+
+SEMANTIC_PIPELINES = sorted((REPO / "pipelines" / "semantic").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SEMANTIC_PIPELINES, ids=[p.stem for p in SEMANTIC_PIPELINES])
+def test_semantic_sample_pipelines_round_trip_and_dry_run(path, tmp_path, monkeypatch):
+    pipeline = load_pipeline(path)
+    assert Pipeline.from_dict(pipeline.to_dict()) == pipeline
+    (tmp_path / "again.yaml").write_text(dump_pipeline(pipeline))
+    assert load_pipeline(tmp_path / "again.yaml") == pipeline
+    monkeypatch.chdir(REPO)
+    plan = plan_pipeline(pipeline, limit=12)
+    assert any(s.get("prompts", 0) > 0 for s in plan["steps"]) and plan["output_columns"]

@@ -161,3 +161,11 @@ def test_validate_on_operators_struct_output():
     out, _ = llm_reduce_table(GROUPS, ["cat"], "{rows}", _llm(FakeLLM(), validate="output.n >= 0"),
                               schema={"n": "integer"})
     assert all(isinstance(v["n"], int) for v in out.column("output").to_pylist())
+
+
+def test_no_kept_rows_and_no_valued_outputs_keep_the_schema():
+    out = llm_filter_table(pa.table({"body": ["No"]}), "Q {body}", _llm(FakeLLM()))
+    assert out.num_rows == 0 and out.column_names == ["body"]
+    res = run_checked(pa.table({"body": [None]}), MapSpec(template="{body}"), rules=["output IS NOT NULL"],
+                      cache_dir=False, engine=FakeLLM())
+    assert res.table.column("output").to_pylist() == [None] and res.retried == 0

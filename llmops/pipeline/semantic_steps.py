@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from llmops.core import CacheDir
+from llmops.core import CacheDir, Completion
 from llmops.pipeline.semantic_spec import (SEMANTIC_STEPS, LlmFilterStep, LlmJoinStep, LlmReduceStep, ResolveStep,
                                            step_config)
 from llmops.pipeline.spec import LlmMapStep, Pipeline
@@ -35,6 +35,19 @@ class SemanticFigures:
 
     summary: RunSummary
     report: dict[str, Any] = field(default_factory=dict)
+
+
+class DryEngine:
+    """An engine that generates nothing (`llmops run --dry-run`): every prompt comes back as an error row, so a
+    semantic step yields a table of the right columns for the steps after it; `prompts` counts what the
+    step would have sent (before the result cache)."""
+
+    def __init__(self) -> None:
+        self.prompts = 0
+
+    def stream(self, prompts: list[Any], params: Any) -> Any:
+        self.prompts += len(prompts)
+        yield [(i, Completion("", [], "error", 0, error="dry run: nothing generated")) for i in range(len(prompts))]
 
 
 @dataclass(frozen=True)
@@ -109,3 +122,11 @@ def run_semantic(index: int, step: Any, table: pa.Table, ctx: StepContext) -> tu
         raise TemplateError(f"{label}: {exc}") from None
     except (RuleError, StepError, ValueError) as exc:
         raise StepError(f"{label}: {exc}") from None
+
+
+def dry_run_semantic(index: int, step: Any, table: pa.Table, pipeline: Pipeline) -> tuple[pa.Table, int]:
+    """`run_semantic` without generation or result cache: the step's output columns (empty answers) and the
+    number of prompts its LLM stages would send for `table` (the first attempt of each)."""
+    engine = DryEngine()
+    out, _ = run_semantic(index, step, table, StepContext(pipeline, cache_dir=False, progress=False, engine=engine))
+    return out, engine.prompts

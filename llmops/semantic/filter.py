@@ -53,7 +53,7 @@ def llm_filter_table(table: pa.Table, template: str, llm: Llm, *, reason_column:
     """The rows of `table` the model keeps, in order, with the model's reason in `reason_column` if named."""
     result = llm_filter_decisions(table, template, llm, reason=reason_column is not None)
     rows = [i for i, k in enumerate(result.keep) if k]
-    out = table.take(rows)
+    out = table.take(pa.array(rows, pa.int64()))
     if reason_column is not None and result.reasons is not None:
         if reason_column in out.column_names:
             out = out.drop_columns([reason_column])

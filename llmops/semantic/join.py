@@ -69,8 +69,8 @@ def llm_join_table(left: pa.Table, right: pa.Table, llm: Llm, *, left_on: Sequen
     confidence = [(bool(same[k]) + bool(same[n + k])) / 2 for k in range(n)]
     keep = [k for k in range(n) if confidence[k] >= min_confidence]
     names, right_names = _joined(left, right, suffix)
-    out = left.take([pairs[k][0] for k in keep])
-    taken = right.take([pairs[k][1] for k in keep])
+    out = left.take(pa.array([pairs[k][0] for k in keep], pa.int64()))
+    taken = right.take(pa.array([pairs[k][1] for k in keep], pa.int64()))
     for name, col in zip(right_names, taken.columns):
         out = out.append_column(name, col)
     out = out.append_column("similarity", pa.array([candidates[pairs[k]] for k in keep], pa.float64()))

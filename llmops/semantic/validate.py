@@ -128,7 +128,7 @@ def _failing(table: pa.Table, outputs: list[Any], errors: list[str | None], text
     generated text that did not parse (a row that was never generated is not retried)."""
     rows = list(offset) if offset is not None else list(range(table.num_rows))
     valued = [k for k, v in enumerate(outputs) if v is not None]
-    checked = table.take(valued)
+    checked = table.take(pa.array(valued, pa.int64()))
     values = pa.array([outputs[k] for k in valued], typ)
     if name in checked.column_names:
         checked = checked.drop_columns([name])
