@@ -14,6 +14,7 @@ from llmops.templates import TemplateError
 __version__ = "0.1.0"   # the package version (pyproject.toml reads it from here)
 __all__ = ["MapRun", "MapSpec", "RunSummary", "TemplateError", "last_summary", "llm_map", "map_table",
            "map_table_ordered", "output_schema", "output_type"]
+SEMANTIC = ("llm_filter", "llm_join", "resolve", "llm_reduce")  # llmops.semantic.polars, imported on first use
 
 
 def __getattr__(name: str) -> Any:
@@ -21,4 +22,8 @@ def __getattr__(name: str) -> Any:
         from llmops.polars import llm_map  # optional dependency: Polars (`import llmops` works without it)
 
         return llm_map
+    if name in SEMANTIC:
+        from llmops.semantic import polars as semantic_polars  # optional dependency: Polars
+
+        return getattr(semantic_polars, name)
     raise AttributeError(f"module 'llmops' has no attribute {name!r}")

@@ -23,6 +23,7 @@ from llmops.pipeline.runner import cache_setting
 from llmops.pipeline.sinks import SinkWriter
 from llmops.pipeline.sources import count_source_rows, read_source
 from llmops.pipeline.spec import ROW_WISE, LlmMapStep, Pipeline, step_kind
+from llmops.pipeline.semantic_steps import dry_run_semantic, is_semantic
 from llmops.pipeline.steps import ROW_COLUMN, apply_step, attach_output, map_spec, step_label
 from llmops.result_cache import default_cache_dir
 from llmops.templates import RowRenderError, TemplateError, build_prompt, check_columns
@@ -112,6 +113,8 @@ def _describe(step: Any) -> str:
         return (f"llm_map -> {target}: {constraint}; max_new_tokens={c.max_new_tokens}, "
                 f"{len(c.examples)} example(s)" + (f", model {c.model}" if c.model else ""))
     value = getattr(step, kind)
+    if hasattr(value, "model_dump"):  # a semantic step's settings (llmops.pipeline.semantic_spec)
+        value = value.model_dump(mode="json", by_alias=True, exclude_defaults=True)
     return f"{kind}: {value if isinstance(value, str) else json.dumps(value)}"
 
 
@@ -145,6 +148,9 @@ def plan_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: bo
                 entry["estimate"] = _estimate(full, step, pipeline, cache, scale, label)
                 last_plan = entry["estimate"].pop("plan", "") or last_plan
                 full = _null_outputs(full, step, pipeline)
+        elif is_semantic(step):
+            table, entry["prompts"] = dry_run_semantic(i, step, table, pipeline)
+            full = dry_run_semantic(i, step, full, pipeline)[0] if full is not None else None
         else:
             table = apply_step(i, step, table)
             full = apply_step(i, step, full) if full is not None else None

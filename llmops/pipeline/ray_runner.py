@@ -7,7 +7,9 @@ one engine per actor.
   and handed over as Arrow.
 - Steps: row-wise steps (filter, parse, select) run on each batch as Ray Data transforms (DuckDB per
   batch); `llm_map` runs on an actor pool (`llmops.ray`: one engine, one job and one plan per actor); a
-  step that needs the whole table (sql, dedupe) gathers the dataset here, runs, and hands it back.
+  step that needs the whole table (sql, dedupe, and the semantic operators llm_filter / llm_reduce /
+  resolve / llm_join or an llm_map with `validate` rules, which run on the driver's engine) gathers the
+  dataset here, runs, and hands it back.
 - Sink: the driver streams the dataset's batches, in input order (`preserve_order`), into the same
   `SinkWriter` as the local runner: staged as they come, published atomically at the end.
 - Durability: every actor stores finished rows in the pipeline's result cache (one directory, SQLite in WAL
@@ -28,6 +30,7 @@ import ray.data
 
 from llmops.core import RunSummary, map_table
 from llmops.pipeline.runner import RunResult, cache_setting
+from llmops.pipeline.semantic_steps import StepContext, is_semantic, run_semantic
 from llmops.pipeline.sinks import SinkWriter
 from llmops.pipeline.sources import count_source_rows, read_source
 from llmops.pipeline.spec import ROW_WISE, LlmMap, LlmMapStep, Pipeline, Source
@@ -101,8 +104,13 @@ def run_pipeline_ray(pipeline: Pipeline, *, limit: int | None = None, use_cache:
     cache_dir = cache_setting(pipeline, use_cache)
     tally = _Tally.remote()
     ds = _read(pipeline.source, limit)
+    semantic = []
     for i, step in enumerate(pipeline.steps):
-        if isinstance(step, LlmMapStep):
+        if is_semantic(step):       # whole-table LLM operators (and validated maps) run here, on the driver
+            table, figures = run_semantic(i, step, _whole(ds), StepContext(pipeline, cache_dir, False, None))
+            semantic.append(figures.summary)
+            ds = ray.data.from_arrow(table)
+        elif isinstance(step, LlmMapStep):
             spec = map_spec(step.llm_map, pipeline)
             ds = ds.map_batches(
                 _StepActor, batch_format="pyarrow", batch_size=batch_rows, zero_copy_batch=True,
@@ -126,6 +134,8 @@ def run_pipeline_ray(pipeline: Pipeline, *, limit: int | None = None, use_cache:
         raise
     finally:
         total = ray.get(tally.result.remote())
+        for figures in semantic:
+            total = {k: total[k] + v for k, v in asdict(figures).items()}
         result.source_rows = count_source_rows(pipeline.source, limit=limit)
         result.generated_tokens, result.prompt_tokens = total["generated_tokens"], total["prompt_tokens"]
         result.cache_hits, result.failed_rows = total["cache_hits"], total["errors"] + total["truncated"]

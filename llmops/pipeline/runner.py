@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from llmops.core import CacheDir, MapRun, map_table, output_schema, write_json_atomic
+from llmops.pipeline.semantic_steps import StepContext, is_semantic, run_semantic
 from llmops.pipeline.sinks import SinkWriter
 from llmops.pipeline.sources import read_source
 from llmops.pipeline.spec import ROW_WISE, LlmMapStep, Pipeline
@@ -90,6 +91,16 @@ class _Run:
         self.times: dict[str, float] = {"source": 0.0, "sink": 0.0}
         self.streamed = False   # the last llm_map streamed into the sink (its time includes the sink's)
         self.maps: list[tuple[int, MapRun]] = []
+        self.semantic: list[tuple[int, Any]] = []  # (step index, SemanticFigures)
+
+    def apply(self, index: int, step: Any, table: pa.Table) -> pa.Table:
+        """A whole-table step: a semantic one (llmops.pipeline.semantic_steps) or a table step."""
+        if not is_semantic(step):
+            return apply_step(index, step, table)
+        ctx = StepContext(self.pipeline, self.cache_dir, self.progress, self.engine)
+        table, figures = run_semantic(index, step, table, ctx)
+        self.semantic.append((index, figures))
+        return table
 
     def start_map(self, index: int, step: LlmMapStep, table: pa.Table) -> MapRun:
         label = step_label(index, step)
@@ -127,6 +138,13 @@ class _Run:
             plan = getattr(run.job, "plan", None)
             self.details.append({**res.llm_steps[-1], "failures": dict(run.failures), "timeline": run.timeline,
                                  "plan": plan.to_dict() if hasattr(plan, "to_dict") else None})
+        for index, fig in self.semantic:
+            res.generated_tokens += fig.summary.generated_tokens
+            res.prompt_tokens += fig.summary.prompt_tokens
+            res.cache_hits += fig.summary.cache_hits
+            res.failed_rows += fig.report.get("failed_rows", fig.summary.errors + fig.summary.truncated)
+            res.llm_steps.append({"step": index, "kind": step_label(index, self.pipeline.steps[index]),
+                                  **fig.summary.to_dict(), **fig.report})
 
 
 def _report_step_times(details: list[dict[str, Any]], sink_s: float, streamed: bool) -> dict[str, float]:
@@ -159,14 +177,14 @@ def run_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: boo
     state.times["source"] = time.perf_counter() - start
     state.result.source_rows = table.num_rows
     steps = pipeline.steps
-    llm_indices = [i for i, s in enumerate(steps) if isinstance(s, LlmMapStep)]
+    llm_indices = [i for i, s in enumerate(steps) if isinstance(s, LlmMapStep) and not is_semantic(s)]
     last = llm_indices[-1] if llm_indices else -1
     for i, step in enumerate(steps[:max(last, 0)]):
-        if isinstance(step, LlmMapStep):
+        if isinstance(step, LlmMapStep) and not is_semantic(step):
             ordered = state.start_map(i, step, table).ordered()
             table = attach_output(table, ordered, step.llm_map).drop_columns([ROW_COLUMN])
         else:
-            table = apply_step(i, step, table)
+            table = state.apply(i, step, table)
     tail = list(enumerate(steps))[last + 1:]
     writer = SinkWriter(pipeline.sink)
     try:
@@ -185,7 +203,7 @@ def run_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: boo
         else:
             whole = pa.concat_tables(list(parts)).sort_by(ROW_COLUMN).drop_columns([ROW_COLUMN])
             for i, step in tail:
-                whole = apply_step(i, step, whole)
+                whole = state.apply(i, step, whole)
             began = time.perf_counter()
             writer.write(_with_positions(whole))
             state.times["sink"] += time.perf_counter() - began

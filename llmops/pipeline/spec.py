@@ -33,6 +33,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from llmops.pipeline.semantic_spec import SEMANTIC_STEP_KINDS, Rules
 from llmops.structured import to_json_schema
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -275,6 +276,8 @@ class LlmMap(_Strict):
     on_empty: Literal["null", "error", "run"] = "null"
     unnest: bool | str = False
     error_column: str | None = None
+    validate_: Rules = Field([], alias="validate")  # DuckDB rules on the output (llmops.semantic.validate)
+    max_attempts: Int = Field(2, ge=1, le=10)
 
     @model_validator(mode="after")
     def _constraints(self) -> "LlmMap":
@@ -330,7 +333,7 @@ class SelectStep(_Strict):
 
 STEP_KINDS: dict[str, type[_Strict]] = {
     "sql": SqlStep, "llm_map": LlmMapStep, "filter": FilterStep, "dedupe": DedupeStep,
-    "parse": ParseStep, "select": SelectStep,
+    "parse": ParseStep, "select": SelectStep, **SEMANTIC_STEP_KINDS,
 }
 ROW_WISE = (FilterStep, ParseStep, SelectStep)  # steps that can run on each finished batch independently
 

@@ -1,0 +1,94 @@
+"""DuckDB spellings of the semantic operators: functions over relations (like `llmops.duckdb.map_relation`)
+and a boolean SQL macro for filtering.
+
+    register_filter(con, "is_bug", "Is this ticket a bug report? {body}")
+    con.sql("SELECT * FROM tickets WHERE is_bug(body)")                 # one job per registered function
+    llm_filter(con, "SELECT * FROM tickets", "Is this a bug report? {body}", reason="why")
+    llm_join(con, "SELECT * FROM shop_a", "SELECT * FROM shop_b", on=["title"])
+    resolve(con, "SELECT * FROM customers", on=["name", "city"], blocking={"keys": ["phone"]})
+    llm_reduce(con, "SELECT * FROM tickets", by=["label"], template="Summarise:\\n{rows}")
+
+Each takes a query (SQL text or a relation) and returns a relation once every row is done; keyword
+arguments are those of `llmops.semantic.options.Llm.of`. DuckDB's Python API has no table functions, so a
+relation function is the natural form for whole-table operators; `register_filter` builds on
+`llmops.duckdb.register` (a Yes/No `llm_map`) and compares its answer, so NULL in gives NULL (not kept).
+Nothing here imports Polars.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from llmops import duckdb as llm_duckdb
+from llmops.semantic import filter as semantic_filter
+from llmops.semantic.blocking import Blocking
+from llmops.semantic.join import llm_join_table
+from llmops.semantic.options import Llm
+from llmops.semantic.reduce import llm_reduce_table
+from llmops.semantic.resolve import resolve_table
+from llmops.templates import template_fields
+
+Query = str | duckdb.DuckDBPyRelation
+
+
+def _table(con: duckdb.DuckDBPyConnection, query: Query) -> pa.Table:
+    return (con.sql(query) if isinstance(query, str) else query).to_arrow_table()
+
+
+def _blocking(blocking: Blocking | Mapping[str, Any] | None) -> Blocking:
+    if blocking is None:
+        return Blocking()
+    return blocking if isinstance(blocking, Blocking) else Blocking(**dict(blocking))
+
+
+def register_filter(con: duckdb.DuckDBPyConnection, name: str, template: str, **kwargs: Any) -> str:
+    """Create SQL macro `name(<placeholders>) -> BOOLEAN`: the model's Yes to `template`. kwargs: those of
+    `llmops.duckdb.register`."""
+    kwargs.setdefault("system", semantic_filter.SYSTEM)
+    kwargs.setdefault("max_new_tokens", 4)
+    inner = llm_duckdb.register(con, name=f"__llmops_{name}_answer", template=template,
+                                choices=[semantic_filter.YES, semantic_filter.NO], **kwargs)
+    args = ", ".join(f'"{a}"' for a in template_fields(template))
+    con.execute(f"CREATE OR REPLACE MACRO {name}({args}) AS {inner}({args}) = '{semantic_filter.YES}'")
+    return name
+
+
+def llm_filter(con: duckdb.DuckDBPyConnection, query: Query, template: str, *, reason: str | None = None,
+               **kwargs: Any) -> duckdb.DuckDBPyRelation:
+    """The rows of `query` the model keeps (with its reason in column `reason` when named)."""
+    table = semantic_filter.llm_filter_table(_table(con, query), template, Llm.of(**kwargs), reason_column=reason)
+    return con.from_arrow(table)
+
+
+def llm_join(con: duckdb.DuckDBPyConnection, left: Query, right: Query, *, on: Sequence[str],
+             right_on: Sequence[str] | None = None, blocking: Blocking | Mapping[str, Any] | None = None,
+             template: str | None = None, min_confidence: float = 0.5, **kwargs: Any) -> duckdb.DuckDBPyRelation:
+    """Matched pairs of two queries (see `llmops.semantic.join`)."""
+    table, _ = llm_join_table(_table(con, left), _table(con, right), Llm.of(**kwargs), left_on=list(on),
+                              right_on=list(right_on) if right_on is not None else None,
+                              blocking=_blocking(blocking), template=template, min_confidence=min_confidence)
+    return con.from_arrow(table)
+
+
+def resolve(con: duckdb.DuckDBPyConnection, query: Query, *, on: Sequence[str],
+            blocking: Blocking | Mapping[str, Any] | None = None, template: str | None = None,
+            output: str = "entity_id", id_column: str | None = None, **kwargs: Any) -> duckdb.DuckDBPyRelation:
+    """`query`'s rows with an entity id column (see `llmops.semantic.resolve`)."""
+    table, _ = resolve_table(_table(con, query), list(on), Llm.of(**kwargs), blocking=_blocking(blocking),
+                             template=template, output=output, id_column=id_column)
+    return con.from_arrow(table)
+
+
+def llm_reduce(con: duckdb.DuckDBPyConnection, query: Query, *, by: Sequence[str], template: str,
+               item: str | None = None, output: str = "output", schema: Any = None,
+               choices: Sequence[str] | None = None, max_prompt_tokens: int | None = None,
+               **kwargs: Any) -> duckdb.DuckDBPyRelation:
+    """One row per group of `by` (see `llmops.semantic.reduce`)."""
+    constraint = {"schema": schema, "choices": tuple(choices) if choices else None,
+                  "max_new_tokens": kwargs.pop("max_new_tokens", None)}
+    table, _ = llm_reduce_table(_table(con, query), list(by), template, Llm.of(**kwargs), item=item, output=output,
+                                max_prompt_tokens=max_prompt_tokens, **constraint)
+    return con.from_arrow(table)

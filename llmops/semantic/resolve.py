@@ -1,0 +1,82 @@
+"""`resolve`: entity resolution within one table: blocking -> LLM pairwise comparison -> connected components.
+
+1. Blocking (`llmops.semantic.blocking`): candidate pairs from exact keys (`blocking.keys`) and q-gram
+   similarity of the compared columns (`on`), never all n(n-1)/2 pairs.
+2. Comparison (`llmops.semantic.compare`): every candidate pair is one row of a pair table, and the whole
+   table is one `map_table` job (dedup and the result cache apply; identical pairs run once).
+3. Components (`llmops.semantic.components`): the pairs the model calls Same are edges; each connected
+   component is one entity. The output column (`output`, default `entity_id`) holds the `id_column` value of
+   the component's first row (its smallest row index), or that row index when no `id_column` is given.
+
+`ResolveReport` says how much blocking saved: all pairs, candidate pairs, pairs the model was asked about
+(candidates whose records both rendered to something), matched pairs, entities.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from llmops.semantic.blocking import Blocking, candidate_pairs
+from llmops.semantic.compare import compare_pairs, pair_table, render_record
+from llmops.semantic.components import components
+from llmops.semantic.options import Llm
+
+
+@dataclass
+class ResolveReport:
+    """Figures of one resolve run (see module docstring)."""
+
+    rows: int
+    all_pairs: int
+    candidate_pairs: int
+    compared_pairs: int
+    matched_pairs: int
+    entities: int
+    failed_pairs: int = 0
+
+    @property
+    def reduction(self) -> float:
+        """Share of all pairs that were not compared."""
+        return 1 - self.compared_pairs / self.all_pairs if self.all_pairs else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "reduction": round(self.reduction, 4)}
+
+
+def check_columns(table: pa.Table, columns: Sequence[str], what: str) -> None:
+    """ValueError naming `what` and the missing columns when `table` lacks any of `columns`."""
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise ValueError(f"{what}: unknown column(s) {missing}; columns: {', '.join(table.column_names)}")
+
+
+def resolve_table(table: pa.Table, on: Sequence[str], llm: Llm, *, blocking: Blocking = Blocking(),
+                  template: str | None = None, output: str = "entity_id",
+                  id_column: str | None = None) -> tuple[pa.Table, ResolveReport]:
+    """`table` with an entity id column (see module docstring) and the run's report."""
+    on = list(on)
+    if not on:
+        raise ValueError("resolve: `on` must name at least one column to compare")
+    check_columns(table, on, "resolve.on")
+    check_columns(table, blocking.keys, "resolve.blocking.keys")
+    if id_column is not None:
+        check_columns(table, [id_column], "resolve.id_column")
+    rows = table.select(list(dict.fromkeys([*on, *blocking.keys]))).to_pylist()
+    texts = [render_record(r, on) for r in rows]
+    candidates = candidate_pairs(texts, [[r[k] for r in rows] for k in blocking.keys], blocking)
+    pairs = sorted(p for p in candidates if texts[p[0]] and texts[p[1]])
+    same = compare_pairs(pair_table(rows, rows, pairs, on, on), llm, template=template) if pairs else []
+    matched = [p for p, s in zip(pairs, same) if s]
+    labels = components(table.num_rows, matched)
+    ids: Any = labels if id_column is None else [table.column(id_column)[i].as_py() for i in labels]
+    typ = pa.int64() if id_column is None else table.schema.field(id_column).type
+    column = pa.array(ids, typ)
+    out = table.drop_columns([output]) if output in table.column_names else table
+    n = table.num_rows
+    report = ResolveReport(rows=n, all_pairs=n * (n - 1) // 2, candidate_pairs=len(candidates),
+                           compared_pairs=len(pairs), matched_pairs=len(matched), entities=len(set(labels)),
+                           failed_pairs=sum(s is None for s in same))
+    return out.append_column(output, column), report
