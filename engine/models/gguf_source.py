@@ -2,16 +2,20 @@
 
 The model cache keeps no dequantized copy of a GGUF (an fp32 copy of a 98 MB Q4_1 file is 517 MB): the
 conversion (engine.models.gguf_convert) writes only config.json, the tokenizer files and a tensor index
-(`gguf_tensors.json`: each tensor's Hugging Face name, GGML type, shape, absolute byte range and the head
-count its rows are permuted by), so loading never re-parses the GGUF header (whose tokenizer arrays take
-seconds to read). `get` memory-maps the GGUF, dequantizes the layer's tensors with `gguf.quants.dequantize`
-(numpy, float32), undoes llama.cpp's q/k row permutation and casts to the source's dtype: the values equal
-what the old fp32 conversion stored, bit for bit. Dequantizing all of SmolLM2-135M's Q4_1 blocks takes
-~0.7 s on the 2-core development machine (once per executor build), against reading a 517 MB copy.
+(`gguf_tensors.json`: each tensor's Hugging Face name, GGML type, shape, absolute byte range, the head
+count its rows are permuted by and the offset its values carry), so loading never re-parses the GGUF
+header (whose tokenizer arrays take seconds to read). `get` memory-maps the GGUF, dequantizes the layer's
+tensors one at a time with `gguf.quants.dequantize` (numpy, float32) straight into the layer's fused
+output tensors, undoes llama.cpp's q/k row permutation and Gemma's `1 + w` norm offset and casts to the
+source's dtype; each tensor's file pages are then dropped from this process's mapping (MADV_DONTNEED:
+clean file pages, re-read on the next touch), so resident memory while loading is the layer being built
+plus what the caller keeps, never the file. Any GGML type `gguf.quants` dequantizes is accepted (F32, F16,
+BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants and IQ types).
 """
 from __future__ import annotations
 
 import json
+import mmap
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.models.base import LayerSpec
-from engine.models.weights import expected_source_shapes, fuse, layer_nbytes
+from engine.models.base import LayerSpec, WeightSpec
+from engine.models.weights import expected_source_shapes, is_stacked, layer_nbytes
 
 INDEX = "gguf_tensors.json"
 
@@ -59,7 +63,7 @@ class GGUFSource:
         self.path = Path(gguf_path)
         self.dtype = dtype
         self._tensors: dict[str, dict[str, Any]] = index["tensors"]
-        self._map: np.ndarray | None = None
+        self._map: mmap.mmap | None = None
         self._lock = threading.Lock()
         self._check(specs)
 
@@ -82,21 +86,46 @@ class GGUFSource:
         if problems:
             raise ValueError(f"GGUF {self.path} does not match its converted index: " + " | ".join(problems[:20]))
 
-    def _bytes(self, t: dict[str, Any]) -> np.ndarray:
+    def _mapped(self) -> mmap.mmap:
         with self._lock:
             if self._map is None:
-                self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
-        return np.asarray(self._map[t["offset"]:t["offset"] + t["n_bytes"]])
+                with open(self.path, "rb") as f:
+                    self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            return self._map
 
     def _read(self, name: str) -> torch.Tensor:
+        """One source tensor, dequantized, in HF layout and this source's dtype (an owned tensor)."""
         t = self._tensors[name]
-        w = dequantize_tensor(self._bytes(t), t["type"], tuple(t["shape"]))
+        mm = self._mapped()
+        raw = np.frombuffer(mm, dtype=np.uint8, count=t["n_bytes"], offset=t["offset"])
+        w = dequantize_tensor(raw, t["type"], tuple(t["shape"]))
+        del raw
+        start = t["offset"] - t["offset"] % mmap.PAGESIZE
+        mm.madvise(mmap.MADV_DONTNEED, start, t["offset"] + t["n_bytes"] - start)
         if t.get("unpermute"):
             w = unpermute(w, int(t["unpermute"]))
+        if t.get("offset_by"):
+            w -= float(t["offset_by"])
         return w.to(self.dtype).contiguous()
 
+    def _fused(self, ws: WeightSpec) -> torch.Tensor:
+        """`fuse` of the sources without holding them all: each part is written into the output as read."""
+        if len(ws.sources) == 1:
+            return self._read(ws.sources[0])
+        out = torch.empty(ws.shape, dtype=self.dtype)
+        stacked, row = is_stacked(ws), 0
+        for j, name in enumerate(ws.sources):
+            part = self._read(name)
+            if stacked:
+                out[j].copy_(part)
+            else:
+                out[row:row + part.shape[0]].copy_(part)
+                row += part.shape[0]
+            del part
+        return out
+
     def get(self, spec: LayerSpec) -> dict[str, torch.Tensor]:
-        return {local: fuse(ws, [self._read(s) for s in ws.sources]) for local, ws in spec.weights.items()}
+        return {local: self._fused(ws) for local, ws in spec.weights.items()}
 
     def nbytes(self, spec: LayerSpec) -> int:
         return layer_nbytes(spec, self.dtype)
