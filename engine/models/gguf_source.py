@@ -27,6 +27,7 @@ from engine.models.base import LayerSpec, WeightSpec
 from engine.models.weights import expected_source_shapes, is_stacked, layer_nbytes
 
 INDEX = "gguf_tensors.json"
+_CHUNK_BYTES = 1 << 20          # float32 bytes dequantized at once
 
 
 def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -93,35 +94,46 @@ class GGUFSource:
                     self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             return self._map
 
-    def _read(self, name: str) -> torch.Tensor:
-        """One source tensor, dequantized, in HF layout and this source's dtype (an owned tensor)."""
+    def _read_into(self, name: str, out: torch.Tensor) -> None:
+        """Dequantize source tensor `name` into `out` (its HF shape, this source's dtype) a chunk of rows at
+        a time (~_CHUNK_BYTES of float32; whole heads when its rows are permuted), so the temporaries of
+        dequantization stay small whatever the tensor's size; its file pages are dropped afterwards."""
         t = self._tensors[name]
         mm = self._mapped()
-        raw = np.frombuffer(mm, dtype=np.uint8, count=t["n_bytes"], offset=t["offset"])
-        w = dequantize_tensor(raw, t["type"], tuple(t["shape"]))
-        del raw
+        shape = tuple(t["shape"])
+        rows = shape[0] if len(shape) > 1 else 1
+        row_bytes, row_numel = t["n_bytes"] // rows, out.numel() // rows
+        heads = int(t.get("unpermute") or 0)
+        unit = rows // heads if heads else 1                       # rows per head when unpermuting
+        step = max(unit, _CHUNK_BYTES // (4 * row_numel) // unit * unit)
+        flat = out.view(rows, row_numel)
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            raw = np.frombuffer(mm, dtype=np.uint8, count=(r1 - r0) * row_bytes, offset=t["offset"] + r0 * row_bytes)
+            w = dequantize_tensor(raw, t["type"], (r1 - r0, row_numel))   # [r, cols] float32
+            del raw
+            if heads:
+                w = unpermute(w, (r1 - r0) // unit)
+            if t.get("offset_by"):
+                w -= float(t["offset_by"])
+            flat[r0:r1].copy_(w)
         start = t["offset"] - t["offset"] % mmap.PAGESIZE
         mm.madvise(mmap.MADV_DONTNEED, start, t["offset"] + t["n_bytes"] - start)
-        if t.get("unpermute"):
-            w = unpermute(w, int(t["unpermute"]))
-        if t.get("offset_by"):
-            w -= float(t["offset_by"])
-        return w.to(self.dtype).contiguous()
 
     def _fused(self, ws: WeightSpec) -> torch.Tensor:
-        """`fuse` of the sources without holding them all: each part is written into the output as read."""
-        if len(ws.sources) == 1:
-            return self._read(ws.sources[0])
+        """`fuse` of the sources, each dequantized straight into its rows (or slot) of the output."""
         out = torch.empty(ws.shape, dtype=self.dtype)
+        if len(ws.sources) == 1:
+            self._read_into(ws.sources[0], out)
+            return out
         stacked, row = is_stacked(ws), 0
         for j, name in enumerate(ws.sources):
-            part = self._read(name)
             if stacked:
-                out[j].copy_(part)
+                self._read_into(name, out[j])
             else:
-                out[row:row + part.shape[0]].copy_(part)
-                row += part.shape[0]
-            del part
+                n = int(self._tensors[name]["shape"][0])
+                self._read_into(name, out[row:row + n])
+                row += n
         return out
 
     def get(self, spec: LayerSpec) -> dict[str, torch.Tensor]:
