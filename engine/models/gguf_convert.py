@@ -1,12 +1,18 @@
 """GGUF (llama.cpp) -> a Hugging Face style folder in the one model cache, converted once and reused.
 
-`convert_gguf(path, cache_dir)` builds config.json from the GGUF metadata, the tokenizer files
-(tokenizer.json, tokenizer_config.json with chat_template / eos / bos) with transformers' GGUF tokenizer
-converter, and a tensor index (`gguf_tensors.json`, see engine.models.gguf_source): each tensor's Hugging
-Face name, GGML type, shape, byte range in the GGUF and whether its rows carry llama.cpp's q/k permutation.
+`convert_gguf(path, cache_dir)` builds config.json from the GGUF metadata (engine.models.gguf_arch: the
+architectures `llama` (incl. Llama-3.1's `rope_freqs`), `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `gemma2`,
+`gemma3`, `phi3`), the tokenizer files (tokenizer.json, tokenizer_config.json with chat_template / eos /
+bos) with transformers' GGUF tokenizer builder (byte-level BPE from `tokenizer.ggml.tokens/merges/
+token_type` with the split regex of `tokenizer.ggml.pre`; SentencePiece vocabularies, Gemma's and Phi3's
+included, from tokens/scores), and a tensor index (`gguf_tensors.json`, see engine.models.gguf_source):
+each HF tensor's GGUF name, GGML type, shape, byte range in the GGUF (a stacked expert tensor gives one
+range per expert), whether its rows carry llama.cpp's q/k permutation and the offset its values carry.
 No weights are copied: the compact form stored is the GGUF's own quantized blocks, read from the GGUF file
-and dequantized per layer at load (`GGUFSource`), so the cache folder is ~4 MB instead of a 517 MB fp32
-copy. A tool that needs transformers' model of a GGUF loads it with transformers' own GGUF reader
+and dequantized per layer at load (`GGUFSource`; with `compress_weights` the executor requantizes each
+layer into our 4-bit format as it places it), so the cache folder is ~4 MB (SmolLM2) instead of a 517 MB
+fp32 copy, and a 4-bit copy of our own would only duplicate a file that is already compact and mapped.
+A tool that needs transformers' model of a GGUF loads it with transformers' own GGUF reader
 (`from_pretrained(folder, gguf_file=name)`, as tests/test_smollm2.py does).
 
 The folder is `cache_dir/<fingerprint>-v<FORMAT>/`, written atomically: into a temporary folder first, with
