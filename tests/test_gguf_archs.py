@@ -158,3 +158,23 @@ def test_tokenizer_and_chat_template_from_metadata(root, arch, text, pieces):
         assert "▁wor" in enc.tokens and "ll" in enc.tokens
     cfg = json.loads((m.tokenizer_dir / "tokenizer_config.json").read_text())
     assert "<|im_start|>" in cfg["chat_template"]
+
+
+@pytest.mark.parametrize("arch, extra, message", [
+    ("mamba", {}, "GGUF architecture 'mamba' is not supported; supported: .*'qwen3moe'"),
+    ("llama", {"llama.expert_count": 8}, "Mixtral"),
+])
+def test_unsupported_gguf_is_refused_by_name(tmp_path, arch, extra, message):
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), arch)
+    w.add_block_count(1)
+    w.add_embedding_length(32)
+    w.add_head_count(2)
+    for key, value in extra.items():
+        w.add_uint32(key, value)
+    w.add_tensor("token_embd.weight", torch.zeros(8, 32).numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=message):
+        load_model(tmp_path / "m.gguf", cache_dir=tmp_path / "cache")

@@ -140,6 +140,9 @@ def hf_config(arch: str, meta: Callable[[str], Any], names: set[str], shapes: di
         v = meta(f"{arch}.{key}")
         return default if v is None else v
 
+    if arch == "llama" and a("expert_count"):
+        raise ValueError("GGUF: a `llama` file with experts (Mixtral) is not supported from GGUF; load its "
+                         "Hugging Face folder (MixtralForCausalLM)")
     hidden, heads = int(a("embedding_length")), int(a("attention.head_count"))
     head_dim = int(a("attention.key_length") or hidden // heads)
     n = int(a("block_count"))
