@@ -57,6 +57,18 @@ def test_unknown_architecture_named_with_supported_list(llama_copy):
     assert "LlamaForCausalLM" in str(e.value) and "MixtralForCausalLM" in str(e.value)
 
 
+@pytest.mark.parametrize("qc, named", [
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": True}, "'awq'"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}, "'gptq'"),
+])
+def test_prequantized_awq_gptq_checkpoint_is_refused_by_name(llama_copy, qc, named):
+    cfg = json.loads((llama_copy / "config.json").read_text())
+    (llama_copy / "config.json").write_text(json.dumps({**cfg, "quantization_config": qc}))
+    with pytest.raises(ValueError, match="pre-quantized checkpoint") as e:
+        load_model(llama_copy)
+    assert named in str(e.value) and "group_size=128" in str(e.value) and "GGUF" in str(e.value)
+
+
 def test_truncated_safetensors_names_the_file(llama_copy):
     path = llama_copy / "model.safetensors"
     data = path.read_bytes()

@@ -1,12 +1,18 @@
 """GGUF (llama.cpp) -> a Hugging Face style folder in the one model cache, converted once and reused.
 
-`convert_gguf(path, cache_dir)` builds config.json from the GGUF metadata, the tokenizer files
-(tokenizer.json, tokenizer_config.json with chat_template / eos / bos) with transformers' GGUF tokenizer
-converter, and a tensor index (`gguf_tensors.json`, see engine.models.gguf_source): each tensor's Hugging
-Face name, GGML type, shape, byte range in the GGUF and whether its rows carry llama.cpp's q/k permutation.
+`convert_gguf(path, cache_dir)` builds config.json from the GGUF metadata (engine.models.gguf_arch: the
+architectures `llama` (incl. Llama-3.1's `rope_freqs`), `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `gemma2`,
+`gemma3`, `phi3`), the tokenizer files (tokenizer.json, tokenizer_config.json with chat_template / eos /
+bos) with transformers' GGUF tokenizer builder (byte-level BPE from `tokenizer.ggml.tokens/merges/
+token_type` with the split regex of `tokenizer.ggml.pre`; SentencePiece vocabularies, Gemma's and Phi3's
+included, from tokens/scores), and a tensor index (`gguf_tensors.json`, see engine.models.gguf_source):
+each HF tensor's GGUF name, GGML type, shape, byte range in the GGUF (a stacked expert tensor gives one
+range per expert), whether its rows carry llama.cpp's q/k permutation and the offset its values carry.
 No weights are copied: the compact form stored is the GGUF's own quantized blocks, read from the GGUF file
-and dequantized per layer at load (`GGUFSource`), so the cache folder is ~4 MB instead of a 517 MB fp32
-copy. A tool that needs transformers' model of a GGUF loads it with transformers' own GGUF reader
+and dequantized per layer at load (`GGUFSource`; with `compress_weights` the executor requantizes each
+layer into our 4-bit format as it places it), so the cache folder is ~4 MB (SmolLM2) instead of a 517 MB
+fp32 copy, and a 4-bit copy of our own would only duplicate a file that is already compact and mapped.
+A tool that needs transformers' model of a GGUF loads it with transformers' own GGUF reader
 (`from_pretrained(folder, gguf_file=name)`, as tests/test_smollm2.py does).
 
 The folder is `cache_dir/<fingerprint>-v<FORMAT>/`, written atomically: into a temporary folder first, with
@@ -32,29 +38,14 @@ from typing import Any
 
 import numpy as np
 
-from engine.models.gguf_source import INDEX
+from engine.models.gguf_arch import ARCHS, CONFIG_TENSORS, EXPERT_NAMES, GLOBAL_NAMES, hf_config
+from engine.models.gguf_source import INDEX, dequantize_tensor
 
 MARKER = ".complete.json"
-FORMAT = 2     # 1: fp32 model.safetensors copy; 2: tensor index into the GGUF (no weight copy)
-SUPPORTED_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
-
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_SKIPPED = {"rope_freqs.weight"}  # llama.cpp's precomputed RoPE factors; config.json carries the scaling
+# 1: fp32 model.safetensors copy; 2: tensor index into the GGUF (no weight copy), llama only;
+# 3: + the architectures of engine.models.gguf_arch, per-expert slices, norm offsets, rope factors
+FORMAT = 3
+SUPPORTED_GGUF_ARCHITECTURES = {name: arch.hf_architecture for name, arch in ARCHS.items()}
 
 
 class GGUFTruncatedError(ValueError):
@@ -147,63 +138,70 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
     return default if f is None else f.contents()
 
 
+def _shape(t: Any) -> list[int]:
+    return [int(d) for d in reversed(t.shape)]  # GGUF lists dims innermost first; HF outermost first
+
+
 def _config(reader: Any, gguf_path: Path) -> dict[str, Any]:
     arch = _field(reader, "general.architecture")
-    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+    if arch not in ARCHS:
         raise ValueError(
             f"{gguf_path}: GGUF architecture {arch!r} is not supported; "
             f"supported: {sorted(SUPPORTED_GGUF_ARCHITECTURES)}"
         )
+    tensors = {t.name: t for t in reader.tensors}
 
-    def a(key: str, default: Any = None) -> Any:
-        return _field(reader, f"{arch}.{key}", default)
+    def small(name: str) -> list[float] | None:
+        t = tensors.get(name)
+        if t is None:
+            return None
+        raw = np.asarray(t.data).view(np.uint8).reshape(-1)
+        return [float(x) for x in dequantize_tensor(raw, int(t.tensor_type), tuple(_shape(t))).reshape(-1)]
 
-    hidden, heads = a("embedding_length"), a("attention.head_count")
-    vocab = a("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
-    scaling = None
-    if a("rope.scaling.type") == "linear":
-        scaling = {"rope_type": "linear", "factor": float(a("rope.scaling.factor"))}
-    names = {t.name for t in reader.tensors}
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    return {
-        "architectures": [SUPPORTED_GGUF_ARCHITECTURES[arch]], "model_type": arch,
-        "vocab_size": int(vocab), "hidden_size": int(hidden), "intermediate_size": int(a("feed_forward_length")),
-        "num_hidden_layers": int(a("block_count")), "num_attention_heads": int(heads),
-        "num_key_value_heads": int(a("attention.head_count_kv", heads)),
-        "head_dim": int(a("rope.dimension_count", hidden // heads)),
-        "max_position_embeddings": int(a("context_length", 4096)),
-        "rms_norm_eps": float(a("attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(a("rope.freq_base", 10000.0)), "rope_scaling": scaling,
-        "tie_word_embeddings": "output.weight" not in names, "hidden_act": "silu",
-        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": eos, "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
-        "torch_dtype": "float32",
-    }
+    shapes = {name: _shape(t) for name, t in tensors.items()}
+    return hf_config(arch, lambda key: _field(reader, key), set(tensors), shapes, small)
 
 
-def _hf_name(gguf_name: str, gguf_path: Path) -> str:
+def _hf_names(gguf_name: str, arch: str, n_experts: int, gguf_path: Path) -> list[str]:
+    """The HF tensor names one GGUF tensor becomes (one per expert for a stacked expert tensor)."""
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    raise ValueError(f"{gguf_path}: unexpected GGUF tensor {gguf_name!r}")
+    if m and m.group(2) in ARCHS[arch].layer_names:
+        return [f"model.layers.{m.group(1)}.{ARCHS[arch].layer_names[m.group(2)]}"]
+    if m and m.group(2) in EXPERT_NAMES:
+        return [f"model.layers.{m.group(1)}.{EXPERT_NAMES[m.group(2)].format(j=j)}" for j in range(n_experts)]
+    if gguf_name in GLOBAL_NAMES:
+        return [GLOBAL_NAMES[gguf_name]]
+    raise ValueError(f"{gguf_path}: unexpected GGUF tensor {gguf_name!r} for architecture {arch!r}")
 
 
 def tensor_index(reader: Any, config: dict[str, Any], gguf_path: Path) -> list[dict[str, Any]]:
-    """One entry per needed tensor: HF name, GGUF name, GGML type, HF shape (outermost dim first: GGUF lists
-    dims innermost first), absolute byte offset and length in the file, and the head count to unpermute
-    q/k rows by (None for other tensors)."""
+    """One entry per needed HF tensor: HF name, GGUF name, GGML type, HF shape (outermost dim first), absolute
+    byte offset and length in the file, the head count to unpermute q/k rows by (None for other tensors)
+    and `offset_by`, subtracted from the values at load (Gemma's `1 + w` norms; 0 otherwise). A stacked
+    expert tensor [E, rows, cols] gives E entries, each over its own contiguous byte range."""
+    arch = _field(reader, "general.architecture")
+    spec = ARCHS[arch]
+    n_experts = int(config.get("num_experts") or 0)
     out = []
     for t in reader.tensors:
-        if t.name in _SKIPPED:
+        if t.name in CONFIG_TENSORS:
             continue
-        name = _hf_name(t.name, gguf_path)
-        heads = (config["num_attention_heads"] if name.endswith("q_proj.weight")
-                 else config["num_key_value_heads"] if name.endswith("k_proj.weight") else None)
-        out.append({"hf": name, "gguf": t.name, "type": int(t.tensor_type),
-                    "shape": [int(d) for d in reversed(t.shape)], "offset": int(t.data_offset),
-                    "n_bytes": int(t.n_bytes), "unpermute": heads})
+        names = _hf_names(t.name, arch, n_experts, gguf_path)
+        shape, n_bytes = _shape(t), int(t.n_bytes)
+        if len(names) > 1:                              # stacked experts: [E, rows, cols] -> E x [rows, cols]
+            shape, n_bytes = shape[1:], n_bytes // len(names)
+        if t.name.endswith("ffn_gate_inp_shexp.weight"):
+            shape = [1, shape[-1]]                      # HF [1, h]; converters write [h] or [1, h]
+        for j, name in enumerate(names):
+            heads = None
+            if spec.permute_qk and name.endswith("q_proj.weight"):
+                heads = config["num_attention_heads"]
+            elif spec.permute_qk and name.endswith("k_proj.weight"):
+                heads = config["num_key_value_heads"]
+            norm = spec.norm_offset if name.endswith("norm.weight") else 0.0
+            out.append({"hf": name, "gguf": t.name, "type": int(t.tensor_type), "shape": shape,
+                        "offset": int(t.data_offset) + j * n_bytes, "n_bytes": n_bytes, "unpermute": heads,
+                        "offset_by": norm})
     return out
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from engine.models.config import ModelConfig
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "freq_factors")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -60,7 +60,9 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     """Inverse frequencies [hd/2] float32 for `config.rope_theta` and `config.rope_scaling`.
 
     Matches transformers' ROPE_INIT_FUNCTIONS for "default", "linear" and "llama3"; for "longrope" these are
-    the short-context frequencies (see `rope_table` for the long ones and the attention factor)."""
+    the short-context frequencies (see `rope_table` for the long ones and the attention factor);
+    "freq_factors" divides each frequency by llama.cpp's per-frequency factor (a GGUF's `rope_freqs` tensor,
+    which is how llama.cpp's converter stores Llama-3.1 scaling: the llama3 formula's divisors)."""
     dim = config.head_dim
     base = config.rope_theta
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim))  # [hd/2]
@@ -74,6 +76,8 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
         return _llama3_inv_freq(inv_freq, scaling)
     if rope_type == "longrope":
         return inv_freq / torch.tensor(scaling["short_factor"], dtype=torch.float32)
+    if rope_type == "freq_factors":
+        return inv_freq / torch.tensor(scaling["freq_factors"], dtype=torch.float32)
     raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: {list(SUPPORTED_ROPE_TYPES)}")
 
 

@@ -26,7 +26,7 @@ from engine.storage.disk import WeightFiles
 from engine.storage.placement import weight_tiers
 from engine.storage.tiers import Handle, Stored, Tier
 
-_QUANT_CHUNK = 4 << 20          # elements quantized at once while placing weights
+_QUANT_CHUNK = 1 << 20          # elements quantized at once while placing weights (bounded host temporaries)
 
 
 def _page_rows(rows: int, lo: float, hi: float, start: float, end: float) -> tuple[int, int]:
@@ -61,11 +61,13 @@ class WeightHomes:
                      for n, q in zip(names, packed)]
             tiers = weight_tiers(sizes, w_gpu, w_cpu)
             source: dict[str, torch.Tensor] = {}
+            read: list[bool] = []
 
             def value(name: str, is_packed: bool) -> Stored:
-                if not source:
+                if not read:                       # the layer's dense tensors, read once when first needed
                     source.update(loaded.weights.get(spec))
-                x = source[name].to(dtype)
+                    read.append(True)
+                x = source.pop(name).to(dtype)     # dropped once placed: the layer's copy shrinks as it goes
                 return _quantize_rows(x, quant, self.device) if is_packed else x
 
             if Tier.DISK in tiers:
