@@ -15,15 +15,18 @@ from typing import Callable
 
 import torch
 
-from engine.models.attention import attention_layer, attention_layer_with_prefix
+from engine.models.attention import attention_layer
 from engine.policy.policy import Policy
-from engine.policy.working import working_bytes
+from engine.policy.working import (
+    DECODE_CHUNK_BYTES, PREFILL_CHUNK_TOKENS, row_chunks, staged_kv_heads, working_bytes,
+)
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT, QuantConfig
 from engine.runtime.act_homes import ActHomes
 from engine.runtime.arena import Arena
 from engine.runtime.batch import GpuBatch
 from engine.runtime.block_state import BlockState
 from engine.runtime.kv_cache import KVHome
+from engine.runtime.prefill_chunks import attention_prefill, mlp_prefill
 from engine.runtime.schedule import Action, block_schedule
 from engine.runtime.selector import TokenSelector
 from engine.runtime.transfers import Transfers
@@ -44,11 +47,14 @@ class Executor:
     block's `prefill_s`, `decode_s` (wall clock; the device is synchronized at step ends only when
     `timing` is True) and `steps`, and `step_s` its seconds per step (index 0 the prefill). `quant_config`
     is the weights' compression when the policy compresses weights, `cache_quant_config` the KV cache's when
-    it compresses the cache (defaults in engine.quant.config)."""
+    it compresses the cache (defaults in engine.quant.config). A prefill runs each layer over row chunks of
+    about `prefill_chunk_tokens` tokens, and decode dequantizes a compressed device cache
+    `decode_chunk_bytes` at a time (`engine.policy.working`; the defaults are what the memory model assumes)."""
 
     def __init__(self, loaded, policy: Policy, *, device: torch.device, dtype: torch.dtype,
                  gpu_memory: int | None = None, cpu_memory: int | None = None, disk_dir: Path | None = None,
-                 quant_config: QuantConfig = WEIGHT_QUANT, cache_quant_config: QuantConfig = CACHE_QUANT):
+                 quant_config: QuantConfig = WEIGHT_QUANT, cache_quant_config: QuantConfig = CACHE_QUANT,
+                 prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS, decode_chunk_bytes: int = DECODE_CHUNK_BYTES):
         self.loaded, self.policy = loaded, policy
         self.config, self.family = loaded.config, loaded.family
         self.device, self.dtype = torch.device(device), dtype
@@ -58,6 +64,7 @@ class Executor:
         self.transfers = Transfers(self.device, policy.overlap)
         self.wquant = quant_config if policy.compress_weights else None
         self.cquant = cache_quant_config if policy.compress_cache else None
+        self.prefill_chunk_tokens, self.decode_chunk_bytes = prefill_chunk_tokens, decode_chunk_bytes
         self.on_action: Callable[[Action], None] | None = None
         self.timing = False
         self.stats: dict[str, float] = {}
@@ -101,15 +108,17 @@ class Executor:
             for s in range(0, len(prompts), gbs)
         ]
         K, J = len(batches), len(self.specs)
-        work = max(working_bytes(c, b.size, b.prompt_len, b.length, self.dtype, self.cquant is not None)
-                   for b in batches)
+        cc = self.cquant is not None
+        staged = staged_kv_heads(c.num_key_value_heads, p.cache_gpu, p.cache_cpu, self.device.type, cc)
+        work = max(working_bytes(c, b.size, b.prompt_len, b.length, self.dtype, cc, staged,
+                                 self.prefill_chunk_tokens, self.decode_chunk_bytes) for b in batches)
         self.budget.reserve(Tier.GPU, work, "working memory of one GPU batch")
         try:
             kv = {
                 (j, k): KVHome(self.arena, f"kv.{j}.{k}", rows=b.size, length=b.length,
                                num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, dtype=self.dtype,
                                cache_gpu=p.cache_gpu, cache_cpu=p.cache_cpu, quant=self.cquant,
-                               cpu_attention=p.cpu_attention)
+                               cpu_attention=p.cpu_attention, decode_chunk_bytes=self.decode_chunk_bytes)
                 for j, spec in enumerate(self.specs) if spec.kind == "attention"
                 for k, b in enumerate(batches)
             }
@@ -228,14 +237,18 @@ class Executor:
             blk.hidden[a.k] = x
         elif spec.kind == "attention":
             kv = blk.kv[(a.j, a.k)]
-            if isinstance(x, tuple):
-                blk.hidden[a.k] = attention_layer_with_prefix(self.config, f, w, kv, batch, spec.index, *x)
+            if batch.prefill:
+                blk.hidden[a.k] = attention_prefill(self.config, f, w, kv, batch, spec.index, x, self._chunks(batch))
             else:
                 blk.hidden[a.k] = attention_layer(self.config, f, w, kv, batch, spec.index, x)
         elif spec.kind == "mlp":
-            blk.hidden[a.k] = tuple(f.mlp(w, h) for h in x) if isinstance(x, tuple) else f.mlp(w, x)
+            blk.hidden[a.k] = mlp_prefill(f, w, x, self._chunks(batch)) if batch.prefill else f.mlp(w, x)
         else:
             self._head(w, batch, a)
+
+    def _chunks(self, batch: GpuBatch) -> list[tuple[int, int]]:
+        """The row chunks of `batch`'s prefill, by its whole prompt length (as the memory model counts)."""
+        return row_chunks(batch.size, batch.prompt_len, self.prefill_chunk_tokens)
 
     def _head(self, w, batch: GpuBatch, a: Action) -> None:
         blk = self.block
