@@ -29,6 +29,7 @@ from engine.runtime.kv_cache import KVHome
 from engine.runtime.prefill_chunks import attention_prefill, mlp_prefill
 from engine.runtime.schedule import Action, block_schedule
 from engine.runtime.selector import TokenSelector
+from engine.runtime.step_profile import StepProfile
 from engine.runtime.transfers import Transfers
 from engine.runtime.weight_homes import WeightHomes
 from engine.storage.tiers import MemoryBudget, Tier
@@ -45,7 +46,8 @@ class Executor:
 
     `on_action(action)` (optional hook) is called before each schedule action; `stats` holds the last
     block's `prefill_s`, `decode_s` (wall clock; the device is synchronized at step ends only when
-    `timing` is True) and `steps`, and `step_s` its seconds per step (index 0 the prefill). `quant_config`
+    `timing` is True) and `steps`, and `step_s` its seconds per step (index 0 the prefill). `profiler` (a
+    `StepProfile`, optional) is told of every action and of the seams inside a compute (`step_profile`). `quant_config`
     is the weights' compression when the policy compresses weights, `cache_quant_config` the KV cache's when
     it compresses the cache (defaults in engine.quant.config). A prefill runs each layer over row chunks of
     about `prefill_chunk_tokens` tokens, and decode dequantizes a compressed device cache
@@ -66,6 +68,7 @@ class Executor:
         self.cquant = cache_quant_config if policy.compress_cache else None
         self.prefill_chunk_tokens, self.decode_chunk_bytes = prefill_chunk_tokens, decode_chunk_bytes
         self.on_action: Callable[[Action], None] | None = None
+        self.profiler: StepProfile | None = None
         self.timing = False
         self.stats: dict[str, float] = {}
         self.step_s: list[float] = []
@@ -133,8 +136,16 @@ class Executor:
                 if self.on_action is not None:
                     self.on_action(action)
                 if action.verb not in skip:
-                    getattr(self, _VERBS[action.verb])(action)
+                    prof = self.profiler
+                    if prof is None:
+                        getattr(self, _VERBS[action.verb])(action)
+                    else:
+                        prof.begin(action)
+                        getattr(self, _VERBS[action.verb])(action)
+                        prof.end()
             self._sync(None)
+            if self.profiler is not None:
+                self.profiler.finish()
         finally:
             self._drain()
             self.budget.release(Tier.GPU, work, "working memory of one GPU batch")
@@ -215,6 +226,8 @@ class Executor:
         if blk.weights is None or blk.weights[:2] != (i, j):
             for pending in blk.wpend.pop((i, j), []):
                 pending.wait()
+            if self.profiler is not None:
+                self.profiler.lap("weight_wait")
             blk.weights = (i, j, self.weights.get(j, self._weight_slot(i, j)))
         return blk.weights[2]
 
@@ -223,11 +236,16 @@ class Executor:
         batch = blk.batches[a.k]
         if batch.done:
             return
+        prof = self.profiler
         for pending in blk.cpend.pop((a.i, a.j, a.k), []):
             pending.wait()
         blk.hidden[a.k] = blk.acts.ready(a.k, blk.hidden[a.k])
+        if prof is not None:
+            prof.lap("cache_wait")
         spec = self.specs[a.j]
         w = self._weights_for(a.i, a.j)
+        if prof is not None:
+            prof.lap("dequant")
         f = self.family
         x = blk.hidden[a.k]
         if spec.kind == "embed":
@@ -300,5 +318,5 @@ class Executor:
         device memory is back in torch's allocator at once, whoever still references the executor."""
         self.transfers.close()
         self._drop_block_state()
-        self.weights = self.on_action = None
+        self.weights = self.on_action = self.profiler = None
         self.arena.close()
