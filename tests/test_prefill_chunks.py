@@ -24,6 +24,7 @@ from engine.policy.working import _MARGIN, row_chunks, working_bytes
 from engine.runtime.executor import Executor
 from engine.runtime.selector import GreedyToEnd
 from test_executor import make_prompts
+from test_families_parity import _run as run
 
 GIB = 1 << 30
 POLICIES = {
@@ -35,31 +36,6 @@ POLICIES = {
     "cache_q_cpu_attn": dict(cache_gpu=0.0, cache_cpu=1.0, compress_cache=True, cpu_attention=True),
     "weights_q_act_cpu": dict(w_gpu=0.0, w_cpu=1.0, compress_weights=True, act_gpu=0.5, act_cpu=0.5),
 }
-
-
-class LogitRecorder:
-    """Greedy TokenSelector that keeps every step's logits per row."""
-
-    def __init__(self) -> None:
-        self.tokens: dict[int, list[int]] = {}
-        self.logits: dict[int, list[torch.Tensor]] = {}
-
-    def __call__(self, rows, logits):
-        picked = logits.argmax(-1).tolist()
-        for r, t, row in zip(rows, picked, logits):
-            self.tokens.setdefault(r, []).append(t)
-            self.logits.setdefault(r, []).append(row.clone())
-        return picked, [False] * len(rows)
-
-
-def run(loaded, policy, prompts, max_new, tmp_path, **chunking):
-    ex = Executor(loaded, policy, device=torch.device("cpu"), dtype=torch.float32, disk_dir=tmp_path, **chunking)
-    try:
-        sel = LogitRecorder()
-        ex.generate_block(prompts, max_new, sel)
-        return sel
-    finally:
-        ex.close()
 
 
 def test_row_chunks_cover_the_batch():
@@ -78,7 +54,7 @@ def test_chunked_prefill_matches_unchunked(tiny_checkpoints, kind, name, shared_
         prompts = [make_prompts(1, loaded.config.vocab_size, seed=12, lo=6, hi=7)[0] + p for p in prompts]
     max_new = [4, 6, 2, 6, 5, 6, 3]
     policy = Policy(gpu_batch_size=7, num_gpu_batches=1, **POLICIES[name])
-    ref = run(loaded, policy, prompts, max_new, tmp_path / "a", prefill_chunk_tokens=1 << 20)
+    ref = run(loaded, policy, prompts, max_new, tmp_path / "a", prefill_chunk_tokens=1 << 20)   # one chunk
     got = run(loaded, policy, prompts, max_new, tmp_path / "b", prefill_chunk_tokens=20, decode_chunk_bytes=1)
     assert got.tokens == ref.tokens
     for r in ref.logits:
