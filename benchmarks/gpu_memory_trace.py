@@ -1,6 +1,6 @@
 """Where device memory peaks inside the block schedule, and which allocations hold it.
 
-Runs one dummy preset under one policy (a warm-up block, then a measured block, as gpu_offload.py does).
+Runs one dummy preset under one policy (a warm-up block, then a measured block, as throughput.py does).
 Per schedule action it records the allocator's bytes in use: `--sync` synchronizes before each reading
 (device-side truth per action), the default does not (the host may run ahead, as in a real run). With
 `--snapshot`, allocation history with Python stacks is recorded and, each time usage climbs past the highest

@@ -1,7 +1,7 @@
 """Where a block's time goes: host seconds per schedule verb and the top device kernels.
 
 Runs one dummy preset under one or more policies (a warm-up block, then a measured block of --gen-len steps,
-as gpu_offload.py does). Host time per verb comes from the executor's `on_action` hook (time between one
+as throughput.py does). Host time per verb comes from the executor's `on_action` hook (time between one
 action's start and the next's; "sync" is the host waiting for transfers); device kernels come from
 torch.profiler over the measured block (`--no-kernels` skips it). With `--trial`, each policy is also run the
 same way on the smaller of the copies the policy trials use (`engine.calibrate.trial`), and the trial's extrapolated

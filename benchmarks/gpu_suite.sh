@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl): bash benchmarks/gpu_suite.sh [tests|kernels|offload|policy|all]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all]
 # policy mode: POLICY_MODELS (default opt-6.7b,opt-30b:8) and POLICY_BUDGET_S (default 400) pick its models and time.
 # Results land in $OUT as <benchmark>_<workload>.json (bench_common.results_path) + logs; the lead commits them
 # under benchmarks/results/h200/ (one file per benchmark and workload, replaced by a newer run: history is git's).
@@ -25,7 +25,17 @@ if [[ $what == kernels || $what == all ]]; then
   } 2>&1 | tee "$OUT/kernels.log" | tail -30
 fi
 if [[ $what == offload || $what == all ]]; then
-  python3 benchmarks/gpu_offload.py --out-dir "$OUT" 2>&1 | tee "$OUT/gpu_offload.log" | tail -30
+  { python3 benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB --out-dir "$OUT" \
+      --system llmops --system flexgen --system llmops-no-pipeline \
+      --policy auto --policy 4bit_w_cpu_cache_gpu_48x1 --policy 4bit_w_cpu_cache_gpu_b48
+    python3 benchmarks/throughput.py --workload wrangle --model llama-3-70b --rows 1536 --gpu-memory 16GiB \
+      --out-dir "$OUT" --policy auto
+  } 2>&1 | tee "$OUT/throughput.log" | tail -30
+fi
+if [[ $what == profile || $what == all ]]; then
+  python3 benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB --gen-len 8 --profile \
+    --policy 4bit_w_cpu_cache_gpu_48x1 --out "$OUT/throughput_flexgen-profile.jsonl" 2>&1 \
+    | tee "$OUT/throughput_profile.log" | tail -10
 fi
 if [[ $what == policy || $what == all ]]; then
   python3 benchmarks/policy_validation.py --out-dir "$OUT" --trials 8 --time-budget-s "${POLICY_BUDGET_S:-400}" \

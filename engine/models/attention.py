@@ -190,12 +190,11 @@ def attention_layer(c: ModelConfig, f: ModelFamily, w: Weights, kv: CacheAttenti
     return f.attn_out(w, attn, x)                                                      # [b, s, h]
 
 
-def attention_layer_with_prefix(c: ModelConfig, f: ModelFamily, w: Weights, kv: CacheAttention,
-                                batch: AttentionBatch, layer: int, px: torch.Tensor,
-                                x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prefill of a batch whose rows share a prefix: the prefix [1, L] attends causally to itself once;
-    the suffixes [b, s] attend to the prefix's keys (broadcast) and causally to their own."""
-    L, (b, s, _) = px.shape[1], x.shape
+def prefix_attention(c: ModelConfig, f: ModelFamily, w: Weights, batch: AttentionBatch, layer: int,
+                     px: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A shared prefix [1, L] attending causally to itself, once for the batch -> (its layer output [1, L, h],
+    its keys, its values [1, nkv, L, hd]) for `suffix_attention`."""
+    L = px.shape[1]
     window, cap = c.layer_window(layer), c.attn_logit_softcapping
     pq, pk, pv = f.attn_qkv(w, px, batch.prefix_positions, layer)                      # [1, nh|nkv, L, hd]
     ones = torch.ones(1, L, dtype=torch.bool, device=px.device)
@@ -203,7 +202,15 @@ def attention_layer_with_prefix(c: ModelConfig, f: ModelFamily, w: Weights, kv: 
     if window is not None:
         pmask = pmask & window_keep(ones, L, window)
     pout = prefill_attention(pq, pk, pv, pmask, c.attn_scale, cap)                     # [1, nh, L, hd]
-    px = f.attn_out(w, pout.transpose(1, 2).reshape(1, L, -1), px)                     # [1, L, h]
+    return f.attn_out(w, pout.transpose(1, 2).reshape(1, L, -1), px), pk, pv           # [1, L, h]
+
+
+def suffix_attention(c: ModelConfig, f: ModelFamily, w: Weights, kv: CacheAttention, batch: AttentionBatch,
+                     layer: int, pk: torch.Tensor, pv: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The suffixes x [b, s, h] of a prefix-sharing batch: they attend to the prefix's keys pk/pv [1, nkv, L, hd]
+    (broadcast) and causally to their own; the cache gets prefix + suffix keys -> [b, s, h]."""
+    L, (b, s, _) = pk.shape[2], x.shape
+    window, cap = c.layer_window(layer), c.attn_logit_softcapping
     q, k, v = f.attn_qkv(w, x, batch.positions, layer)                                 # [b, nh|nkv, s, hd]
     k = torch.cat((pk.expand(b, -1, -1, -1), k), dim=2)                                # [b, nkv, L+s, hd]
     v = torch.cat((pv.expand(b, -1, -1, -1), v), dim=2)
@@ -213,4 +220,13 @@ def attention_layer_with_prefix(c: ModelConfig, f: ModelFamily, w: Weights, kv: 
         mask = mask & window_keep(batch.key_valid[:, :L + s], s, window)
     out = kv.prefill(q, k, v, mask, c.attn_scale, cap)                                 # [b, nh, s, hd]
     attn = out.transpose(1, 2).reshape(b, s, c.num_attention_heads * c.head_dim)       # [b, s, nh*hd]
-    return px, f.attn_out(w, attn, x)
+    return f.attn_out(w, attn, x)                                                      # [b, s, h]
+
+
+def attention_layer_with_prefix(c: ModelConfig, f: ModelFamily, w: Weights, kv: CacheAttention,
+                                batch: AttentionBatch, layer: int, px: torch.Tensor,
+                                x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill of a batch whose rows share a prefix: the prefix [1, L] attends causally to itself once;
+    the suffixes [b, s] attend to the prefix's keys (broadcast) and causally to their own."""
+    px, pk, pv = prefix_attention(c, f, w, batch, layer, px)
+    return px, suffix_attention(c, f, w, kv, batch, layer, pk, pv, x)

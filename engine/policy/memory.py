@@ -11,8 +11,8 @@ cache positions):
   - the working memory of one GPU batch (`working_bytes`);
   - KV homes `kv.{j}.{k}.s{n}`: [g, heads of segment n, S, hd] keys and values per attention layer and GPU
     batch, segments cut along kv heads by `split_ranges`; `kvbuf{slot}` device copies of non-gpu segments
-    (decode without CPU attention), `kvrelay{slot}` for disk segments, `kvstage{slot}` pinned staging of
-    the new positions (CUDA; slot = the store's count in the block % 2);
+    (decode without CPU attention), `kvrelay{slot}` for disk segments, `kvstage{slot}.s{n}.r{c}` pinned staging
+    of the new positions, one per prefill row chunk c (CUDA; slot = the store's count in the block % 2);
   - hidden-state homes `act.{k}.{n}` of the non-gpu hidden parts.
 `memory_terms` gives the same sums as affine expressions in the placement fractions (for the LP), with
 the tiers' shares taken as exact fractions of bytes; `realized_placement` gives the fractions of bytes a
@@ -29,7 +29,7 @@ from engine.models.config import ModelConfig
 from engine.models.registry import build_family
 from engine.policy.affine import const, share
 from engine.policy.policy import Policy
-from engine.policy.working import working_bytes
+from engine.policy.working import row_chunks, staged_kv_heads, working_bytes
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT
 from engine.quant.qtensor import qtensor_nbytes
 from engine.storage.placement import split_ranges, weight_tiers
@@ -118,6 +118,18 @@ def _stage_slots(layout: ModelLayout, policy: Policy) -> int:
     return min(2, len(layout.attention_js) * policy.num_gpu_batches)
 
 
+def _stage_bytes(rows: int, heads: int, prompt_len: int, head_dim: int, dtype: torch.dtype, compressed: bool) -> int:
+    """Bytes of one set of staging buffers (keys + values) `kvstage{slot}.s{n}.r{c}`: one per prefill row chunk
+    (`row_chunks`), the first also holding the decode stores [rows, heads, 1, hd]."""
+    total = 0
+    for c, (r0, r1) in enumerate(row_chunks(rows, prompt_len)):
+        size = _kv_bytes(r1 - r0, heads, prompt_len, head_dim, dtype, compressed)
+        if c == 0:
+            size = max(size, _kv_bytes(rows, heads, 1, head_dim, dtype, compressed))
+        total += 2 * size
+    return total
+
+
 def _decode_steps(gen_len: int) -> tuple[int, ...]:
     return tuple(i for i in (1, 2) if i < gen_len)
 
@@ -141,7 +153,8 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
     g, K, L = policy.gpu_batch_size, policy.num_gpu_batches, len(layout.attention_js)
     P, S, hd = prompt_len, prompt_len + gen_len - 1, config.head_dim
     cc = policy.compress_cache
-    mem["gpu"] += working_bytes(config, g, P, S, dtype, cc)
+    staged = staged_kv_heads(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu, device_type, cc)
+    mem["gpu"] += working_bytes(config, g, P, S, dtype, cc, staged)
     decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
     stage_slots = _stage_slots(layout, policy)
     for tier, h0, h1 in split_ranges(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu):
@@ -155,7 +168,7 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
             if tier is Tier.DISK and cuda:
                 mem["cpu"] += decode_slots * home                           # kvrelay
         if cuda:
-            mem["cpu"] += stage_slots * 2 * _kv_bytes(g, h1 - h0, P, hd, dtype, cc)   # kvstage
+            mem["cpu"] += stage_slots * _stage_bytes(g, h1 - h0, P, hd, dtype, cc)   # kvstage
     if policy.act_gpu < 1.0 and not (not cuda and policy.act_gpu + policy.act_cpu >= 1.0):
         for tier, a, b in split_ranges(config.hidden_size, policy.act_gpu, policy.act_cpu):
             if tier is Tier.GPU or (tier is Tier.CPU and not cuda):
@@ -164,14 +177,18 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
     return mem
 
 
+def _chunk_rows(rows: int, prompt_len: int) -> int:
+    return max(r1 - r0 for r0, r1 in row_chunks(rows, prompt_len))
+
+
 def untracked_gpu_bytes(config: ModelConfig, policy: Policy, prompt_len: int, bytes_per_element: int,
                         device_type: str) -> int:
     """Device memory the executor uses but does not reserve: the hidden states of the other GPU batches
-    between layers, and on a CPU device the attention scores of the math SDPA path."""
+    between layers, and on a CPU device the attention scores of the math SDPA path (one prefill row chunk)."""
     g, K, P, e = policy.gpu_batch_size, policy.num_gpu_batches, prompt_len, bytes_per_element
     extra = (K - 1) * g * P * config.hidden_size * e * policy.act_gpu
     if device_type == "cpu":
-        extra += g * config.num_attention_heads * P * P * e
+        extra += _chunk_rows(g, P) * config.num_attention_heads * P * P * e
     return int(extra)
 
 
@@ -194,7 +211,8 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
     buffers = sum(k.slots * sum(k.stored) for k in layout.kinds)             # every tensor off the gpu
     dequant = sum(k.slots * sum(d for d, p in zip(k.dense, k.packed) if p) for k in layout.kinds)
     home = 2 * _kv_bytes(g, nkv, S, hd, dtype, cc)                           # one (layer, batch) cache
-    stage = 2 * _kv_bytes(g, nkv, P, hd, dtype, cc)
+    stage = _stage_bytes(g, nkv, P, hd, dtype, cc)
+    staged = 2 * g * nkv * P * hd * e                                       # prefill k/v awaiting store_cache
     decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
     stage_slots = _stage_slots(layout, policy)
     hidden = K * g * P * config.hidden_size * e
@@ -203,9 +221,9 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
     gpu = (share("w", "gpu") * layout.total_bytes + w_moved * buffers + const(dequant)
            + share("cache", "gpu") * (L * K * home)
            + (c_loaded * (decode_slots * home) if not policy.cpu_attention else const(0.0))
-           + const(working_bytes(config, g, P, S, dtype, cc))
+           + const(working_bytes(config, g, P, S, dtype, cc)) + c_loaded * staged
            + share("act", "gpu") * ((K - 1) * g * P * config.hidden_size * e)
-           + const(g * config.num_attention_heads * P * P * e if not cuda else 0.0))
+           + const(_chunk_rows(g, P) * config.num_attention_heads * P * P * e if not cuda else 0.0))
     cpu = share("w", "cpu") * layout.total_bytes + share("cache", "cpu") * (L * K * home)
     if cuda:
         cpu = (cpu + share("w", "disk") * buffers + share("cache", "off") * (stage_slots * stage)

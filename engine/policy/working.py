@@ -1,35 +1,93 @@
-"""Estimate of the compute device's working memory for one GPU batch (pure arithmetic).
+"""The compute device's working memory for one GPU batch, and the row chunks that bound it (pure arithmetic).
 
-In the policy package so the memory model (`memory`) and the runtime's executor share one formula with the
-arrow pointing down (runtime -> policy).
+In the policy package so the memory model (`memory`) and the runtime's executor share one formula and one
+chunking rule with the arrow pointing down (runtime -> policy).
 
-Counted against the gpu budget at block start: the live intermediates of the larger of one attention or
-one MLP layer at prefill (per token: hidden, residual, normed input, q/k/v, attention output; or gate/up,
-activation, down output), SDPA's boolean mask, the head's float32 logits, and with a compressed cache the
-dense keys/values dequantized for one segment's attention, and with soft-capped attention (Gemma2: no fused
-kernel) the explicit float scores and probabilities. A fixed margin covers the allocator's rounding.
+Chunked prefill. A GPU batch's prefill runs each layer over chunks of rows (`row_chunks`: about
+`PREFILL_CHUNK_TOKENS` tokens per chunk, whole rows), writing each chunk's output into the batch's hidden
+in place; rows are independent in every layer, so a chunk is the same maths as the whole batch (positions,
+masks and the cache rows it writes are the chunk's own). Rows, not prompt positions: a position chunk would
+attend to the earlier chunks' keys read back from the cache, which is 4-bit when the cache is compressed,
+so its tokens would differ from the unchunked prefill's; a row chunk sees exactly the keys it saw before.
+Decode over a compressed cache on the device dequantizes keys/values `decode_chunk_rows` rows at a time.
+
+Counted against the gpu budget at block start (the larger of the prefill and the decode part, plus the
+staged keys/values and the logits, so the sum stays affine in the cache placement for the LP; a fixed
+margin covers the allocator's rounding):
+  - prefill: the batch's hidden [b, s, h] (updated in place); the new keys/values of every chunk waiting
+    for `store_cache` in the heads whose home is not written in place (`staged_kv_heads`); per chunk of
+    c rows the live intermediates of the larger of one attention or one MLP layer (per token: normed
+    input, q/k/v, attention output, output projection, residual; or the fused gate/up, activation,
+    product, down output), the batch's token ids, positions and key validity,
+    SDPA's boolean mask, and with soft-capped attention (Gemma2: no fused kernel) the explicit float scores
+    and probabilities;
+  - decode: the b rows' one-token intermediates and, with a compressed cache, the dense keys/values
+    dequantized for one chunk of rows' attention;
+  - the head's float32 logits [b, vocab] of the last position (and the selector's copy of them).
 """
 from __future__ import annotations
 
 import torch
 
 from engine.models.config import ModelConfig
+from engine.storage.placement import split_ranges
+from engine.storage.tiers import Tier
 
 _MARGIN = 16 << 20
+PREFILL_CHUNK_TOKENS = 4096          # tokens per prefill row chunk (at least one whole row)
+DECODE_CHUNK_BYTES = 256 << 20       # dense keys + values dequantized per decode chunk of rows
 
 
-def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtype, compressed_cache: bool) -> int:
-    """Bytes of device working memory for b rows of s new tokens over a cache of `length` positions."""
+def row_chunks(b: int, s: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS) -> list[tuple[int, int]]:
+    """The [r0, r1) row ranges of a prefill over b rows of s tokens: max(1, chunk_tokens // s) rows each."""
+    rows = max(1, min(b, chunk_tokens // max(1, s)))
+    return [(r0, min(b, r0 + rows)) for r0 in range(0, b, rows)]
+
+
+def decode_chunk_rows(b: int, num_kv_heads: int, length: int, head_dim: int, dtype: torch.dtype,
+                      chunk_bytes: int = DECODE_CHUNK_BYTES) -> int:
+    """Rows per chunk when decode dequantizes a compressed cache [b, num_kv_heads, length, head_dim] on the
+    device: as many as keep the dense keys + values of a chunk within `chunk_bytes` (at least one)."""
+    e = torch.empty((), dtype=dtype).element_size()
+    row = 2 * num_kv_heads * length * head_dim * e
+    return max(1, min(b, chunk_bytes // max(1, row)))
+
+
+def staged_kv_heads(num_kv_heads: int, cache_gpu: float, cache_cpu: float, device_type: str,
+                    compressed_cache: bool) -> int:
+    """KV heads whose prefill keys/values wait in device memory for `store_cache` (the homes not written
+    in place: every non-gpu home, except a dense cpu home on a CPU-only machine, which is compute memory)."""
+    n = 0
+    for tier, h0, h1 in split_ranges(num_kv_heads, cache_gpu, cache_cpu):
+        in_place = tier is Tier.GPU or (tier is Tier.CPU and device_type == "cpu" and not compressed_cache)
+        n += 0 if in_place else h1 - h0
+    return n
+
+
+def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtype, compressed_cache: bool,
+                  staged_heads: int = 0, chunk_tokens: int = PREFILL_CHUNK_TOKENS,
+                  decode_chunk_bytes: int = DECODE_CHUNK_BYTES) -> int:
+    """Bytes of device working memory for b rows of s prompt tokens over a cache of `length` positions;
+    `staged_heads` as `staged_kv_heads` gives; `chunk_tokens` / `decode_chunk_bytes` the chunk sizes of the
+    prefill (`row_chunks`) and of decode over a compressed cache (`decode_chunk_rows`)."""
     e = torch.empty((), dtype=dtype).element_size()
     qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
     attn = (4 * c.hidden_size + 3 * qkv + 2 * c.num_attention_heads * c.head_dim) * e
     experts = max(1, c.num_experts_per_tok)
-    mlp = (4 * c.hidden_size + 3 * c.intermediate_size * experts) * e
+    mlp = (4 * c.hidden_size + 4 * c.intermediate_size * experts) * e      # fused gate_up [2i], act, product
     if c.is_moe:
         mlp += c.num_local_experts * 8 + 2 * experts * c.hidden_size * e
     per_token = max(attn, mlp)
-    mask = b * s * length
+    cb = max(r1 - r0 for r0, r1 in row_chunks(b, s, chunk_tokens))
+    hidden = b * s * c.hidden_size * e                                                   # [b, s, h]
+    staged = 2 * b * staged_heads * s * c.head_dim * e                                   # k, v [b, heads, s, hd]
+    mask = cb * s * length
+    scores = 3 * cb * c.num_attention_heads * s * length * 4 if c.attn_logit_softcapping is not None else 0
+    ids = b * s * 8 * 2 + b * length                                                     # ids, positions, key_valid
+    prefill = hidden + ids + cb * s * per_token + mask + scores
+    cd = decode_chunk_rows(b, c.num_key_value_heads, length, c.head_dim, dtype, decode_chunk_bytes)
+    dense_cache = 4 * cd * c.num_key_value_heads * length * c.head_dim * e if compressed_cache else 0
+    decode_scores = 3 * b * c.num_attention_heads * length * 4 if c.attn_logit_softcapping is not None else 0
+    decode = b * per_token + b * length + dense_cache + decode_scores
     logits = b * c.vocab_size * 4 * 2
-    dense_cache = 4 * b * c.num_key_value_heads * length * c.head_dim * e if compressed_cache else 0
-    scores = 3 * b * c.num_attention_heads * s * length * 4 if c.attn_logit_softcapping is not None else 0
-    return b * s * per_token + mask + logits + dense_cache + scores + _MARGIN
+    return max(prefill, decode) + staged + logits + _MARGIN

@@ -15,17 +15,21 @@ from typing import Callable
 
 import torch
 
-from engine.models.attention import attention_layer, attention_layer_with_prefix
+from engine.models.attention import attention_layer
 from engine.policy.policy import Policy
-from engine.policy.working import working_bytes
+from engine.policy.working import (
+    DECODE_CHUNK_BYTES, PREFILL_CHUNK_TOKENS, row_chunks, staged_kv_heads, working_bytes,
+)
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT, QuantConfig
 from engine.runtime.act_homes import ActHomes
 from engine.runtime.arena import Arena
 from engine.runtime.batch import GpuBatch
 from engine.runtime.block_state import BlockState
 from engine.runtime.kv_cache import KVHome
+from engine.runtime.prefill_chunks import attention_prefill, mlp_prefill
 from engine.runtime.schedule import Action, block_schedule
 from engine.runtime.selector import TokenSelector
+from engine.runtime.step_profile import StepProfile
 from engine.runtime.transfers import Transfers
 from engine.runtime.weight_homes import WeightHomes
 from engine.storage.tiers import MemoryBudget, Tier
@@ -42,13 +46,17 @@ class Executor:
 
     `on_action(action)` (optional hook) is called before each schedule action; `stats` holds the last
     block's `prefill_s`, `decode_s` (wall clock; the device is synchronized at step ends only when
-    `timing` is True) and `steps`, and `step_s` its seconds per step (index 0 the prefill). `quant_config`
+    `timing` is True) and `steps`, and `step_s` its seconds per step (index 0 the prefill). `profiler` (a
+    `StepProfile`, optional) is told of every action and of the seams inside a compute (`step_profile`). `quant_config`
     is the weights' compression when the policy compresses weights, `cache_quant_config` the KV cache's when
-    it compresses the cache (defaults in engine.quant.config)."""
+    it compresses the cache (defaults in engine.quant.config). A prefill runs each layer over row chunks of
+    about `prefill_chunk_tokens` tokens, and decode dequantizes a compressed device cache
+    `decode_chunk_bytes` at a time (`engine.policy.working`; the defaults are what the memory model assumes)."""
 
     def __init__(self, loaded, policy: Policy, *, device: torch.device, dtype: torch.dtype,
                  gpu_memory: int | None = None, cpu_memory: int | None = None, disk_dir: Path | None = None,
-                 quant_config: QuantConfig = WEIGHT_QUANT, cache_quant_config: QuantConfig = CACHE_QUANT):
+                 quant_config: QuantConfig = WEIGHT_QUANT, cache_quant_config: QuantConfig = CACHE_QUANT,
+                 prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS, decode_chunk_bytes: int = DECODE_CHUNK_BYTES):
         self.loaded, self.policy = loaded, policy
         self.config, self.family = loaded.config, loaded.family
         self.device, self.dtype = torch.device(device), dtype
@@ -58,7 +66,9 @@ class Executor:
         self.transfers = Transfers(self.device, policy.overlap)
         self.wquant = quant_config if policy.compress_weights else None
         self.cquant = cache_quant_config if policy.compress_cache else None
+        self.prefill_chunk_tokens, self.decode_chunk_bytes = prefill_chunk_tokens, decode_chunk_bytes
         self.on_action: Callable[[Action], None] | None = None
+        self.profiler: StepProfile | None = None
         self.timing = False
         self.stats: dict[str, float] = {}
         self.step_s: list[float] = []
@@ -101,15 +111,17 @@ class Executor:
             for s in range(0, len(prompts), gbs)
         ]
         K, J = len(batches), len(self.specs)
-        work = max(working_bytes(c, b.size, b.prompt_len, b.length, self.dtype, self.cquant is not None)
-                   for b in batches)
+        cc = self.cquant is not None
+        staged = staged_kv_heads(c.num_key_value_heads, p.cache_gpu, p.cache_cpu, self.device.type, cc)
+        work = max(working_bytes(c, b.size, b.prompt_len, b.length, self.dtype, cc, staged,
+                                 self.prefill_chunk_tokens, self.decode_chunk_bytes) for b in batches)
         self.budget.reserve(Tier.GPU, work, "working memory of one GPU batch")
         try:
             kv = {
                 (j, k): KVHome(self.arena, f"kv.{j}.{k}", rows=b.size, length=b.length,
                                num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, dtype=self.dtype,
                                cache_gpu=p.cache_gpu, cache_cpu=p.cache_cpu, quant=self.cquant,
-                               cpu_attention=p.cpu_attention)
+                               cpu_attention=p.cpu_attention, decode_chunk_bytes=self.decode_chunk_bytes)
                 for j, spec in enumerate(self.specs) if spec.kind == "attention"
                 for k, b in enumerate(batches)
             }
@@ -124,8 +136,16 @@ class Executor:
                 if self.on_action is not None:
                     self.on_action(action)
                 if action.verb not in skip:
-                    getattr(self, _VERBS[action.verb])(action)
+                    prof = self.profiler
+                    if prof is None:
+                        getattr(self, _VERBS[action.verb])(action)
+                    else:
+                        prof.begin(action)
+                        getattr(self, _VERBS[action.verb])(action)
+                        prof.end()
             self._sync(None)
+            if self.profiler is not None:
+                self.profiler.finish()
         finally:
             self._drain()
             self.budget.release(Tier.GPU, work, "working memory of one GPU batch")
@@ -206,6 +226,8 @@ class Executor:
         if blk.weights is None or blk.weights[:2] != (i, j):
             for pending in blk.wpend.pop((i, j), []):
                 pending.wait()
+            if self.profiler is not None:
+                self.profiler.lap("weight_wait")
             blk.weights = (i, j, self.weights.get(j, self._weight_slot(i, j)))
         return blk.weights[2]
 
@@ -214,11 +236,16 @@ class Executor:
         batch = blk.batches[a.k]
         if batch.done:
             return
+        prof = self.profiler
         for pending in blk.cpend.pop((a.i, a.j, a.k), []):
             pending.wait()
         blk.hidden[a.k] = blk.acts.ready(a.k, blk.hidden[a.k])
+        if prof is not None:
+            prof.lap("cache_wait")
         spec = self.specs[a.j]
         w = self._weights_for(a.i, a.j)
+        if prof is not None:
+            prof.lap("dequant")
         f = self.family
         x = blk.hidden[a.k]
         if spec.kind == "embed":
@@ -228,14 +255,18 @@ class Executor:
             blk.hidden[a.k] = x
         elif spec.kind == "attention":
             kv = blk.kv[(a.j, a.k)]
-            if isinstance(x, tuple):
-                blk.hidden[a.k] = attention_layer_with_prefix(self.config, f, w, kv, batch, spec.index, *x)
+            if batch.prefill:
+                blk.hidden[a.k] = attention_prefill(self.config, f, w, kv, batch, spec.index, x, self._chunks(batch))
             else:
                 blk.hidden[a.k] = attention_layer(self.config, f, w, kv, batch, spec.index, x)
         elif spec.kind == "mlp":
-            blk.hidden[a.k] = tuple(f.mlp(w, h) for h in x) if isinstance(x, tuple) else f.mlp(w, x)
+            blk.hidden[a.k] = mlp_prefill(f, w, x, self._chunks(batch)) if batch.prefill else f.mlp(w, x)
         else:
             self._head(w, batch, a)
+
+    def _chunks(self, batch: GpuBatch) -> list[tuple[int, int]]:
+        """The row chunks of `batch`'s prefill, by its whole prompt length (as the memory model counts)."""
+        return row_chunks(batch.size, batch.prompt_len, self.prefill_chunk_tokens)
 
     def _head(self, w, batch: GpuBatch, a: Action) -> None:
         blk = self.block
@@ -287,5 +318,5 @@ class Executor:
         device memory is back in torch's allocator at once, whoever still references the executor."""
         self.transfers.close()
         self._drop_block_state()
-        self.weights = self.on_action = None
+        self.weights = self.on_action = self.profiler = None
         self.arena.close()

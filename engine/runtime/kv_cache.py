@@ -13,7 +13,9 @@ policy's cache fractions (`split_ranges`); each segment's keys/values live on on
     executor overlaps it with the previous GPU batch), attention runs on the device, and `store` writes
     the new positions back to the home after compute.
 Stores never block the compute thread: the new positions go to a pinned staging buffer (the home's slice is
-strided) and a worker thread copies them into the home (`Transfers.submit_host`). A home waits for its own
+strided; one buffer per prefill row chunk, `KVHome.rows`) and a worker thread copies them into the home
+(`Transfers.submit_host`). Decode over a 4-bit segment on the device dequantizes it in chunks of rows
+(`engine.policy.working.decode_chunk_rows`), so its dense keys/values never span the whole batch. A home waits for its own
 stores before it is read or compacted (`settle`); a staging buffer waits for its previous store before it
 is reused (`StagingClaims`).
 On a machine without a GPU the cpu tier is the compute memory, so "loading" a dense cpu home is aliasing.
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.models.attention import cpu_decode_attention, decode_attention, prefill_attention
+from engine.policy.working import DECODE_CHUNK_BYTES, decode_chunk_rows
 from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, quantize
 from engine.quant.qtensor import QTensor
@@ -45,12 +48,12 @@ class KVSegment:
     k: Stored                     # [b, h1-h0, S, hd]
     v: Stored
     buf: tuple[Stored, Stored] | None = None     # loaded device copy for this compute (dense or QTensor)
-    staged: list = field(default_factory=list)   # (k_new, v_new, t0) waiting for `store`
+    staged: list = field(default_factory=list)   # (k_new, v_new, t0, r0) waiting for `store`
 
 
-def _write(dst: Stored, src: torch.Tensor, t0: int, quant: QuantConfig | None) -> None:
-    """dst[:, :, t0:t0+s] = src [b, h, s, hd] (quantized first when dst is a QTensor)."""
-    index = (_ALL, _ALL, slice(t0, t0 + src.shape[2]))
+def _write(dst: Stored, src: torch.Tensor, t0: int, quant: QuantConfig | None, r0: int = 0) -> None:
+    """dst[r0:r0+b, :, t0:t0+s] = src [b, h, s, hd] (quantized first when dst is a QTensor)."""
+    index = (slice(r0, r0 + src.shape[0]), _ALL, slice(t0, t0 + src.shape[2]))
     if isinstance(dst, QTensor):
         dst[index].copy_(quantize(src, quant))
     else:
@@ -92,8 +95,9 @@ class KVHome:
 
     def __init__(self, arena: Arena, key: str, *, rows: int, length: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, cache_gpu: float, cache_cpu: float, quant: QuantConfig | None,
-                 cpu_attention: bool):
+                 cpu_attention: bool, decode_chunk_bytes: int = DECODE_CHUNK_BYTES):
         self.arena, self.key, self.rows, self.length = arena, key, rows, length
+        self.num_kv_heads, self.head_dim, self.decode_chunk_bytes = num_kv_heads, head_dim, decode_chunk_bytes
         self.dtype, self.quant, self.cpu_attention = dtype, quant, cpu_attention
         self.device = arena.device
         self.pending: list[Pending] = []            # this home's stores not yet complete on the host
@@ -151,15 +155,15 @@ class KVHome:
         """Start writing the positions staged by the last compute into the cpu/disk homes; they are in the
         homes after `settle`."""
         for n, seg in enumerate(self.segments):
-            for kn, vn, t0 in seg.staged:
+            for c, (kn, vn, t0, r0) in enumerate(seg.staged):
                 quant = self.quant if isinstance(seg.k, QTensor) else None
                 if self.device.type != "cuda":
-                    _write(seg.k, kn, t0, quant)
-                    _write(seg.v, vn, t0, quant)
+                    _write(seg.k, kn, t0, quant, r0)
+                    _write(seg.v, vn, t0, quant, r0)
                     continue
                 src_k = quantize(kn, quant) if quant else kn
                 src_v = quantize(vn, quant) if quant else vn
-                shape, key = tuple(kn.shape), f"kvstage{slot}.s{n}"
+                shape, key = tuple(kn.shape), f"kvstage{slot}.s{n}.r{c}"
                 claims.claim(key)
                 sk = self.arena.get(f"{key}.k", Tier.CPU, shape, self.dtype, quant)
                 sv = self.arena.get(f"{key}.v", Tier.CPU, shape, self.dtype, quant)
@@ -168,8 +172,8 @@ class KVHome:
                     copy(sk, src_k, stream=stream)
                     return copy(sv, src_v, stream=stream)
 
-                def then(seg=seg, sk=sk, sv=sv, t0=t0):
-                    index = (_ALL, _ALL, slice(t0, t0 + sk.shape[2]))
+                def then(seg=seg, sk=sk, sv=sv, t0=t0, r0=r0):
+                    index = (slice(r0, r0 + sk.shape[0]), _ALL, slice(t0, t0 + sk.shape[2]))
                     seg.k[index].copy_(sk)
                     seg.v[index].copy_(sv)
                 pending = transfers.submit_host("store", fn, then)
@@ -179,18 +183,37 @@ class KVHome:
 
     # ---- compute --------------------------------------------------------------------------------------
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                scale: float, softcap: float | None = None) -> torch.Tensor:
+                scale: float, softcap: float | None = None, row0: int = 0) -> torch.Tensor:
         """Attention of the prompt's s new queries (q [b, nh, s, hd]) over its t keys (k/v [b, nkv, t, hd], a
-        shared prefix first when there is one), mask [b, 1, s, t]; the cache homes get positions [0, t) (gpu
-        homes now, the others on `store`). `softcap`: attention-logit soft-capping (Gemma2). Returns [b, nh, s, hd]."""
+        shared prefix first when there is one), mask [b, 1, s, t]; the cache homes' rows [row0, row0 + b) get
+        positions [0, t) (gpu homes now, the others on `store`). `softcap`: attention-logit soft-capping
+        (Gemma2). Returns [b, nh, s, hd]."""
         out = prefill_attention(q, k, v, mask, scale, softcap)
         for seg in self.segments:
             ks, vs = k[:, seg.h0:seg.h1], v[:, seg.h0:seg.h1]
             if seg.tier is Tier.GPU or self._aliased(seg):
-                _write(seg.k, ks, 0, self.quant)
-                _write(seg.v, vs, 0, self.quant)
+                _write(seg.k, ks, 0, self.quant, row0)
+                _write(seg.v, vs, 0, self.quant, row0)
             else:
-                seg.staged.append((ks, vs, 0))
+                seg.staged.append((ks, vs, 0, row0))
+        return out
+
+    def row_view(self, row0: int) -> "KVRows":
+        """This home as the `CacheAttention` of a prefill chunk whose first row is `row0`."""
+        return KVRows(self, row0)
+
+    def _chunked_decode(self, q: torch.Tensor, dense_kv, key_valid: torch.Tensor, scale: float,
+                        softcap: float | None) -> torch.Tensor:
+        """decode_attention over `dense_kv(r0, r1)` -> (k, v) [r1-r0, hs, t+1, hd], a chunk of rows at a time."""
+        b = q.shape[0]
+        rows = decode_chunk_rows(b, self.num_kv_heads, self.length, self.head_dim, self.dtype,
+                                 self.decode_chunk_bytes)
+        if rows >= b:
+            return decode_attention(q, *dense_kv(0, b), key_valid, scale, softcap)
+        out = torch.empty_like(q)                                                # [b, hs*g, 1, hd]
+        for r0 in range(0, b, rows):
+            r1 = min(b, r0 + rows)
+            out[r0:r1] = decode_attention(q[r0:r1], *dense_kv(r0, r1), key_valid[r0:r1], scale, softcap)
         return out
 
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, key_valid: torch.Tensor,
@@ -208,8 +231,13 @@ class KVHome:
             if seg.tier is Tier.GPU:
                 _write(seg.k, ks, t, self.quant)
                 _write(seg.v, vs, t, self.quant)
-                outs.append(decode_attention(qs, _dense(seg.k, t + 1), _dense(seg.v, t + 1), key_valid, scale,
-                                             softcap))
+                if isinstance(seg.k, QTensor):
+                    outs.append(self._chunked_decode(                                # [c, hs, t+1, hd] chunks
+                        qs, lambda r0, r1, seg=seg: (_dense(seg.k[r0:r1], t + 1), _dense(seg.v[r0:r1], t + 1)),
+                        key_valid, scale, softcap))
+                else:
+                    outs.append(decode_attention(qs, _dense(seg.k, t + 1), _dense(seg.v, t + 1), key_valid, scale,
+                                                 softcap))
             elif self._host_side(seg, True):
                 kh, vh = ks.to("cpu"), vs.to("cpu")
                 _write(seg.k, kh, t, self.quant)
@@ -220,14 +248,16 @@ class KVHome:
             else:
                 bk, bv = seg.buf
                 if isinstance(bk, QTensor):
-                    bk, bv = _dense_with_new(bk, ks, t), _dense_with_new(bv, vs, t)  # [b, hs, t+1, hd]
+                    outs.append(self._chunked_decode(                                # [c, hs, t+1, hd] chunks
+                        qs, lambda r0, r1, bk=bk, bv=bv, ks=ks, vs=vs: (
+                            _dense_with_new(bk[r0:r1], ks[r0:r1], t), _dense_with_new(bv[r0:r1], vs[r0:r1], t)),
+                        key_valid, scale, softcap))
                 else:
                     _write(bk, ks, t, None)
                     _write(bv, vs, t, None)
-                    bk, bv = bk[:, :, :t + 1], bv[:, :, :t + 1]
-                outs.append(decode_attention(qs, bk, bv, key_valid, scale, softcap))
+                    outs.append(decode_attention(qs, bk[:, :, :t + 1], bv[:, :, :t + 1], key_valid, scale, softcap))
                 if not self._aliased(seg):
-                    seg.staged.append((ks, vs, t))
+                    seg.staged.append((ks, vs, t, 0))
                 seg.buf = None
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)            # [b, nh, 1, hd]
 
@@ -243,3 +273,17 @@ class KVHome:
                 home[:n].copy_(kept)
                 setattr(seg, name, home[:n])
         self.rows = n
+
+
+class KVRows:
+    """A `KVHome` seen by one prefill row chunk: `prefill` writes the home's rows [row0, row0 + b)."""
+
+    def __init__(self, home: KVHome, row0: int) -> None:
+        self.home, self.row0 = home, row0
+
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                scale: float, softcap: float | None = None) -> torch.Tensor:
+        return self.home.prefill(q, k, v, mask, scale, softcap, self.row0)
+
+    def decode(self, *args, **kwargs) -> torch.Tensor:
+        raise RuntimeError("KVRows: decode runs over the whole home, never a prefill chunk")

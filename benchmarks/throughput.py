@@ -1,0 +1,260 @@
+"""Offloading throughput, one harness: named workloads, our executor and its peers, each with its roofline.
+
+Workloads (dummy weights from a preset, as the FlexGen paper measured):
+    flexgen   OPT-30B (or --model opt-6.7b / opt-175b), prompt 512, gen 32: generated tokens/s
+    wrangle   Llama-3-70B, rows of a 150-token shared prefix + 50 distinct tokens, gen 10: rows/h and the
+              hours for 1M rows
+Systems (--system, repeatable): llmops (the executor under each --policy), llmops-no-pipeline (the same
+policies with overlap off), flexgen (FlexGen 0.1.8's OptLM, OPT only), accelerate (HF Accelerate); a peer
+whose package or GPU is absent writes a record with `skipped` saying so. Policies (--policy, repeatable):
+"auto" (the engine's search for this workload and budget, 4-bit allowed per --compress), a name from the
+workload's suite (`SUITES`, the policies the old gpu_offload.py ran), or a Policy as JSON.
+
+Every record (one JSONL line per system and configuration in results_path("throughput", workload,
+".jsonl"), all of one invocation sharing `run_id`) holds run_id, system, workload, model, prompt_len,
+gen_len, num_prompts, gpu_memory_gib, tokens_per_s (generated tokens over prefill + decode wall time),
+rows_per_h (wrangle; and rows_1m_h), roofline (the policy's floors, `roofline.py`), roofline_fraction
+(floor time / measured time), peak_device_gib (torch's max allocated; None on a CPU), device, commit,
+command; with --profile also `profile` (`engine.runtime.step_profile`: per layer, prefill and decode).
+
+    python benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB --policy auto \\
+        --policy 4bit_w_cpu_cache_gpu_b48 --system llmops --system flexgen
+    python benchmarks/throughput.py --workload wrangle --model llama-3-70b --rows 1536 --gpu-memory 16GiB
+    python benchmarks/throughput.py --workload flexgen --model tiny-opt --prompt-len 16 --gen-len 4 \\
+        --num-prompts 8 --gpu-memory none --profile --out /tmp/smoke.jsonl     # CPU smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
+from bench_common import (GIB, Timer, add_record_args, new_record, new_run_id, peak_gib, release_memory,  # noqa: E402
+                          reset_peak, results_path, rewrite_jsonl, rows_per_hour, torch_device)
+from roofline import roofline  # noqa: E402
+from throughput_peers import run_accelerate, run_flexgen  # noqa: E402
+
+import torch  # noqa: E402
+
+from engine.calibrate.auto import choose_policy_estimate  # noqa: E402
+from engine.calibrate.machine import default_cpu_profile  # noqa: E402
+from engine.models.loader import load_model  # noqa: E402
+from engine.models.presets import PRESETS  # noqa: E402
+from engine.policy.cost_model import Workload  # noqa: E402
+from engine.policy.hardware import reference_profile  # noqa: E402
+from engine.policy.policy import Policy  # noqa: E402
+from engine.runtime.executor import Executor  # noqa: E402
+from engine.runtime.selector import GreedyToEnd  # noqa: E402
+from engine.runtime.step_profile import StepProfile  # noqa: E402
+from engine.util.sizes import parse_size  # noqa: E402
+
+WORKLOADS = {
+    "flexgen": dict(model="opt-30b", prompt_len=512, gen_len=32, prefix_len=0, rows=None),
+    "wrangle": dict(model="llama-3-70b", prompt_len=200, gen_len=10, prefix_len=150, rows=1536),
+}
+SUITES: dict[str, dict[str, dict]] = {
+    "opt-6.7b": {
+        "all_gpu_b8": dict(gpu_batch_size=8, num_gpu_batches=1),
+        "4bit_all_gpu_b96": dict(gpu_batch_size=32, num_gpu_batches=3, compress_weights=True, compress_cache=True),
+        "w_cpu_cache_gpu_b32": dict(gpu_batch_size=16, num_gpu_batches=2, w_gpu=0.0, w_cpu=1.0),
+        "w_half_cache_cpu_attn_b64": dict(gpu_batch_size=32, num_gpu_batches=2, w_gpu=0.5, w_cpu=0.5,
+                                           cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True),
+    },
+    "opt-30b": {
+        "w_cpu_cache_gpu_b12": dict(gpu_batch_size=6, num_gpu_batches=2, w_gpu=0.0, w_cpu=1.0),
+        "4bit_w_cpu_cache_gpu_b48": dict(gpu_batch_size=16, num_gpu_batches=3, w_gpu=0.0, w_cpu=1.0,
+                                         compress_weights=True, compress_cache=True),
+        "4bit_w_cpu_cache_gpu_48x1": dict(gpu_batch_size=48, num_gpu_batches=1, w_gpu=0.0, w_cpu=1.0,
+                                          compress_weights=True, compress_cache=True),
+        "w_cpu_cache_cpu_attn_b32": dict(gpu_batch_size=16, num_gpu_batches=2, w_gpu=0.0, w_cpu=1.0,
+                                          cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True),
+    },
+    "opt-175b": {
+        "4bit_w_disk30_cache_gpu": dict(gpu_batch_size=32, num_gpu_batches=1, w_gpu=0.0, w_cpu=0.7,
+                                        compress_weights=True, compress_cache=True),
+    },
+}
+# FlexGen's best policies as measured (ENVIRONMENT.md): 4-bit weights on the CPU, 4-bit cache on the GPU
+FLEXGEN_POLICIES = {
+    "opt-6.7b": dict(gpu_batch_size=72, num_gpu_batches=1, percent=[100, 0, 100, 0, 100, 0], compress_weight=True,
+                     compress_cache=True),
+    "opt-30b": dict(gpu_batch_size=48, num_gpu_batches=1, percent=[0, 100, 100, 0, 100, 0], compress_weight=True,
+                    compress_cache=True),
+    "opt-175b": dict(gpu_batch_size=32, num_gpu_batches=1, percent=[0, 70, 100, 0, 100, 0], compress_weight=True,
+                     compress_cache=True),
+}
+
+
+def make_prompts(vocab: int, rows: int, prompt_len: int, prefix_len: int, seed: int = 0) -> list[list[int]]:
+    """`rows` token-id prompts of prompt_len tokens whose first prefix_len are shared."""
+    g = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(10, vocab - 1, (prefix_len,), generator=g).tolist()
+    rest = torch.randint(10, vocab - 1, (rows, prompt_len - prefix_len), generator=g).tolist()
+    return [prefix + r for r in rest]
+
+
+def hw_profile(name: str, device: torch.device):
+    """The profile the roofline and "auto" plan with: a reference machine, or the default CPU profile."""
+    if name == "auto":
+        return reference_profile("h200") if device.type == "cuda" else default_cpu_profile()
+    return reference_profile(name)
+
+
+def choose(args, config, device, dtype, profile, rows: int | None) -> tuple[str, Policy, dict | None]:
+    """Yield (name, policy, predicted) for every --policy."""
+    for spec in args.policy or ["auto"]:
+        if spec == "auto":
+            compress = {"on": True, "off": False, "auto": None}[args.compress]
+            est = choose_policy_estimate(
+                config, workload=Workload(args.prompt_len, args.gen_len, num_prompts=rows), device=device,
+                dtype=dtype, gpu_memory=args.gpu_memory, cpu_memory=args.cpu_memory, compress_weights=compress,
+                compress_cache=compress, profile=profile if device.type == "cuda" else None)
+            yield "auto", est.policy, {"tokens_per_s": est.predicted_tokens_per_s, "prefill_s": est.prefill_s,
+                                       "decode_s": est.decode_s}
+        elif spec in SUITES.get(args.model, {}):
+            yield spec, Policy.from_dict(SUITES[args.model][spec]), None
+        else:
+            yield "custom", Policy.from_dict(json.loads(spec)), None
+
+
+def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, dtype) -> dict:
+    """Blocks of policy.block_size rows through one executor (a warm-up block of one token first)."""
+    out: dict = {"policy": policy.to_dict()}
+    ex = None
+    try:
+        with Timer() as init:
+            ex = Executor(loaded, policy, device=device, dtype=dtype, gpu_memory=args.gpu_memory,
+                          cpu_memory=args.cpu_memory, disk_dir=args.disk_dir)
+        out["init_s"] = init.seconds
+        ex.timing = True
+        n = policy.block_size
+        blocks = [prompts[s:s + n] for s in range(0, len(prompts), n)]
+        if args.warmup:
+            ex.generate_block(blocks[0], [1] * len(blocks[0]), GreedyToEnd())
+        prof = StepProfile(device, [s.kind for s in ex.specs]) if args.profile else None
+        ex.profiler = prof
+        reset_peak()
+        counter, prefill, decode, steps = GreedyToEnd(), 0.0, 0.0, 0
+        with Timer() as run:
+            for block in blocks:
+                ex.generate_block(block, [args.gen_len] * len(block), counter)
+                prefill, decode, steps = prefill + ex.stats["prefill_s"], decode + ex.stats["decode_s"], steps + 1
+        out.update(ok=True, total_s=run.seconds, prefill_s=prefill, decode_s=decode, blocks=steps,
+                   generated_tokens=counter.tokens, executor_memory=ex.memory_report(), **peak_gib())
+        if prof is not None:
+            out["profile"] = prof.report()
+    except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError, ValueError) as err:
+        out.update(ok=False, error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()[-2000:])
+    finally:
+        if ex is not None:
+            ex.close()
+        release_memory()
+    return out
+
+
+def finish(record: dict, res: dict, rows: int, floor: dict | None, wrangle: bool) -> dict:
+    """Fill the common metric fields from one run's result."""
+    record.update(res)
+    total = res.get("total_s")
+    if res.get("ok") and total:
+        record["tokens_per_s"] = res["generated_tokens"] / total
+        record["decode_step_s"] = res["decode_s"] / max(1, res.get("blocks", 1) * (record["gen_len"] - 1)) \
+            if res.get("decode_s") else None
+        if wrangle:
+            record["rows_per_h"] = rows_per_hour(rows, total)
+            record["rows_1m_h"] = 1e6 / record["rows_per_h"] if record["rows_per_h"] else None
+        if floor is not None:
+            record["roofline"] = floor
+            record["roofline_fraction"] = floor["floor_s"] / total
+    return record
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="flexgen")
+    ap.add_argument("--model", default=None, help="dummy preset (default: the workload's)")
+    ap.add_argument("--system", action="append", choices=["llmops", "llmops-no-pipeline", "flexgen", "accelerate"])
+    ap.add_argument("--policy", action="append", help='"auto", a suite name or a Policy as JSON (repeatable)')
+    ap.add_argument("--compress", choices=["on", "off", "auto"], default="on", help="4-bit for --policy auto")
+    ap.add_argument("--prompt-len", type=int, default=None)
+    ap.add_argument("--gen-len", type=int, default=None)
+    ap.add_argument("--prefix-len", type=int, default=None, help="shared leading tokens (wrangle: 150)")
+    ap.add_argument("--num-prompts", "--rows", dest="rows", type=int, default=None,
+                    help="rows (default: wrangle 1536; flexgen one block of the policy)")
+    ap.add_argument("--gpu-memory", default="16GiB", help='a size, or "none"')
+    ap.add_argument("--cpu-memory", default=None)
+    ap.add_argument("--disk-dir", default="/tmp/llmops-offload")
+    ap.add_argument("--hw-profile", default="auto", help='"auto" (h200 on CUDA, default CPU profile) or "h200"')
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--profile", action="store_true", help="write the per-layer step profile (serializes overlap)")
+    ap.add_argument("--no-warmup", dest="warmup", action="store_false")
+    ap.add_argument("--out-dir", type=Path, default=None, help="folder (default $OUT, else benchmarks/results)")
+    add_record_args(ap, out_help="the JSONL file (default OUT_DIR/throughput_<workload>.jsonl)")
+    args = ap.parse_args(argv)
+    w = WORKLOADS[args.workload]
+    args.model = args.model or w["model"]
+    args.prompt_len = args.prompt_len or w["prompt_len"]
+    args.gen_len = args.gen_len or w["gen_len"]
+    prefix_len = w["prefix_len"] if args.prefix_len is None else args.prefix_len
+    prefix_len = min(prefix_len, args.prompt_len - 1)
+    gpu_text = None if args.gpu_memory in (None, "none") else args.gpu_memory
+    args.gpu_memory = parse_size(gpu_text) if gpu_text else None
+    args.cpu_memory = parse_size(args.cpu_memory) if args.cpu_memory else None
+    device, dtype = torch_device(), getattr(torch, args.dtype)
+    dtype = dtype if device.type == "cuda" else torch.float32
+    profile = hw_profile(args.hw_profile, device)
+    out = args.out or results_path("throughput", args.workload, ".jsonl", folder=args.out_dir)
+    run_id, wrangle = new_run_id(), args.workload == "wrangle"
+    loaded = load_model(args.model, dtype=dtype)
+    config = loaded.config
+    rows_arg = args.rows if args.rows is not None else w["rows"]
+    records = []
+
+    def emit(system: str, name: str, res: dict, rows: int, floor: dict | None) -> None:
+        rec = new_record("throughput", args.workload, args.model, system=system, gpu_memory=gpu_text,
+                         commit=args.commit, run_id=run_id)
+        rec.update(prompt_len=args.prompt_len, gen_len=args.gen_len, num_prompts=rows, prefix_len=prefix_len,
+                   config_name=name, roofline_fraction=None)
+        rec = finish(rec, res, rows, floor, wrangle)
+        rewrite_jsonl(out, rec, ("run_id", "system", "config_name"))
+        records.append(rec)
+        print(json.dumps({k: rec.get(k) for k in ("system", "config_name", "ok", "skipped", "tokens_per_s",
+                                                  "rows_per_h", "roofline_fraction", "peak_device_gib", "error")}),
+              flush=True)
+
+    for system in args.system or ["llmops"]:
+        if system in ("llmops", "llmops-no-pipeline"):
+            for name, policy, predicted in choose(args, config, device, dtype, profile, rows_arg):
+                if system == "llmops-no-pipeline":
+                    policy = Policy.from_dict({**policy.to_dict(), "overlap": False})
+                rows = rows_arg or policy.block_size
+                prompts = make_prompts(config.vocab_size, rows, args.prompt_len, prefix_len)
+                res = run_llmops(loaded, policy, prompts, args, device, dtype)
+                res["predicted"] = predicted
+                g = policy.gpu_batch_size
+                prefill_tokens = rows * (args.prompt_len - prefix_len) + -(-rows // g) * prefix_len
+                floor = roofline(config, policy, profile, rows=rows, prefill_tokens=prefill_tokens,
+                                 prompt_len=args.prompt_len, gen_len=args.gen_len,
+                                 bytes_per_element=torch.empty((), dtype=dtype).element_size())
+                emit(system, f"{name}:{policy.gpu_batch_size}x{policy.num_gpu_batches}", res, rows, floor)
+        elif system == "flexgen":
+            fp = FLEXGEN_POLICIES.get(args.model, {})
+            rows = fp.get("gpu_batch_size", 1) * fp.get("num_gpu_batches", 1)
+            prompts = make_prompts(config.vocab_size, rows, args.prompt_len, prefix_len)
+            res = run_flexgen(args.model, prompts, args.gen_len, fp, args.disk_dir) if fp else \
+                {"ok": False, "skipped": f"no FlexGen policy for {args.model}"}
+            emit(system, "best-measured", res, rows, None)
+        else:
+            rows = rows_arg or 16
+            prompts = make_prompts(config.vocab_size, rows, args.prompt_len, prefix_len)
+            res = run_accelerate(args.model, prompts, args.gen_len, args.gpu_memory or 16 * GIB, rows,
+                                 PRESETS[args.model])
+            emit(system, f"b{rows}", res, rows, None)
+    return records
+
+
+if __name__ == "__main__":
+    main()

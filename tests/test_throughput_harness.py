@@ -1,0 +1,45 @@
+"""benchmarks/throughput.py on the CPU with tiny presets: records carry the issue's fields, the roofline, and
+(with --profile) the per-layer profile; absent peers skip with a reason."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import throughput  # noqa: E402
+
+FIELDS = {"run_id", "system", "workload", "model", "prompt_len", "gen_len", "num_prompts", "gpu_memory_gib",
+          "tokens_per_s", "rows_per_h", "roofline_fraction", "peak_device_gib", "device", "commit", "command"}
+
+
+def test_flexgen_workload_smoke(tmp_path):
+    out = tmp_path / "t.jsonl"
+    records = throughput.main(["--workload", "flexgen", "--model", "tiny-opt", "--prompt-len", "12", "--gen-len", "3",
+                               "--num-prompts", "6", "--gpu-memory", "none", "--profile", "--out", str(out),
+                               "--system", "llmops", "--system", "llmops-no-pipeline", "--system", "flexgen",
+                               "--policy", "auto", "--policy", '{"gpu_batch_size": 2, "num_gpu_batches": 3}'])
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == len(records) == 5 and len({r["run_id"] for r in lines}) == 1
+    ours = [r for r in lines if r["system"].startswith("llmops")]
+    for r in ours:
+        assert FIELDS <= set(r) and r["ok"] and r["tokens_per_s"] > 0
+        assert r["generated_tokens"] == 6 * 3 and r["num_prompts"] == 6
+        assert 0 < r["roofline_fraction"] <= 1.0 and r["roofline"]["floor_s"] > 0
+        kinds = [row["kind"] for row in r["profile"]["decode"]["layers"]]
+        assert kinds[0] == "embed" and kinds[-1] == "head" and len(kinds) == 2 + 2 * 2
+    assert {r["policy"]["overlap"] for r in ours if r["system"] == "llmops-no-pipeline"} == {False}
+    peer = next(r for r in lines if r["system"] == "flexgen")
+    assert not peer["ok"] and peer["skipped"]
+
+
+def test_wrangle_workload_reports_rows_per_hour(tmp_path):
+    out = tmp_path / "w.jsonl"
+    (rec,) = throughput.main(["--workload", "wrangle", "--model", "tiny-llama", "--prompt-len", "24",
+                              "--prefix-len", "16", "--gen-len", "2", "--rows", "10", "--gpu-memory", "none",
+                              "--policy", '{"gpu_batch_size": 4, "num_gpu_batches": 1}', "--out", str(out)])
+    assert rec["ok"] and rec["blocks"] == 3 and rec["prefix_len"] == 16
+    assert rec["rows_per_h"] == pytest.approx(10 * 3600 / rec["total_s"], rel=1e-3)
+    assert rec["rows_1m_h"] == pytest.approx(1e6 / rec["rows_per_h"])
