@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import sys
 from typing import Any
 
@@ -18,20 +17,12 @@ from click.testing import CliRunner
 
 from llmops.cli import main as cli_main
 from llmops.core import MapSpec, map_table_ordered
-from test_constrain import build_tiny_tokenizer
+from test_job_plan import tiny_llama  # noqa: F401 (the fixture: a tiny random Llama with a tokenizer)
 
 ray = pytest.importorskip("ray")
 from llmops.ray import map_dataset  # noqa: E402
 
 ENGINE = (("device", "cpu"), ("dtype", "float32"), ("policy", "auto"))
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tiny_checkpoints, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("ray") / "llama"
-    shutil.copytree(tiny_checkpoints["llama"], folder)
-    build_tiny_tokenizer(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
