@@ -2,7 +2,8 @@
 
 `<sink>.report.json` (for a DuckDB sink `<database>.<table>.report.json`) holds: `run` (the summary:
 rows read and written, tokens, tokens/s, cache hits, failed rows, seconds), `time` (where the wall time
-went: `source`, each `llm_map` step, `sink` (writing and publishing), `other`), and per llm_map step:
+went: `source`, each `llm_map` step, `sink` (writing and publishing), `other`; on the Ray runner, whose
+steps overlap in one streaming dataset, `setup` and `ray_dataset_and_sink`), and per llm_map step:
 its figures (`llmops.summary.RunSummary`), `failures` (rows by reason: `cut by max_new_tokens`,
 `prompt too long`, `empty input`, `unparsable output`, `not one of the choices`, `engine error`),
 `timeline` ([seconds since the step began, rows done, generated tokens] per emitted batch: throughput over

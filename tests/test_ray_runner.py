@@ -88,6 +88,8 @@ def test_a_rerun_on_ray_is_served_from_the_result_cache(tiny_llama, local_ray, t
     runs = [CliRunner().invoke(cli_main, ["run", path, "--runner", "ray", "--json"]) for _ in range(2)]
     first, second = (json.loads(r.output[r.output.index("{"):]) for r in runs)
     assert first["generated_tokens"] > 0 and first["cache_hits"] == 0
+    report = json.loads(open(first["report"]).read())
+    assert report["run"]["rows_written"] == first["rows_written"] and "ray_dataset_and_sink" in report["time"]
     assert second["cache_hits"] == first["rows_written"] and second["generated_tokens"] == 0
 
 
@@ -135,3 +137,23 @@ def test_a_killed_engine_actor_is_restarted_and_every_row_comes_out_once(tiny_ll
 
 def _dies_once_engine(llm_class: Any, marker: str, spec: MapSpec) -> DiesOnce:
     return DiesOnce(llm_class(spec.model, **dict(spec.engine)), marker)
+
+
+def test_a_semantic_step_on_ray_runs_on_the_driver_and_matches_the_local_runner(tiny_llama, local_ray, tmp_path):
+    src = tmp_path / "in.parquet"
+    pq.write_table(_rows(10), src)
+    sinks = {}
+    for runner in ("local", "ray"):
+        folder = tmp_path / runner
+        folder.mkdir()
+        doc = {"name": "semantic_on_ray", "model": str(tiny_llama), "engine": dict(ENGINE), "cache_dir": False,
+               "source": {"parquet": str(src)},
+               "steps": [{"llm_filter": {"template": "Is {city} a big town?", "max_new_tokens": 3}},
+                         {"llm_map": {"output": "answer", "template": "Name {city}.", "max_new_tokens": 3}}],
+               "sink": {"parquet": str(folder / "out.parquet")}}
+        (folder / "p.yaml").write_text(json.dumps(doc))
+        res = CliRunner().invoke(cli_main, ["run", str(folder / "p.yaml"), "--runner", runner, "--json"])
+        assert res.exit_code == 0, res.output
+        sinks[runner] = pq.read_table(folder / "out.parquet")
+    assert sinks["ray"].to_pylist() == sinks["local"].to_pylist()
+    assert sinks["ray"].column_names[-1] == "answer" and sinks["ray"].num_rows <= 10

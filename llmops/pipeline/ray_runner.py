@@ -16,10 +16,12 @@ one engine per actor.
   mode: one host, or a path all hosts share); Ray restarts a dead actor and retries its batch, and a rerun
   after a crash computes only what is missing.
 
-The figures of the run (`RunResult`) add up what every actor's job did, through a small tally actor.
+The figures of the run (`RunResult`) add up what every actor's job did, through a small tally actor; the
+run report JSON is written beside the sink as on the local runner.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict
 from typing import Any
@@ -28,7 +30,7 @@ import pyarrow as pa
 import ray
 import ray.data
 
-from llmops.core import RunSummary, map_table
+from llmops.core import RunSummary, map_table, write_json_atomic
 from llmops.pipeline.runner import RunResult, cache_setting
 from llmops.pipeline.semantic_steps import StepContext, is_semantic, run_semantic
 from llmops.pipeline.sinks import SinkWriter
@@ -36,6 +38,9 @@ from llmops.pipeline.sources import count_source_rows, read_source
 from llmops.pipeline.spec import ROW_WISE, LlmMap, LlmMapStep, Pipeline, Source
 from llmops.pipeline.steps import ROW_COLUMN, apply_step, attach_output, map_spec
 from llmops.ray import BATCH_ROWS, LlmActor, check_room
+from llmops.report import build_report, report_path
+
+log = logging.getLogger(__name__)
 
 
 @ray.remote(num_cpus=0)
@@ -122,7 +127,7 @@ def run_pipeline_ray(pipeline: Pipeline, *, limit: int | None = None, use_cache:
         else:
             ds = ray.data.from_arrow(apply_step(i, step, _whole(ds)))
     writer = SinkWriter(pipeline.sink)
-    rows = 0
+    rows, began = 0, time.perf_counter()
     try:
         for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
             table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
@@ -141,7 +146,22 @@ def run_pipeline_ray(pipeline: Pipeline, *, limit: int | None = None, use_cache:
         result.cache_hits, result.failed_rows = total["cache_hits"], total["errors"] + total["truncated"]
         result.llm_steps = [{"step": "all", **total}]
         result.seconds = time.perf_counter() - start
+    _write_report(pipeline, result, {"setup": began - start, "ray_dataset_and_sink": time.perf_counter() - began})
     return result
+
+
+def _write_report(pipeline: Pipeline, result: RunResult, times: dict[str, float]) -> None:
+    """The run report beside the sink, as the local runner writes it (`llmops.report`). On Ray the steps
+    overlap inside one streaming dataset, so the time splits only into setup and the streamed rest, and the
+    llm_map figures are the sum over every actor; a failure to write it is logged."""
+    sink = pipeline.sink
+    path = report_path(sink.kind, sink.target, sink.table if sink.kind == "database" else None)
+    result.report = str(path)
+    try:
+        write_json_atomic(path, build_report(result.to_dict(), times, []))
+    except OSError as exc:
+        result.report = None
+        log.warning("run report %s: cannot write it: %s", path, exc.strerror)
 
 
 __all__ = ["run_pipeline_ray"]
