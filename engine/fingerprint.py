@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-NUMERICS_VERSION = 2   # 1: the first versioned numerics (2026-12); 2: pattern/enum strings close in budget
+NUMERICS_VERSION = 3   # 1: the first versioned numerics (2026-12); 2: pattern/enum strings close in budget;
+#                        3: prefill in row chunks (another summation order for large batches), sliding windows
 
 
 def tokenizer_digest(tokenizer: Any) -> str:
