@@ -3,7 +3,7 @@ one engine each, and returns the dataset with the output column(s) added.
 
 Each actor (`LlmActor`) holds one `llmops.core.Job`: its first batch plans the engine's policy from that
 batch's rows, every later batch reuses the plan and the warm executor (one plan per actor, not per batch),
-and each batch goes through `llmops.core.map_table_ordered`, so dedup, shared prefixes, data-is-data
+and each batch goes through `llmops.core.map_table`, so dedup, shared prefixes, data-is-data
 marking and the result cache work exactly as on one machine. The result cache is a directory every actor
 opens (SQLite in WAL mode, safe for the processes of one host; on several hosts give each a shared path
 that supports POSIX locks, or one per host): a row finished by a worker that later died is served from the
@@ -26,7 +26,7 @@ import pyarrow as pa
 import ray
 import ray.data
 
-from llmops.core import Job, MapSpec, map_table_ordered
+from llmops.core import Job, MapRun, MapSpec, map_table
 
 BATCH_ROWS = 2048
 _META = ("finish_reason", "error", "text", "prompt_tokens", "completion_tokens")
@@ -43,10 +43,14 @@ class LlmActor:
         engine = engine_factory(self.spec) if engine_factory is not None else None
         self.job = Job(self.spec, engine=engine)
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
+    def map(self, batch: pa.Table) -> MapRun:
+        """One batch through the actor's job (planned from its first batch's rows)."""
         if batch.num_rows:
             self.job.prepare(batch)
-        result = map_table_ordered(batch, self.spec, cache_dir=self.cache_dir, progress=False, job=self.job)
+        return map_table(batch, self.spec, cache_dir=self.cache_dir, progress=False, job=self.job)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        result = self.map(batch).ordered()
         out = batch.append_column(self.output, result.column("output"))
         for name in _META if self.with_meta else ():
             out = out.append_column(name, result.column(name))

@@ -30,7 +30,7 @@ import pyarrow as pa
 import ray
 import ray.data
 
-from llmops.core import RunSummary, map_table, write_json_atomic
+from llmops.core import RunSummary, write_json_atomic
 from llmops.pipeline.runner import RunResult, cache_setting
 from llmops.pipeline.semantic_steps import StepContext, is_semantic, run_semantic
 from llmops.pipeline.sinks import SinkWriter
@@ -67,19 +67,19 @@ class _StepActor(LlmActor):
         self.step, self.tally = step, tally
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        if batch.num_rows:
-            self.job.prepare(batch)
-        run = map_table(batch, self.spec, cache_dir=self.cache_dir, progress=False, job=self.job)
+        run = self.map(batch)
         out = attach_output(batch, run.ordered(), self.step).drop_columns([ROW_COLUMN])
         self.tally.add.remote(asdict(run.summary))
         return out
 
 
-def _read(source: Source, limit: int | None) -> ray.data.Dataset:
+def _read(source: Source, limit: int | None) -> tuple[ray.data.Dataset, int]:
+    """The source as a dataset and its row count (a parquet file's from its metadata, not a second read)."""
     if source.kind == "parquet" and source.limit is None:
         ds = ray.data.read_parquet(source.parquet)
-        return ds.limit(limit) if limit is not None else ds
-    return ray.data.from_arrow(read_source(source, limit=limit))
+        return (ds.limit(limit) if limit is not None else ds), count_source_rows(source, limit=limit)
+    table = read_source(source, limit=limit)
+    return ray.data.from_arrow(table), table.num_rows
 
 
 def _row_wise(index: int, step: Any) -> Any:
@@ -108,7 +108,7 @@ def run_pipeline_ray(pipeline: Pipeline, *, limit: int | None = None, use_cache:
     result = RunResult(name=pipeline.name or "pipeline", output=pipeline.sink.target)
     cache_dir = cache_setting(pipeline, use_cache)
     tally = _Tally.remote()
-    ds = _read(pipeline.source, limit)
+    ds, result.source_rows = _read(pipeline.source, limit)
     semantic = []
     for i, step in enumerate(pipeline.steps):
         if is_semantic(step):       # whole-table LLM operators (and validated maps) run here, on the driver
@@ -141,7 +141,6 @@ def run_pipeline_ray(pipeline: Pipeline, *, limit: int | None = None, use_cache:
         total = ray.get(tally.result.remote())
         for figures in semantic:
             total = {k: total[k] + v for k, v in asdict(figures).items()}
-        result.source_rows = count_source_rows(pipeline.source, limit=limit)
         result.generated_tokens, result.prompt_tokens = total["generated_tokens"], total["prompt_tokens"]
         result.cache_hits, result.failed_rows = total["cache_hits"], total["errors"] + total["truncated"]
         result.llm_steps = [{"step": "all", **total}]
