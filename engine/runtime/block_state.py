@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -21,12 +22,23 @@ from engine.runtime.transfers import Pending
 Hidden = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None   # [b, s, h], or (prefix [1, L, h], [b, s, h])
 
 
+class StepResult(NamedTuple):
+    """What one step's head decided for one GPU batch: `advanced` cache positions written, and for each
+    batch index in `live` (the rows the selector saw) its token and whether it finished."""
+
+    advanced: int
+    live: list[int]
+    tokens: list[int]
+    finished: list[bool]
+
+
 @dataclass
 class BlockState:
     """One block's state. `kv` maps (j, k) of attention layers to their cache homes; `hidden[k]` is GPU
     batch k's hidden states between layers; `inflight` the transfers to wait for at the next `sync`;
     `wpend[(i, j)]` / `cpend[(i, j, k)]` the weight / cache loads a compute waits for; `weights` the
-    (i, j, tensors) of the layer last fetched; `stores` counts cache stores (their staging buffers
+    (i, j, tensors) of the layer last fetched; `results[k]` GPU batch k's latest `StepResult` from the
+    head (a pipeline's last stage sends them back to the first); `stores` counts cache stores (their staging buffers
     alternate); `t0` is when the current step began (perf_counter seconds)."""
 
     select: TokenSelector
@@ -40,6 +52,7 @@ class BlockState:
     wpend: dict[tuple[int, int], list[Pending]] = field(default_factory=dict)
     cpend: dict[tuple[int, int, int], list[Pending]] = field(default_factory=dict)
     weights: tuple[int, int, dict[str, torch.Tensor]] | None = None
+    results: dict[int, StepResult] = field(default_factory=dict)
     t0: float = field(default_factory=time.perf_counter)
 
     @property

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
 from engine.models.attention import attention_layer
+from engine.policy.partition import Stage
 from engine.policy.policy import Policy
 from engine.policy.working import (
     DECODE_CHUNK_BYTES, PREFILL_CHUNK_TOKENS, row_chunks, staged_kv_heads, working_bytes,
@@ -24,7 +25,7 @@ from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT, QuantConfig
 from engine.runtime.act_homes import ActHomes
 from engine.runtime.arena import Arena
 from engine.runtime.batch import GpuBatch
-from engine.runtime.block_state import BlockState
+from engine.runtime.block_state import BlockState, StepResult
 from engine.runtime.kv_cache import KVHome
 from engine.runtime.prefill_chunks import attention_prefill, mlp_prefill
 from engine.runtime.schedule import Action, block_schedule
@@ -51,16 +52,19 @@ class Executor:
     is the weights' compression when the policy compresses weights, `cache_quant_config` the KV cache's when
     it compresses the cache (defaults in engine.quant.config). A prefill runs each layer over row chunks of
     about `prefill_chunk_tokens` tokens, and decode dequantizes a compressed device cache
-    `decode_chunk_bytes` at a time (`engine.policy.working`; the defaults are what the memory model assumes)."""
+    `decode_chunk_bytes` at a time (`engine.policy.working`; the defaults are what the memory model assumes).
+    `stage` (optional, `engine.policy.partition.Stage`): run only that pipeline stage's layers (its weights are
+    the only ones placed); `engine.runtime.stage_executor` drives such an executor step by step."""
 
     def __init__(self, loaded, policy: Policy, *, device: torch.device, dtype: torch.dtype,
                  gpu_memory: int | None = None, cpu_memory: int | None = None, disk_dir: Path | None = None,
                  quant_config: QuantConfig = WEIGHT_QUANT, cache_quant_config: QuantConfig = CACHE_QUANT,
-                 prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS, decode_chunk_bytes: int = DECODE_CHUNK_BYTES):
+                 prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS, decode_chunk_bytes: int = DECODE_CHUNK_BYTES,
+                 stage: Stage | None = None):
         self.loaded, self.policy = loaded, policy
         self.config, self.family = loaded.config, loaded.family
         self.device, self.dtype = torch.device(device), dtype
-        self.specs = self.family.layer_specs()
+        self.specs = [sp for sp in self.family.layer_specs() if stage is None or stage.holds(sp.kind, sp.index)]
         self.budget = MemoryBudget({Tier.GPU: gpu_memory, Tier.CPU: cpu_memory, Tier.DISK: None})
         self.arena = Arena(self.device, self.budget, Path(disk_dir) if disk_dir is not None else None)
         self.transfers = Transfers(self.device, policy.overlap)
@@ -103,46 +107,15 @@ class Executor:
             self._run_block(prompts, max_new_tokens, select)
 
     def _run_block(self, prompts, max_new_tokens, select) -> None:
-        p, c = self.policy, self.config
-        gbs = p.gpu_batch_size
-        batches = [
-            GpuBatch(list(range(s, min(s + gbs, len(prompts)))), prompts[s:s + gbs], max_new_tokens[s:s + gbs],
-                     self.device, pad_id=c.pad_token_id or 0, min_prefix=_MIN_SHARED_PREFIX)
-            for s in range(0, len(prompts), gbs)
-        ]
-        K, J = len(batches), len(self.specs)
-        cc = self.cquant is not None
-        staged = staged_kv_heads(c.num_key_value_heads, p.cache_gpu, p.cache_cpu, self.device.type, cc)
-        work = max(working_bytes(c, b.size, b.prompt_len, b.length, self.dtype, cc, staged,
-                                 self.prefill_chunk_tokens, self.decode_chunk_bytes) for b in batches)
+        batches = self._batches(prompts, max_new_tokens)
+        work = self._working_bytes(batches)
         self.budget.reserve(Tier.GPU, work, "working memory of one GPU batch")
         try:
-            kv = {
-                (j, k): KVHome(self.arena, f"kv.{j}.{k}", rows=b.size, length=b.length,
-                               num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, dtype=self.dtype,
-                               cache_gpu=p.cache_gpu, cache_cpu=p.cache_cpu, quant=self.cquant,
-                               cpu_attention=p.cpu_attention, decode_chunk_bytes=self.decode_chunk_bytes)
-                for j, spec in enumerate(self.specs) if spec.kind == "attention"
-                for k, b in enumerate(batches)
-            }
-            self.block = BlockState(select, batches, kv, ActHomes(self.arena, p.act_gpu, p.act_cpu, K), [None] * K)
+            self.block = self._block_state(batches, select)
             self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0}
             self.step_s = []
-            num_steps = max(max_new_tokens)
-            skip = self._noop_verbs()
-            for action in block_schedule(num_steps, J, K, paged=K > 1):
-                if action.verb == "compute" and action.j == 0 and action.k == 0 and self.block.all_done:
-                    break
-                if self.on_action is not None:
-                    self.on_action(action)
-                if action.verb not in skip:
-                    prof = self.profiler
-                    if prof is None:
-                        getattr(self, _VERBS[action.verb])(action)
-                    else:
-                        prof.begin(action)
-                        getattr(self, _VERBS[action.verb])(action)
-                        prof.end()
+            K, J = len(batches), len(self.specs)
+            self._run_actions(block_schedule(max(max_new_tokens), J, K, paged=K > 1))
             self._sync(None)
             if self.profiler is not None:
                 self.profiler.finish()
@@ -150,6 +123,54 @@ class Executor:
             self._drain()
             self.budget.release(Tier.GPU, work, "working memory of one GPU batch")
             self._drop_block_state()
+
+    def _batches(self, prompts: list[list[int]], max_new_tokens: list[int]) -> list[GpuBatch]:
+        """The block's rows cut into GPU batches of policy.gpu_batch_size, in order."""
+        gbs, c = self.policy.gpu_batch_size, self.config
+        return [
+            GpuBatch(list(range(s, min(s + gbs, len(prompts)))), prompts[s:s + gbs], max_new_tokens[s:s + gbs],
+                     self.device, pad_id=c.pad_token_id or 0, min_prefix=_MIN_SHARED_PREFIX)
+            for s in range(0, len(prompts), gbs)
+        ]
+
+    def _working_bytes(self, batches: list[GpuBatch]) -> int:
+        """Device working memory of the largest GPU batch (the memory model's count)."""
+        p, c = self.policy, self.config
+        cc = self.cquant is not None
+        staged = staged_kv_heads(c.num_key_value_heads, p.cache_gpu, p.cache_cpu, self.device.type, cc)
+        return max(working_bytes(c, b.size, b.prompt_len, b.length, self.dtype, cc, staged,
+                                 self.prefill_chunk_tokens, self.decode_chunk_bytes) for b in batches)
+
+    def _block_state(self, batches: list[GpuBatch], select: TokenSelector, tag: str = "") -> BlockState:
+        """A block's state: its cache homes (named `kv{tag}.{j}.{k}` in the arena) and activation homes."""
+        p, c = self.policy, self.config
+        kv = {
+            (j, k): KVHome(self.arena, f"kv{tag}.{j}.{k}", rows=b.size, length=b.length,
+                           num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, dtype=self.dtype,
+                           cache_gpu=p.cache_gpu, cache_cpu=p.cache_cpu, quant=self.cquant,
+                           cpu_attention=p.cpu_attention, decode_chunk_bytes=self.decode_chunk_bytes)
+            for j, spec in enumerate(self.specs) if spec.kind == "attention"
+            for k, b in enumerate(batches)
+        }
+        return BlockState(select, batches, kv, ActHomes(self.arena, p.act_gpu, p.act_cpu, len(batches)),
+                          [None] * len(batches))
+
+    def _run_actions(self, actions: Iterable[Action]) -> None:
+        """The one loop: every action of `actions` on `self.block`, until its rows have all ended."""
+        skip = self._noop_verbs()
+        for action in actions:
+            if action.verb == "compute" and action.j == 0 and action.k == 0 and self.block.all_done:
+                break
+            if self.on_action is not None:
+                self.on_action(action)
+            if action.verb not in skip:
+                prof = self.profiler
+                if prof is None:
+                    getattr(self, _VERBS[action.verb])(action)
+                else:
+                    prof.begin(action)
+                    getattr(self, _VERBS[action.verb])(action)
+                    prof.end()
 
     def _drop_block_state(self) -> None:
         """Drop every reference into a block's buffers (pending transfers' closures hold cache views), so the
@@ -272,31 +293,41 @@ class Executor:
         blk = self.block
         x = blk.hidden[a.k]
         x = x[1] if isinstance(x, tuple) else x
-        s = x.shape[1]
+        s = batch.prompt_len if batch.prefill else x.shape[1]
         logits = self.family.head(w, x[:, -1])                                             # [b, v] float32
-        batch.advance(batch.prompt_len if batch.prefill else s)
         live = batch.live_index()
         rows = [batch.rows[r] for r in live]
         if len(live) < batch.size:
             logits = logits[torch.tensor(live, device=logits.device)]                     # [live, v]
         tokens, finished = blk.select(rows, logits)
+        step = StepResult(s, live, [int(t) for t in tokens], [bool(f) for f in finished])
+        blk.results[a.k] = step
+        self._apply_step(a.k, step)
+        blk.hidden[a.k] = None
+        if a.k == len(blk.batches) - 1:
+            self._step_done(a.i)
+
+    def _apply_step(self, k: int, step: StepResult) -> None:
+        """Record GPU batch k's step (positions written, tokens picked, rows ended) in its bookkeeping and
+        compact its rows and caches when enough rows ended. The head runs it; a pipeline stage without
+        the head replays the last stage's result with it, so every stage's batch is in the same state."""
+        blk = self.block
+        batch = blk.batches[k]
+        batch.advance(step.advanced)
         picked: dict[int, int] = {}
-        for r, tok, fin in zip(live, tokens, finished):
+        for r, tok, fin in zip(step.live, step.tokens, step.finished):
             batch.generated[r] += 1
             if fin or batch.generated[r] >= batch.max_new[r]:
                 batch.finish(r)
             else:
-                picked[r] = int(tok)
+                picked[r] = tok
         batch.set_next(picked)
-        blk.hidden[a.k] = None
         keep = batch.compact_index()
         if keep is not None and keep.numel() > 0:
-            for (j, k), kv in blk.kv.items():
-                if k == a.k:
+            for (j, kk), kv in blk.kv.items():
+                if kk == k:
                     kv.compact(keep)
             batch.compact(keep)
-        if a.k == len(blk.batches) - 1:
-            self._step_done(a.i)
 
     def _step_done(self, i: int) -> None:
         if self.timing and self.device.type == "cuda":
