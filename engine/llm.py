@@ -6,7 +6,9 @@ else one per workload bucket, chosen once and reused) -> sort by length and cut 
 policy's block size (engine.decoding.blocks) -> per block, the warm executor runs prefill + decode while a `BlockDecoder` picks tokens
 -> completions mapped back to the caller's order. `stream` yields each block's completions as soon as the
 block is done. `gpu_memory` caps torch's allocator on the device (engine.storage.device_cap), so planning,
-trials and warm-up stay inside the budget too.
+trials and warm-up stay inside the budget too. With several `devices` (engine.parallel) a plan's blocks run
+data-parallel (one executor per device, whole blocks each) or pipeline-parallel (the layers split over the
+devices, `engine.runtime.pipeline`), chosen per plan.
 """
 from __future__ import annotations
 
@@ -31,6 +33,9 @@ from engine.decoding.tokenizer import Tokenizer
 from engine.fingerprint import output_fingerprint, tokenizer_digest
 from engine.models.config import ModelConfig
 from engine.models.loader import load_model
+from engine.parallel import (
+    DeviceSpec, Lanes, Parallel, build_pipeline, choose_parallel, host_share, locked, resolve_devices,
+)
 from engine.policy.policy import Policy
 from engine.runtime import executor as executor_mod
 from engine.storage import device_cap
@@ -87,6 +92,11 @@ def _size(value: int | str | None, name: str) -> int | None:
         raise ValueError(f"LLM({name}=...): {exc}") from exc
 
 
+def _generate_on(prompts: list[list[int]], decoder: BlockDecoder, executor: Any) -> None:
+    """One block on `executor` (a data-parallel lane's job)."""
+    executor.generate_block(prompts, decoder.max_new_tokens, decoder)
+
+
 class LLM:
     """An open LLM on this machine's tiers, generating for many prompts at once.
 
@@ -97,17 +107,25 @@ class LLM:
     On CUDA, gpu_memory also caps torch's allocator on the device for as long as this LLM lives.
     disk_dir: folder for the disk tier. dtype: "auto" = bfloat16 on CUDA (float16 without bf16), the
     faster of bfloat16/float32 on a CPU (measured once per machine, cached: engine.calibrate.cpu_dtype).
+    devices: None (just `device`), "auto" (every visible CUDA device) or a list of CUDA indices / torch device
+    strings; with more than one, `gpu_memory` holds on each, each device plans and runs within `cpu_memory / N`,
+    and `parallel` says how blocks use them: "auto" (data-parallel when the plan keeps every weight on the
+    gpu tier, else pipeline), "data" or "pipeline" (engine.parallel).
     """
 
     def __init__(self, model: str | Path, *, policy: str | Policy | dict[str, Any] = "auto",
                  gpu_memory: int | str | None = None, cpu_memory: int | str | None = None,
                  disk_dir: str | Path | None = None, dtype: str | torch.dtype = "auto",
-                 compress_weights: bool = False, compress_cache: bool = False, device: str = "auto") -> None:
+                 compress_weights: bool = False, compress_cache: bool = False, device: str = "auto",
+                 devices: DeviceSpec = None, parallel: Parallel = "auto") -> None:
         if isinstance(policy, dict):
             policy = Policy.from_dict(policy)
         if not (policy == "auto" or isinstance(policy, Policy)):
             raise ValueError(f"LLM(policy=...): expected 'auto', a Policy or a dict, got {policy!r}")
-        self.device = resolve_device(device)
+        self.devices = resolve_devices(devices, resolve_device(device))
+        self.device = self.devices[0]
+        choose_parallel(parallel, Policy(), len(self.devices))    # a bad value raises now, before loading
+        self.parallel = parallel
         self.dtype = resolve_dtype(dtype, self.device)
         self.gpu_memory = _size(gpu_memory, "gpu_memory")
         self.cpu_memory = _size(cpu_memory, "cpu_memory")
@@ -126,14 +144,15 @@ class LLM:
         self._plan: Plan | None = None
         self._planner = Planner(self.loaded, device=self.device, dtype=self.dtype,
                                 fixed=policy if isinstance(policy, Policy) else None, gpu_memory=self.gpu_memory,
-                                cpu_memory=self.cpu_memory, disk_dir=self.disk_dir,
+                                cpu_memory=host_share(self.cpu_memory, len(self.devices)), disk_dir=self.disk_dir,
                                 compress_weights=compress_weights, compress_cache=compress_cache,
                                 model_name=self.model_name, before_trials=_weak_call(self.close))
         self._downsized: dict[Policy, Policy] = {}    # planned policy -> the smaller one an out-of-memory forced
         self._executor: Any = None
+        self._parallel: Lanes | Any = None        # the Lanes or Pipeline of several devices, when in use
         self._executor_policy: Policy | None = None
-        self._cap = device_cap.hold(self.device, self.gpu_memory)
-        weakref.finalize(self, device_cap.release, self._cap)
+        for dev in self.devices:
+            weakref.finalize(self, device_cap.release, device_cap.hold(dev, self.gpu_memory))
 
     # ---- properties
     @property
@@ -246,6 +265,12 @@ class LLM:
         plan = self._plan_for([len(encoded[i].ids) for i in valid], params.max_new_tokens, plan)
         policy = self._downsized.get(plan.policy, plan.policy)
         self._set_policy(policy)
+        mode = choose_parallel(self.parallel, policy, len(self.devices))
+        if mode != "single":
+            blocks = [[valid[b] for b in block] for block in plan_blocks([len(encoded[i].ids) for i in valid],
+                                                                         policy.block_size)]
+            yield from self._run_parallel(mode, blocks, encoded, params, keys, on_finished)
+            return
         for block in plan_blocks([len(encoded[i].ids) for i in valid], policy.block_size):
             indices = [valid[b] for b in block]
             report = None if on_finished is None else (
@@ -260,9 +285,7 @@ class LLM:
         the new block size (saying so in the log); later blocks and calls of that plan keep the smaller
         batch. Nothing is lost: completions are per input row. `on_finished(block row, completion)`: the
         decoder's row-finish hook."""
-        decoder = BlockDecoder(prompts, [params.max_new_tokens] * len(prompts), params,
-                               eos_ids=self.eos_token_ids, tokenizer=self._tokenizer, keys=keys,
-                               constraint=self._constraint(params, len(prompts)), on_finished=on_finished)
+        decoder = self._decoder(prompts, params, keys, on_finished)
         try:
             self._get_executor().generate_block(prompts, decoder.max_new_tokens, decoder)
             return decoder.completions()
@@ -284,6 +307,35 @@ class LLM:
             out += self._run_block(prompts[part], params, None if keys is None else keys[part], report)
         return out
 
+    def _decoder(self, prompts: list[list[int]], params: SamplingParams, keys: list[int] | None,
+                 on_finished: OnFinished | None) -> BlockDecoder:
+        return BlockDecoder(prompts, [params.max_new_tokens] * len(prompts), params,
+                            eos_ids=self.eos_token_ids, tokenizer=self._tokenizer, keys=keys,
+                            constraint=self._constraint(params, len(prompts)), on_finished=on_finished)
+
+    def _run_parallel(self, mode: str, blocks: list[list[int]], encoded: list[Encoded], params: SamplingParams,
+                      keys: list[int] | None, on_finished: OnFinished | None) -> Iterator[Group]:
+        """Blocks (input indices each) on several devices: "data", each block on the next free device, yielded
+        as each ends; "pipeline", N blocks at a time as the N micro-batches of the pipeline, yielded in order.
+        `on_finished` is serialized (it is called from the devices' threads)."""
+        report = locked(on_finished)
+        prompts = [[encoded[i].ids for i in idx] for idx in blocks]
+        decoders = [self._decoder(p, params, None if keys is None else [keys[i] for i in idx],
+                                  None if report is None else (lambda row, c, idx=idx: report(idx[row], c)))
+                    for p, idx in zip(prompts, blocks)]
+        engine = self._get_parallel(mode)
+        if mode == "data":
+            jobs = [functools.partial(_generate_on, p, d) for p, d in zip(prompts, decoders)]
+            for n, _ in engine.run(jobs):
+                yield list(zip(blocks[n], decoders[n].completions()))
+            return
+        S = len(self.devices)
+        for start in range(0, len(blocks), S):
+            group = range(start, min(start + S, len(blocks)))
+            engine.generate([(prompts[n], decoders[n].max_new_tokens, decoders[n]) for n in group])
+            for n in group:
+                yield list(zip(blocks[n], decoders[n].completions()))
+
     def _constraint(self, params: SamplingParams, rows: int) -> GrammarConstraint | None:
         if params.json_schema is None and params.choices is None and params.regex is None:
             return None
@@ -298,7 +350,7 @@ class LLM:
         return self._plan
 
     def _set_policy(self, policy: Policy) -> None:
-        if self._executor is not None and not self._executor_fits(policy):
+        if (self._executor is not None or self._parallel is not None) and not self._executor_fits(policy):
             self.close()
         self._policy = policy
 
@@ -324,13 +376,27 @@ class LLM:
             self._executor_policy = self._policy
         return self._executor
 
+    def _get_parallel(self, mode: str) -> Any:
+        """The Lanes ("data") or Pipeline ("pipeline") over `devices` for the current policy."""
+        kind = Lanes if mode == "data" else build_pipeline
+        if self._parallel is not None and isinstance(self._parallel, Lanes) != (mode == "data"):
+            self.close()
+        if self._parallel is None:
+            self._parallel = kind(self.loaded, self._policy, self.devices, dtype=self.dtype,
+                                  gpu_memory=self.gpu_memory, cpu_memory=self.cpu_memory, disk_dir=self.disk_dir)
+            self._executor_policy = self._policy
+        return self._parallel
+
     def close(self) -> None:
-        """Release the executor's buffers and files. The LLM can still generate afterwards (it rebuilds)."""
-        if self._executor is not None:
-            self._executor.close()
-            self._executor = None
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
+        """Release the executors' buffers and files. The LLM can still generate afterwards (it rebuilds)."""
+        for held in (self._executor, self._parallel):
+            if held is not None:
+                held.close()
+        if self._executor is not None or self._parallel is not None:
+            self._executor = self._parallel = None
+            for dev in {d for d in self.devices if d.type == "cuda"}:
+                with torch.cuda.device(dev):
+                    torch.cuda.empty_cache()
 
     def __enter__(self) -> "LLM":
         return self
