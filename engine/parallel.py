@@ -19,18 +19,19 @@ import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterator, Literal, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
 from engine.policy.model_stats import dtype_bytes
-from engine.policy.partition import partition_model
+from engine.policy.partition import Parallel, choose_parallel, partition_model
 from engine.policy.policy import Policy
 from engine.runtime.executor import Executor
 from engine.runtime.pipeline import Pipeline
 from engine.runtime.stage_executor import StageExecutor
 
-Parallel = Literal["auto", "data", "pipeline"]
+__all__ = ["DeviceSpec", "Lanes", "Parallel", "build_pipeline", "choose_parallel", "host_share", "locked",
+           "resolve_devices"]
 DeviceSpec = str | Sequence[int | str] | None
 
 
@@ -63,17 +64,6 @@ def resolve_devices(devices: DeviceSpec, device: torch.device) -> list[torch.dev
 def host_share(cpu_memory: int | None, num_devices: int) -> int | None:
     """Each device's engine's share of the host budget."""
     return None if cpu_memory is None else cpu_memory // num_devices
-
-
-def choose_parallel(requested: Parallel, policy: Policy, num_devices: int) -> Literal["single", "data", "pipeline"]:
-    """How a plan's blocks run on `num_devices` devices (see the module docstring)."""
-    if requested not in ("auto", "data", "pipeline"):
-        raise ValueError(f"LLM(parallel=...): expected 'auto', 'data' or 'pipeline', got {requested!r}")
-    if num_devices == 1:
-        return "single"
-    if requested != "auto":
-        return requested
-    return "data" if policy.w_gpu >= 1.0 else "pipeline"
 
 
 def device_disk_dir(disk_dir: Path | None, n: int) -> Path | None:

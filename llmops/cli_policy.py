@@ -67,6 +67,7 @@ Example:
   llmops policy --model opt-30b --gpu-memory 16GiB --cpu-memory 100GiB \\
       --disk-memory 500GiB --prompt-len 512 --gen-len 32
   llmops policy --model mixtral-8x7b --gpu-memory 24GiB --cpu-memory 128GiB --json
+  llmops policy --model llama-3-70b --gpu-memory 16GiB --allow-compression --gpus 2
 """
 
 
@@ -91,11 +92,15 @@ Example:
 @click.option("--hardware", type=click.Choice(["local", "h200"]),
               help="local: measure this machine (cached); h200: the built-in H200 reference. "
                    "Default: local with a GPU, h200 without.")
+@click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True,
+              help="GPUs of this host (LLM(devices=...)): --gpu-memory holds on each, the CPU budget is shared "
+                   "(each GPU plans within 1/N of it); explains the data- or pipeline-parallel split.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def policy_cmd(model: str, gpu_memory: int | None, cpu_memory: int | None, disk_memory: int, prompt_len: int,
                gen_len: int, num_prompts: int | None, dtype: str, compress_weights: bool, compress_cache: bool,
-               allow_compression: bool, profile_file: Path | None, hardware: str | None, as_json: bool) -> None:
-    """Choose and explain the offloading policy for MODEL under memory budgets."""
+               allow_compression: bool, profile_file: Path | None, hardware: str | None, gpus: int,
+               as_json: bool) -> None:
+    """Choose and explain the offloading policy for MODEL under memory budgets (on --gpus GPUs)."""
     try:
         config = core.model_config(model)
         torch_dtype = core.resolve_dtype(dtype, config)
@@ -104,7 +109,7 @@ def policy_cmd(model: str, gpu_memory: int | None, cpu_memory: int | None, disk_
         raise click.UsageError(str(exc)) from None
     budgets = core.Budgets(
         gpu_bytes=gpu_memory if gpu_memory is not None else profile.gpu_memory_bytes,
-        cpu_bytes=cpu_memory if cpu_memory is not None else core.default_cpu_budget(profile.cpu_memory_bytes),
+        cpu_bytes=(cpu_memory if cpu_memory is not None else core.default_cpu_budget(profile.cpu_memory_bytes)) // gpus,
         disk_bytes=disk_memory,
     )
     workload = core.Workload(prompt_len=prompt_len, gen_len=gen_len, num_prompts=num_prompts)
@@ -117,14 +122,20 @@ def policy_cmd(model: str, gpu_memory: int | None, cpu_memory: int | None, disk_
     except core.NoFeasiblePolicy as exc:
         click.echo(f"error: {exc}\n{_no_fit_hint(model, budgets, allow_compression or compress_weights)}", err=True)
         raise SystemExit(2) from None
+    split = core.device_split(config, result.policy, gpus, core.dtype_bytes(torch_dtype),
+                              result.predicted_tokens_per_s) if gpus > 1 else None
     if as_json:
         data = result.to_dict()
         data["profile"] = profile_desc
         data["dtype"] = str(torch_dtype).removeprefix("torch.")
+        if split is not None:
+            data["devices"] = split
         click.echo(json.dumps(data, sort_keys=True))
     else:
         click.echo(f"Hardware profile: {profile_desc}")
         click.echo(result.explain())
+        if split is not None:
+            click.echo(core.explain_split(split))
 
 
 PROFILE_EXAMPLE = """

@@ -54,7 +54,7 @@ from engine.decoding.params import Completion, SamplingParams
 from llmops import engines
 from llmops.engine_tools import (  # noqa: F401 (the CLI's planning tools, re-exported: see llmops.engine_tools)
     PINNED_SHARE, Budgets, NoFeasiblePolicy, Workload, cuda_available, default_cpu_budget, device_profile_path,
-    dtype_bytes, engine_models, format_size, load_or_measure, load_profile, model_config, parse_size,
+    device_split, dtype_bytes, engine_models, explain_split, format_size, load_or_measure, load_profile, model_config, parse_size,
     reference_profile, resolve_dtype, search, write_json_atomic,
 )
 from llmops.progress import Progress
@@ -113,7 +113,7 @@ class MapSpec:
         if self.schema is not None:
             put(self, "schema", to_json_schema(self.schema))
         settings = self.engine.items() if isinstance(self.engine, dict) else self.engine
-        put(self, "engine", tuple(sorted((str(k), v) for k, v in settings)))
+        put(self, "engine", tuple(sorted((str(k), tuple(v) if isinstance(v, list) else v) for k, v in settings)))
         if self.on_long_prompt not in ("error", "truncate"):
             raise ValueError(f"MapSpec.on_long_prompt must be 'error' or 'truncate', got {self.on_long_prompt!r}")
         if self.on_empty not in ON_EMPTY:

@@ -96,3 +96,21 @@ def test_profile_measures_once_and_prints_json(tmp_path, monkeypatch):
     assert len(calls) == 1
     runner.invoke(profile_cmd, ["--device", "cpu", "--refresh"])
     assert len(calls) == 2
+
+
+def test_policy_gpus_explains_the_split():
+    """--gpus 2: the CPU budget is shared (each GPU plans within half), the layers split into two stages."""
+    one = json.loads(CliRunner().invoke(policy_cmd, BASE + ["--json"]).output)
+    result = CliRunner().invoke(policy_cmd, BASE + ["--gpus", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    split = data["devices"]
+    assert data["peak_memory_gib"]["cpu"] <= 50 and split["num_gpus"] == 2
+    assert split["predicted_tokens_per_s"] == pytest.approx(2 * data["predicted_tokens_per_s"])
+    if data["policy"]["w_gpu"] < 1:
+        assert split["parallel"] == "pipeline" and split["micro_batches"] == 2
+        assert [s["layers"] for s in split["stages"]][0][0] == 0 and split["stages"][-1]["layers"][1] == 47
+        assert split["stages"][0]["layers"][1] + 1 == split["stages"][1]["layers"][0]
+    assert "devices" not in one
+    text = CliRunner().invoke(policy_cmd, BASE + ["--gpus", "2"]).output
+    assert "2 GPUs" in text and ("stage 1  layers" in text or "data-parallel" in text)

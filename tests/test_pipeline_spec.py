@@ -183,3 +183,18 @@ def test_duckdb_type_names():
 def test_step_models_are_typed():
     pipeline = Pipeline.from_dict(yaml.safe_load(BASE.replace("sink:", "  - select: [a]\nsink:")))
     assert isinstance(pipeline.steps[0], LlmMapStep) and isinstance(pipeline.steps[1], SelectStep)
+
+
+def test_engine_devices(tmp_path):
+    """`engine.devices` / `engine.parallel` reach `LLM(...)`'s keywords; a list becomes a hashable setting."""
+    from llmops.core import MapSpec
+
+    pipeline = _load(tmp_path, "engine: {devices: [0, 1], parallel: pipeline}\n" + BASE)
+    kwargs = pipeline.engine.llm_kwargs()
+    assert kwargs == {"devices": [0, 1], "parallel": "pipeline"}
+    spec = MapSpec("Classify {body}", engine=kwargs)
+    assert dict(spec.engine)["devices"] == (0, 1) and hash(spec) == hash(MapSpec("Classify {body}", engine=kwargs))
+    assert _load(tmp_path, "engine: {devices: auto}\n" + BASE).engine.llm_kwargs() == {"devices": "auto"}
+    message = _error(tmp_path, "engine: {devices: [0, true]}\n" + BASE)
+    assert "p.yaml:1:" in message and "engine.devices" in message
+    assert "engine.parallel" in _error(tmp_path, "engine: {parallel: tensor}\n" + BASE)

@@ -10,10 +10,13 @@ possible. Torch-free: costs come in as numbers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Literal, Sequence
 
 from engine.models.config import ModelConfig
 from engine.policy import model_stats as ms
+from engine.policy.policy import Policy
+
+Parallel = Literal["auto", "data", "pipeline"]
 
 
 @dataclass(frozen=True)
@@ -90,3 +93,58 @@ def partition_model(config: ModelConfig, num_stages: int, bytes_per_element: int
     return [Stage(s, r, s == 0, s == last,
                   sum(costs[r.start:r.stop]) + (embed if s == 0 else 0.0) + (head if s == last else 0.0))
             for s, r in enumerate(ranges)]
+
+
+def choose_parallel(requested: Parallel, policy: Policy, num_devices: int) -> Literal["single", "data", "pipeline"]:
+    """How a plan's blocks use `num_devices` devices: "single" for one; else `requested`, where "auto" is
+    "data" when the policy keeps every weight on the gpu tier (the model fits one device's budget: one
+    engine per device, nothing to share) and "pipeline" otherwise (each device streams only its stage)."""
+    if requested not in ("auto", "data", "pipeline"):
+        raise ValueError(f"LLM(parallel=...): expected 'auto', 'data' or 'pipeline', got {requested!r}")
+    if num_devices == 1:
+        return "single"
+    if requested != "auto":
+        return requested
+    return "data" if policy.w_gpu >= 1.0 else "pipeline"
+
+
+def device_split(config: ModelConfig, policy: Policy, num_devices: int, bytes_per_element: int,
+                 predicted_tokens_per_s: float, requested: Parallel = "auto") -> dict[str, Any]:
+    """What `LLM(devices=[...N])` does with one device's plan `policy` (JSON-ready): the parallelism, the
+    stages (decoder layers, stored weight bytes), rows in flight, and the predicted tokens/s: N times the
+    one-device prediction, the ideal both ways (data: N independent engines; pipeline: N micro-batches
+    keep every stage busy, each stage streaming only its own layers over its own link), before the
+    pipeline's bubbles (a first-layer load per step and micro-batch, fill and drain): unmeasured."""
+    mode = choose_parallel(requested, policy, num_devices)
+    out: dict[str, Any] = {"num_gpus": num_devices, "parallel": mode, "rows_in_flight": num_devices * policy.block_size,
+                           "predicted_tokens_per_s": num_devices * predicted_tokens_per_s,
+                           "one_gpu_predicted_tokens_per_s": predicted_tokens_per_s}
+    if mode == "pipeline":
+        stages = partition_model(config, num_devices, bytes_per_element, policy.compress_weights)
+        out["micro_batches"] = num_devices
+        out["stages"] = [{"stage": st.index, "layers": [st.layers.start, st.layers.stop - 1], "embed": st.first,
+                          "head": st.last, "weight_bytes": st.cost} for st in stages]
+    return out
+
+
+def explain_split(split: dict[str, Any]) -> str:
+    """`device_split`'s result as a few readable lines."""
+    n, mode = split["num_gpus"], split["parallel"]
+    gib = 1024 ** 3
+    if mode == "single":
+        return "  devices    one GPU"
+    lines = []
+    if mode == "data":
+        lines.append(f"  devices    {n} GPUs, data-parallel: one engine per GPU with this policy, "
+                     f"blocks dealt to the free GPU ({split['rows_in_flight']} rows in flight)")
+    else:
+        lines.append(f"  devices    {n} GPUs, pipeline-parallel: {split['micro_batches']} micro-batches of one "
+                     f"block each ({split['rows_in_flight']} rows in flight), each GPU its own stage:")
+        for st in split["stages"]:
+            extra = " + embedding" if st["embed"] else ""
+            extra += " + head" if st["head"] else ""
+            lines.append(f"    stage {st['stage']}  layers {st['layers'][0]}-{st['layers'][1]}{extra}: "
+                         f"{st['weight_bytes'] / gib:.2f} GiB of weights")
+    lines.append(f"  predicted  {split['predicted_tokens_per_s']:.1f} tokens/s ideal ({n} x "
+                 f"{split['one_gpu_predicted_tokens_per_s']:.1f}; bubbles not modelled, unmeasured)")
+    return "\n".join(lines)

@@ -202,7 +202,9 @@ class Sink(_Strict):
 
 
 class EngineSettings(_Strict):
-    """Arguments of `engine.LLM(...)`. Sizes are bytes or strings like "16GiB"; None: no budget."""
+    """Arguments of `engine.LLM(...)`. Sizes are bytes or strings like "16GiB"; None: no budget. `devices`:
+    "auto" (every visible GPU) or a list of CUDA indices / device strings, `parallel` how blocks use them
+    ("auto": data-parallel when the model's weights fit each GPU's budget, else pipeline stages)."""
 
     policy: str = "auto"
     gpu_memory: Annotated[int | str | None, BeforeValidator(_not_bool)] = None
@@ -210,6 +212,8 @@ class EngineSettings(_Strict):
     disk_dir: PathStr | None = None
     dtype: str = "auto"
     device: str = "auto"
+    devices: Literal["auto"] | list[Int | str] | None = None
+    parallel: Literal["auto", "data", "pipeline"] = "auto"
     compress_weights: bool = False
     compress_cache: bool = False
 
