@@ -203,24 +203,32 @@ def machine() -> dict[str, Any]:
 
 
 # ---- device memory
-def reset_peak() -> None:
-    """Reset torch's peak-memory counters on the current GPU (no-op without one)."""
+def reset_peak(devices: int = 1) -> None:
+    """Reset torch's peak-memory counters on the first `devices` GPUs (no-op without one)."""
     if cuda_available():
         import torch
 
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        for index in range(devices):
+            torch.cuda.synchronize(index)
+            torch.cuda.reset_peak_memory_stats(index)
 
 
-def peak_gib() -> dict[str, float | None]:
-    """{"peak_device_gib": max allocated, "peak_reserved_gib": max reserved} since the last reset; None on CPU."""
+def peak_gib(devices: int = 1) -> dict[str, Any]:
+    """{"peak_device_gib": max allocated, "peak_reserved_gib": max reserved} since the last reset, the
+    largest over the first `devices` GPUs (with several, also "peak_device_gib_per_gpu"); None on CPU."""
     if not cuda_available():
         return {"peak_device_gib": None, "peak_reserved_gib": None}
     import torch
 
-    torch.cuda.synchronize()
-    return {"peak_device_gib": round(torch.cuda.max_memory_allocated() / GIB, 3),
-            "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / GIB, 3)}
+    allocated, reserved = [], []
+    for index in range(devices):
+        torch.cuda.synchronize(index)
+        allocated.append(round(torch.cuda.max_memory_allocated(index) / GIB, 3))
+        reserved.append(round(torch.cuda.max_memory_reserved(index) / GIB, 3))
+    out: dict[str, Any] = {"peak_device_gib": max(allocated), "peak_reserved_gib": max(reserved)}
+    if devices > 1:
+        out["peak_device_gib_per_gpu"] = allocated
+    return out
 
 
 def size_gib(value: int | str | None) -> float | None:

@@ -16,12 +16,19 @@ gen_len, num_prompts, gpu_memory_gib, tokens_per_s (generated tokens over prefil
 rows_per_h (wrangle; and rows_1m_h), roofline (the policy's floors, `roofline.py`), roofline_fraction
 (floor time / measured time), peak_device_gib (torch's max allocated; None on a CPU), device, commit,
 command; with --profile also `profile` (`engine.runtime.step_profile`: per layer, prefill and decode).
+Several GPUs (`--gpus N`, repeatable; `throughput_multi.py`): each llmops configuration runs once per N on
+the same rows (default: one block per GPU of the largest N), and every record holds `num_gpus`, `parallel`
+(pipeline / data), `tokens_digest` (sha256 of every row's greedy tokens), and for N > 1 `tokens_match_1gpu`
+and `speedup_vs_1gpu` (the 1-GPU record's wall time over this one's) when `--gpus 1` ran too; the roofline
+floor of N GPUs is the one-GPU floor / N; `peak_device_gib` is the largest over the GPUs.
 
     python benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB --policy auto \\
         --policy 4bit_w_cpu_cache_gpu_b48 --system llmops --system flexgen
     python benchmarks/throughput.py --workload wrangle --model llama-3-70b --rows 1536 --gpu-memory 16GiB
     python benchmarks/throughput.py --workload flexgen --model tiny-opt --prompt-len 16 --gen-len 4 \\
         --num-prompts 8 --gpu-memory none --profile --out /tmp/smoke.jsonl     # CPU smoke test
+    NCCL_NVLS_ENABLE=0 python benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB \
+        --policy 4bit_w_cpu_cache_gpu_b48 --gpus 1 --gpus 2      # 1-GPU and 2-GPU records side by side
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_
 from bench_common import (GIB, Timer, add_record_args, new_record, new_run_id, peak_gib, release_memory,  # noqa: E402
                           reset_peak, results_path, rewrite_jsonl, rows_per_hour, torch_device)
 from roofline import roofline  # noqa: E402
+from throughput_multi import TokenRecorder, run_multi, tokens_digest  # noqa: E402
 from throughput_peers import run_accelerate, run_flexgen  # noqa: E402
 
 import torch  # noqa: E402
@@ -47,7 +55,6 @@ from engine.policy.cost_model import Workload  # noqa: E402
 from engine.policy.hardware import reference_profile  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
-from engine.runtime.selector import GreedyToEnd  # noqa: E402
 from engine.runtime.step_profile import StepProfile  # noqa: E402
 from engine.util.sizes import parse_size  # noqa: E402
 
@@ -133,17 +140,18 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
         n = policy.block_size
         blocks = [prompts[s:s + n] for s in range(0, len(prompts), n)]
         if args.warmup:
-            ex.generate_block(blocks[0], [1] * len(blocks[0]), GreedyToEnd())
+            ex.generate_block(blocks[0], [1] * len(blocks[0]), TokenRecorder())
         prof = StepProfile(device, [s.kind for s in ex.specs]) if args.profile else None
         ex.profiler = prof
         reset_peak()
-        counter, prefill, decode, steps = GreedyToEnd(), 0.0, 0.0, 0
+        recorders, prefill, decode, steps = [TokenRecorder() for _ in blocks], 0.0, 0.0, 0
         with Timer() as run:
-            for block in blocks:
-                ex.generate_block(block, [args.gen_len] * len(block), counter)
+            for block, rec in zip(blocks, recorders):
+                ex.generate_block(block, [args.gen_len] * len(block), rec)
                 prefill, decode, steps = prefill + ex.stats["prefill_s"], decode + ex.stats["decode_s"], steps + 1
         out.update(ok=True, total_s=run.seconds, prefill_s=prefill, decode_s=decode, blocks=steps,
-                   generated_tokens=counter.tokens, executor_memory=ex.memory_report(), **peak_gib())
+                   generated_tokens=sum(r.tokens for r in recorders), tokens_digest=tokens_digest(recorders),
+                   executor_memory=ex.memory_report(), **peak_gib())
         if prof is not None:
             out["profile"] = prof.report()
     except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError, ValueError) as err:
@@ -191,6 +199,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--profile", action="store_true", help="write the per-layer step profile (serializes overlap)")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false")
+    ap.add_argument("--gpus", type=int, action="append",
+                    help="GPUs of this host (repeatable, e.g. --gpus 1 --gpus 2: both on the same rows, whose "
+                         "default count is then one block per GPU of the largest N); N > 1 runs pipeline stages "
+                         "(or data-parallel lanes when the policy keeps every weight on the GPU); without CUDA, "
+                         "N CPU devices")
     ap.add_argument("--out-dir", type=Path, default=None, help="folder (default $OUT, else benchmarks/results)")
     add_record_args(ap, out_help="the JSONL file (default OUT_DIR/throughput_<workload>.jsonl)")
     args = ap.parse_args(argv)
@@ -213,33 +226,46 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows_arg = args.rows if args.rows is not None else w["rows"]
     records = []
 
-    def emit(system: str, name: str, res: dict, rows: int, floor: dict | None) -> None:
+    gpus = sorted(set(args.gpus or [1]))
+
+    def emit(system: str, name: str, res: dict, rows: int, floor: dict | None, num_gpus: int = 1) -> dict:
         rec = new_record("throughput", args.workload, args.model, system=system, gpu_memory=gpu_text,
                          commit=args.commit, run_id=run_id)
         rec.update(prompt_len=args.prompt_len, gen_len=args.gen_len, num_prompts=rows, prefix_len=prefix_len,
-                   config_name=name, roofline_fraction=None)
+                   config_name=name, roofline_fraction=None, num_gpus=num_gpus)
         rec = finish(rec, res, rows, floor, wrangle)
-        rewrite_jsonl(out, rec, ("run_id", "system", "config_name"))
+        rewrite_jsonl(out, rec, ("run_id", "system", "config_name", "num_gpus"))
         records.append(rec)
         print(json.dumps({k: rec.get(k) for k in ("system", "config_name", "ok", "skipped", "tokens_per_s",
-                                                  "rows_per_h", "roofline_fraction", "peak_device_gib", "error")}),
+                                                  "rows_per_h", "roofline_fraction", "peak_device_gib", "error",
+                                                  "num_gpus", "tokens_match_1gpu", "speedup_vs_1gpu")}),
               flush=True)
+        return rec
 
     for system in args.system or ["llmops"]:
         if system in ("llmops", "llmops-no-pipeline"):
             for name, policy, predicted in choose(args, config, device, dtype, profile, rows_arg):
                 if system == "llmops-no-pipeline":
                     policy = Policy.from_dict({**policy.to_dict(), "overlap": False})
-                rows = rows_arg or policy.block_size
+                rows = rows_arg or policy.block_size * max(gpus)
                 prompts = make_prompts(config.vocab_size, rows, args.prompt_len, prefix_len)
-                res = run_llmops(loaded, policy, prompts, args, device, dtype)
-                res["predicted"] = predicted
                 g = policy.gpu_batch_size
                 prefill_tokens = rows * (args.prompt_len - prefix_len) + -(-rows // g) * prefix_len
                 floor = roofline(config, policy, profile, rows=rows, prefill_tokens=prefill_tokens,
                                  prompt_len=args.prompt_len, gen_len=args.gen_len,
                                  bytes_per_element=torch.empty((), dtype=dtype).element_size())
-                emit(system, f"{name}:{policy.gpu_batch_size}x{policy.num_gpu_batches}", res, rows, floor)
+                one: dict | None = None
+                for n in gpus:
+                    res = run_llmops(loaded, policy, prompts, args, device, dtype) if n == 1 else \
+                        run_multi(loaded, policy, prompts, args, n, dtype)
+                    res["predicted"] = predicted
+                    if one is not None and res.get("ok") and one.get("ok"):
+                        res["tokens_match_1gpu"] = res["tokens_digest"] == one["tokens_digest"]
+                        res["speedup_vs_1gpu"] = one["total_s"] / res["total_s"]
+                    n_floor = None if floor is None else {**floor, "floor_s": floor["floor_s"] / n, "num_gpus": n}
+                    rec = emit(system, f"{name}:{policy.gpu_batch_size}x{policy.num_gpu_batches}", res, rows,
+                               n_floor, n)
+                    one = rec if n == 1 else one
         elif system == "flexgen":
             fp = FLEXGEN_POLICIES.get(args.model, {})
             rows = fp.get("gpu_batch_size", 1) * fp.get("num_gpu_batches", 1)

@@ -28,7 +28,7 @@ from engine.policy.partition import Parallel, choose_parallel, partition_model
 from engine.policy.policy import Policy
 from engine.runtime.executor import Executor
 from engine.runtime.pipeline import Pipeline
-from engine.runtime.stage_executor import StageExecutor
+from engine.runtime.stage_executor import StageExecutor, close_on_devices, on_device
 
 __all__ = ["DeviceSpec", "Lanes", "Parallel", "build_pipeline", "choose_parallel", "host_share", "locked",
            "resolve_devices"]
@@ -66,9 +66,9 @@ def host_share(cpu_memory: int | None, num_devices: int) -> int | None:
     return None if cpu_memory is None else cpu_memory // num_devices
 
 
-def device_disk_dir(disk_dir: Path | None, n: int) -> Path | None:
+def device_disk_dir(disk_dir: str | Path | None, n: int) -> Path | None:
     """Device n's own folder for the disk tier (its weight files and scratch)."""
-    return None if disk_dir is None else disk_dir / f"device{n}"
+    return None if disk_dir is None else Path(disk_dir) / f"device{n}"
 
 
 def build_pipeline(loaded, policy: Policy, devices: list[torch.device], *, dtype: torch.dtype,
@@ -78,12 +78,12 @@ def build_pipeline(loaded, policy: Policy, devices: list[torch.device], *, dtype
     built: list[StageExecutor] = []
     try:
         for st, dev in zip(stages, devices):
-            built.append(StageExecutor(loaded, policy, st, device=dev, dtype=dtype, gpu_memory=gpu_memory,
-                                       cpu_memory=host_share(cpu_memory, len(devices)),
-                                       disk_dir=device_disk_dir(disk_dir, st.index)))
+            with on_device(dev):               # placement synchronizes the current device's stream
+                built.append(StageExecutor(loaded, policy, st, device=dev, dtype=dtype, gpu_memory=gpu_memory,
+                                           cpu_memory=host_share(cpu_memory, len(devices)),
+                                           disk_dir=device_disk_dir(disk_dir, st.index)))
     except BaseException:
-        for ex in built:
-            ex.close()
+        close_on_devices(built)
         raise
     return Pipeline(built)
 
@@ -97,9 +97,10 @@ class Lanes:
         self.executors: list[Executor] = []
         try:
             for n, dev in enumerate(devices):
-                self.executors.append(Executor(loaded, policy, device=dev, dtype=dtype, gpu_memory=gpu_memory,
-                                               cpu_memory=host_share(cpu_memory, len(devices)),
-                                               disk_dir=device_disk_dir(disk_dir, n)))
+                with on_device(dev):
+                    self.executors.append(Executor(loaded, policy, device=dev, dtype=dtype, gpu_memory=gpu_memory,
+                                                   cpu_memory=host_share(cpu_memory, len(devices)),
+                                                   disk_dir=device_disk_dir(disk_dir, n)))
         except BaseException:
             self.close()
             raise
@@ -115,9 +116,8 @@ class Lanes:
         def work(job: Callable[[Executor], object]) -> object:
             ex = free.get()
             try:
-                if ex.device.type == "cuda":
-                    torch.cuda.set_device(ex.device)
-                return job(ex)
+                with on_device(ex.device):
+                    return job(ex)
             finally:
                 free.put(ex)
 
@@ -136,8 +136,7 @@ class Lanes:
         return [ex.memory_report() for ex in self.executors]
 
     def close(self) -> None:
-        for ex in self.executors:
-            ex.close()
+        close_on_devices(self.executors)
         self.executors = []
 
 

@@ -43,3 +43,22 @@ def test_wrangle_workload_reports_rows_per_hour(tmp_path):
     assert rec["ok"] and rec["blocks"] == 3 and rec["prefix_len"] == 16
     assert rec["rows_per_h"] == pytest.approx(10 * 3600 / rec["total_s"], rel=1e-3)
     assert rec["rows_1m_h"] == pytest.approx(1e6 / rec["rows_per_h"])
+
+
+@pytest.mark.parametrize("policy, parallel", [
+    ('{"gpu_batch_size": 2, "num_gpu_batches": 2, "w_gpu": 0.0, "w_cpu": 1.0}', "pipeline"),
+    ('{"gpu_batch_size": 2, "num_gpu_batches": 1}', "data"),
+])
+def test_gpus_records_side_by_side(tmp_path, policy, parallel):
+    """--gpus 1 --gpus 2 (two CPU devices here): same rows, same tokens, num_gpus on every record."""
+    out = tmp_path / "g.jsonl"
+    one, two = throughput.main(["--workload", "flexgen", "--model", "tiny-opt", "--prompt-len", "10", "--gen-len", "3",
+                                "--gpu-memory", "none", "--policy", policy, "--gpus", "1", "--gpus", "2",
+                                "--out", str(out)])
+    assert [json.loads(line)["num_gpus"] for line in out.read_text().splitlines()] == [1, 2]
+    assert one["ok"] and two["ok"] and one["num_prompts"] == two["num_prompts"] == 2 * one["policy"]["gpu_batch_size"] \
+        * one["policy"]["num_gpu_batches"]
+    assert two["parallel"] == parallel and two["devices"] == ["cpu", "cpu"]
+    assert two["generated_tokens"] == one["generated_tokens"] == one["num_prompts"] * 3
+    assert two["tokens_match_1gpu"] is True and two["tokens_digest"] == one["tokens_digest"]
+    assert two["speedup_vs_1gpu"] > 0 and two["roofline"]["floor_s"] == pytest.approx(one["roofline"]["floor_s"] / 2)

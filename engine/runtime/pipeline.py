@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from engine.runtime.pipeline_schedule import stage_order
-from engine.runtime.stage_executor import MicroBlock, StageExecutor
+from engine.runtime.stage_executor import MicroBlock, StageExecutor, close_on_devices, on_device
 
 _ENDED = "ended"      # payload: micro-batch m's rows have all ended
 _ABORT = "abort"      # another stage failed
@@ -60,7 +60,8 @@ class Pipeline:
         inbox: list[queue.Queue] = [queue.Queue() for _ in range(S)]
         errors: list[BaseException] = []
         for st in self.stages:
-            st.open(blocks)
+            with on_device(st.device):
+                st.open(blocks)
         try:
             threads = [threading.Thread(target=self._run_stage, name=f"pipeline-stage-{s}",
                                         args=(s, num_steps, len(blocks), inbox, errors)) for s in range(S)]
@@ -70,7 +71,8 @@ class Pipeline:
                 t.join()
         finally:
             for st in self.stages:
-                st.close_blocks()
+                with on_device(st.device):
+                    st.close_blocks()
         real = [e for e in errors if not isinstance(e, _Aborted)]
         if real or errors:
             raise (real or errors)[0]
@@ -94,7 +96,7 @@ class Pipeline:
 
         try:
             if st.device.type == "cuda":
-                torch.cuda.set_device(st.device)
+                torch.cuda.set_device(st.device)       # this thread's current device for its whole life
             for i, m in stage_order(num_steps, num_micro):
                 if m in ended:
                     continue
@@ -129,5 +131,4 @@ class Pipeline:
         return [st.memory_report() for st in self.stages]
 
     def close(self) -> None:
-        for st in self.stages:
-            st.close()
+        close_on_devices(self.stages)

@@ -13,8 +13,9 @@ prefetches within a step only), one layer's load per (step, micro-batch) of a st
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Iterator
+from typing import ContextManager, Iterator
 
 import torch
 
@@ -33,6 +34,19 @@ def step_actions(i: int, num_layers: int, num_batches: int, *, paged: bool) -> I
     """The block schedule of one step at step index i (its loads, computes, stores and syncs)."""
     for a in block_schedule(1, num_layers, num_batches, paged=paged):
         yield a._replace(i=i)
+
+
+def on_device(device: torch.device) -> ContextManager:
+    """`device` as the current CUDA device of this thread (code that uses the current device or stream,
+    such as a transfer's wait, then means this one); a no-op for a CPU device."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def close_on_devices(executors: list[Executor]) -> None:
+    """Close each executor with its device current."""
+    for ex in executors:
+        with on_device(ex.device):
+            ex.close()
 
 
 def to_device(h: Hidden, device: torch.device) -> Hidden:

@@ -1,0 +1,93 @@
+"""Several GPUs of one host for benchmarks/throughput.py (`--gpus N`): the same rows through N devices.
+
+`run_multi` runs the blocks of one policy on N devices as `LLM(devices=...)` would (`engine.parallel`):
+pipeline stages when the policy streams weights (N blocks at a time as the N micro-batches), data-parallel
+lanes when every weight stays on the GPU. `TokenRecorder` is GreedyToEnd that also keeps every row's tokens,
+so `tokens_digest` of the 1-GPU and N-GPU runs of one call can be compared (`tokens_match_1gpu`).
+On a machine without CUDA the N "devices" are N CPU devices (a smoke test of the same code).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import traceback
+from typing import Sequence
+
+from bench_common import Timer, peak_gib, release_memory, reset_peak
+
+import torch
+
+from engine.parallel import Lanes, build_pipeline, choose_parallel
+from engine.policy.policy import Policy
+from engine.runtime.selector import GreedyToEnd
+
+
+class TokenRecorder(GreedyToEnd):
+    """GreedyToEnd (argmax, never finishes a row) keeping each row's tokens in `rows`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[int, list[int]] = {}
+
+    def __call__(self, rows: Sequence[int], logits: torch.Tensor) -> tuple[list[int], list[bool]]:
+        picked, finished = super().__call__(rows, logits)
+        for r, t in zip(rows, picked):
+            self.rows.setdefault(r, []).append(t)
+        return picked, finished
+
+
+def tokens_digest(recorders: Sequence[TokenRecorder]) -> str:
+    """sha256 of every block's rows' tokens, in block order."""
+    data = [sorted(rec.rows.items()) for rec in recorders]
+    return hashlib.sha256(json.dumps(data).encode()).hexdigest()
+
+
+def gpu_devices(n: int) -> list[torch.device]:
+    """The first n CUDA devices, or n CPU devices without CUDA."""
+    if not torch.cuda.is_available():
+        return [torch.device("cpu")] * n
+    if torch.cuda.device_count() < n:
+        raise ValueError(f"--gpus {n}: only {torch.cuda.device_count()} CUDA devices are visible")
+    return [torch.device("cuda", i) for i in range(n)]
+
+
+def run_multi(loaded, policy: Policy, prompts: list[list[int]], args, n: int, dtype: torch.dtype) -> dict:
+    """The rows in blocks of policy.block_size on n devices (a warm-up of one token per block first)."""
+    devices = gpu_devices(n)
+    mode = choose_parallel("auto", policy, n)
+    out: dict = {"policy": policy.to_dict(), "parallel": mode, "devices": [str(d) for d in devices]}
+    engine = None
+    size = policy.block_size
+    blocks = [prompts[s:s + size] for s in range(0, len(prompts), size)]
+    try:
+        with Timer() as init:
+            build = Lanes if mode == "data" else build_pipeline
+            engine = build(loaded, policy, devices, dtype=dtype, gpu_memory=args.gpu_memory,
+                           cpu_memory=args.cpu_memory, disk_dir=args.disk_dir)
+        out["init_s"] = init.seconds
+        recorders = [TokenRecorder() for _ in blocks]
+        if mode == "data":
+            def job(block, rec, gen):
+                return lambda ex: ex.generate_block(block, [gen] * len(block), rec)
+            warm = [job(blocks[0], GreedyToEnd(), 1) for _ in devices] if args.warmup else []
+            list(engine.run(warm))
+            reset_peak(n)
+            with Timer() as run:
+                list(engine.run([job(b, rec, args.gen_len) for b, rec in zip(blocks, recorders)]))
+        else:
+            if args.warmup:
+                engine.generate([(b, [1] * len(b), GreedyToEnd()) for b in blocks[:n]])
+            reset_peak(n)
+            with Timer() as run:
+                for start in range(0, len(blocks), n):
+                    engine.generate([(b, [args.gen_len] * len(b), rec)
+                                     for b, rec in zip(blocks[start:start + n], recorders[start:start + n])])
+        out.update(ok=True, total_s=run.seconds, blocks=len(blocks), generated_tokens=sum(r.tokens for r in recorders),
+                   tokens_digest=tokens_digest(recorders), executor_memory=engine.memory_report(), **peak_gib(n))
+    except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError, ValueError) as err:
+        out.update(ok=False, error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()[-2000:])
+    finally:
+        if engine is not None:
+            engine.close()
+        release_memory()
+    return out
