@@ -95,12 +95,13 @@ POLICIES = {
 }
 
 
-def _micro_blocks(prompts, max_new, block_size):
+def micro_blocks(prompts, max_new, block_size):
     return [(prompts[s:s + block_size], max_new[s:s + block_size]) for s in range(0, len(prompts), block_size)]
 
 
-def _one_executor(loaded, policy, blocks, stop_ids, disk_dir):
-    ex = Executor(loaded, policy, device=torch.device("cpu"), dtype=torch.float32, disk_dir=disk_dir)
+def one_executor(loaded, policy, blocks, stop_ids, disk_dir, device="cpu"):
+    """Each block through one executor on `device`: the tokens per block."""
+    ex = Executor(loaded, policy, device=torch.device(device), dtype=torch.float32, disk_dir=disk_dir)
     try:
         out = []
         for prompts, max_new in blocks:
@@ -112,10 +113,11 @@ def _one_executor(loaded, policy, blocks, stop_ids, disk_dir):
         ex.close()
 
 
-def _pipeline(loaded, policy, blocks, stop_ids, disk_dir, num_stages):
-    stages = partition_model(loaded.config, num_stages, 4, compress=False)
-    pipe = Pipeline([StageExecutor(loaded, policy, st, device=torch.device("cpu"), dtype=torch.float32,
-                                   disk_dir=disk_dir / f"stage{st.index}") for st in stages])
+def pipeline_tokens(loaded, policy, blocks, stop_ids, disk_dir, devices):
+    """The blocks as the micro-batches of a pipeline with one stage per entry of `devices`: tokens per block."""
+    stages = partition_model(loaded.config, len(devices), 4, compress=False)
+    pipe = Pipeline([StageExecutor(loaded, policy, st, device=torch.device(dev), dtype=torch.float32,
+                                   disk_dir=disk_dir / f"stage{st.index}") for st, dev in zip(stages, devices)])
     try:
         selectors = [GreedyRecorder(stop_ids) for _ in blocks]
         pipe.generate([(p, n, sel) for (p, n), sel in zip(blocks, selectors)])
@@ -126,14 +128,14 @@ def _pipeline(loaded, policy, blocks, stop_ids, disk_dir, num_stages):
 
 @pytest.mark.parametrize("name", list(POLICIES))
 @pytest.mark.parametrize("kind", ["llama", "opt", "mixtral"])
-def test_two_stages_match_one_executor(tiny_checkpoints, tmp_path, kind, name):
+def test_two_stages_matchone_executor(tiny_checkpoints, tmp_path, kind, name):
     loaded = load_model(tiny_checkpoints[kind], dtype=torch.float32)
     policy = Policy(**{"gpu_batch_size": 2, "num_gpu_batches": 2, **POLICIES[name]})
     prompts = make_prompts(9, loaded.config.vocab_size, seed=5)
     max_new = [6, 9, 3, 9, 7, 9, 5, 9, 8]
-    blocks = _micro_blocks(prompts, max_new, policy.block_size)       # 3 micro-batches: 4, 4 and 1 rows
-    want = _one_executor(loaded, policy, blocks, (), tmp_path / "one")
-    got = _pipeline(loaded, policy, blocks, (), tmp_path / "pipe", 2)
+    blocks = micro_blocks(prompts, max_new, policy.block_size)       # 3 micro-batches: 4, 4 and 1 rows
+    want = one_executor(loaded, policy, blocks, (), tmp_path / "one")
+    got = pipeline_tokens(loaded, policy, blocks, (), tmp_path / "pipe", ["cpu", "cpu"])
     assert got == want
     assert [len(t) for b in got for _, t in sorted(b.items())] == max_new
 
@@ -158,12 +160,12 @@ def test_stages_with_early_stops_match(four_layer_llama, tmp_path, stages):
     policy = Policy(gpu_batch_size=2, num_gpu_batches=2)
     prompts = make_prompts(10, loaded.config.vocab_size, seed=8)
     max_new = [12] * 10
-    blocks = _micro_blocks(prompts, max_new, policy.block_size)
-    plain = _one_executor(loaded, policy, blocks, (), tmp_path / "plain")
+    blocks = micro_blocks(prompts, max_new, policy.block_size)
+    plain = one_executor(loaded, policy, blocks, (), tmp_path / "plain")
     stop = (plain[0][0][2], plain[1][1][4])                          # tokens some rows emit mid-way
-    want = _one_executor(loaded, policy, blocks, stop, tmp_path / "one")
+    want = one_executor(loaded, policy, blocks, stop, tmp_path / "one")
     assert any(len(t) < 12 for b in want for t in b.values())
-    got = _pipeline(loaded, policy, blocks, stop, tmp_path / "pipe", stages)
+    got = pipeline_tokens(loaded, policy, blocks, stop, tmp_path / "pipe", ["cpu"] * stages)
     assert got == want
 
 
