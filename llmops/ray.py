@@ -12,7 +12,9 @@ batches (its defaults for actor pools: `max_restarts=-1`, task retries on).
 
 `batch_rows` rows go to an actor per call (default `BATCH_ROWS`: several of a typical plan's blocks, so an
 actor's engine fills its blocks); `num_engines` actors run at once, each with `gpus_per_engine` GPUs
-(0: CPU actors). Order: with `DataContext.execution_options.preserve_order` (the pipeline runner sets it)
+(0: CPU actors). Several GPUs: `num_engines` actors of one GPU each are data parallelism across
+the cluster; an actor of `gpus_per_engine` N > 1 sees only its N GPUs, so `engine.devices: auto` makes its
+engine use all N (data- or pipeline-parallel inside the actor, `engine.parallel`). Order: with `DataContext.execution_options.preserve_order` (the pipeline runner sets it)
 rows come out in input order.
 
 This module imports Ray: install the extra with `pip install "llmops[ray]"`.
@@ -75,6 +77,18 @@ def check_room(num_engines: int, gpus_per_engine: float) -> None:
                          f"GPUs; the Ray cluster has {gpus:g}")
 
 
+def check_devices(spec: MapSpec, gpus_per_engine: float) -> None:
+    """Raise ValueError when the spec's `devices` names more CUDA devices than an actor is given (Ray makes
+    only an actor's own GPUs visible to it, so the engine would not find them)."""
+    devices = dict(spec.engine).get("devices")
+    if isinstance(devices, (list, tuple)):
+        cuda = [d for d in devices if isinstance(d, int) or str(d).startswith("cuda")]
+        if len(cuda) > gpus_per_engine:
+            raise ValueError(f"engine devices {list(devices)} name {len(cuda)} GPU(s) but each Ray engine actor gets "
+                             f"{gpus_per_engine:g} (gpus_per_engine); use devices: auto with gpus_per_engine "
+                             f"{len(cuda)}")
+
+
 def map_dataset(ds: ray.data.Dataset, spec: MapSpec, *, output: str = "llm_output", with_meta: bool = False,
                 num_engines: int = 1, gpus_per_engine: float = 0, batch_rows: int = BATCH_ROWS,
                 cache_dir: CacheDir = None, engine_factory: Any = None) -> ray.data.Dataset:
@@ -88,6 +102,7 @@ def map_dataset(ds: ray.data.Dataset, spec: MapSpec, *, output: str = "llm_outpu
         raise ValueError(f"num_engines must be at least 1, got {num_engines}")
     if batch_rows < 1:
         raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
+    check_devices(spec, gpus_per_engine)
     check_room(num_engines, gpus_per_engine)
     return ds.map_batches(
         LlmActor, batch_format="pyarrow", batch_size=batch_rows, zero_copy_batch=True,
@@ -96,4 +111,4 @@ def map_dataset(ds: ray.data.Dataset, spec: MapSpec, *, output: str = "llm_outpu
         concurrency=num_engines, num_gpus=gpus_per_engine)
 
 
-__all__ = ["BATCH_ROWS", "ClusterTooSmall", "LlmActor", "check_room", "map_dataset"]
+__all__ = ["BATCH_ROWS", "ClusterTooSmall", "LlmActor", "check_devices", "check_room", "map_dataset"]

@@ -157,3 +157,15 @@ def test_a_semantic_step_on_ray_runs_on_the_driver_and_matches_the_local_runner(
         sinks[runner] = pq.read_table(folder / "out.parquet")
     assert sinks["ray"].to_pylist() == sinks["local"].to_pylist()
     assert sinks["ray"].column_names[-1] == "answer" and sinks["ray"].num_rows <= 10
+
+
+def test_engine_devices_must_fit_an_actor():
+    """An actor sees only its own GPUs: a devices list naming more is refused before Ray runs anything."""
+    from llmops.ray import check_devices
+
+    two = MapSpec("Say {x}", engine={"devices": [0, 1]})
+    with pytest.raises(ValueError, match=r"name 2 GPU\(s\) but each Ray engine actor gets 1"):
+        check_devices(two, 1)
+    check_devices(two, 2)
+    check_devices(MapSpec("Say {x}", engine={"devices": "auto"}), 1)
+    check_devices(MapSpec("Say {x}", engine={"devices": ["cpu", "cpu"]}), 0)
