@@ -34,7 +34,7 @@ from engine.fingerprint import output_fingerprint, tokenizer_digest
 from engine.models.config import ModelConfig
 from engine.models.loader import load_model
 from engine.parallel import (
-    DeviceSpec, Lanes, Parallel, build_pipeline, choose_parallel, host_share, locked, resolve_devices,
+    DeviceSpec, Lanes, Parallel, build_pipeline, choose_parallel, host_share, locked, resolve_devices, run_blocks,
 )
 from engine.policy.policy import Policy
 from engine.runtime import executor as executor_mod
@@ -90,11 +90,6 @@ def _size(value: int | str | None, name: str) -> int | None:
         return parse_size(value)
     except ValueError as exc:
         raise ValueError(f"LLM({name}=...): {exc}") from exc
-
-
-def _generate_on(prompts: list[list[int]], decoder: BlockDecoder, executor: Any) -> None:
-    """One block on `executor` (a data-parallel lane's job)."""
-    executor.generate_block(prompts, decoder.max_new_tokens, decoder)
 
 
 class LLM:
@@ -323,18 +318,8 @@ class LLM:
         decoders = [self._decoder(p, params, None if keys is None else [keys[i] for i in idx],
                                   None if report is None else (lambda row, c, idx=idx: report(idx[row], c)))
                     for p, idx in zip(prompts, blocks)]
-        engine = self._get_parallel(mode)
-        if mode == "data":
-            jobs = [functools.partial(_generate_on, p, d) for p, d in zip(prompts, decoders)]
-            for n, _ in engine.run(jobs):
-                yield list(zip(blocks[n], decoders[n].completions()))
-            return
-        S = len(self.devices)
-        for start in range(0, len(blocks), S):
-            group = range(start, min(start + S, len(blocks)))
-            engine.generate([(prompts[n], decoders[n].max_new_tokens, decoders[n]) for n in group])
-            for n in group:
-                yield list(zip(blocks[n], decoders[n].completions()))
+        for n in run_blocks(self._get_parallel(mode), prompts, decoders):
+            yield list(zip(blocks[n], decoders[n].completions()))
 
     def _constraint(self, params: SamplingParams, rows: int) -> GrammarConstraint | None:
         if params.json_schema is None and params.choices is None and params.regex is None:

@@ -15,6 +15,7 @@ single-device path does): the error propagates.
 """
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,7 +32,7 @@ from engine.runtime.pipeline import Pipeline
 from engine.runtime.stage_executor import StageExecutor, close_on_devices, on_device
 
 __all__ = ["DeviceSpec", "Lanes", "Parallel", "build_pipeline", "choose_parallel", "host_share", "locked",
-           "resolve_devices"]
+           "resolve_devices", "run_blocks"]
 DeviceSpec = str | Sequence[int | str] | None
 
 
@@ -138,6 +139,27 @@ class Lanes:
     def close(self) -> None:
         close_on_devices(self.executors)
         self.executors = []
+
+
+def _generate_on(prompts: list[list[int]], selector, executor: Executor) -> None:
+    """One block on `executor` (a lane's job); `selector` is the block's decoder."""
+    executor.generate_block(prompts, selector.max_new_tokens, selector)
+
+
+def run_blocks(engine: Lanes | Pipeline, prompts: list[list[list[int]]], decoders: list) -> Iterator[int]:
+    """Generate block n (`prompts[n]`, rows sorted by length, with its decoder `decoders[n]`, which has
+    `max_new_tokens`) for every n; yield n as each block ends. Lanes: each block on the next free device, in
+    the order they end; a Pipeline: N blocks at a time as its N micro-batches (N = its stages), in order."""
+    if isinstance(engine, Lanes):
+        jobs = [functools.partial(_generate_on, p, d) for p, d in zip(prompts, decoders)]
+        for n, _ in engine.run(jobs):
+            yield n
+        return
+    S = len(engine.stages)
+    for start in range(0, len(prompts), S):
+        group = range(start, min(start + S, len(prompts)))
+        engine.generate([(prompts[n], decoders[n].max_new_tokens, decoders[n]) for n in group])
+        yield from group
 
 
 def locked(fn: Callable[..., None] | None) -> Callable[..., None] | None:

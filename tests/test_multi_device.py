@@ -2,15 +2,13 @@
 completions, in the caller's order, as one device; device lists are validated."""
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
 from engine import LLM, Policy, SamplingParams
 from engine.parallel import Lanes, choose_parallel, resolve_devices
 from engine.runtime.pipeline import Pipeline
-from test_constrain import build_tiny_tokenizer
+from test_job_plan import tiny_llama  # noqa: F401 (the fixture: a tiny random Llama with a tokenizer)
 from test_llm import id_prompts
 
 POLICIES = {
@@ -21,11 +19,8 @@ POLICIES = {
 
 
 @pytest.fixture(scope="module")
-def folder(tiny_checkpoints, tmp_path_factory):
-    path = tmp_path_factory.mktemp("multi") / "llama"
-    shutil.copytree(tiny_checkpoints["llama"], path)
-    build_tiny_tokenizer(path)
-    return path
+def folder(tiny_llama):
+    return tiny_llama
 
 
 def _texts(completions):

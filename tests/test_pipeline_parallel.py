@@ -198,3 +198,18 @@ def test_pipeline_needs_first_and_last_stage(tiny_checkpoints):
             Pipeline([st])
     finally:
         st.close()
+
+
+@pytest.mark.parametrize("kind", ["llama", "opt"])
+def test_shared_prefix_crosses_stages(tiny_checkpoints, tmp_path, kind):
+    """Prompts sharing a system-prompt-like prefix: the prefill's (prefix, rows) hidden pair crosses the stage
+    boundary, and the tokens are those of one executor."""
+    loaded = load_model(tiny_checkpoints[kind], dtype=torch.float32)
+    policy = Policy(gpu_batch_size=3, num_gpu_batches=1, cache_gpu=0.0, cache_cpu=1.0)
+    g = torch.Generator().manual_seed(9)
+    prefix = torch.randint(3, loaded.config.vocab_size, (12,), generator=g).tolist()
+    prompts = sorted((prefix + torch.randint(3, loaded.config.vocab_size, (n,), generator=g).tolist()
+                      for n in (2, 5, 3, 7, 4, 6)), key=len)
+    blocks = micro_blocks(prompts, [5] * 6, policy.block_size)
+    want = one_executor(loaded, policy, blocks, (), tmp_path / "one")
+    assert pipeline_tokens(loaded, policy, blocks, (), tmp_path / "pipe", ["cpu", "cpu"]) == want
