@@ -3,6 +3,7 @@
 # Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all]
 # Several GPUs (not in all): bash benchmarks/gpu_suite.sh multigpu (GPU tests of several devices, OPT-30B on 1 and N
 # GPUs), multigpu-wrangle (Llama-3-70B on 1 and N GPUs); N = every visible GPU (GPUS=N to pick fewer).
+# multigpu-one: the same code on a machine of one GPU (two stages on cuda:0; tokens must match, no speed-up).
 # policy mode: POLICY_MODELS (default opt-6.7b,opt-30b:8) and POLICY_BUDGET_S (default 400) pick its models and time.
 # Results land in $OUT as <benchmark>_<workload>.json (bench_common.results_path) + logs; the lead commits them
 # under benchmarks/results/h200/ (one file per benchmark and workload, replaced by a newer run: history is git's).
@@ -44,7 +45,7 @@ if [[ $what == policy || $what == all ]]; then
     --models "${POLICY_MODELS:-opt-6.7b,opt-30b:8}" 2>&1 \
     | tee "$OUT/policy_validation.log" | tail -30
 fi
-if [[ $what == multigpu || $what == multigpu-wrangle ]]; then
+if [[ $what == multigpu* ]]; then
   # NVLink multicast stays off (the machine's notes); the engine uses no NCCL, but keep them set regardless
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   N=${GPUS:-$(nvidia-smi -L | wc -l)}
@@ -59,4 +60,10 @@ if [[ $what == multigpu-wrangle ]]; then
   python3 benchmarks/throughput.py --workload wrangle --model llama-3-70b --gpu-memory 16GiB --rows $((768 * N)) \
     --policy '{"gpu_batch_size": 192, "num_gpu_batches": 4, "w_gpu": 0.0, "w_cpu": 1.0, "cache_gpu": 0.0, "cache_cpu": 1.0, "act_gpu": 0.0, "act_cpu": 1.0, "compress_weights": true, "compress_cache": true}' \
     --gpus 1 --gpus "$N" --out "$OUT/throughput_wrangle-gpus.jsonl" 2>&1 | tee "$OUT/multigpu_wrangle.log" | tail -30
+fi
+if [[ $what == multigpu-one ]]; then
+  { python3 -m pytest -q -p no:cacheprovider tests/test_gpu_multi.py
+    python3 benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB --gen-len 8 \
+      --policy 4bit_w_cpu_cache_gpu_b48 --gpus 1 --gpus 2 --one-device --out "$OUT/throughput_flexgen-one-gpu-stages.jsonl"
+  } 2>&1 | tee "$OUT/multigpu_one.log" | tail -30
 fi

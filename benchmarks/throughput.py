@@ -18,9 +18,11 @@ rows_per_h (wrangle; and rows_1m_h), roofline (the policy's floors, `roofline.py
 command; with --profile also `profile` (`engine.runtime.step_profile`: per layer, prefill and decode).
 Several GPUs (`--gpus N`, repeatable; `throughput_multi.py`): each llmops configuration runs once per N on
 the same rows (default: one block per GPU of the largest N), and every record holds `num_gpus`, `parallel`
-(pipeline / data), `tokens_digest` (sha256 of every row's greedy tokens), and for N > 1 `tokens_match_1gpu`
+(pipeline / data), `micro_batches` (pipeline: blocks in flight), `tokens_digest` (sha256 of every row's greedy
+tokens), and for N > 1 `tokens_match_1gpu`
 and `speedup_vs_1gpu` (the 1-GPU record's wall time over this one's) when `--gpus 1` ran too; the roofline
-floor of N GPUs is the one-GPU floor / N; `peak_device_gib` is the largest over the GPUs.
+floor of N GPUs is the one-GPU floor / N; `peak_device_gib` is the largest over the GPUs. `--one-device` puts
+the N > 1 runs' stages on cuda:0 (the same code on one GPU: tokens must match, no speed-up expected).
 
     python benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB --policy auto \\
         --policy 4bit_w_cpu_cache_gpu_b48 --system llmops --system flexgen
@@ -204,6 +206,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          "default count is then one block per GPU of the largest N); N > 1 runs pipeline stages "
                          "(or data-parallel lanes when the policy keeps every weight on the GPU); without CUDA, "
                          "N CPU devices")
+    ap.add_argument("--one-device", action="store_true",
+                    help="the N > 1 runs put every stage or lane on cuda:0 (the same code on a machine of one GPU)")
     ap.add_argument("--out-dir", type=Path, default=None, help="folder (default $OUT, else benchmarks/results)")
     add_record_args(ap, out_help="the JSONL file (default OUT_DIR/throughput_<workload>.jsonl)")
     args = ap.parse_args(argv)

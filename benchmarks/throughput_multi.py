@@ -4,7 +4,9 @@
 pipeline stages when the policy streams weights (N blocks at a time as the N micro-batches), data-parallel
 lanes when every weight stays on the GPU. `TokenRecorder` is GreedyToEnd that also keeps every row's tokens,
 so `tokens_digest` of the 1-GPU and N-GPU runs of one call can be compared (`tokens_match_1gpu`).
-On a machine without CUDA the N "devices" are N CPU devices (a smoke test of the same code).
+On a machine without CUDA the N "devices" are N CPU devices (a smoke test of the same code); with
+`--one-device` they are N copies of the first device (cuda:0): the N-device code on a machine of one GPU, each
+stage or lane with its own `--gpu-memory` budget there, where the tokens must match and no speed-up is expected.
 """
 from __future__ import annotations
 
@@ -42,10 +44,12 @@ def tokens_digest(recorders: Sequence[TokenRecorder]) -> str:
     return hashlib.sha256(json.dumps(data).encode()).hexdigest()
 
 
-def gpu_devices(n: int) -> list[torch.device]:
-    """The first n CUDA devices, or n CPU devices without CUDA."""
+def gpu_devices(n: int, one_device: bool = False) -> list[torch.device]:
+    """The first n CUDA devices (`one_device`: cuda:0 n times), or n CPU devices without CUDA."""
     if not torch.cuda.is_available():
         return [torch.device("cpu")] * n
+    if one_device:
+        return [torch.device("cuda", 0)] * n
     if torch.cuda.device_count() < n:
         raise ValueError(f"--gpus {n}: only {torch.cuda.device_count()} CUDA devices are visible")
     return [torch.device("cuda", i) for i in range(n)]
@@ -53,13 +57,15 @@ def gpu_devices(n: int) -> list[torch.device]:
 
 def run_multi(loaded, policy: Policy, prompts: list[list[int]], args, n: int, dtype: torch.dtype) -> dict:
     """The rows in blocks of policy.block_size on n devices (a warm-up of one token per block first)."""
-    devices = gpu_devices(n)
     mode = choose_parallel("auto", policy, n)
-    out: dict = {"policy": policy.to_dict(), "parallel": mode, "devices": [str(d) for d in devices]}
+    out: dict = {"policy": policy.to_dict(), "parallel": mode}
     engine = None
     size = policy.block_size
     blocks = [prompts[s:s + size] for s in range(0, len(prompts), size)]
+    out["micro_batches"] = min(n, len(blocks)) if mode == "pipeline" else None
     try:
+        devices = gpu_devices(n, args.one_device)
+        out["devices"] = [str(d) for d in devices]
         with Timer() as init:
             build = Lanes if mode == "data" else build_pipeline
             engine = build(loaded, policy, devices, dtype=dtype, gpu_memory=args.gpu_memory,
