@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_
 from bench_common import (GIB, Timer, add_record_args, new_record, new_run_id, peak_gib, release_memory,  # noqa: E402
                           reset_peak, results_path, rewrite_jsonl, rows_per_hour, torch_device)
 from roofline import roofline  # noqa: E402
-from throughput_multi import TokenRecorder, run_multi, tokens_digest  # noqa: E402
+from throughput_multi import WARMUP_TOKENS, TokenRecorder, run_multi, tokens_digest  # noqa: E402
 from throughput_peers import run_accelerate, run_flexgen  # noqa: E402
 
 import torch  # noqa: E402
@@ -59,6 +59,7 @@ from engine.policy.policy import Policy  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
 from engine.runtime.step_profile import StepProfile  # noqa: E402
 from engine.util.sizes import parse_size  # noqa: E402
+
 
 WORKLOADS = {
     "flexgen": dict(model="opt-30b", prompt_len=512, gen_len=32, prefix_len=0, rows=None),
@@ -130,7 +131,7 @@ def choose(args, config, device, dtype, profile, rows: int | None) -> tuple[str,
 
 
 def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, dtype) -> dict:
-    """Blocks of policy.block_size rows through one executor (a warm-up block of one token first)."""
+    """Blocks of policy.block_size rows through one executor (a warm-up block of WARMUP_TOKENS first)."""
     out: dict = {"policy": policy.to_dict()}
     ex = None
     try:
@@ -142,7 +143,7 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
         n = policy.block_size
         blocks = [prompts[s:s + n] for s in range(0, len(prompts), n)]
         if args.warmup:
-            ex.generate_block(blocks[0], [1] * len(blocks[0]), TokenRecorder())
+            ex.generate_block(blocks[0], [WARMUP_TOKENS] * len(blocks[0]), TokenRecorder())
         prof = StepProfile(device, [s.kind for s in ex.specs]) if args.profile else None
         ex.profiler = prof
         reset_peak()

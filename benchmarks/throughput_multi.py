@@ -23,6 +23,8 @@ from engine.parallel import Lanes, build_pipeline, choose_parallel
 from engine.policy.policy import Policy
 from engine.runtime.selector import GreedyToEnd
 
+WARMUP_TOKENS = 2      # a prefill and a decode step: one-time costs (kernel builds) land before timing
+
 
 class TokenRecorder(GreedyToEnd):
     """GreedyToEnd (argmax, never finishes a row) keeping each row's tokens in `rows`."""
@@ -56,7 +58,8 @@ def gpu_devices(n: int, one_device: bool = False) -> list[torch.device]:
 
 
 def run_multi(loaded, policy: Policy, prompts: list[list[int]], args, n: int, dtype: torch.dtype) -> dict:
-    """The rows in blocks of policy.block_size on n devices (a warm-up of one token per block first)."""
+    """The rows in blocks of policy.block_size on n devices (a warm-up of WARMUP_TOKENS first: a block per
+    lane, or a block per micro-batch of the pipeline)."""
     mode = choose_parallel("auto", policy, n)
     out: dict = {"policy": policy.to_dict(), "parallel": mode}
     engine = None
@@ -75,14 +78,14 @@ def run_multi(loaded, policy: Policy, prompts: list[list[int]], args, n: int, dt
         if mode == "data":
             def job(block, rec, gen):
                 return lambda ex: ex.generate_block(block, [gen] * len(block), rec)
-            warm = [job(blocks[0], GreedyToEnd(), 1) for _ in devices] if args.warmup else []
+            warm = [job(blocks[0], GreedyToEnd(), WARMUP_TOKENS) for _ in devices] if args.warmup else []
             list(engine.run(warm))
             reset_peak(n)
             with Timer() as run:
                 list(engine.run([job(b, rec, args.gen_len) for b, rec in zip(blocks, recorders)]))
         else:
             if args.warmup:
-                engine.generate([(b, [1] * len(b), GreedyToEnd()) for b in blocks[:n]])
+                engine.generate([(b, [WARMUP_TOKENS] * len(b), GreedyToEnd()) for b in blocks[:n]])
             reset_peak(n)
             with Timer() as run:
                 for start in range(0, len(blocks), n):
