@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
 # Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all]
-# Several GPUs (not in all): bash benchmarks/gpu_suite.sh multigpu (GPU tests of several devices, OPT-30B on 1 and N
-# GPUs), multigpu-wrangle (Llama-3-70B on 1 and N GPUs); N = every visible GPU (GPUS=N to pick fewer).
+# Several GPUs (not in all): bash benchmarks/gpu_suite.sh multigpu (GPU tests of several devices, OPT-30B pipeline and
+# OPT-6.7B data-parallel on 1 and N GPUs), multigpu-wrangle (Llama-3-70B on 1 and N GPUs); N = every visible GPU (GPUS=N to pick fewer).
 # multigpu-one: the same code on a machine of one GPU (two stages on cuda:0; tokens must match, no speed-up).
 # policy mode: POLICY_MODELS (default opt-6.7b,opt-30b:8) and POLICY_BUDGET_S (default 400) pick its models and time.
 # Results land in $OUT as <benchmark>_<workload>.json (bench_common.results_path) + logs; the lead commits them
@@ -53,7 +53,9 @@ fi
 if [[ $what == multigpu ]]; then
   { python3 -m pytest -q -p no:cacheprovider tests/test_gpu_multi.py
     python3 benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB \
-      --policy 4bit_w_cpu_cache_gpu_b48 --gpus 1 --gpus "$N" --out "$OUT/throughput_flexgen-gpus.jsonl"
+      --policy 4bit_w_cpu_cache_gpu_48x1 --gpus 1 --gpus "$N" --out "$OUT/throughput_flexgen-gpus.jsonl"
+    python3 benchmarks/throughput.py --workload flexgen --model opt-6.7b --gpu-memory 16GiB \
+      --policy 4bit_all_gpu_b96 --gpus 1 --gpus "$N" --out "$OUT/throughput_flexgen-gpus-data.jsonl"   # data-parallel
   } 2>&1 | tee "$OUT/multigpu.log" | tail -30
 fi
 if [[ $what == multigpu-wrangle ]]; then
@@ -64,6 +66,6 @@ fi
 if [[ $what == multigpu-one ]]; then
   { python3 -m pytest -q -p no:cacheprovider tests/test_gpu_multi.py
     python3 benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB --gen-len 8 \
-      --policy 4bit_w_cpu_cache_gpu_b48 --gpus 1 --gpus 2 --one-device --out "$OUT/throughput_flexgen-one-gpu-stages.jsonl"
+      --policy 4bit_w_cpu_cache_gpu_48x1 --gpus 1 --gpus 2 --one-device --out "$OUT/throughput_flexgen-one-gpu-stages.jsonl"
   } 2>&1 | tee "$OUT/multigpu_one.log" | tail -30
 fi

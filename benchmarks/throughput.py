@@ -30,7 +30,7 @@ the N > 1 runs' stages on cuda:0 (the same code on one GPU: tokens must match, n
     python benchmarks/throughput.py --workload flexgen --model tiny-opt --prompt-len 16 --gen-len 4 \\
         --num-prompts 8 --gpu-memory none --profile --out /tmp/smoke.jsonl     # CPU smoke test
     NCCL_NVLS_ENABLE=0 python benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB \
-        --policy 4bit_w_cpu_cache_gpu_b48 --gpus 1 --gpus 2      # 1-GPU and 2-GPU records side by side
+        --policy 4bit_w_cpu_cache_gpu_48x1 --gpus 1 --gpus 2     # 1-GPU and 2-GPU records side by side
 """
 from __future__ import annotations
 
