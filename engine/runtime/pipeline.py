@@ -59,10 +59,10 @@ class Pipeline:
         S = len(self.stages)
         inbox: list[queue.Queue] = [queue.Queue() for _ in range(S)]
         errors: list[BaseException] = []
-        for st in self.stages:
-            with on_device(st.device):
-                st.open(blocks)
         try:
+            for st in self.stages:
+                with on_device(st.device):
+                    st.open(blocks)
             threads = [threading.Thread(target=self._run_stage, name=f"pipeline-stage-{s}",
                                         args=(s, num_steps, len(blocks), inbox, errors)) for s in range(S)]
             for t in threads:

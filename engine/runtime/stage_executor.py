@@ -107,8 +107,8 @@ class StageExecutor(Executor):
             with torch.inference_mode():
                 for k, result in (results or {}).items():
                     self._apply_step(k, result)
-                if hidden is not None:
-                    blk.hidden = [to_device(h, self.device) for h in hidden]
+                if hidden is not None:    # a GPU batch whose rows all ended has nothing to carry
+                    blk.hidden = [None if b.done else to_device(h, self.device) for h, b in zip(hidden, blk.batches)]
                 blk.results = {}
                 if not blk.all_done:
                     K = len(blk.batches)
@@ -116,7 +116,8 @@ class StageExecutor(Executor):
                     self._sync(None)
                 if self.stage.last:
                     return dict(blk.results)
-                return [blk.acts.ready(k, blk.acts.load(k, h, self.transfers)) for k, h in enumerate(blk.hidden)]
+                return [None if b.done else blk.acts.ready(k, blk.acts.load(k, h, self.transfers))
+                        for k, (h, b) in enumerate(zip(blk.hidden, blk.batches))]
         finally:
             self.block = None
 
