@@ -115,7 +115,8 @@ def _load_folder(folder: Path, dtype: torch.dtype | str, fingerprint: str | None
     config = _read_config(folder)
     family = build_family(config)
     dt = resolve_dtype(dtype, config)
-    source = SafetensorsSource(folder, family.layer_specs(), dt)
+    ignored = family.ignored_prefixes() if hasattr(family, "ignored_prefixes") else ()
+    source = SafetensorsSource(folder, family.layer_specs(), dt, ignored)
     has_tok = (folder / "tokenizer.json").is_file()
     return LoadedModel(
         config, family, source, folder if has_tok else None,

@@ -76,9 +76,14 @@ def shard_files(folder: Path) -> list[Path]:
 class SafetensorsSource:
     """A `WeightSource` over a folder's safetensors files; owns the open (memory-mapped) file handles."""
 
-    def __init__(self, folder: Path, specs: list[LayerSpec], dtype: torch.dtype) -> None:
+    def __init__(self, folder: Path, specs: list[LayerSpec], dtype: torch.dtype,
+                 ignored_prefixes: tuple[str, ...] = ()) -> None:
+        """`ignored_prefixes`: tensor names starting so are not reported as unexpected (a family's unused
+        modules, e.g. DeepSeek-V3's multi-token-prediction layers)."""
         self.folder = Path(folder)
         self.dtype = dtype
+        self.ignored_prefixes = tuple(ignored_prefixes) + tuple(p[len("model."):] for p in ignored_prefixes
+                                                                 if p.startswith("model."))
         self.files = shard_files(self.folder)
         self._where: dict[str, Path] = {}
         self._shape: dict[str, tuple[int, ...]] = {}
@@ -118,6 +123,7 @@ class SafetensorsSource:
         unexpected = sorted(
             n for n in self._where
             if n not in used and not n.endswith(IGNORED_SUFFIXES) and n != "lm_head.weight"  # tied copies
+            and not n.startswith(self.ignored_prefixes)
         )
         problems = []
         if missing:
