@@ -4,8 +4,9 @@ Normalises the differences between families (OPT's `ffn_dim`, `activation_functi
 `rope_scaling` + `rope_theta` or in 5.x's `rope_parameters`, Gemma3's per-layer-type rope_parameters or 4.x's
 `rope_local_base_freq`; Phi3's "su" rope = "longrope"; sliding windows as `layer_types`, Gemma's
 `sliding_window_pattern`, Qwen2's `use_sliding_window` + `max_window_layers`; Qwen-MoE's `num_experts`;
-`eos_token_id` int or list) so that every family reads one dataclass. Pre-quantized checkpoints
-(`quantization_config`: AWQ, GPTQ, ...) are refused with an error naming the method.
+`eos_token_id` int or list; DeepSeek's MLA and MoE fields) so that every family reads one dataclass.
+Pre-quantized checkpoints other than AWQ / GPTQ (`quantization_config`: bitsandbytes, FP8, ...) are refused
+with an error naming the method.
 """
 from __future__ import annotations
 
@@ -128,23 +129,26 @@ def _require(d: dict[str, Any], *keys: str) -> None:
 
 
 def _refuse_prequantized(d: dict[str, Any]) -> None:
-    """Pre-quantized checkpoints (AWQ, GPTQ, bitsandbytes, FP8...: `quantization_config` in config.json) hold
-    packed integer tensors (qweight / qzeros / scales) that no family here reads: refuse them by name."""
+    """Pre-quantized checkpoints other than AWQ / GPTQ (bitsandbytes, FP8, ...: `quantization_config` in
+    config.json) hold tensors no source here reads: refuse them by name. AWQ / GPTQ int4 load through
+    engine.models.int4_source, which validates their settings."""
     q = d.get("quantization_config")
     if not q:
         return
     method = q.get("quant_method", "unknown") if isinstance(q, dict) else "unknown"
+    if str(method).lower() in ("awq", "gptq"):
+        return
     detail = ", ".join(f"{k}={q[k]}" for k in ("bits", "group_size", "version", "desc_act", "sym")
                        if isinstance(q, dict) and k in q)
     raise ValueError(
         f"config.json: pre-quantized checkpoint (quantization_config quant_method={method!r}"
-        f"{', ' + detail if detail else ''}) is not supported: AWQ/GPTQ/bitsandbytes/FP8 tensors are not loaded. "
+        f"{', ' + detail if detail else ''}) is not supported: only AWQ and GPTQ int4 tensors are loaded. "
         "Use the original float checkpoint (with compress_weights=True for 4-bit weights) or a GGUF file")
 
 
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     """Build a ModelConfig from a parsed config.json. Raises ValueError naming a missing field, or naming the
-    method of a pre-quantized (AWQ/GPTQ/...) checkpoint, which is not supported."""
+    method of a pre-quantized checkpoint other than AWQ / GPTQ, which is not supported."""
     archs = d.get("architectures") or []
     if not archs:
         raise ValueError("config.json: no `architectures` entry; cannot tell the model family")
