@@ -1,5 +1,6 @@
 """DeepseekV2ForCausalLM: multi-head latent attention (MLA) and DeepSeek's MoE, on the Llama family's embedding,
-norms, dense MLP (the first `first_k_dense_replace` layers) and head.
+norms, dense MLP (the first `first_k_dense_replace` layers) and head, and Qwen-MoE's sparse block (its
+`route` and `shared_experts` replaced).
 
 MLA: q = q_b(RMSNorm(q_a x)) (or q_proj x without `q_lora_rank`), [kv latent | k_rot] = kv_a_proj_with_mqa x;
 the latent (kv_lora_rank) is normed and up-projected by kv_b_proj into per-head k_nope and v; k_rot
@@ -19,7 +20,7 @@ MoE (`deepseek_route`): router logits in float32, softmax (V2) or sigmoid (V3) s
 (the best `topk_group` of `n_group` groups: V2 ranks groups by their best score, V3 by the sum of their two
 best scores plus `e_score_correction_bias`, which steers the choice but not the weights), the top-k weights
 renormalised when `norm_topk_prob`, times `routed_scaling_factor`; routed experts through Mixtral's
-`moe_experts`, plus `n_shared_experts` always-on experts (one ungated MLP of n x moe_intermediate_size).
+`moe_experts` (Qwen2MoeFamily.mlp), plus `n_shared_experts` always-on experts (one ungated MLP of n x moe_intermediate_size).
 transformers 5.24's V2 router ignores `norm_topk_prob` (every published V2 config sets it false); here it
 renormalises as in V3.
 """
@@ -33,8 +34,7 @@ import torch.nn.functional as F
 from engine.models.base import LayerSpec, Weights, WeightSpec
 from engine.models.config import ModelConfig
 from engine.models.layers import apply_rope, deinterleave, linear, rms_norm, rope_table
-from engine.models.llama import LlamaFamily
-from engine.models.mixtral import moe_experts
+from engine.models.qwen2_moe import Qwen2MoeFamily, routed_moe_weights
 
 
 def deepseek_route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor | None,
@@ -62,11 +62,12 @@ def deepseek_route(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor | Non
     return top_w * c.routed_scaling_factor, top_e
 
 
-class DeepseekV2Family(LlamaFamily):
-    """MLA attention and DeepSeek MoE; embedding, dense MLP and head from Llama (inherited)."""
+class DeepseekV2Family(Qwen2MoeFamily):
+    """MLA attention and DeepSeek's router and shared experts; embedding, dense MLP and head from Llama, the
+    sparse block's flow (norm, route, routed experts, shared experts, residual) from Qwen-MoE (inherited)."""
 
     # fused weight -> the checkpoint's tensors under self_attn. (the query's first projection + kv_a)
-    PACKED = {**LlamaFamily.PACKED, "q_kv_a_proj": ("q_a_proj", "kv_a_proj_with_mqa")}
+    PACKED = {**Qwen2MoeFamily.PACKED, "q_kv_a_proj": ("q_a_proj", "kv_a_proj_with_mqa")}
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -102,19 +103,9 @@ class DeepseekV2Family(LlamaFamily):
     def _mlp_spec(self, i: int) -> LayerSpec:
         c = self.config
         if not c.is_moe_layer(i):
-            return super()._mlp_spec(i)
+            return super()._mlp_spec(i)                       # dense: Llama's
         p, h, n, e = f"model.layers.{i}.mlp.", c.hidden_size, c.num_local_experts, c.expert_intermediate_size
-
-        def stacked(name: str, shape: tuple[int, int]) -> WeightSpec:
-            return WeightSpec((n, *shape), tuple(f"{p}experts.{j}.{name}.weight" for j in range(n)), quantizable=True)
-
-        w = {
-            "post_attention_layernorm.weight": WeightSpec((h,), (f"model.layers.{i}.post_attention_layernorm.weight",)),
-            "gate.weight": WeightSpec((n, h), (f"{p}gate.weight",)),
-            "experts.w1": stacked("gate_proj", (e, h)),  # [E, e, h]
-            "experts.w2": stacked("down_proj", (h, e)),  # [E, h, e]
-            "experts.w3": stacked("up_proj", (e, h)),  # [E, e, h]
-        }
+        w = routed_moe_weights(c, i)
         if c.scoring_func == "sigmoid":
             w["gate.e_score_correction_bias"] = WeightSpec((n,), (f"{p}gate.e_score_correction_bias",))
         si = c.n_shared_experts * e
@@ -161,15 +152,12 @@ class DeepseekV2Family(LlamaFamily):
         out = attn.view(b, s, c.num_attention_heads, c.head_dim)[..., :c.v_head_dim]      # [b, s, nh, v]
         return residual + linear(out.reshape(b, s, -1), w["o_proj.weight"])                # [b, s, h]
 
-    def mlp(self, w: Weights, hidden: torch.Tensor) -> torch.Tensor:
-        if "gate.weight" not in w:
-            return super().mlp(w, hidden)
-        c = self.config
-        b, s, h = hidden.shape
-        x = rms_norm(hidden, w["post_attention_layernorm.weight"], c.rms_norm_eps).reshape(b * s, h)  # [n, h]
-        top_w, top_e = deepseek_route(x, w["gate.weight"], w.get("gate.e_score_correction_bias"), c)  # [n, k] x 2
-        y = moe_experts(x, top_w, top_e, w["experts.w1"], w["experts.w2"], w["experts.w3"], self.act)  # [n, h]
-        if "shared_experts.down_proj.weight" in w:
-            gate, up = linear(x, w["shared_experts.gate_up_proj.weight"]).chunk(2, dim=-1)  # 2 x [n, si]
-            y = y + linear(self.act(gate) * up, w["shared_experts.down_proj.weight"])      # [n, h]
-        return hidden + y.view(b, s, h)
+    def route(self, w: Weights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return deepseek_route(x, w["gate.weight"], w.get("gate.e_score_correction_bias"), self.config)
+
+    def shared_experts(self, w: Weights, x: torch.Tensor) -> torch.Tensor | None:
+        """The n_shared_experts always-on experts (one ungated MLP) over x [n, h] -> [n, h]; None without."""
+        if "shared_experts.down_proj.weight" not in w:
+            return None
+        gate, up = linear(x, w["shared_experts.gate_up_proj.weight"]).chunk(2, dim=-1)  # 2 x [n, si]
+        return linear(self.act(gate) * up, w["shared_experts.down_proj.weight"])       # [n, h]
