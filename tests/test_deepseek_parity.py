@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from conftest import requires_cuda
 from engine.models.hf_config import config_from_hf
 from engine.models.loader import load_model
 from engine.policy.policy import Policy
@@ -138,3 +139,13 @@ def test_hub_config_spellings_and_refusals():
     with pytest.raises(ValueError, match="'yarn' is supported for .*DeepseekV2ForCausalLM.* not LlamaForCausalLM"):
         config_from_hf({**_HUB, "architectures": ["LlamaForCausalLM"],
                         "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}})
+
+
+@requires_cuda
+@pytest.mark.parametrize("kind, name", [("v2", "w_disk"), ("v2", "cache_disk_attn"), ("v3", "one_batch_all_off")])
+def test_cuda_matches_the_cpu_run(in_memory, kind, name, tmp_path):
+    """On a GPU (fp32), offloading policies give the CPU in-memory run's tokens."""
+    loaded, prompts, max_new, ref = in_memory[kind]
+    got, _ = run_policy(loaded, Policy(**{**BASE, **MATRIX[name]}), prompts, max_new, device="cuda",
+                        disk_dir=tmp_path)
+    assert got == ref
