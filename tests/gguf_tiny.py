@@ -119,9 +119,10 @@ def _metadata(w, arch: str, cfg: dict, tok: str) -> None:
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(cfg.get("num_key_value_heads") or heads)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_rope_dimension_count(hd)
+    if arch != "deepseek2":                                               # MLA's head dims: _deepseek2_metadata
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_rope_dimension_count(hd)
     w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
     rp = cfg.get("rope_parameters") or {}
     rp = rp.get("full_attention", rp)
@@ -149,6 +150,8 @@ def _metadata(w, arch: str, cfg: dict, tok: str) -> None:
     if arch == "gemma3":
         local = (cfg.get("rope_parameters") or {}).get("sliding_attention", {}).get("rope_theta", 10000.0)
         w.add_float32(f"{arch}.rope.freq_base_swa", local)
+    if arch == "deepseek2":
+        _deepseek2_metadata(w, cfg)
     tokens, types, scores, merges = _vocab(tok)
     w.add_tokenizer_model("gpt2" if tok == "bpe" else "llama")
     if tok == "bpe":
@@ -162,6 +165,36 @@ def _metadata(w, arch: str, cfg: dict, tok: str) -> None:
     w.add_eos_token_id(2)
     w.add_pad_token_id(0)
     w.add_chat_template(CHAT_TEMPLATE)
+
+
+def _deepseek2_metadata(w, cfg: dict) -> None:
+    """The MLA / DeepSeek-MoE keys llama.cpp's converter writes for `deepseek2` (over the generic ones)."""
+    import gguf
+
+    w.add_key_length(cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"])
+    w.add_value_length(cfg["v_head_dim"])
+    w.add_rope_dimension_count(cfg["qk_rope_head_dim"])
+    if cfg.get("q_lora_rank"):
+        w.add_q_lora_rank(cfg["q_lora_rank"])
+    w.add_kv_lora_rank(cfg["kv_lora_rank"])
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_expert_count(cfg["n_routed_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_count(cfg["n_shared_experts"])
+    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    w.add_expert_weights_norm(bool(cfg["norm_topk_prob"]))
+    v3 = cfg["model_type"] == "deepseek_v3"
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if v3 else gguf.ExpertGatingFuncType.SOFTMAX)
+    if cfg.get("n_group"):
+        w.add_expert_group_count(cfg["n_group"])
+        w.add_expert_group_used_count(cfg["topk_group"])
+    rp = cfg.get("rope_parameters") or {}
+    if rp.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rp["factor"])
+        w.add_rope_scaling_orig_ctx_len(rp["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_log_mul(0.1 * rp["mscale_all_dim"])
 
 
 def write_gguf(folder: Path, path: Path, arch: str, qtype, tok: str = "bpe") -> Path:
@@ -202,6 +235,8 @@ def write_gguf(folder: Path, path: Path, arch: str, qtype, tok: str = "bpe") -> 
             experts.setdefault(f"blk.{i}.ffn_{kind}_exps.weight", {})[j] = t
             continue
         gname = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if name.endswith("gate.e_score_correction_bias"):                # llama.cpp: blk.N.exp_probs_b.bias
+            gname = f"blk.{parts[2]}.exp_probs_b.bias"
         assert gname is not None, name
         data = t.float()
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):

@@ -48,11 +48,12 @@ POLICIES = ["w_disk", "cache_disk_attn", "one_batch_all_off"]   # weights on gpu
 BASE = dict(gpu_batch_size=3, num_gpu_batches=3)
 
 
-def build_family_checkpoint(kind: str, path: Path):
-    """Save a tiny random transformers model of `kind` (a FAMILIES key) to `path`; return it (eager attention)."""
+def build_checkpoint_from_spec(spec: dict, path: Path):
+    """Save a tiny random transformers model of config `spec` ({"cls": config class name, **fields}) to `path`
+    with its norms and router biases perturbed and embeddings scaled up; return it (eager attention)."""
     import transformers
 
-    spec = {**_COMMON, **FAMILIES[kind]}
+    spec = dict(spec)
     config = getattr(transformers, spec.pop("cls"))(**spec)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
@@ -62,8 +63,16 @@ def build_family_checkpoint(kind: str, path: Path):
                 p.add_(torch.randn_like(p) * 0.2)
             elif "embed" in name:
                 p.mul_(5.0)                                    # logits large enough for the caps to bite
+        for module in model.modules():
+            if getattr(module, "e_score_correction_bias", None) is not None:
+                module.e_score_correction_bias.normal_(0.0, 0.1)   # a buffer: steers DeepSeek-V3's choice
     model.save_pretrained(path)
     return model
+
+
+def build_family_checkpoint(kind: str, path: Path):
+    """Save a tiny random transformers model of `kind` (a FAMILIES key) to `path`; return it (eager attention)."""
+    return build_checkpoint_from_spec({**_COMMON, **FAMILIES[kind]}, path)
 
 
 @pytest.fixture(scope="module")
@@ -144,16 +153,20 @@ def test_shared_prefix_longer_than_window_matches_transformers(checkpoints, kind
     _check_against_hf(hf, prompts, sel)
 
 
-@pytest.fixture(scope="module")
-def in_memory(checkpoints) -> dict:
-    """Per family: (loaded, prompts, max_new, tokens of the all-in-memory policy)."""
+def in_memory_runs(checkpoints: dict, kinds) -> dict:
+    """Per kind: (loaded, prompts, max_new, tokens of the all-in-memory policy)."""
     out = {}
-    for kind in FAMILIES:
+    for kind in kinds:
         loaded = load_model(checkpoints[kind][0], dtype=torch.float32)
         prompts = make_prompts(9, loaded.config.vocab_size, seed=3)
         max_new = [6, 9, 3, 9, 7, 9, 5, 9, 8]
         out[kind] = (loaded, prompts, max_new, run_policy(loaded, Policy(**BASE), prompts, max_new)[0])
     return out
+
+
+@pytest.fixture(scope="module")
+def in_memory(checkpoints) -> dict:
+    return in_memory_runs(checkpoints, FAMILIES)
 
 
 @pytest.mark.parametrize("name", POLICIES)
@@ -164,18 +177,24 @@ def test_offloading_policies_match_in_memory(in_memory, kind, name, tmp_path):
     assert got == ref
 
 
-@pytest.mark.parametrize("kind", list(FAMILIES))
-def test_compressed_weights_and_cache_stay_close(checkpoints, kind):
-    loaded = load_model(checkpoints[kind][0], dtype=torch.float32)
+def compressed_drift(loaded) -> float:
+    """Relative change of the first step's logits (4 prompts) under 4-bit weights + 4-bit cache on the cpu with
+    cpu attention, against the dense run; asserts they are finite."""
     prompts = make_prompts(4, loaded.config.vocab_size, seed=6)
     ref = _run(loaded, Policy(gpu_batch_size=4), prompts, [4] * 4)
     got = _run(loaded, Policy(gpu_batch_size=4, compress_weights=True, compress_cache=True, cache_gpu=0.0,
                               cache_cpu=1.0, cpu_attention=True), prompts, [4] * 4)
     a, b = torch.stack([ref.logits[r][0] for r in range(4)]), torch.stack([got.logits[r][0] for r in range(4)])
     assert torch.isfinite(b).all()
+    return ((b - a).norm() / a.norm()).item()
+
+
+@pytest.mark.parametrize("kind", list(FAMILIES))
+def test_compressed_weights_and_cache_stay_close(checkpoints, kind):
+    drift = compressed_drift(load_model(checkpoints[kind][0], dtype=torch.float32))
     # the tiny Gemmas' inputs are large (embeddings x5 here, x sqrt(h) by Gemma) and Gemma2's caps (0.5 on
     # scores, 0.3 on logits) saturate tanh: 4-bit weights + cache move their logits more (measured 0.26, 0.25)
-    assert (b - a).norm() / a.norm() < (0.3 if kind.startswith("gemma") else 0.15)
+    assert drift < (0.3 if kind.startswith("gemma") else 0.15)
 
 
 def test_longrope_switches_to_long_factors_past_the_original_context(checkpoints):

@@ -23,7 +23,10 @@ NEW = {
     "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", 30.5e9, 3.3e9),
     "gemma-3-27b": ("Gemma3ForCausalLM", 27.0e9, None),   # the text model (27.4B with the vision tower)
     "llama-3.1-405b": ("LlamaForCausalLM", 405.9e9, None),
+    "deepseek-v2-lite": ("DeepseekV2ForCausalLM", 15.7e9, 2.4e9),   # published: 15.7B, 2.4B activated
 }
+# activated parameters as published: Qwen counts the embedding and head, DeepSeek the head only
+_ACTIVE_EDGES = {"deepseek-v2-lite": ("head",)}
 
 
 @pytest.mark.parametrize("name", list(NEW))
@@ -37,8 +40,21 @@ def test_preset_builds_and_counts(name):
     assert sum(unique.values()) == ms.total_numel(c)
     assert ms.total_numel(c) == pytest.approx(params, rel=0.01)
     if active is not None:
-        edges = ms.embed_numel(c) + ms.head_numel(c)
+        parts = _ACTIVE_EDGES.get(name, ("embed", "head"))
+        edges = sum(getattr(ms, f"{p}_numel")(c) for p in parts)
         assert ms.active_matmul_numel(c) * c.num_hidden_layers + edges == pytest.approx(active, rel=0.03)
+
+
+def test_deepseek_v2_lite_preset_shape():
+    """MLA: the cache holds 16 heads x 192 (V padded from 128) per token and layer; one dense first layer."""
+    c = config_from_hf(PRESETS["deepseek-v2-lite"])
+    assert c.is_mla and c.head_dim == 192 and c.num_key_value_heads == 16 and c.q_lora_rank is None
+    assert ms.kv_bytes_per_token(c, 2) == 2 * 16 * 192 * 2
+    assert [c.is_moe_layer(i) for i in range(3)] == [False, True, True]
+    assert ms.total_numel(c) < ms.embed_numel(c) + ms.head_numel(c) + c.num_hidden_layers * ms.layer_numel(c)
+    layout = model_layout(c, 2, False)
+    assert layout.total_bytes == 2 * ms.total_numel(c) + 2 * ms.embed_numel(c) * c.tie_word_embeddings
+    assert sorted(k.count for k in layout.kinds if k.kind == "mlp") == [1, 26]
 
 
 def test_gemma3_preset_interleaves_windows():

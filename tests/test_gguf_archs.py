@@ -31,6 +31,8 @@ _LLAMA3 = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_fact
                original_max_position_embeddings=16)
 _LONGROPE = dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0 + 0.1 * i for i in range(8)],
                  long_factor=[2.0 + 0.5 * i for i in range(8)])
+_YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16, mscale=0.707,
+             mscale_all_dim=0.707, beta_fast=32, beta_slow=1)
 # GGUF arch -> (transformers config class, overrides, tokenizer kind)
 ARCHS: dict[str, tuple[str, dict, str]] = {
     "llama": ("LlamaConfig", dict(rope_parameters=_LLAMA3), "bpe"),
@@ -49,6 +51,11 @@ ARCHS: dict[str, tuple[str, dict, str]] = {
                                                          "sliding_attention": {"rope_type": "default",
                                                                                "rope_theta": 1e4}}), "sp"),
     "phi3": ("Phi3Config", dict(rope_parameters=_LONGROPE, original_max_position_embeddings=16), "sp"),
+    "deepseek2": ("DeepseekV2Config", dict(moe_intermediate_size=32, num_key_value_heads=4, kv_lora_rank=32,
+                                           q_lora_rank=48, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                                           n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                                           first_k_dense_replace=1, num_hidden_layers=3, routed_scaling_factor=1.5,
+                                           rope_parameters=_YARN), "bpe"),
 }
 QTYPES = {"Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0}
 # quantization error of the prefill logits against the unquantized checkpoint (relative L2). Measured on
@@ -139,6 +146,11 @@ def test_config_from_metadata(root):
     assert [c["gemma3"].layer_window(i) for i in range(6)] == [8] * 5 + [None]
     assert c["gemma3"].rope_local_base_freq == 1e4 and c["gemma3"].rope_scaling["rope_type"] == "linear"
     assert c["phi3"].rope_scaling["rope_type"] == "longrope"
+    ds = c["deepseek2"]
+    assert ds.architecture == "DeepseekV2ForCausalLM" and ds.is_mla and ds.head_dim == 24 and ds.v_head_dim == 16
+    assert (ds.q_lora_rank, ds.kv_lora_rank, ds.qk_rope_head_dim, ds.first_k_dense_replace) == (48, 32, 8, 1)
+    assert (ds.num_local_experts, ds.n_shared_experts, ds.routed_scaling_factor) == (4, 1, 1.5)
+    assert ds.rope_scaling["rope_type"] == "yarn" and ds.rope_scaling["mscale_all_dim"] == pytest.approx(0.707)
 
 
 @pytest.mark.parametrize("arch, text, pieces", [
@@ -163,6 +175,8 @@ def test_tokenizer_and_chat_template_from_metadata(root, arch, text, pieces):
 @pytest.mark.parametrize("arch, extra, message", [
     ("mamba", {}, "GGUF architecture 'mamba' is not supported; supported: .*'qwen3moe'"),
     ("llama", {"llama.expert_count": 8}, "Mixtral"),
+    ("deepseek2", {"deepseek2.rope.dimension_count": 8, "deepseek2.attention.kv_lora_rank": 32,
+                   "blk.0.attn_k_b.weight": None}, "attn_k_b / attn_v_b"),
 ])
 def test_unsupported_gguf_is_refused_by_name(tmp_path, arch, extra, message):
     w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), arch)
@@ -170,7 +184,10 @@ def test_unsupported_gguf_is_refused_by_name(tmp_path, arch, extra, message):
     w.add_embedding_length(32)
     w.add_head_count(2)
     for key, value in extra.items():
-        w.add_uint32(key, value)
+        if value is None:
+            w.add_tensor(key, torch.zeros(2, 2).numpy())               # a tensor, not a key
+        else:
+            w.add_uint32(key, value)
     w.add_tensor("token_embd.weight", torch.zeros(8, 32).numpy())
     w.write_header_to_file()
     w.write_kv_data_to_file()

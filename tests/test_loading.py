@@ -58,15 +58,16 @@ def test_unknown_architecture_named_with_supported_list(llama_copy):
 
 
 @pytest.mark.parametrize("qc, named", [
-    ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": True}, "'awq'"),
-    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}, "'gptq'"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, "'bitsandbytes'"),
+    ({"quant_method": "fp8", "bits": 8, "group_size": 128}, "'fp8'"),
 ])
-def test_prequantized_awq_gptq_checkpoint_is_refused_by_name(llama_copy, qc, named):
+def test_prequantized_checkpoint_other_than_awq_gptq_is_refused_by_name(llama_copy, qc, named):
+    """AWQ / GPTQ int4 load (tests/test_int4_checkpoints.py); other methods are refused naming the method."""
     cfg = json.loads((llama_copy / "config.json").read_text())
     (llama_copy / "config.json").write_text(json.dumps({**cfg, "quantization_config": qc}))
     with pytest.raises(ValueError, match="pre-quantized checkpoint") as e:
         load_model(llama_copy)
-    assert named in str(e.value) and "group_size=128" in str(e.value) and "GGUF" in str(e.value)
+    assert named in str(e.value) and "AWQ and GPTQ" in str(e.value) and "GGUF" in str(e.value)
 
 
 def test_truncated_safetensors_names_the_file(llama_copy):

@@ -73,7 +73,7 @@ def check_budget_consistency(name, policy, device, profile, tmp_path):
             run_block(name, policy, device, None, int(0.97 * counted["cpu"]), tmp_path)
 
 
-@pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama", "tiny-mixtral"])
+@pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama", "tiny-mixtral", "tiny-deepseek-v2"])
 @pytest.mark.parametrize("policy", POLICIES, ids=range(len(POLICIES)))
 def test_predicted_memory_is_the_executors_accounting(name, policy, tmp_path):
     check_budget_consistency(name, policy, torch.device("cpu"), default_cpu_profile(), tmp_path)

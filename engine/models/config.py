@@ -7,6 +7,7 @@ asks a family.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -48,6 +49,24 @@ class ModelConfig:
     norm_topk_prob: bool = True          # renormalise the top-k routing weights to sum 1 (Mixtral: always)
     decoder_sparse_step: int = 1         # layer i is sparse when (i + 1) % step == 0 and i not in mlp_only_layers
     mlp_only_layers: tuple[int, ...] = ()
+    # DeepSeek-V2/V3: multi-head latent attention (MLA; kv_lora_rank > 0 marks it). The cache holds full
+    # per-head K and V after the up-projection, V zero-padded to head_dim = max(qk_nope + qk_rope, v_head_dim)
+    q_lora_rank: int | None = None       # None: a plain q_proj
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False        # RoPE over interleaved pairs (x0, x1), (x2, x3)... (DeepSeek)
+    # DeepSeek MoE: shared experts (n x moe_intermediate_size, ungated), dense layers first, routing
+    n_shared_experts: int = 0
+    first_k_dense_replace: int = 0       # layers [0, k) have a dense MLP of intermediate_size
+    moe_layer_freq: int = 1              # and layers i >= k with i % freq != 0
+    scoring_func: str = "softmax"        # router scores: "softmax" (V2) | "sigmoid" (V3, with a correction bias)
+    topk_method: str = "greedy"          # "greedy" | "group_limited_greedy" (V2) | "noaux_tc" (V3)
+    n_group: int = 1                     # experts in n_group groups; only the best topk_group groups are routed to
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0   # routed experts' weights times this
+    num_nextn_predict_layers: int = 0    # V3's multi-token-prediction layers after the last one (not run)
     # tokens
     bos_token_id: int | None = None
     eos_token_id: tuple[int, ...] = field(default_factory=tuple)
@@ -59,7 +78,20 @@ class ModelConfig:
         return self.num_local_experts > 0
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
     def attn_scale(self) -> float:
+        """Softmax scale: query_pre_attn_scalar ** -0.5 (Gemma), else head_dim ** -0.5; MLA: (qk_nope +
+        qk_rope) ** -0.5 times YaRN's mscale(factor, mscale_all_dim) ** 2 (DeepSeek)."""
+        if self.is_mla:
+            scale = (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5
+            r = self.rope_scaling or {}
+            m_all, factor = float(r.get("mscale_all_dim") or 0.0), float(r.get("factor") or 1.0)
+            if r.get("rope_type") == "yarn" and m_all and factor > 1:
+                scale *= (0.1 * m_all * math.log(factor) + 1.0) ** 2
+            return scale
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
@@ -78,7 +110,8 @@ class ModelConfig:
     def is_moe_layer(self, i: int) -> bool:
         """True when decoder layer i has a sparse-MoE block (else a dense MLP of intermediate_size)."""
         return (self.is_moe and i not in self.mlp_only_layers
-                and (i + 1) % max(1, self.decoder_sparse_step) == 0)
+                and (i + 1) % max(1, self.decoder_sparse_step) == 0
+                and i >= self.first_k_dense_replace and i % max(1, self.moe_layer_freq) == 0)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -62,6 +62,23 @@ _PHI3 = {
     "ffn_up.weight": "mlp.gate_up_proj.weight",   # llama.cpp's phi3 ffn_up is HF's fused [gate; up]
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+_DEEPSEEK2 = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",                  # without a q LoRA (V2-Lite)
+    "attn_q_a.weight": "self_attn.q_a_proj.weight",
+    "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attn_q_b.weight": "self_attn.q_b_proj.weight",
+    "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    **_MLP,
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",      # V3's router bias
+    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
+}
 GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -92,6 +109,8 @@ ARCHS: dict[str, GGUFArch] = {
     "gemma3": GGUFArch("Gemma3ForCausalLM", "gemma3_text", {**_ATTN, **_QK_NORM, **_MLP, **_GEMMA_NORMS},
                        norm_offset=1.0),
     "phi3": GGUFArch("Phi3ForCausalLM", "phi3", _PHI3),
+    # DeepSeek-V2/V3 (V3 when the router has exp_probs_b); RoPE interleaved as in HF, so nothing permuted
+    "deepseek2": GGUFArch("DeepseekV2ForCausalLM", "deepseek_v2", _DEEPSEEK2),
 }
 
 _SWA_PATTERN = {"gemma2": 2, "gemma3": 6}     # llama.cpp's hard-coded patterns: every n-th layer is global
@@ -121,12 +140,44 @@ def _rope_scaling(arch: str, a: Callable[..., Any], tensor: Callable[[str], list
     if freqs is not None:                                             # Llama 3.1: inv_freq / rope_freqs
         return {"rope_type": "freq_factors", "freq_factors": freqs}
     kind = a("rope.scaling.type")
-    if kind in (None, "none"):
+    if kind in (None, "none") or (kind == "yarn" and arch == "deepseek2"):   # deepseek2: `_deepseek2`
         return None
     if kind == "linear":
         return {"rope_type": "linear", "factor": float(a("rope.scaling.factor"))}
     raise ValueError(f"GGUF rope scaling {kind!r} ({arch}) is not supported; supported: none, linear, "
                      "Llama-3.1 rope_freqs, Phi3 LongRoPE factors")
+
+
+def _deepseek2(a: Callable[..., Any], names: set[str], d: dict[str, Any]) -> dict[str, Any]:
+    """config.json fields of a `deepseek2` GGUF: MLA ranks and head dims, dense first layers, shared experts,
+    routing (llama.cpp's expert_gating_func 2 = sigmoid: V3, with exp_probs_b), YaRN. llama.cpp's newer
+    converter splits kv_b into attn_k_b / attn_v_b (its absorbed-MLA layout): refused, naming the tensor."""
+    if "blk.0.attn_k_b.weight" in names:
+        raise ValueError("GGUF deepseek2 with attn_k_b / attn_v_b (llama.cpp's split kv_b, absorbed MLA) is not "
+                         "supported; a file with attn_kv_b is")
+    v3 = int(a("expert_gating_func") or 1) == 2 or any(n.endswith("exp_probs_b.bias") for n in names)
+    rope, heads = int(a("rope.dimension_count")), d["num_attention_heads"]
+    out = dict(
+        architectures=["DeepseekV3ForCausalLM" if v3 else "DeepseekV2ForCausalLM"],
+        model_type="deepseek_v3" if v3 else "deepseek_v2", num_key_value_heads=heads,
+        q_lora_rank=int(a("attention.q_lora_rank") or 0) or None, kv_lora_rank=int(a("attention.kv_lora_rank")),
+        qk_rope_head_dim=rope, qk_nope_head_dim=int(a("attention.key_length")) - rope,
+        v_head_dim=int(a("attention.value_length")), first_k_dense_replace=int(a("leading_dense_block_count", 0)),
+        n_routed_experts=int(a("expert_count", 0)), num_experts=int(a("expert_count", 0)),
+        num_experts_per_tok=int(a("expert_used_count", 0)), moe_intermediate_size=int(a("expert_feed_forward_length", 0)),
+        n_shared_experts=int(a("expert_shared_count", 0)), routed_scaling_factor=float(a("expert_weights_scale", 1.0)),
+        norm_topk_prob=bool(a("expert_weights_norm", False)), n_group=int(a("expert_group_count", 1)),
+        topk_group=int(a("expert_group_used_count", 1)), rope_interleave=True,
+    )
+    out["topk_method"] = "noaux_tc" if v3 else ("group_limited_greedy" if out["n_group"] > 1 else "greedy")
+    if a("rope.scaling.type") == "yarn":
+        m_all = float(a("rope.scaling.yarn_log_multiplier", 0.0)) / 0.1    # llama.cpp stores 0.1 * mscale_all_dim
+        out["rope_scaling"] = {"rope_type": "yarn", "factor": float(a("rope.scaling.factor")),
+                               "original_max_position_embeddings": int(a("rope.scaling.original_context_length")),
+                               "mscale": m_all, "mscale_all_dim": m_all,
+                               "beta_fast": float(a("rope.scaling.yarn_beta_fast", 32.0)),
+                               "beta_slow": float(a("rope.scaling.yarn_beta_slow", 1.0))}
+    return out
 
 
 def hf_config(arch: str, meta: Callable[[str], Any], names: set[str], shapes: dict[str, list[int]],
@@ -160,6 +211,8 @@ def hf_config(arch: str, meta: Callable[[str], Any], names: set[str], shapes: di
         "bos_token_id": meta("tokenizer.ggml.bos_token_id"), "eos_token_id": meta("tokenizer.ggml.eos_token_id"),
         "pad_token_id": meta("tokenizer.ggml.padding_token_id"), "torch_dtype": "float32",
     }
+    if arch == "deepseek2":
+        return {**d, **_deepseek2(a, names, d)}
     rope_dims = a("rope.dimension_count")
     if rope_dims is not None and int(rope_dims) != head_dim:
         d["partial_rotary_factor"] = int(rope_dims) / head_dim       # refused by hf_config, with the reason

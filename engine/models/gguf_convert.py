@@ -205,15 +205,22 @@ def tensor_index(reader: Any, config: dict[str, Any], gguf_path: Path) -> list[d
     return out
 
 
+_NO_HF_GGUF_MODEL = ("deepseek2",)     # architectures transformers 5.24 has no GGUF model mapping for
+
+
 def _write_tokenizer(gguf_path: Path, reader: Any, folder: Path) -> None:
     """tokenizer.json + tokenizer_config.json (with chat_template) through transformers' GGUF converter."""
     try:
-        from transformers import AutoTokenizer  # heavy; only GGUF tokenizer conversion (once per file)
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast  # heavy; only GGUF tokenizer conversion
     except ImportError:
         raise ImportError(
             f"converting the tokenizer of {gguf_path} needs `transformers` (pip install transformers)"
         ) from None
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    # AutoTokenizer reads the GGUF's model config too and refuses architectures transformers cannot load
+    # from GGUF (deepseek2); the tokenizer itself comes from the tokenizer.ggml.* keys alone
+    auto = _field(reader, "general.architecture") not in _NO_HF_GGUF_MODEL
+    cls = AutoTokenizer if auto else PreTrainedTokenizerFast
+    tok = cls.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     tok.save_pretrained(str(folder))
     cfg_path = folder / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from engine.models.config import ModelConfig
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "freq_factors")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "freq_factors", "yarn")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -62,7 +62,8 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     Matches transformers' ROPE_INIT_FUNCTIONS for "default", "linear" and "llama3"; for "longrope" these are
     the short-context frequencies (see `rope_table` for the long ones and the attention factor);
     "freq_factors" divides each frequency by llama.cpp's per-frequency factor (a GGUF's `rope_freqs` tensor,
-    which is how llama.cpp's converter stores Llama-3.1 scaling: the llama3 formula's divisors)."""
+    which is how llama.cpp's converter stores Llama-3.1 scaling: the llama3 formula's divisors); "yarn" blends
+    interpolated and original frequencies (`_yarn_inv_freq`; its attention factor is `yarn_attention_factor`)."""
     dim = config.head_dim
     base = config.rope_theta
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim))  # [hd/2]
@@ -78,6 +79,8 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
         return inv_freq / torch.tensor(scaling["short_factor"], dtype=torch.float32)
     if rope_type == "freq_factors":
         return inv_freq / torch.tensor(scaling["freq_factors"], dtype=torch.float32)
+    if rope_type == "yarn":
+        return _yarn_inv_freq(inv_freq, dim, base, _yarn_factor(config), scaling)
     raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: {list(SUPPORTED_ROPE_TYPES)}")
 
 
@@ -95,6 +98,49 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.T
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
     return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_factor(config: ModelConfig) -> float:
+    scaling = config.rope_scaling or {}
+    factor = scaling.get("factor")
+    return float(factor) if factor else config.max_position_embeddings / float(scaling["original_max_position_embeddings"])
+
+
+def _yarn_inv_freq(inv_freq: torch.Tensor, dim: int, base: float, factor: float,
+                   scaling: dict[str, Any]) -> torch.Tensor:
+    """YaRN (transformers' `_compute_yarn_parameters`): frequencies that turn fewer than beta_slow times over
+    the original context are divided by `factor`, those turning more than beta_fast times are kept, a linear
+    ramp over the dims in between."""
+    original = float(scaling["original_max_position_embeddings"])
+    beta_fast, beta_slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # [hd/2]
+    keep = 1 - ramp                                                                            # extrapolation share
+    return inv_freq / factor * (1 - keep) + inv_freq * keep
+
+
+def yarn_attention_factor(config: ModelConfig) -> float:
+    """YaRN's cos/sin factor: `attention_factor`, else mscale(factor, mscale) / mscale(factor, mscale_all_dim)
+    when both are given, else mscale(factor) = 0.1 ln(factor) + 1 (1 for factor <= 1)."""
+    scaling = config.rope_scaling or {}
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = _yarn_factor(config)
+
+    def mscale(m: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    return mscale(float(m)) / mscale(float(m_all)) if m and m_all else mscale()
 
 
 def _longrope(config: ModelConfig) -> tuple[torch.Tensor, int, float]:
@@ -156,10 +202,20 @@ class RopeTable:
 
 def rope_table(config: ModelConfig) -> RopeTable:
     """The RoPE table of `config` (rope_theta, rope_scaling incl. LongRoPE's two frequency sets)."""
-    if (config.rope_scaling or {}).get("rope_type") == "longrope":
+    rope_type = (config.rope_scaling or {}).get("rope_type")
+    if rope_type == "longrope":
         long_inv_freq, switch, mscale = _longrope(config)
         return RopeTable(rope_inv_freq(config), long_inv_freq, switch, mscale)
+    if rope_type == "yarn":
+        return RopeTable(rope_inv_freq(config), mscale=yarn_attention_factor(config))
     return RopeTable(rope_inv_freq(config))
+
+
+def deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """x [..., d] with RoPE pairs interleaved (x0, x1), (x2, x3)... -> [..., d] as (x0, x2, ..., x1, x3, ...),
+    the half-split layout `apply_rope` rotates (DeepSeek's `rope_interleave`; q and k get the same
+    permutation, so their dot products are unchanged)."""
+    return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -45,6 +45,23 @@ def _qwen3(hidden: int, inter: int, layers: int, heads: int, kv: int, **kw: Any)
     return {**base, **kw}
 
 
+def _deepseek_v2(**kw: Any) -> dict[str, Any]:
+    """DeepSeek-V2-Lite's published config.json (deepseek-ai/DeepSeek-V2-Lite: 15.7B parameters, 2.4B active)."""
+    base = dict(
+        architectures=["DeepseekV2ForCausalLM"], vocab_size=102400, hidden_size=2048, intermediate_size=10944,
+        moe_intermediate_size=1408, num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16,
+        q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+        n_routed_experts=64, num_experts_per_tok=6, n_shared_experts=2, first_k_dense_replace=1, moe_layer_freq=1,
+        n_group=1, topk_group=1, topk_method="greedy", scoring_func="softmax", norm_topk_prob=False,
+        routed_scaling_factor=1.0, max_position_embeddings=163840, rms_norm_eps=1e-6, rope_theta=10000.0,
+        rope_scaling={"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                      "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096},
+        hidden_act="silu", tie_word_embeddings=False, bos_token_id=100000, eos_token_id=100001,
+        torch_dtype="bfloat16",
+    )
+    return {**base, **kw}
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     "opt-125m": _opt(768, 3072, 12, 12),
     "opt-1.3b": _opt(2048, 8192, 24, 32),
@@ -75,6 +92,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         final_logit_softcapping=None, attn_logit_softcapping=None, bos_token_id=2, eos_token_id=[1, 106],
         pad_token_id=0, torch_dtype="bfloat16",
     ),
+    "deepseek-v2-lite": _deepseek_v2(),
     "tiny-opt": dict(
         _opt(64, 128, 2, 4), vocab_size=320, max_position_embeddings=256, torch_dtype="float32"
     ),
@@ -86,5 +104,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     "tiny-mixtral": _mixtral(
         64, 96, 2, 4, 320, 256, num_key_value_heads=2, num_local_experts=4, torch_dtype="float32"
+    ),
+    "tiny-deepseek-v2": _deepseek_v2(
+        vocab_size=320, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8, num_experts_per_tok=2, max_position_embeddings=256,
+        rope_scaling={"type": "yarn", "factor": 4.0, "mscale": 0.707, "mscale_all_dim": 0.707,
+                      "original_max_position_embeddings": 64},
+        bos_token_id=1, eos_token_id=2, torch_dtype="float32",
     ),
 }

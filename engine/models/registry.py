@@ -1,7 +1,8 @@
 """Architecture registry: the Hugging Face `architectures` string -> the family class, imported lazily.
 
 Data, not code: adding an architecture is one line here plus a parity test in tests/test_models_parity.py
-(the first families) or tests/test_families_parity.py (Qwen3, Qwen-MoE, Gemma2/3, Phi3, Mistral's window).
+(the first families) or tests/test_families_parity.py (Qwen3, Qwen-MoE, Gemma2/3, Phi3, Mistral's window),
+tests/test_deepseek_parity.py (DeepSeek-V2/V3).
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Gemma2ForCausalLM": ("gemma2", "Gemma2Family"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3Family"),
     "Phi3ForCausalLM": ("phi3", "Phi3Family"),
+    "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepseekV2Family"),
+    "DeepseekV3ForCausalLM": ("deepseek_v3", "DeepseekV3Family"),
 }
 
 

@@ -76,9 +76,14 @@ def shard_files(folder: Path) -> list[Path]:
 class SafetensorsSource:
     """A `WeightSource` over a folder's safetensors files; owns the open (memory-mapped) file handles."""
 
-    def __init__(self, folder: Path, specs: list[LayerSpec], dtype: torch.dtype) -> None:
+    def __init__(self, folder: Path, specs: list[LayerSpec], dtype: torch.dtype,
+                 ignored_prefixes: tuple[str, ...] = ()) -> None:
+        """`ignored_prefixes`: tensor names starting so are not reported as unexpected (a family's unused
+        modules, e.g. DeepSeek-V3's multi-token-prediction layers)."""
         self.folder = Path(folder)
         self.dtype = dtype
+        self.ignored_prefixes = tuple(ignored_prefixes) + tuple(p[len("model."):] for p in ignored_prefixes
+                                                                 if p.startswith("model."))
         self.files = shard_files(self.folder)
         self._where: dict[str, Path] = {}
         self._shape: dict[str, tuple[int, ...]] = {}
@@ -97,27 +102,34 @@ class SafetensorsSource:
             return name[len("model."):]
         return None
 
-    def _check(self, specs: list[LayerSpec]) -> dict[str, str]:
-        """Map every source name to the file's name; raise ValueError listing every problem."""
-        resolved: dict[str, str] = {}
+    def _locate(self, name: str) -> tuple[list[str], tuple[int, ...]] | None:
+        """The file tensor(s) behind source tensor `name` and its shape (None when absent). One tensor here;
+        a pre-quantized source (engine.models.int4_source) maps a weight to its packed parts."""
+        real = self._resolve(name)
+        return None if real is None else ([real], self._shape[real])
+
+    def _check(self, specs: list[LayerSpec]) -> dict[str, list[str]]:
+        """Map every source name to the file's tensor name(s); raise ValueError listing every problem."""
+        resolved: dict[str, list[str]] = {}
         missing: list[str] = []
         mismatched: list[str] = []
         for spec in specs:
             for local, ws in spec.weights.items():
-                found = [self._resolve(s) for s in ws.sources]
+                found = [self._locate(s) for s in ws.sources]
                 missing += [s for s, r in zip(ws.sources, found) if r is None]
                 if any(r is None for r in found):
                     continue
-                resolved.update(zip(ws.sources, found))
-                shapes = [self._shape[r] for r in found]
+                resolved.update((s, r[0]) for s, r in zip(ws.sources, found))
+                shapes = [r[1] for r in found]
                 problem = expected_source_shapes(ws, shapes)
                 if problem:
-                    got = ", ".join(f"{r} {list(sh)}" for r, sh in zip(found, shapes))
+                    got = ", ".join(f"{r[0][0]} {list(sh)}" for r, sh in zip(found, shapes))
                     mismatched.append(f"{spec.name}/{local} {list(ws.shape)} from {got}: {problem}")
-        used = set(resolved.values())
+        used = {n for names in resolved.values() for n in names}
         unexpected = sorted(
             n for n in self._where
             if n not in used and not n.endswith(IGNORED_SUFFIXES) and n != "lm_head.weight"  # tied copies
+            and not n.startswith(self.ignored_prefixes)
         )
         problems = []
         if missing:
@@ -141,14 +153,16 @@ class SafetensorsSource:
                 self._handles[path] = h
             return h
 
-    def _read(self, name: str) -> torch.Tensor:
-        real = self._resolved[name]
+    def _raw(self, real: str) -> torch.Tensor:
+        """File tensor `real` as stored (its own dtype)."""
         path = self._where[real]
         try:
-            t = self._handle(path).get_tensor(real)
+            return self._handle(path).get_tensor(real)
         except Exception as e:
             raise ValueError(f"cannot read tensor {real!r} from {path}: {e}") from None
-        return t.to(self.dtype)
+
+    def _read(self, name: str) -> torch.Tensor:
+        return self._raw(self._resolved[name][0]).to(self.dtype)
 
     def get(self, spec: LayerSpec) -> dict[str, torch.Tensor]:
         return {local: fuse(ws, [self._read(s) for s in ws.sources]) for local, ws in spec.weights.items()}

@@ -48,8 +48,10 @@ def dtype_of_size(bytes_per_element: int) -> torch.dtype:
 
 @dataclass(frozen=True)
 class KindLayout:
-    """The tensors of one layer kind (embed, attention, mlp, head): `count` specs of that kind, each with
-    tensors (stored bytes, dense bytes, compressed?) in order, and the weight slots its loads use."""
+    """The tensors of one layer kind (embed, attention, mlp, head) and shape: `count` specs of that kind with
+    these tensors (names, stored bytes, dense bytes, compressed?) in order, and the weight slots their loads
+    use (`slots` of them: `slot_set`). A kind whose layers differ (DeepSeek's dense first MLPs, Qwen-MoE's
+    `mlp_only_layers`) has one KindLayout per distinct set of tensors."""
 
     kind: str
     count: int
@@ -57,6 +59,8 @@ class KindLayout:
     dense: tuple[int, ...]
     packed: tuple[bool, ...]
     slots: int
+    names: tuple[str, ...] = ()
+    slot_set: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,31 +75,47 @@ class ModelLayout:
 
 
 def model_layout(config: ModelConfig, bytes_per_element: int, compress_weights: bool) -> ModelLayout:
-    """The executor's per-kind weight tensors (every decoder layer of a kind has the same shapes)."""
+    """The executor's weight tensors per layer kind and shape (the decoder layers of one group have the same
+    tensors)."""
     dtype = dtype_of_size(bytes_per_element)
     specs = build_family(config).layer_specs()
     J = len(specs)
-    first: dict[str, object] = {}
-    counts: dict[str, int] = {}
-    js: dict[str, list[int]] = {}
+    first: dict[tuple, object] = {}
+    js: dict[tuple, list[int]] = {}
     for j, spec in enumerate(specs):
-        first.setdefault(spec.kind, spec)
-        counts[spec.kind] = counts.get(spec.kind, 0) + 1
-        js.setdefault(spec.kind, []).append(j)
+        key = (spec.kind, tuple((n, w.shape, w.quantizable) for n, w in spec.weights.items()))
+        first.setdefault(key, spec)
+        js.setdefault(key, []).append(j)
     kinds, mids = [], set()
-    for kind, spec in first.items():
+    for key, spec in first.items():
         packed = tuple(compress_weights and w.quantizable for w in spec.weights.values())
         dense = tuple(w.numel * bytes_per_element for w in spec.weights.values())
         stored = tuple(qtensor_nbytes(w.shape, dtype, WEIGHT_QUANT) if p else d
                        for w, p, d in zip(spec.weights.values(), packed, dense))
-        slots = len({(i * J + j) % 2 for i in (0, 1) for j in js[kind]})
-        kinds.append(KindLayout(kind, counts[kind], stored, dense, packed, slots))
+        slot_set = tuple(sorted({(i * J + j) % 2 for i in (0, 1) for j in js[key]}))
+        kinds.append(KindLayout(spec.kind, len(js[key]), stored, dense, packed, len(slot_set),
+                                tuple(spec.weights), slot_set))
         total, start = sum(stored) or 1, 0
         for size in stored:
             mids.add((start + size / 2) / total)
             start += size
     total_bytes = sum(k.count * sum(k.stored) for k in kinds)
-    return ModelLayout(tuple(kinds), J, tuple(js.get("attention", [])), total_bytes, tuple(sorted(mids)))
+    attention_js = tuple(sorted(j for key, group in js.items() if key[0] == "attention" for j in group))
+    return ModelLayout(tuple(kinds), J, attention_js, total_bytes, tuple(sorted(mids)))
+
+
+def _buffer_bytes(layout: ModelLayout, size_of) -> int:
+    """Bytes of per-slot device buffers keyed by (slot, kind, tensor name), as the executor's arena keys
+    them (`wbuf{slot}.{kind}.{name}`: groups of one kind share a name's buffer, grown to the largest):
+    `size_of(kl, n)` is tensor n of group kl's bytes in that buffer, 0 when it needs none."""
+    held: dict[tuple[int, str, str], int] = {}
+    for kl in layout.kinds:
+        for n, name in enumerate(kl.names):
+            size = size_of(kl, n)
+            if size:
+                for slot in kl.slot_set:
+                    held[(slot, kl.kind, name)] = max(held.get((slot, kl.kind, name), 0), size)
+    return sum(held.values())
 
 
 def _kv_bytes(rows: int, heads: int, length: int, head_dim: int, dtype: torch.dtype, compressed: bool) -> int:
@@ -140,16 +160,19 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
     dtype, e = dtype_of_size(bytes_per_element), bytes_per_element
     cuda = device_type == "cuda"
     mem = {t: 0 for t in TIERS}
+    tiers = {id(kl): weight_tiers(list(kl.stored), policy.w_gpu, policy.w_cpu) for kl in layout.kinds}
     for kl in layout.kinds:
-        tiers = weight_tiers(list(kl.stored), policy.w_gpu, policy.w_cpu)
-        for stored, dense, packed, tier in zip(kl.stored, kl.dense, kl.packed, tiers):
+        for stored, tier in zip(kl.stored, tiers[id(kl)]):
             mem[tier.value] += kl.count * stored
-            if not (tier is Tier.GPU or (tier is Tier.CPU and not cuda)):
-                mem["gpu"] += kl.slots * stored                             # wbuf
-                if tier is Tier.DISK and cuda:
-                    mem["cpu"] += kl.slots * stored                         # wrelay
-            if packed:
-                mem["gpu"] += kl.slots * dense                              # wdq
+
+    def moved(kl: KindLayout, n: int) -> int:
+        tier = tiers[id(kl)][n]
+        return 0 if tier is Tier.GPU or (tier is Tier.CPU and not cuda) else kl.stored[n]
+
+    mem["gpu"] += _buffer_bytes(layout, moved)                                                      # wbuf
+    if cuda:
+        mem["cpu"] += _buffer_bytes(layout, lambda kl, n: kl.stored[n] * (tiers[id(kl)][n] is Tier.DISK))  # wrelay
+    mem["gpu"] += _buffer_bytes(layout, lambda kl, n: kl.dense[n] * kl.packed[n])                   # wdq
     g, K, L = policy.gpu_batch_size, policy.num_gpu_batches, len(layout.attention_js)
     P, S, hd = prompt_len, prompt_len + gen_len - 1, config.head_dim
     cc = policy.compress_cache
@@ -208,8 +231,8 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
     g, K, L = policy.gpu_batch_size, policy.num_gpu_batches, len(layout.attention_js)
     P, S, hd, nkv = prompt_len, prompt_len + gen_len - 1, config.head_dim, config.num_key_value_heads
     cc = policy.compress_cache
-    buffers = sum(k.slots * sum(k.stored) for k in layout.kinds)             # every tensor off the gpu
-    dequant = sum(k.slots * sum(d for d, p in zip(k.dense, k.packed) if p) for k in layout.kinds)
+    buffers = _buffer_bytes(layout, lambda kl, n: kl.stored[n])             # every tensor off the gpu
+    dequant = _buffer_bytes(layout, lambda kl, n: kl.dense[n] * kl.packed[n])
     home = 2 * _kv_bytes(g, nkv, S, hd, dtype, cc)                           # one (layer, batch) cache
     stage = _stage_bytes(g, nkv, P, hd, dtype, cc)
     staged = 2 * g * nkv * P * hd * e                                       # prefill k/v awaiting store_cache

@@ -4,8 +4,10 @@ per token, FLOPs per token (dense and activated experts). Pure functions; no ten
 Conventions: a "decoder layer" is one attention block plus one MLP (or sparse-MoE) block, with their norms
 and biases. Element counts are exact for the families we implement (OPT, Llama-shaped, Mixtral, Qwen3,
 Qwen-MoE with routed experts of `moe_intermediate_size` and a shared expert, Gemma2/3 with their extra norms,
-Phi3); a Qwen-MoE model with dense layers (`mlp_only_layers`, `decoder_sparse_step`) is counted as if every
-layer were sparse (an upper bound: its dense MLPs are smaller than the experts together); byte
+Phi3, DeepSeek-V2/V3 with MLA projections, shared experts and V3's router bias); the per-layer functions
+take an optional decoder-layer index: without it, an MoE model's layer is counted as sparse (an upper bound
+for models with dense layers: `mlp_only_layers`, `decoder_sparse_step`, DeepSeek's `first_k_dense_replace`),
+with it the layer as it is; `total_numel` sums the layers exactly. Byte
 counts multiply by `bytes_per_element`, and `compressed_bytes` gives the 4-bit group-wise size
 (4 bits per value plus an fp16 min and scale per group of 64: 36 / 128 = 0.28x of fp16).
 """
@@ -38,8 +40,18 @@ def _is_gemma(config: ModelConfig) -> bool:
 _QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM")   # per-head q/k RMSNorm weights
 
 
+def _mla_matmul_numel(c: ModelConfig) -> int:
+    """MLA's projections: q (through the q LoRA when there is one), kv_a (latent + shared rope key), kv_b, o."""
+    h, nh, qk = c.hidden_size, c.num_attention_heads, c.qk_nope_head_dim + c.qk_rope_head_dim
+    q = h * c.q_lora_rank + c.q_lora_rank * nh * qk if c.q_lora_rank else h * nh * qk
+    kv = h * (c.kv_lora_rank + c.qk_rope_head_dim) + c.kv_lora_rank * nh * (c.qk_nope_head_dim + c.v_head_dim)
+    return q + kv + nh * c.v_head_dim * h
+
+
 def attention_matmul_numel(config: ModelConfig) -> int:
     """Elements of the q/k/v/o projection matrices of one layer (quantizable)."""
+    if config.is_mla:
+        return _mla_matmul_numel(config)
     h, q_dim = config.hidden_size, config.num_attention_heads * config.head_dim
     kv_dim = config.num_key_value_heads * config.head_dim
     return h * q_dim + 2 * h * kv_dim + q_dim * h  # q_proj, k_proj + v_proj, o_proj
@@ -52,6 +64,8 @@ def attention_other_numel(config: ModelConfig) -> int:
     if _is_opt(config):
         bias = (q_dim + 2 * kv_dim + h) if config.enable_bias else 0
         return bias + 2 * h  # biases + layer norm weight and bias
+    if config.is_mla:
+        return h + (config.q_lora_rank or 0) + config.kv_lora_rank  # input, q_a and kv_a RMSNorms
     bias = (q_dim + 2 * kv_dim) if config.attention_bias else 0
     qk_norm = 2 * config.head_dim if config.architecture in _QK_NORM else 0
     post = h if _is_gemma(config) else 0   # Gemma's post_attention_layernorm (on the attention output)
@@ -68,34 +82,42 @@ def expert_numel(config: ModelConfig) -> int:
 
 
 def _shared_expert_numel(config: ModelConfig) -> int:
-    """Elements of Qwen2-MoE's shared expert and its sigmoid gate (0 without one)."""
+    """Elements of Qwen2-MoE's shared expert and its sigmoid gate, or of DeepSeek's ungated shared experts
+    (0 without one)."""
+    if config.n_shared_experts:
+        return 3 * config.hidden_size * config.n_shared_experts * config.expert_intermediate_size
     si = config.shared_expert_intermediate_size
     return 3 * config.hidden_size * si + config.hidden_size if si else 0
 
 
-def mlp_matmul_numel(config: ModelConfig) -> int:
+def _sparse(config: ModelConfig, layer: int | None) -> bool:
+    return config.is_moe and (layer is None or config.is_moe_layer(layer))
+
+
+def mlp_matmul_numel(config: ModelConfig, layer: int | None = None) -> int:
     """Elements of one MLP block's matrices: all experts for MoE (plus the router and a shared expert),
-    else one FFN."""
+    else one FFN (decoder layer `layer` as it is; None: sparse for an MoE model)."""
     h, i = config.hidden_size, config.intermediate_size
     ffn_matmul = (2 if _is_opt(config) else 3) * h * i
-    if config.is_moe:
+    if _sparse(config, layer):
         e = config.num_local_experts
         return e * expert_numel(config) + h * e + _shared_expert_numel(config)  # experts + router + shared
     return ffn_matmul
 
 
-def mlp_other_numel(config: ModelConfig) -> int:
-    """Elements of one MLP block's norm and biases."""
+def mlp_other_numel(config: ModelConfig, layer: int | None = None) -> int:
+    """Elements of one MLP block's norm and biases (DeepSeek-V3's router correction bias on sparse layers)."""
     h, i = config.hidden_size, config.intermediate_size
     if _is_opt(config):
         return ((i + h) if config.enable_bias else 0) + 2 * h
-    return 2 * h if _is_gemma(config) else h   # Gemma: pre_ and post_feedforward_layernorm
+    bias = config.num_local_experts if config.scoring_func == "sigmoid" and _sparse(config, layer) else 0
+    return bias + (2 * h if _is_gemma(config) else h)   # Gemma: pre_ and post_feedforward_layernorm
 
 
-def layer_numel(config: ModelConfig) -> int:
-    """Elements of one decoder layer (attention + MLP/experts, norms and biases)."""
+def layer_numel(config: ModelConfig, layer: int | None = None) -> int:
+    """Elements of one decoder layer (attention + MLP/experts, norms and biases); `layer` as in mlp_matmul_numel."""
     return (attention_matmul_numel(config) + attention_other_numel(config)
-            + mlp_matmul_numel(config) + mlp_other_numel(config))
+            + mlp_matmul_numel(config, layer) + mlp_other_numel(config, layer))
 
 
 def embed_numel(config: ModelConfig) -> int:
@@ -121,7 +143,8 @@ def head_numel(config: ModelConfig) -> int:
 
 def total_numel(config: ModelConfig) -> int:
     """All parameters of the model."""
-    return embed_numel(config) + config.num_hidden_layers * layer_numel(config) + head_numel(config)
+    layers = sum(layer_numel(config, i) for i in range(config.num_hidden_layers))
+    return embed_numel(config) + layers + head_numel(config)
 
 
 def compressed_bytes(numel: int | float) -> float:

@@ -1,0 +1,185 @@
+"""AWQ / GPTQ int4 checkpoints load into our 4-bit format: packed here from a random float weight exactly as
+AutoAWQ (`WQLinear_GEMM.from_linear`) and AutoGPTQ (`QuantLinear.pack`) lay them out, saved as safetensors
+with a quantization_config, loaded through `load_model`: the QTensors dequantize to the reference
+(q - z) * s bit for bit (fp32), and the logits equal transformers' on a float checkpoint of those weights.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import build_tiny_checkpoint
+from engine.models.loader import load_model
+from engine.policy.policy import Policy
+from engine.quant.group import dequantize
+from engine.quant.qtensor import QTensor
+from test_executor import make_prompts
+from test_families_parity import _check_against_hf, _run
+
+GROUP = 32
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
+
+
+def quantize_ref(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit of w [out, in] per (output, group of inputs): q [out, in] int, z / s [out, groups]."""
+    out_f, in_f = w.shape
+    g = w.view(out_f, in_f // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    s = ((hi - lo) / 15).clamp(min=1e-8).half()                                  # float16 as both tools store
+    z = torch.round(-lo / s.float()).clamp(0, 15)
+    q = torch.clamp(torch.round(g / s.float()[..., None]) + z[..., None], 0, 15).view(out_f, in_f)
+    return q.int(), z.int(), s
+
+
+def dequant_ref(q, z, s, group: int) -> torch.Tensor:
+    """(q - z) * s, float32 [out, in]."""
+    zz = z.repeat_interleave(group, dim=1).float()
+    return (q.float() - zz) * s.float().repeat_interleave(group, dim=1)
+
+
+def pack_cols(x: torch.Tensor, order) -> torch.Tensor:
+    """[r, 8n] ints -> int32 [r, n]: nibble k of column c holds column 8c + order[k]."""
+    out = torch.zeros(x.shape[0], x.shape[1] // 8, dtype=torch.int64)
+    for c in range(out.shape[1]):
+        for k in range(8):
+            out[:, c] |= x[:, 8 * c + order[k]].long() << (4 * k)
+    return out.to(torch.int32)                                                     # wraps like a uint32 view
+
+
+def pack_awq(w: torch.Tensor, group: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    q, z, s = quantize_ref(w, group)
+    packed = {"qweight": pack_cols(q.t(), AWQ_ORDER), "qzeros": pack_cols(z.t(), AWQ_ORDER),
+              "scales": s.t().contiguous()}
+    return packed, dequant_ref(q, z, s, group)
+
+
+def pack_gptq(w: torch.Tensor, group: int, zero_offset: int = 1) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    q, z, s = quantize_ref(w, group)
+    qt = q.t()                                                                     # [in, out]
+    qweight = torch.zeros(qt.shape[0] // 8, qt.shape[1], dtype=torch.int64)
+    for r in range(qweight.shape[0]):
+        for k in range(8):
+            qweight[r] |= qt[8 * r + k].long() << (4 * k)
+    zeros = (z.t() - zero_offset) & 0xF                                           # "gptq" stores z - 1
+    packed = {"qweight": qweight.to(torch.int32), "qzeros": pack_cols(zeros, list(range(8))),
+              "scales": s.t().contiguous(), "g_idx": torch.arange(w.shape[1], dtype=torch.int32) // group}
+    return packed, dequant_ref(q, z, s, group)
+
+
+def write_int4(src: Path, dst: Path, method: str, qc: dict, group: int | None = GROUP,
+               **kw) -> dict[str, torch.Tensor]:
+    """Copy checkpoint `src` to `dst` with every decoder linear packed by `method` in groups of `group` inputs
+    (None: one group per row); a float copy of the dequantized weights goes to `dst`.parent / (dst.name +
+    "_float"). Returns name -> reference weight."""
+    tensors = load_file(str(src / "model.safetensors"))
+    packed, float_copy, ref = {}, dict(tensors), {}
+    for name, w in tensors.items():
+        module = name.rsplit(".", 2)
+        if len(module) == 3 and module[1] in LINEARS and module[2] == "weight":
+            parts, deq = (pack_awq if method == "awq" else pack_gptq)(w.float(), group or w.shape[1], **kw)
+            packed.update({f"{name[:-len('weight')]}{k}": v for k, v in parts.items()})
+            float_copy[name], ref[name] = deq, deq
+        else:
+            packed[name] = w
+    for folder, data in ((dst, packed), (dst.parent / f"{dst.name}_float", float_copy)):
+        folder.mkdir()
+        save_file(data, str(folder / "model.safetensors"))
+        d = json.loads((src / "config.json").read_text())
+        if folder == dst:
+            d["quantization_config"] = qc
+        (folder / "config.json").write_text(json.dumps(d))
+    return ref
+
+
+AWQ_QC = {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True, "version": "gemm"}
+GPTQ_QC = {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": False, "sym": False}
+
+
+@pytest.fixture(scope="module")
+def floats(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("int4src")
+    return {kind: (build_tiny_checkpoint(kind, root / kind), root / kind)[1] for kind in ("llama", "mixtral")}
+
+
+@pytest.mark.parametrize("kind, method, qc, kw", [
+    ("llama", "awq", AWQ_QC, {}),
+    ("llama", "gptq", GPTQ_QC, {}),
+    ("mixtral", "gptq", {**GPTQ_QC, "checkpoint_format": "gptq_v2"}, {"zero_offset": 0}),
+    ("mixtral", "awq", AWQ_QC, {}),
+])
+def test_int4_weights_and_logits(floats, tmp_path, kind, method, qc, kw):
+    import transformers
+
+    ref = write_int4(floats[kind], tmp_path / kind, method, qc, **kw)
+    loaded = load_model(tmp_path / kind, dtype=torch.float32)
+    checked = 0
+    for spec in loaded.family.layer_specs():
+        dense = loaded.weights.get(spec)
+        packed = loaded.weights.get_qtensors(spec)
+        for local, ws in spec.weights.items():
+            if not all(s in ref for s in ws.sources):
+                assert local not in packed
+                continue
+            q = packed[local]
+            assert isinstance(q, QTensor) and q.config.group_size == GROUP and tuple(q.shape) == ws.shape
+            parts = [ref[s] for s in ws.sources]
+            want = torch.stack(parts) if len(ws.shape) == 3 else torch.cat(parts)
+            assert torch.equal(dequantize(q), want) and torch.equal(dense[local], want), f"{spec.name}/{local}"
+            checked += 1
+    assert checked >= 4 * loaded.config.num_hidden_layers // 2
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / f"{kind}_float").eval()
+    prompts = make_prompts(8, loaded.config.vocab_size, seed=5, lo=2, hi=30)
+    sel = _run(loaded, Policy(gpu_batch_size=4, num_gpu_batches=2), prompts, [5] * 8)
+    _check_against_hf(hf, prompts, sel)
+
+
+@pytest.mark.parametrize("method, qc", [("gptq", GPTQ_QC), ("awq", AWQ_QC)])
+def test_group_size_minus_one_is_one_group_per_row(floats, tmp_path, method, qc):
+    ref = write_int4(floats["llama"], tmp_path / "g", method, {**qc, "group_size": -1}, group=None)
+    loaded = load_model(tmp_path / "g", dtype=torch.float32)
+    spec = loaded.family.layer_specs()[2]                                          # layer 0's MLP
+    q = loaded.weights.get_qtensors(spec)["down_proj.weight"]
+    assert q.config.group_size == 128 and torch.equal(dequantize(q), ref["model.layers.0.mlp.down_proj.weight"])
+
+
+def test_a_group_size_that_does_not_match_the_tensors_names_them(floats, tmp_path):
+    """Found from the headers at load, before any weight is read."""
+    write_int4(floats["llama"], tmp_path / "w", "awq", {**AWQ_QC, "group_size": 16})
+    with pytest.raises(ValueError, match=r"q_proj\.qzeros' is \[2, 8\], expected \[4, 8\].*groups of 16"):
+        load_model(tmp_path / "w", dtype=torch.float32)
+
+
+def test_act_order_g_idx_is_refused_naming_the_tensor(floats, tmp_path):
+    """desc_act with g_idx still input // group_size loads; a permuted g_idx is refused at load."""
+    write_int4(floats["llama"], tmp_path / "act", "gptq", {**GPTQ_QC, "desc_act": True})
+    assert load_model(tmp_path / "act").config.num_hidden_layers == 2
+    path = tmp_path / "act" / "model.safetensors"
+    tensors = load_file(str(path))
+    name = "model.layers.0.self_attn.q_proj.g_idx"
+    tensors[name] = tensors[name][torch.randperm(tensors[name].numel(), generator=torch.Generator().manual_seed(0))]
+    save_file(tensors, str(path))
+    with pytest.raises(ValueError, match=r"q_proj\.g_idx.*act-order"):
+        load_model(tmp_path / "act", dtype=torch.float32)
+
+
+@pytest.mark.parametrize("qc, match", [
+    ({**AWQ_QC, "bits": 8}, "bits=8 is not supported"),
+    ({**AWQ_QC, "version": "gemv"}, "version='gemv' is not supported"),
+    ({**AWQ_QC, "zero_point": False}, "zero_point=false"),
+    ({**GPTQ_QC, "checkpoint_format": "marlin"}, "checkpoint_format='marlin'"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "pre-quantized checkpoint.*'bitsandbytes'"),
+    ({"quant_method": "fp8", "fmt": "e4m3"}, "pre-quantized checkpoint.*'fp8'"),
+])
+def test_unsupported_settings_are_named(floats, tmp_path, qc, match):
+    dst = tmp_path / "bad"
+    shutil.copytree(floats["llama"], dst)
+    d = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**d, "quantization_config": qc}))
+    with pytest.raises(ValueError, match=match):
+        load_model(dst)
