@@ -1,0 +1,102 @@
+"""Every MoE policy (CGOPipe pipelining on/off, CPU attention on/off, paged weights, 4-bit) gives the greedy
+tokens of the all-in-memory run: tiny random Mixtral, Qwen2-MoE and Qwen3-MoE from transformers, on the CPU
+and (skipped without one) on CUDA."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from engine.models.loader import load_model
+from engine.runtime import kv_cache
+from engine.policy.policy import Policy
+from test_executor import make_prompts, run_policy
+from test_families_parity import build_family_checkpoint
+
+BASE = dict(gpu_batch_size=3, num_gpu_batches=3)
+W_OFF = dict(w_gpu=0.0, w_cpu=0.4)                       # the rest on disk: loads move, in pages, on a CPU too
+CACHE_HOST = dict(cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True)
+POLICIES = {
+    "pipelined_cpu_attn": dict(**CACHE_HOST),
+    "pipelined_w_off_pages": dict(**CACHE_HOST, **W_OFF, weight_pages=5),
+    "no_pipeline_cpu_attn": dict(**CACHE_HOST, **W_OFF, pipeline=False),
+    "pipelined_split_cache": dict(cache_gpu=0.5, cache_cpu=0.5, cpu_attention=True, **W_OFF, weight_pages=2),
+    "pipelined_disk_cache": dict(cache_gpu=0.0, cache_cpu=0.0, cpu_attention=True),
+    "pipelined_4bit": dict(**CACHE_HOST, **W_OFF, compress_weights=True, compress_cache=True),
+    "no_pipeline_4bit": dict(**CACHE_HOST, **W_OFF, compress_weights=True, compress_cache=True, pipeline=False),
+    "pipelined_acts_off": dict(**CACHE_HOST, act_gpu=0.0, act_cpu=1.0),
+    "pipelined_no_overlap": dict(**CACHE_HOST, **W_OFF, overlap=False),
+    "gpu_attn_cache_cpu_pages": dict(cache_gpu=0.0, cache_cpu=1.0, **W_OFF, weight_pages=4),
+    "one_batch_pipelined": dict(gpu_batch_size=9, num_gpu_batches=1, **CACHE_HOST, **W_OFF),
+}
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+@pytest.fixture(scope="module")
+def moe_models(tiny_checkpoints, tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe")
+    paths = {"mixtral": tiny_checkpoints["mixtral"]}
+    for kind in ("qwen2_moe", "qwen3_moe"):
+        build_family_checkpoint(kind, root / kind)
+        paths[kind] = root / kind
+    return {kind: load_model(path, dtype=torch.float32) for kind, path in paths.items()}
+
+
+def _prompts(loaded):
+    return make_prompts(9, loaded.config.vocab_size, seed=7), [6, 9, 3, 9, 7, 9, 5, 9, 8]
+
+
+@pytest.fixture(scope="module")
+def references(moe_models):
+    """(kind, device, 4-bit) -> tokens of the all-in-memory policy (4-bit weights and cache when compressed)."""
+    out = {}
+    for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
+        for kind, loaded in moe_models.items():
+            prompts, max_new = _prompts(loaded)
+            for q4 in (False, True):
+                policy = Policy(**BASE, compress_weights=q4, compress_cache=q4)
+                out[(kind, device, q4)] = run_policy(loaded, policy, prompts, max_new, device=device)[0]
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_moe_policy_matches_in_memory(moe_models, references, kind, name, device, tmp_path):
+    loaded = moe_models[kind]
+    prompts, max_new = _prompts(loaded)
+    verbs = []
+    got, ex = run_policy(loaded, Policy(**{**BASE, **POLICIES[name]}), prompts, max_new, device=device,
+                         disk_dir=tmp_path, hook=lambda a: verbs.append(a.verb))
+    policy = ex.policy
+    assert got == references[(kind, device, policy.compress_cache)]
+    attention_layers = sum(1 for s in ex.specs if s.kind == "attention")
+    pipelined = policy.pipeline and policy.cpu_attention           # every decode attention is joined
+    assert verbs.count("join_attention") == (pipelined * (max(max_new) - 1) * attention_layers
+                                             * policy.num_gpu_batches)
+
+
+def test_pipelined_host_attention_runs_off_the_compute_thread(moe_models, monkeypatch):
+    """The host part of a pipelined decode attention runs on the host-attention thread; without `pipeline`
+    (the ablation) on the caller's."""
+    loaded = moe_models["mixtral"]
+    prompts, max_new = _prompts(loaded)
+    seen = set()
+    original = kv_cache.cpu_decode_attention
+
+    def spy(*args, **kwargs):
+        seen.add(threading.current_thread().name.split("_")[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(kv_cache, "cpu_decode_attention", spy)
+    run_policy(loaded, Policy(**BASE, **CACHE_HOST), prompts, max_new)
+    assert seen == {"engine-host-attn"}
+    seen.clear()
+    run_policy(loaded, Policy(**BASE, **CACHE_HOST, pipeline=False), prompts, max_new)
+    assert seen == {"MainThread"}
+
+
+def test_policy_rejects_negative_pages():
+    with pytest.raises(ValueError, match="weight_pages"):
+        Policy(weight_pages=-1)
