@@ -43,3 +43,22 @@ def test_wrangle_workload_reports_rows_per_hour(tmp_path):
     assert rec["ok"] and rec["blocks"] == 3 and rec["prefix_len"] == 16
     assert rec["rows_per_h"] == pytest.approx(10 * 3600 / rec["total_s"], rel=1e-3)
     assert rec["rows_1m_h"] == pytest.approx(1e6 / rec["rows_per_h"])
+
+
+def test_moe_workload_runs_ours_and_the_ablation(tmp_path):
+    """Workload `moe` on tiny Mixtral: `llmops` pipelined, `llmops-no-pipeline` the same policy with
+    `pipeline` off (overlap kept); the accelerate peer's record says why it skipped or what it ran."""
+    out = tmp_path / "m.jsonl"
+    policy = {"gpu_batch_size": 3, "num_gpu_batches": 2, "w_gpu": 0.0, "w_cpu": 0.5, "cache_gpu": 0.0,
+              "cache_cpu": 1.0, "cpu_attention": True, "weight_pages": 4}
+    records = throughput.main(["--workload", "moe", "--model", "tiny-mixtral", "--prompt-len", "10", "--gen-len", "3",
+                               "--num-prompts", "6", "--gpu-memory", "none", "--out", str(out),
+                               "--system", "llmops", "--system", "llmops-no-pipeline", "--system", "accelerate",
+                               "--peer-gen-len", "2", "--policy", json.dumps(policy)])
+    assert len(records) == 3 and len({r["run_id"] for r in records}) == 1
+    ours, ablation, peer = records
+    for r in (ours, ablation):
+        assert FIELDS <= set(r) and r["ok"] and r["workload"] == "moe" and r["generated_tokens"] == 6 * 3
+        assert r["policy"]["overlap"] and r["policy"]["cpu_attention"] and r["policy"]["weight_pages"] == 4
+    assert ours["policy"]["pipeline"] and not ablation["policy"]["pipeline"]
+    assert peer["system"] == "accelerate" and (peer.get("skipped") or peer["gen_len"] == 2)
