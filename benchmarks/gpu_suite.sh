@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|moe|moe-peers]
+# moe / moe-peers (not in all; ~6-9 min each): issue 17's MoE tests and Mixtral-8x7B runs / HF Accelerate on it.
 # policy mode: POLICY_MODELS (default opt-6.7b,opt-30b:8) and POLICY_BUDGET_S (default 400) pick its models and time.
 # Results land in $OUT as <benchmark>_<workload>.json (bench_common.results_path) + logs; the lead commits them
 # under benchmarks/results/h200/ (one file per benchmark and workload, replaced by a newer run: history is git's).
@@ -41,4 +42,18 @@ if [[ $what == policy || $what == all ]]; then
   python3 benchmarks/policy_validation.py --out-dir "$OUT" --trials 8 --time-budget-s "${POLICY_BUDGET_S:-400}" \
     --models "${POLICY_MODELS:-opt-6.7b,opt-30b:8}" 2>&1 \
     | tee "$OUT/policy_validation.log" | tail -30
+fi
+if [[ $what == moe ]]; then
+  { python3 -m pytest -q -p no:cacheprovider tests/test_moe_pipeline.py tests/test_moe_schedule.py \
+      tests/test_moe_cost_model.py
+    python3 benchmarks/cpu_attention_speed.py --shape mixtral-8x7b        # $OUT/cpu_attention_speed_mixtral-8x7b.json
+    python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --out-dir "$OUT" \
+      --policy auto --system llmops --system llmops-no-pipeline
+  } 2>&1 | tee "$OUT/moe.log" | tail -40
+fi
+if [[ $what == moe-peers ]]; then
+  # Accelerate streams 93 GB of fp16 from pageable RAM: ~16 s per step at batch 256 (ENVIRONMENT.md), so a few steps
+  python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --system accelerate \
+    --peer-rows 256 --peer-gen-len "${MOE_PEER_GEN:-4}" --out "$OUT/throughput_moe-accelerate.jsonl" 2>&1 \
+    | tee "$OUT/moe_peers.log" | tail -10
 fi

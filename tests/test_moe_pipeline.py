@@ -4,15 +4,19 @@ and (skipped without one) on CUDA."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
 
+from conftest import requires_cuda
 from engine.models.loader import load_model
+from engine.policy.hardware import reference_profile
 from engine.runtime import kv_cache
 from engine.policy.policy import Policy
 from test_executor import make_prompts, run_policy
 from test_families_parity import build_family_checkpoint
+from test_policy_trial import check_budget_consistency
 
 BASE = dict(gpu_batch_size=3, num_gpu_batches=3)
 W_OFF = dict(w_gpu=0.0, w_cpu=0.4)                       # the rest on disk: loads move, in pages, on a CPU too
@@ -100,3 +104,15 @@ def test_pipelined_host_attention_runs_off_the_compute_thread(moe_models, monkey
 def test_policy_rejects_negative_pages():
     with pytest.raises(ValueError, match="weight_pages"):
         Policy(weight_pages=-1)
+
+
+@requires_cuda
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_memory_accounting_with_the_pipeline_on_cuda(pipeline, tmp_path):
+    """On CUDA the pipeline's pinned staging (`hattn`) is counted by the memory model exactly as the
+    executor reserves it, and the budgets hold."""
+    profile = replace(reference_profile("h200"), device_type="cuda")
+    policy = Policy(gpu_batch_size=3, num_gpu_batches=2, w_gpu=0.0, w_cpu=1.0, cache_gpu=0.5, cache_cpu=0.5,
+                    cpu_attention=True, compress_weights=True, compress_cache=True, pipeline=pipeline,
+                    weight_pages=3)
+    check_budget_consistency("tiny-mixtral", policy, torch.device("cuda"), profile, tmp_path)

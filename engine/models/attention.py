@@ -30,7 +30,7 @@ from engine.models.config import ModelConfig
 from engine.quant.group import dequantize
 from engine.quant.qtensor import QTensor
 
-_CPU_CHUNK_BYTES = 64 << 20
+CPU_CHUNK_BYTES = 64 << 20       # dense keys + values dequantized per chunk of host attention
 
 
 def causal_mask(key_valid: torch.Tensor, s: int) -> torch.Tensor:
@@ -123,14 +123,16 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_vali
 
 
 def cpu_decode_attention(q: torch.Tensor, k: torch.Tensor | QTensor, v: torch.Tensor | QTensor,
-                         key_valid: torch.Tensor, scale: float, softcap: float | None = None) -> torch.Tensor:
+                         key_valid: torch.Tensor, scale: float, softcap: float | None = None,
+                         chunk_bytes: int = CPU_CHUNK_BYTES) -> torch.Tensor:
     """`decode_attention` on host tensors, chunked over the batch so a compressed cache is dequantized
-    one chunk (~64 MiB of keys+values) at a time; each chunk runs torch's multi-threaded SDPA kernel in
-    the cache's own dtype. k/v may be memory-mapped (disk tier): pages are read as chunks are touched."""
+    one chunk (about `chunk_bytes` of dense keys+values) at a time; each chunk runs torch's multi-threaded
+    SDPA kernel (threads across rows and heads) in the cache's own dtype. k/v may be memory-mapped (disk
+    tier): pages are read as chunks are touched. benchmarks/cpu_attention_speed.py measures the chunk sizes."""
     b, nh, _, hd = q.shape
     nkv, t = k.shape[1], k.shape[2]
     row_bytes = 2 * nkv * t * hd * q.element_size()
-    chunk = max(1, min(b, _CPU_CHUNK_BYTES // max(1, row_bytes)))
+    chunk = max(1, min(b, chunk_bytes // max(1, row_bytes)))
     if chunk >= b and not isinstance(k, QTensor):
         return decode_attention(q, k, v, key_valid, scale, softcap)
     out = torch.empty_like(q)                                               # [b, nh, 1, hd]

@@ -8,7 +8,8 @@ policy's cache fractions (`split_ranges`); each segment's keys/values live on on
 (`QTensor`, groups along hd). Attention per segment runs where the policy says:
   - gpu home: written in place, attention on the compute device;
   - cpu/disk home, decode, cpu_attention: the new q/k/v go to the host, attention runs there, only the
-    output comes back;
+    output comes back (`decode`: in the calling thread; `decode_start`: on the `HostAttention` thread, joined
+    later by the MoE pipeline, `engine.runtime.moe_schedule`);
   - cpu/disk home otherwise: `load` copies the whole home into a device buffer before compute (the
     executor overlaps it with the previous GPU batch), attention runs on the device, and `store` writes
     the new positions back to the home after compute.
