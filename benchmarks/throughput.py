@@ -243,9 +243,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                                   "rows_per_h", "roofline_fraction", "peak_device_gib", "error")}),
               flush=True)
 
+    planned: list[tuple[str, Policy, dict | None]] = []     # --policy resolved once: every system runs the same
     for system in args.system or ["llmops"]:
         if system in ("llmops", "llmops-no-pipeline"):
-            for name, policy, predicted in choose(args, config, device, dtype, profile, rows_arg):
+            planned = planned or list(choose(args, config, device, dtype, profile, rows_arg))
+            for name, policy, predicted in planned:
                 if system == "llmops-no-pipeline":
                     off = {"pipeline": False} if args.workload == "moe" else {"overlap": False}
                     policy = Policy.from_dict({**policy.to_dict(), **off})
