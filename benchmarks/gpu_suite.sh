@@ -44,11 +44,12 @@ if [[ $what == policy || $what == all ]]; then
     | tee "$OUT/policy_validation.log" | tail -30
 fi
 if [[ $what == moe ]]; then
-  { python3 -m pytest -q -p no:cacheprovider tests/test_moe_pipeline.py tests/test_moe_schedule.py \
-      tests/test_moe_cost_model.py
+  { python3 -m pytest -q -p no:cacheprovider tests/test_moe_pipeline.py tests/test_moe_schedule.py
     python3 benchmarks/cpu_attention_speed.py --shape mixtral-8x7b        # $OUT/cpu_attention_speed_mixtral-8x7b.json
+    # auto from the reference profile, no trials (bounded time; MOE_PLAN="--plan-profile measured --trials 4"
+    # plans as LLM(policy="auto") does, +1-4 min); the ablation runs the same policy with pipeline off
     python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --out-dir "$OUT" \
-      --policy auto --system llmops --system llmops-no-pipeline
+      ${MOE_PLAN:---plan-profile reference --trials 0} --policy auto --system llmops --system llmops-no-pipeline
   } 2>&1 | tee "$OUT/moe.log" | tail -40
 fi
 if [[ $what == moe-peers ]]; then
