@@ -117,7 +117,7 @@ class Executor:
                      self.device, pad_id=c.pad_token_id or 0, min_prefix=_MIN_SHARED_PREFIX)
             for s in range(0, len(prompts), gbs)
         ]
-        K, J = len(batches), len(self.specs)
+        K = len(batches)
         cc = self.cquant is not None
         staged = staged_kv_heads(c.num_key_value_heads, p.cache_gpu, p.cache_cpu, self.device.type, cc)
         work = max(working_bytes(c, b.size, b.prompt_len, b.length, self.dtype, cc, staged,
