@@ -56,10 +56,11 @@ class HostAttention:
         event = None
         if self.device.type == "cuda":
             staged = []
-            for name, x in (("q", q), ("k", k), ("v", v)):
-                buf = self.arena.get(f"{key}.{name}", Tier.CPU, tuple(x.shape), x.dtype)
-                event = copy(buf, x, stream=self.transfers.streams.get("store"))
-                staged.append(buf)
+            with torch.cuda.device(self.device):                # the streams of the executor's device
+                for name, x in (("q", q), ("k", k), ("v", v)):
+                    buf = self.arena.get(f"{key}.{name}", Tier.CPU, tuple(x.shape), x.dtype)
+                    event = copy(buf, x, stream=self.transfers.streams.get("store"))
+                    staged.append(buf)
             q, k, v = staged
             out_buf = self.arena.get(f"{key}.out", Tier.CPU, tuple(q.shape), q.dtype)
 
