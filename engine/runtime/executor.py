@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from engine.models.attention import attention_layer, attention_output, decode_inputs
+from engine.policy.memory import pipelines_host_attention
 from engine.policy.policy import Policy
 from engine.policy.working import (
     DECODE_CHUNK_BYTES, PREFILL_CHUNK_TOKENS, row_chunks, staged_kv_heads, working_bytes,
@@ -43,7 +44,7 @@ _MIN_SHARED_PREFIX = 4   # a GPU batch's common leading tokens are computed once
 # reference cycle, so its device tensors would outlive `close()` until the cyclic GC happened to run)
 _VERBS = {verb: f"_{verb}" for verb in
           ("load_weight", "load_cache", "load_hidden", "store_cache", "store_hidden", "compute", "sync",
-                   "join_attention")}
+           "join_attention")}
 
 
 class Executor:
@@ -70,7 +71,7 @@ class Executor:
         self.arena = Arena(self.device, self.budget, Path(disk_dir) if disk_dir is not None else None)
         self.transfers = Transfers(self.device, policy.overlap)
         self.host_attention = HostAttention(self.arena, self.transfers)
-        self.pipelined = policy.pipeline and policy.cpu_attention and self.config.is_moe
+        self.pipelined = pipelines_host_attention(self.config, policy)
         self.wquant = quant_config if policy.compress_weights else None
         self.cquant = cache_quant_config if policy.compress_cache else None
         self.prefill_chunk_tokens, self.decode_chunk_bytes = prefill_chunk_tokens, decode_chunk_bytes
