@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|moe|moe-peers|multigpu|multigpu-wrangle|multigpu-one]
+# moe / moe-peers (not in all; ~6-9 min each): issue 17's MoE tests and Mixtral-8x7B runs / HF Accelerate on it.
 # Several GPUs (not in all): bash benchmarks/gpu_suite.sh multigpu (GPU tests of several devices, OPT-30B pipeline and
 # OPT-6.7B data-parallel on 1 and N GPUs), multigpu-wrangle (Llama-3-70B on 1 and N GPUs); N = every visible GPU (GPUS=N to pick fewer).
 # multigpu-one: the same code on a machine of one GPU (two stages on cuda:0; tokens must match, no speed-up).
@@ -68,4 +69,19 @@ if [[ $what == multigpu-one ]]; then
     python3 benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB --gen-len 8 \
       --policy 4bit_w_cpu_cache_gpu_48x1 --gpus 1 --gpus 2 --one-device --out "$OUT/throughput_flexgen-one-gpu-stages.jsonl"
   } 2>&1 | tee "$OUT/multigpu_one.log" | tail -30
+fi
+if [[ $what == moe ]]; then
+  { python3 -m pytest -q -p no:cacheprovider tests/test_moe_pipeline.py tests/test_moe_schedule.py
+    python3 benchmarks/cpu_attention_speed.py --shape mixtral-8x7b        # $OUT/cpu_attention_speed_mixtral-8x7b.json
+    # auto from the reference profile, no trials (bounded time; MOE_PLAN="--plan-profile measured --trials 4"
+    # plans as LLM(policy="auto") does, +1-4 min); the ablation runs the same policy with pipeline off
+    python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --out-dir "$OUT" \
+      ${MOE_PLAN:---plan-profile reference --trials 0} --policy auto --system llmops --system llmops-no-pipeline
+  } 2>&1 | tee "$OUT/moe.log" | tail -40
+fi
+if [[ $what == moe-peers ]]; then
+  # Accelerate streams 93 GB of fp16 from pageable RAM: ~16 s per step at batch 256 (ENVIRONMENT.md), so a few steps
+  python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --system accelerate \
+    --peer-rows 256 --peer-gen-len "${MOE_PEER_GEN:-4}" --out "$OUT/throughput_moe-accelerate.jsonl" 2>&1 \
+    | tee "$OUT/moe_peers.log" | tail -10
 fi

@@ -4,9 +4,12 @@ Workloads (dummy weights from a preset, as the FlexGen paper measured):
     flexgen   OPT-30B (or --model opt-6.7b / opt-175b), prompt 512, gen 32: generated tokens/s
     wrangle   Llama-3-70B, rows of a 150-token shared prefix + 50 distinct tokens, gen 10: rows/h and the
               hours for 1M rows
+    moe       Mixtral-8x7B (or --model mixtral-8x22b), 512 rows, prompt 77, gen 128: generated tokens/s
 Systems (--system, repeatable): llmops (the executor under each --policy), llmops-no-pipeline (the same
-policies with overlap off), flexgen (FlexGen 0.1.8's OptLM, OPT only), accelerate (HF Accelerate); a peer
-whose package or GPU is absent writes a record with `skipped` saying so. Policies (--policy, repeatable):
+policies with overlap off; for `moe`, the ablation `Policy.pipeline=False`: host attention synchronous and
+each layer's weights in one transfer, overlap kept), flexgen (FlexGen 0.1.8's OptLM, OPT only), accelerate
+(HF Accelerate; --peer-rows / --peer-gen-len give it a smaller batch or fewer new tokens, recorded as run);
+a peer whose package or GPU is absent writes a record with `skipped` saying so. Policies (--policy, repeatable):
 "auto" (the engine's search for this workload and budget, 4-bit allowed per --compress), a name from the
 workload's suite (`SUITES`, the policies the old gpu_offload.py ran), or a Policy as JSON.
 
@@ -27,6 +30,8 @@ the N > 1 runs' stages on cuda:0 (the same code on one GPU: tokens must match, n
     python benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB --policy auto \\
         --policy 4bit_w_cpu_cache_gpu_b48 --system llmops --system flexgen
     python benchmarks/throughput.py --workload wrangle --model llama-3-70b --rows 1536 --gpu-memory 16GiB
+    python benchmarks/throughput.py --workload moe --gpu-memory 16GiB --policy auto --system llmops \
+        --system llmops-no-pipeline
     python benchmarks/throughput.py --workload flexgen --model tiny-opt --prompt-len 16 --gen-len 4 \\
         --num-prompts 8 --gpu-memory none --profile --out /tmp/smoke.jsonl     # CPU smoke test
     NCCL_NVLS_ENABLE=0 python benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB \
@@ -64,6 +69,7 @@ from engine.util.sizes import parse_size  # noqa: E402
 WORKLOADS = {
     "flexgen": dict(model="opt-30b", prompt_len=512, gen_len=32, prefix_len=0, rows=None),
     "wrangle": dict(model="llama-3-70b", prompt_len=200, gen_len=10, prefix_len=150, rows=1536),
+    "moe": dict(model="mixtral-8x7b", prompt_len=77, gen_len=128, prefix_len=0, rows=512),
 }
 SUITES: dict[str, dict[str, dict]] = {
     "opt-6.7b": {
@@ -219,6 +225,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          "N CPU devices")
     ap.add_argument("--one-device", action="store_true",
                     help="the N > 1 runs put every stage or lane on cuda:0 (the same code on a machine of one GPU)")
+    ap.add_argument("--peer-rows", type=int, default=None, help="accelerate's batch (default: the rows, or 16)")
+    ap.add_argument("--peer-gen-len", type=int, default=None, help="accelerate's new tokens (default: --gen-len)")
     ap.add_argument("--out-dir", type=Path, default=None, help="folder (default $OUT, else benchmarks/results)")
     add_record_args(ap, out_help="the JSONL file (default OUT_DIR/throughput_<workload>.jsonl)")
     args = ap.parse_args(argv)
@@ -257,11 +265,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
               flush=True)
         return rec
 
+    planned: list[tuple[str, Policy, dict | None]] = []     # --policy resolved once: every system runs the same
     for system in args.system or ["llmops"]:
         if system in ("llmops", "llmops-no-pipeline"):
-            for name, policy, predicted in choose(args, config, device, dtype, profile, rows_arg):
+            planned = planned or list(choose(args, config, device, dtype, profile, rows_arg))
+            for name, policy, predicted in planned:
                 if system == "llmops-no-pipeline":
-                    policy = Policy.from_dict({**policy.to_dict(), "overlap": False})
+                    off = {"pipeline": False} if args.workload == "moe" else {"overlap": False}
+                    policy = Policy.from_dict({**policy.to_dict(), **off})
                 rows = rows_arg or policy.block_size * max(gpus)
                 prompts = make_prompts(config.vocab_size, rows, args.prompt_len, prefix_len)
                 g = policy.gpu_batch_size
@@ -289,11 +300,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 {"ok": False, "skipped": f"no FlexGen policy for {args.model}"}
             emit(system, "best-measured", res, rows, None)
         else:
-            rows = rows_arg or 16
+            rows = args.peer_rows or rows_arg or 16
+            gen = args.peer_gen_len or args.gen_len
             prompts = make_prompts(config.vocab_size, rows, args.prompt_len, prefix_len)
-            res = run_accelerate(args.model, prompts, args.gen_len, args.gpu_memory or 16 * GIB, rows,
-                                 PRESETS[args.model])
-            emit(system, f"b{rows}", res, rows, None)
+            res = run_accelerate(args.model, prompts, gen, args.gpu_memory or 16 * GIB, rows, PRESETS[args.model])
+            res["gen_len"] = gen
+            emit(system, f"b{rows}-gen{gen}", res, rows, None)
     return records
 
 

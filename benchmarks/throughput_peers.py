@@ -8,6 +8,7 @@ GPU) is absent. FlexGen is driven through `flexgen.flex_opt.OptLM` with token id
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import time
 from typing import Any
@@ -77,8 +78,13 @@ def run_accelerate(model: str, prompts: list[list[int]], gen_len: int, gpu_memor
     with torch.device("cpu"):
         lm = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float16)
     device_map = infer_auto_device_map(lm, max_memory={0: int(gpu_memory * 0.8), "cpu": "1000GiB"},
-                                       no_split_module_classes=["OPTDecoderLayer", "LlamaDecoderLayer"])
+                                       no_split_module_classes=["OPTDecoderLayer", "LlamaDecoderLayer",
+                                                                "MixtralDecoderLayer"])
     lm = dispatch_model(lm, device_map=device_map)
+    if hasattr(lm, "_optimize_model_for_decode"):
+        # transformers 5 switches Mixtral's experts to `batched_mm` for decoding, which copies expert weights
+        # per (token, expert) and ran out of memory under the cap (ENVIRONMENT.md): keep the prefill kernel
+        lm._optimize_model_for_decode = contextlib.nullcontext
     ids = torch.tensor([row[:len(prompts[0])] for row in (prompts * (1 + batch // len(prompts)))[:batch]],
                        device="cuda:0")
     lm.generate(ids, max_new_tokens=1, do_sample=False)

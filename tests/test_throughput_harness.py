@@ -62,3 +62,22 @@ def test_gpus_records_side_by_side(tmp_path, policy, parallel):
     assert two["generated_tokens"] == one["generated_tokens"] == one["num_prompts"] * 3
     assert two["tokens_match_1gpu"] is True and two["tokens_digest"] == one["tokens_digest"]
     assert two["speedup_vs_1gpu"] > 0 and two["roofline"]["floor_s"] == pytest.approx(one["roofline"]["floor_s"] / 2)
+
+
+def test_moe_workload_runs_ours_and_the_ablation(tmp_path):
+    """Workload `moe` on tiny Mixtral: `llmops` pipelined, `llmops-no-pipeline` the same policy with
+    `pipeline` off (overlap kept); the accelerate peer's record says why it skipped or what it ran."""
+    out = tmp_path / "m.jsonl"
+    policy = {"gpu_batch_size": 3, "num_gpu_batches": 2, "w_gpu": 0.0, "w_cpu": 0.5, "cache_gpu": 0.0,
+              "cache_cpu": 1.0, "cpu_attention": True, "weight_pages": 4}
+    records = throughput.main(["--workload", "moe", "--model", "tiny-mixtral", "--prompt-len", "10", "--gen-len", "3",
+                               "--num-prompts", "6", "--gpu-memory", "none", "--out", str(out),
+                               "--system", "llmops", "--system", "llmops-no-pipeline", "--system", "accelerate",
+                               "--peer-gen-len", "2", "--policy", json.dumps(policy)])
+    assert len(records) == 3 and len({r["run_id"] for r in records}) == 1
+    ours, ablation, peer = records
+    for r in (ours, ablation):
+        assert FIELDS <= set(r) and r["ok"] and r["workload"] == "moe" and r["generated_tokens"] == 6 * 3
+        assert r["policy"]["overlap"] and r["policy"]["cpu_attention"] and r["policy"]["weight_pages"] == 4
+    assert ours["policy"]["pipeline"] and not ablation["policy"]["pipeline"]
+    assert peer["system"] == "accelerate" and (peer.get("skipped") or peer["gen_len"] == 2)

@@ -19,7 +19,7 @@ part of the mask / key_valid the attention layer builds (`window_keep`).
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +30,7 @@ from engine.models.config import ModelConfig
 from engine.quant.group import dequantize
 from engine.quant.qtensor import QTensor
 
-_CPU_CHUNK_BYTES = 64 << 20
+CPU_CHUNK_BYTES = 64 << 20       # dense keys + values dequantized per chunk of host attention
 
 
 def causal_mask(key_valid: torch.Tensor, s: int) -> torch.Tensor:
@@ -123,14 +123,16 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_vali
 
 
 def cpu_decode_attention(q: torch.Tensor, k: torch.Tensor | QTensor, v: torch.Tensor | QTensor,
-                         key_valid: torch.Tensor, scale: float, softcap: float | None = None) -> torch.Tensor:
+                         key_valid: torch.Tensor, scale: float, softcap: float | None = None,
+                         chunk_bytes: int = CPU_CHUNK_BYTES) -> torch.Tensor:
     """`decode_attention` on host tensors, chunked over the batch so a compressed cache is dequantized
-    one chunk (~64 MiB of keys+values) at a time; each chunk runs torch's multi-threaded SDPA kernel in
-    the cache's own dtype. k/v may be memory-mapped (disk tier): pages are read as chunks are touched."""
+    one chunk (about `chunk_bytes` of dense keys+values) at a time; each chunk runs torch's multi-threaded
+    SDPA kernel (threads across rows and heads) in the cache's own dtype. k/v may be memory-mapped (disk
+    tier): pages are read as chunks are touched. benchmarks/cpu_attention_speed.py measures the chunk sizes."""
     b, nh, _, hd = q.shape
     nkv, t = k.shape[1], k.shape[2]
     row_bytes = 2 * nkv * t * hd * q.element_size()
-    chunk = max(1, min(b, _CPU_CHUNK_BYTES // max(1, row_bytes)))
+    chunk = max(1, min(b, chunk_bytes // max(1, row_bytes)))
     if chunk >= b and not isinstance(k, QTensor):
         return decode_attention(q, k, v, key_valid, scale, softcap)
     out = torch.empty_like(q)                                               # [b, nh, 1, hd]
@@ -171,21 +173,50 @@ def attention_layer(c: ModelConfig, f: ModelFamily, w: Weights, kv: CacheAttenti
     """Attention layer `layer` of a GPU batch: q/k/v from `f`, attention over `kv` (prefill: causal over the
     batch's valid keys; decode: the new token over the cache; both inside the layer's sliding window, if
     any, and soft-capped where the config says), then `f.attn_out` -> [b, s, h]."""
-    b, s, _ = x.shape
+    s = x.shape[1]
     window, cap = c.layer_window(layer), c.attn_logit_softcapping
-    q, k, v = f.attn_qkv(w, x, batch.positions, layer)                                 # [b, nh|nkv, s, hd]
     if batch.prefill:
+        q, k, v = f.attn_qkv(w, x, batch.positions, layer)                             # [b, nh|nkv, s, hd]
         mask = causal_mask(batch.key_valid[:, :s], s)                                  # [b, 1, s, s]
         if window is not None:
             mask = mask & window_keep(batch.key_valid[:, :s], s, window)
         out = kv.prefill(q, k, v, mask, c.attn_scale, cap)                             # [b, nh, s, hd]
     else:
-        t = batch.t
-        valid, valid_host = batch.key_valid[:, :t + 1], batch.key_valid_host[:, :t + 1]   # [b, t+1]
-        if window is not None:
-            valid = valid & window_keep(valid, 1, window)[:, 0, 0]
-            valid_host = valid_host & window_keep(valid_host, 1, window)[:, 0, 0]
-        out = kv.decode(q, k, v, t, valid, valid_host, c.attn_scale, cap)              # [b, nh, 1, hd]
+        d = decode_inputs(c, f, w, batch, layer, x)
+        out = kv.decode(d.q, d.k, d.v, d.t, d.valid, d.valid_host, c.attn_scale, cap)  # [b, nh, 1, hd]
+    return attention_output(c, f, w, out, x)                                           # [b, s, h]
+
+
+class DecodeInputs(NamedTuple):
+    """What decode attention over a cache needs: the new token's q [b, nh, 1, hd] and k/v [b, nkv, 1, hd],
+    its cache position t, and the keys it may see, key_valid [b, t+1] on the device and on the host (both
+    inside the layer's sliding window, if any)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    t: int
+    valid: torch.Tensor
+    valid_host: torch.Tensor
+
+
+def decode_inputs(c: ModelConfig, f: ModelFamily, w: Weights, batch: AttentionBatch, layer: int,
+                  x: torch.Tensor) -> DecodeInputs:
+    """The first half of a decode attention layer: q/k/v of the new token x [b, 1, h] and its key validity."""
+    window = c.layer_window(layer)
+    q, k, v = f.attn_qkv(w, x, batch.positions, layer)                                 # [b, nh|nkv, 1, hd]
+    t = batch.t
+    valid, valid_host = batch.key_valid[:, :t + 1], batch.key_valid_host[:, :t + 1]       # [b, t+1]
+    if window is not None:
+        valid = valid & window_keep(valid, 1, window)[:, 0, 0]
+        valid_host = valid_host & window_keep(valid_host, 1, window)[:, 0, 0]
+    return DecodeInputs(q, k, v, t, valid, valid_host)
+
+
+def attention_output(c: ModelConfig, f: ModelFamily, w: Weights, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The last half of an attention layer: the cores' output [b, nh, s, hd] through `f.attn_out` with the
+    residual x [b, s, h] -> [b, s, h]."""
+    b, s, _ = x.shape
     attn = out.transpose(1, 2).reshape(b, s, c.num_attention_heads * c.head_dim)       # [b, s, nh*hd]
     return f.attn_out(w, attn, x)                                                      # [b, s, h]
 

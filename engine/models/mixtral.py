@@ -28,13 +28,23 @@ def moe_experts(
     x: torch.Tensor, top_w: torch.Tensor, top_e: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     w3: torch.Tensor, act,
 ) -> torch.Tensor:
-    """Sum over each token's routed experts of weight * w2(act(w1 x) * w3 x). x [n, h] -> [n, h]."""
+    """Sum over each token's routed experts of weight * w2(act(w1 x) * w3 x). x [n, h] -> [n, h].
+
+    One host sync per call (the per-expert counts), not one per expert: the (token, slot) pairs are sorted
+    by expert once (stably, so each expert sees its tokens in ascending order, as `torch.where` lists them),
+    so a GPU's launches are not serialized behind a sync per expert (MoE pipeline: the host thread keeps
+    launching while host attention runs)."""
     out = torch.zeros_like(x)  # [n, h]
-    counts = torch.bincount(top_e.flatten(), minlength=w1.shape[0]).tolist()
+    k = top_e.shape[1]
+    flat = top_e.flatten()  # [n*k]
+    order = torch.sort(flat, stable=True).indices  # [n*k] grouped by expert
+    counts = torch.bincount(flat, minlength=w1.shape[0]).tolist()
+    start = 0
     for e, count in enumerate(counts):
+        pick, start = order[start:start + count], start + count  # [m] flat (token, slot) indices
         if count == 0:
             continue
-        token, slot = torch.where(top_e == e)  # [m], [m]
+        token, slot = pick // k, pick % k  # [m], [m]
         h = x[token]  # [m, h]
         y = linear(act(linear(h, w1[e])) * linear(h, w3[e]), w2[e])  # [m, h]
         out.index_add_(0, token, (y * top_w[token, slot, None]).to(out.dtype))

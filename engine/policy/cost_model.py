@@ -15,8 +15,14 @@ extra is a step in the placement (any share off the gpu pays it), so it is not a
 apart (`CostTerms.*_slots`), `estimate_terms` adds it at the exact placement, and the search solves one LP
 per slot regime (`SlotCosts.regime_seconds`). With CPU attention the executor waits for each GPU batch's q/k/v, attends
 on the host and then launches the rest of the layer, so gpu work, host attention (at the measured
-`cpu_decode_attention` rate) and slot latencies add up in one "compute" channel. On a CPU device the host
-is the device: host time adds to compute.
+`cpu_decode_attention` rate) and slot latencies add up in one "compute" channel, unless the MoE pipeline
+runs (`memory.pipelines_host_attention`: MoE-Lightning's CGOPipe, `engine.runtime.moe_schedule`): then the host
+attends GPU batch k on its own thread while the device runs the MoE layers of the batches before it, so gpu
+work G and host attention A overlap up to a bubble of one GPU batch's share of the other (the first batch's
+attention and the last batch's experts have nothing to hide behind): channels "gpu compute" G + A / k and
+"cpu attention" A + G / k, the slots on the "host" channel; and each GPU batch's attention output waits on
+average half a weight page (`weight_pages`) behind the layer's weight transfer on the link, added to G.
+On a CPU device the host is the device: host time adds to compute.
 A block of bls = gpu_batch_size x num_gpu_batches sequences takes
     T = L * T_pre + L * (n - 1) * T_gen,   throughput = bls * n / T   (generated tokens per second).
 Symbols: L layers, b = bls, g = gpu_batch_size, k = num_gpu_batches, s prompt length, n tokens generated,
@@ -37,7 +43,7 @@ from engine.policy import model_stats as ms
 from engine.policy.affine import const, evaluate, share
 from engine.policy.hardware import GIB, HardwareProfile
 from engine.policy.memory import (
-    TIERS, ModelLayout, memory_terms, model_layout, peak_memory, realized_placement,
+    TIERS, ModelLayout, memory_terms, model_layout, peak_memory, pipelines_host_attention, realized_placement,
 )
 from engine.policy.policy import Policy
 
@@ -147,6 +153,19 @@ class CostEstimate:
         return self.prefill_s + self.decode_s
 
 
+PAGE_BYTES = 32 << 20   # the most a MoE weight page holds: an urgent copy waits at most ~0.6 ms behind one at
+# 51 GiB/s, and copies of >= 16 MiB still run at full pinned bandwidth (ENVIRONMENT.md)
+
+
+def weight_pages(config: ModelConfig, layout: ModelLayout, num_gpu_batches: int) -> int:
+    """`Policy.weight_pages` for a MoE model: one per GPU batch at least, and enough that no page of the
+    largest layer kind exceeds PAGE_BYTES. 0 (one page per GPU batch, the executor's default) for dense."""
+    if not config.is_moe:
+        return 0
+    largest = max(sum(kind.stored) for kind in layout.kinds)
+    return max(num_gpu_batches, -(-largest // PAGE_BYTES))
+
+
 def _roofline(flops: float, nbytes: float, peak_flops: float, bandwidth: float) -> float:
     """Seconds of a kernel bound by either compute or memory traffic (the roofline)."""
     return max(flops / peak_flops, nbytes / bandwidth)
@@ -236,16 +255,27 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     }
     # matmuls per GPU batch (roofline) + dequantization of the weights
     matmul_s = k * _roofline(g * mm, weight_read(g), gpu_flops, gpu_bw) + dequant_w
-    if cpu_att:
+    pipelined = cpu_att and pipelines_host_attention(config, policy) and not on_cpu
+    # MoE with host attention: each GPU batch's attention output crosses the link behind, on average, half
+    # a weight page (`moe_schedule`: the policy's pages pipelined, one whole layer without the pipeline)
+    pages = (policy.weight_pages or k) if policy.pipeline else 1
+    wait_w = w_off * (0.5 * k * W / (pages * h2d)) if cpu_att and config.is_moe and not on_cpu else const(0.0)
+    if pipelined:
+        # CGOPipe: G + A / k and A + G / k (a layer costs max(G, A) + min(G, A) / k)
+        gpu = const(matmul_s) + (attn_gpu_s + dequant_cache_s) * c_gpu + wait_w
+        host_att = attn_cpu_s * c_off
+        decode["gpu compute"] = gpu + host_att * (1.0 / k)
+        decode["cpu attention"] = host_att + gpu * (1.0 / k)
+    elif cpu_att:
         # the executor waits for each GPU batch's q/k/v before attending on the host, and launches the
         # rest of the layer after it: gpu work, host attention and per-slot latencies (added by
         # CostTerms.channels) add up
-        decode["compute"] = const(matmul_s) + (attn_gpu_s + dequant_cache_s) * c_gpu + attn_cpu_s * c_off
+        decode["compute"] = const(matmul_s) + (attn_gpu_s + dequant_cache_s) * c_gpu + attn_cpu_s * c_off + wait_w
     else:
         # gpu attention over the whole cache (moved in as needed), dequantized first when compressed
         decode["gpu compute"] = const(matmul_s + attn_gpu_s + dequant_cache_s)
     # the executor's host time, per (decoder layer, GPU batch) slot (on a CPU device it is the compute)
-    host = "compute" if cpu_att else ("gpu compute" if on_cpu else "host")
+    host = "compute" if cpu_att and not pipelined else ("gpu compute" if on_cpu else "host")
     slots = profile.decode_slot_extras_s(compressed_cache=cc, cpu_attention=cpu_att)
     decode_slots = SlotCosts(profile.decode_slot_s, *slots)
     prefill_slots = SlotCosts(profile.prefill_slot_s)

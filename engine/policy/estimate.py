@@ -83,6 +83,8 @@ class PolicyEstimate:
             text = "  ".join(f"{tier} {100 * v:5.1f}%" for tier, v in zip(TIERS, shares))
             lines.append(f"  {label:<10} {text}" + ("  (4-bit)" if compressed else ""))
         flags = [f for f in ("overlap", "cpu_attention", "compress_weights", "compress_cache") if getattr(p, f)]
+        if p.weight_pages:                                   # set by the search for MoE models only
+            flags.append(f"pipeline, {p.weight_pages} weight pages" if p.pipeline else "pipeline off")
         lines.append(f"  flags      {', '.join(flags) or 'none'}")
         lines.append(
             f"Predicted  {self.predicted_tokens_per_s:.2f} generated tokens/s; per block prefill "

@@ -13,7 +13,9 @@ cache positions):
     batch, segments cut along kv heads by `split_ranges`; `kvbuf{slot}` device copies of non-gpu segments
     (decode without CPU attention), `kvrelay{slot}` for disk segments, `kvstage{slot}.s{n}.r{c}` pinned staging
     of the new positions, one per prefill row chunk c (CUDA; slot = the store's count in the block % 2);
-  - hidden-state homes `act.{k}.{n}` of the non-gpu hidden parts.
+  - hidden-state homes `act.{k}.{n}` of the non-gpu hidden parts;
+  - MoE pipeline with CPU attention (CUDA): `hattn.{k}.s{n}.q/k/v/out`, pinned staging of one GPU batch's
+    new q/k/v and its attention output per host cache segment n (`engine.runtime.host_attention`).
 `memory_terms` gives the same sums as affine expressions in the placement fractions (for the LP), with
 the tiers' shares taken as exact fractions of bytes; `realized_placement` gives the fractions of bytes a
 policy's rounded placement really puts on each tier.
@@ -150,6 +152,18 @@ def _stage_bytes(rows: int, heads: int, prompt_len: int, head_dim: int, dtype: t
     return total
 
 
+def pipelines_host_attention(config: ModelConfig, policy: Policy) -> bool:
+    """Whether the executor runs host attention on its thread (MoE-Lightning's CGOPipe, `moe_schedule`)."""
+    return policy.pipeline and policy.cpu_attention and config.is_moe
+
+
+def _host_stage_bytes(config: ModelConfig, rows: int, heads: int, bytes_per_element: int) -> int:
+    """Bytes of one GPU batch's `hattn` staging for `heads` kv heads: q and out [rows, heads * g, 1, hd],
+    k and v [rows, heads, 1, hd]."""
+    group = config.num_attention_heads // config.num_key_value_heads
+    return rows * config.head_dim * bytes_per_element * (2 * group * heads + 2 * heads)
+
+
 def _decode_steps(gen_len: int) -> tuple[int, ...]:
     return tuple(i for i in (1, 2) if i < gen_len)
 
@@ -192,6 +206,8 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
                 mem["cpu"] += decode_slots * home                           # kvrelay
         if cuda:
             mem["cpu"] += stage_slots * _stage_bytes(g, h1 - h0, P, hd, dtype, cc)   # kvstage
+            if pipelines_host_attention(config, policy):
+                mem["cpu"] += K * _host_stage_bytes(config, g, h1 - h0, e)         # hattn
     if policy.act_gpu < 1.0 and not (not cuda and policy.act_gpu + policy.act_cpu >= 1.0):
         for tier, a, b in split_ranges(config.hidden_size, policy.act_gpu, policy.act_cpu):
             if tier is Tier.GPU or (tier is Tier.CPU and not cuda):
@@ -249,6 +265,8 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
            + const(_chunk_rows(g, P) * config.num_attention_heads * P * P * e if not cuda else 0.0))
     cpu = share("w", "cpu") * layout.total_bytes + share("cache", "cpu") * (L * K * home)
     if cuda:
+        if pipelines_host_attention(config, policy):
+            cpu = cpu + share("cache", "off") * (K * _host_stage_bytes(config, g, nkv, e))
         cpu = (cpu + share("w", "disk") * buffers + share("cache", "off") * (stage_slots * stage)
                + share("act", "cpu") * hidden
                + (share("cache", "disk") * (decode_slots * home) if not policy.cpu_attention else const(0.0)))

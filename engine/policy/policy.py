@@ -17,6 +17,13 @@ class Policy:
 
     Fractions are in [0, 1]: `w_*` of each layer's weight bytes (by cumulative tensor size),
     `cache_*` of each GPU batch's KV cache, `act_*` of each GPU batch's hidden states.
+
+    MoE models (`engine.runtime.moe_schedule`): `pipeline` runs MoE-Lightning's CGOPipe: with `cpu_attention`,
+    the host attention of GPU batch k runs on a host thread while the device runs the router and experts of
+    the batches before it, and a layer's weights move in `weight_pages` pages (0: one per GPU batch) spread
+    over the previous layer's GPU batches. `pipeline=False` is the ablation: host attention synchronous and
+    every layer's weights in one transfer. Dense models ignore both (their weights move in one page per GPU
+    batch).
     """
 
     gpu_batch_size: int = 32
@@ -31,6 +38,8 @@ class Policy:
     cpu_attention: bool = False
     compress_weights: bool = False
     compress_cache: bool = False
+    pipeline: bool = True
+    weight_pages: int = 0
 
     def __post_init__(self) -> None:
         if self.gpu_batch_size < 1 or self.num_gpu_batches < 1:
@@ -38,6 +47,8 @@ class Policy:
                 f"Policy: gpu_batch_size and num_gpu_batches must be >= 1, "
                 f"got {self.gpu_batch_size} and {self.num_gpu_batches}"
             )
+        if self.weight_pages < 0:
+            raise ValueError(f"Policy.weight_pages must be >= 0 (0: one page per GPU batch), got {self.weight_pages}")
         for name in ("w", "cache", "act"):
             gpu, cpu = getattr(self, f"{name}_gpu"), getattr(self, f"{name}_cpu")
             for field_name, value in ((f"{name}_gpu", gpu), (f"{name}_cpu", cpu)):

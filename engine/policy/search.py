@@ -28,7 +28,9 @@ from scipy.optimize import linprog
 from engine.models.config import ModelConfig
 from engine.policy import model_stats as ms
 from engine.policy.affine import NUM_VARS, VARS
-from engine.policy.cost_model import TIERS, CostEstimate, CostTerms, Workload, cost_terms, estimate
+from engine.policy.cost_model import (
+    TIERS, CostEstimate, CostTerms, Workload, cost_terms, estimate, weight_pages,
+)
 from engine.policy.estimate import Budgets, NoFeasiblePolicy, PolicyEstimate, workload_dict
 from engine.policy.hardware import GIB, HardwareProfile
 from engine.policy.memory import ModelLayout, model_layout, weight_fraction_on, weight_settings
@@ -236,7 +238,8 @@ def search_top(
                 continue                                    # memory only grows with g: also infeasible
             cpu_att, cw, cc = flags
             shape = Policy(gpu_batch_size=g, num_gpu_batches=k, overlap=overlap, cpu_attention=cpu_att,
-                           compress_weights=cw, compress_cache=cc)
+                           compress_weights=cw, compress_cache=cc,
+                           weight_pages=weight_pages(config, layouts[cw], k))
             terms = cost_terms(config, shape, workload, profile, bytes_per_element, layouts[cw])
             best, feasible = _best_realization(config, layouts[cw], shape, terms, workload, profile,
                                                bytes_per_element, limits)

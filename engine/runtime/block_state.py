@@ -15,11 +15,23 @@ import torch
 
 from engine.runtime.act_homes import ActHomes
 from engine.runtime.batch import GpuBatch
-from engine.runtime.kv_cache import KVHome, StagingClaims
+from engine.runtime.kv_cache import DecodeJoin, KVHome, StagingClaims
 from engine.runtime.selector import TokenSelector
 from engine.runtime.transfers import Pending
 
-Hidden = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None   # [b, s, h], or (prefix [1, L, h], [b, s, h])
+
+
+class AttentionInFlight(NamedTuple):
+    """A decode attention layer started but not joined (MoE pipeline): its host join, the layer's weights
+    and its input x [b, 1, h] (the residual), for `attention_output` at `join_attention`."""
+
+    join: DecodeJoin
+    weights: dict[str, torch.Tensor]
+    x: torch.Tensor
+
+
+# [b, s, h], or (prefix [1, L, h], [b, s, h]), or an attention layer in flight
+Hidden = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | AttentionInFlight | None
 
 
 class StepResult(NamedTuple):

@@ -5,6 +5,8 @@
 consumes `block_schedule`'s actions; overlap on/off, debugging and timing are flags and hooks on that loop.
 What one block holds (rows, cache homes, hidden states, pending transfers) is one `BlockState`, made at block
 start and dropped at its end; the attention layer itself is `engine.models.attention.attention_layer`.
+MoE models run `moe_block_schedule` (paged weights; with `policy.pipeline` and CPU attention, CGOPipe: a
+decode attention's host part runs on `HostAttention`'s thread and is joined before the MoE layer).
 Indices: i step (0 = prefill), j layer (embed, attention/mlp per decoder layer, head), k GPU batch.
 """
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Callable, Iterable
 
 import torch
 
-from engine.models.attention import attention_layer
+from engine.models.attention import attention_layer, attention_output, decode_inputs
+from engine.policy.memory import pipelines_host_attention
 from engine.policy.partition import Stage
 from engine.policy.policy import Policy
 from engine.policy.working import (
@@ -25,8 +28,10 @@ from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT, QuantConfig
 from engine.runtime.act_homes import ActHomes
 from engine.runtime.arena import Arena
 from engine.runtime.batch import GpuBatch
-from engine.runtime.block_state import BlockState, StepResult
+from engine.runtime.block_state import AttentionInFlight, BlockState, StepResult
+from engine.runtime.host_attention import HostAttention
 from engine.runtime.kv_cache import KVHome
+from engine.runtime.moe_schedule import moe_block_schedule
 from engine.runtime.prefill_chunks import attention_prefill, mlp_prefill
 from engine.runtime.schedule import Action, block_schedule
 from engine.runtime.selector import TokenSelector
@@ -39,7 +44,8 @@ _MIN_SHARED_PREFIX = 4   # a GPU batch's common leading tokens are computed once
 # schedule verb -> method name (looked up per action: a dict of bound methods would make the executor a
 # reference cycle, so its device tensors would outlive `close()` until the cyclic GC happened to run)
 _VERBS = {verb: f"_{verb}" for verb in
-          ("load_weight", "load_cache", "load_hidden", "store_cache", "store_hidden", "compute", "sync")}
+          ("load_weight", "load_cache", "load_hidden", "store_cache", "store_hidden", "compute", "sync",
+           "join_attention")}
 
 
 class Executor:
@@ -68,6 +74,8 @@ class Executor:
         self.budget = MemoryBudget({Tier.GPU: gpu_memory, Tier.CPU: cpu_memory, Tier.DISK: None})
         self.arena = Arena(self.device, self.budget, Path(disk_dir) if disk_dir is not None else None)
         self.transfers = Transfers(self.device, policy.overlap)
+        self.host_attention = HostAttention(self.arena, self.transfers)
+        self.pipelined = pipelines_host_attention(self.config, policy)
         self.wquant = quant_config if policy.compress_weights else None
         self.cquant = cache_quant_config if policy.compress_cache else None
         self.prefill_chunk_tokens, self.decode_chunk_bytes = prefill_chunk_tokens, decode_chunk_bytes
@@ -114,8 +122,7 @@ class Executor:
             self.block = self._block_state(batches, select)
             self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0}
             self.step_s = []
-            K, J = len(batches), len(self.specs)
-            self._run_actions(block_schedule(max(max_new_tokens), J, K, paged=K > 1))
+            self._run_actions(self._schedule(max(max_new_tokens), len(batches)))
             self._sync(None)
             if self.profiler is not None:
                 self.profiler.finish()
@@ -171,6 +178,14 @@ class Executor:
                     prof.begin(action)
                     getattr(self, _VERBS[action.verb])(action)
                     prof.end()
+
+    def _schedule(self, num_steps: int, K: int):
+        """The block's actions: the MoE schedule for MoE models (pages: the policy's, one per GPU batch by
+        default, one without `pipeline`), else the zig-zag with one page per GPU batch."""
+        if not self.config.is_moe:
+            return block_schedule(num_steps, len(self.specs), K, paged=K > 1)
+        pages = (self.policy.weight_pages or K) if self.policy.pipeline else 1
+        return moe_block_schedule(num_steps, [s.kind for s in self.specs], K, pages=pages, pipelined=self.pipelined)
 
     def _drop_block_state(self) -> None:
         """Drop every reference into a block's buffers (pending transfers' closures hold cache views), so the
@@ -233,8 +248,15 @@ class Executor:
     def _sync(self, a: Action | None) -> None:
         self.block.wait_inflight()
 
+    def _join_attention(self, a: Action) -> None:
+        blk = self.block
+        flight = blk.hidden[a.k]
+        if not blk.batches[a.k].done and isinstance(flight, AttentionInFlight):
+            blk.hidden[a.k] = attention_output(self.config, self.family, flight.weights, flight.join.join(), flight.x)
+
     def _drain(self) -> None:
-        """Wait for every transfer of the block (if one is running) and the device."""
+        """Wait for every transfer and host attention of the block (if one is running) and the device."""
+        self.host_attention.drain()
         if self.block is not None:
             self.block.wait_inflight()
             for kv in self.block.kv.values():
@@ -278,6 +300,11 @@ class Executor:
             kv = blk.kv[(a.j, a.k)]
             if batch.prefill:
                 blk.hidden[a.k] = attention_prefill(self.config, f, w, kv, batch, spec.index, x, self._chunks(batch))
+            elif self.pipelined:
+                c, d = self.config, decode_inputs(self.config, f, w, batch, spec.index, x)
+                join = kv.decode_start(d.q, d.k, d.v, d.t, d.valid, d.valid_host, c.attn_scale,
+                                       c.attn_logit_softcapping, self.host_attention, f"hattn.{a.k}")
+                blk.hidden[a.k] = AttentionInFlight(join, w, x)
             else:
                 blk.hidden[a.k] = attention_layer(self.config, f, w, kv, batch, spec.index, x)
         elif spec.kind == "mlp":
@@ -347,6 +374,7 @@ class Executor:
     def close(self) -> None:
         """Free every buffer and file of this executor (idempotent): afterwards it holds no tensor, so the
         device memory is back in torch's allocator at once, whoever still references the executor."""
+        self.host_attention.close()
         self.transfers.close()
         self._drop_block_state()
         self.weights = self.on_action = self.profiler = None

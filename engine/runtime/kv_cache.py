@@ -8,7 +8,8 @@ policy's cache fractions (`split_ranges`); each segment's keys/values live on on
 (`QTensor`, groups along hd). Attention per segment runs where the policy says:
   - gpu home: written in place, attention on the compute device;
   - cpu/disk home, decode, cpu_attention: the new q/k/v go to the host, attention runs there, only the
-    output comes back;
+    output comes back (`decode`: in the calling thread; `decode_start`: on the `HostAttention` thread, joined
+    later by the MoE pipeline, `engine.runtime.moe_schedule`);
   - cpu/disk home otherwise: `load` copies the whole home into a device buffer before compute (the
     executor overlaps it with the previous GPU batch), attention runs on the device, and `store` writes
     the new positions back to the home after compute.
@@ -32,6 +33,7 @@ from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, quantize
 from engine.quant.qtensor import QTensor
 from engine.runtime.arena import Arena
+from engine.runtime.host_attention import HostAttention, HostJob
 from engine.runtime.transfers import Pending, Transfers
 from engine.storage.copy import copy
 from engine.storage.placement import split_ranges
@@ -226,40 +228,66 @@ class KVHome:
             self.settle()                       # the host reads the homes the prefill's stores fill
         outs = []
         for seg in self.segments:
-            qs = q[:, seg.h0 * g:seg.h1 * g]
-            ks, vs = k[:, seg.h0:seg.h1], v[:, seg.h0:seg.h1]
-            if seg.tier is Tier.GPU:
-                _write(seg.k, ks, t, self.quant)
-                _write(seg.v, vs, t, self.quant)
-                if isinstance(seg.k, QTensor):
-                    outs.append(self._chunked_decode(                                # [c, hs, t+1, hd] chunks
-                        qs, lambda r0, r1, seg=seg: (_dense(seg.k[r0:r1], t + 1), _dense(seg.v[r0:r1], t + 1)),
-                        key_valid, scale, softcap))
-                else:
-                    outs.append(decode_attention(qs, _dense(seg.k, t + 1), _dense(seg.v, t + 1), key_valid, scale,
-                                                 softcap))
-            elif self._host_side(seg, True):
-                kh, vh = ks.to("cpu"), vs.to("cpu")
-                _write(seg.k, kh, t, self.quant)
-                _write(seg.v, vh, t, self.quant)
-                index = (_ALL, _ALL, slice(0, t + 1))
-                out = cpu_decode_attention(qs.to("cpu"), seg.k[index], seg.v[index], key_valid_host, scale, softcap)
+            qs, ks, vs = q[:, seg.h0 * g:seg.h1 * g], k[:, seg.h0:seg.h1], v[:, seg.h0:seg.h1]
+            if self._host_side(seg, True):
+                out = self._host_decode(seg, qs.to("cpu"), ks.to("cpu"), vs.to("cpu"), t, key_valid_host, scale,
+                                        softcap)
                 outs.append(out.to(q.device, non_blocking=True))
             else:
-                bk, bv = seg.buf
-                if isinstance(bk, QTensor):
-                    outs.append(self._chunked_decode(                                # [c, hs, t+1, hd] chunks
-                        qs, lambda r0, r1, bk=bk, bv=bv, ks=ks, vs=vs: (
-                            _dense_with_new(bk[r0:r1], ks[r0:r1], t), _dense_with_new(bv[r0:r1], vs[r0:r1], t)),
-                        key_valid, scale, softcap))
-                else:
-                    _write(bk, ks, t, None)
-                    _write(bv, vs, t, None)
-                    outs.append(decode_attention(qs, bk[:, :, :t + 1], bv[:, :, :t + 1], key_valid, scale, softcap))
-                if not self._aliased(seg):
-                    seg.staged.append((ks, vs, t, 0))
-                seg.buf = None
+                outs.append(self._device_decode(seg, qs, ks, vs, t, key_valid, scale, softcap))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)            # [b, nh, 1, hd]
+
+    def decode_start(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, key_valid: torch.Tensor,
+                     key_valid_host: torch.Tensor, scale: float, softcap: float | None, host: HostAttention,
+                     stage_key: str) -> "DecodeJoin":
+        """`decode`, with the host segments' attention queued on `host` (CGOPipe): device segments are
+        computed (launched) now, host ones run on the host thread; `DecodeJoin.join()` gives [b, nh, 1, hd].
+        `stage_key` names the staging buffers (one key per GPU batch: at most one job of it in flight)."""
+        g = q.shape[1] // k.shape[1]
+        self.settle()
+        parts: list[torch.Tensor | HostJob] = []
+        for n, seg in enumerate(self.segments):
+            qs, ks, vs = q[:, seg.h0 * g:seg.h1 * g], k[:, seg.h0:seg.h1], v[:, seg.h0:seg.h1]
+            if self._host_side(seg, True):
+                def work(qh, kh, vh, seg=seg):
+                    return self._host_decode(seg, qh, kh, vh, t, key_valid_host, scale, softcap)
+                parts.append(host.start(f"{stage_key}.s{n}", qs, ks, vs, work))
+            else:
+                parts.append(self._device_decode(seg, qs, ks, vs, t, key_valid, scale, softcap))
+        return DecodeJoin(parts)
+
+    def _host_decode(self, seg: KVSegment, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int,
+                     key_valid_host: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
+        """A host segment's decode on host tensors: the new k/v into the home at t, attention over [0, t]."""
+        _write(seg.k, k, t, self.quant)
+        _write(seg.v, v, t, self.quant)
+        index = (_ALL, _ALL, slice(0, t + 1))
+        return cpu_decode_attention(q, seg.k[index], seg.v[index], key_valid_host, scale, softcap)
+
+    def _device_decode(self, seg: KVSegment, qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, t: int,
+                       key_valid: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
+        """A segment's decode on the compute device: a gpu home in place, or the buffer `load` filled."""
+        if seg.tier is Tier.GPU:
+            _write(seg.k, ks, t, self.quant)
+            _write(seg.v, vs, t, self.quant)
+            if isinstance(seg.k, QTensor):
+                return self._chunked_decode(                                     # [c, hs, t+1, hd] chunks
+                    qs, lambda r0, r1: (_dense(seg.k[r0:r1], t + 1), _dense(seg.v[r0:r1], t + 1)),
+                    key_valid, scale, softcap)
+            return decode_attention(qs, _dense(seg.k, t + 1), _dense(seg.v, t + 1), key_valid, scale, softcap)
+        bk, bv = seg.buf
+        if isinstance(bk, QTensor):
+            out = self._chunked_decode(                                          # [c, hs, t+1, hd] chunks
+                qs, lambda r0, r1: (_dense_with_new(bk[r0:r1], ks[r0:r1], t), _dense_with_new(bv[r0:r1], vs[r0:r1], t)),
+                key_valid, scale, softcap)
+        else:
+            _write(bk, ks, t, None)
+            _write(bv, vs, t, None)
+            out = decode_attention(qs, bk[:, :, :t + 1], bv[:, :, :t + 1], key_valid, scale, softcap)
+        if not self._aliased(seg):
+            seg.staged.append((ks, vs, t, 0))
+        seg.buf = None
+        return out
 
     def compact(self, keep: torch.Tensor) -> None:
         """Keep only rows `keep` (ascending indices into the current rows), in place in every home."""
@@ -273,6 +301,18 @@ class KVHome:
                 home[:n].copy_(kept)
                 setattr(seg, name, home[:n])
         self.rows = n
+
+
+class DecodeJoin:
+    """A decode started by `KVHome.decode_start`: per segment, its device output or its host job."""
+
+    def __init__(self, parts: list[torch.Tensor | HostJob]) -> None:
+        self.parts = parts
+
+    def join(self) -> torch.Tensor:
+        """The attention output [b, nh, 1, hd] on the compute device (waits for the host jobs)."""
+        outs = [p.join() if isinstance(p, HostJob) else p for p in self.parts]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
 class KVRows:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Iterator, Literal, NamedTuple
 
-Verb = Literal["load_weight", "load_cache", "load_hidden", "store_cache", "store_hidden", "compute", "sync"]
+Verb = Literal["load_weight", "load_cache", "load_hidden", "store_cache", "store_hidden", "compute", "sync",
+               "join_attention"]   # join_attention: the MoE schedule's (engine.runtime.moe_schedule)
 
 
 class Action(NamedTuple):

@@ -8,6 +8,7 @@ block), so offloading inside a stage is exactly the single-device executor's. Be
 hidden states (`Hidden` per GPU batch) and the last stage's `StepResult`s of the step before, which the
 other stages replay (`_apply_step`) so their batches end, advance and compact their rows as the last one did.
 
+A stage runs decode attention's host part in line (no MoE CGOPipe join inside a stage).
 Not overlapped across micro-batches: each step starts by loading its first layer (the block schedule
 prefetches within a step only), one layer's load per (step, micro-batch) of a stage's L_s layers.
 """
@@ -69,6 +70,7 @@ class StageExecutor(Executor):
         self._work = 0
         super().__init__(loaded, policy, device=device, dtype=dtype, gpu_memory=gpu_memory, cpu_memory=cpu_memory,
                          disk_dir=disk_dir, stage=stage)
+        self.pipelined = False      # a step runs the plain block schedule (no join verbs): host attention in line
 
     def open(self, blocks: list[MicroBlock]) -> None:
         """Make the micro-batches' states (each block's rows sorted by length, at most policy.block_size).

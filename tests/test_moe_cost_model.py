@@ -1,0 +1,84 @@
+"""The cost model's MoE terms: CGOPipe overlap of host attention with GPU experts, weight pages, and the
+search's choice for Mixtral-8x7B at 16 GiB on the H200 profile; the memory model counts the pipeline's
+staging exactly (pure arithmetic)."""
+from dataclasses import replace
+
+import pytest
+
+from engine.models.hf_config import config_from_hf
+from engine.models.presets import PRESETS
+from engine.policy.cost_model import PAGE_BYTES, Workload, estimate, weight_pages
+from engine.policy.estimate import Budgets
+from engine.policy.hardware import GIB, reference_profile
+from engine.policy.memory import executor_memory, model_layout
+from engine.policy.policy import Policy
+from engine.policy.search import search
+
+H200 = reference_profile("h200")
+ISSUE_WORKLOAD = Workload(prompt_len=77, gen_len=128, num_prompts=512)   # issue 17's measured shape
+MIXTRAL = config_from_hf(PRESETS["mixtral-8x7b"])
+HOST_CACHE = dict(w_gpu=0.0, w_cpu=1.0, cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True, compress_weights=True,
+                  compress_cache=True)
+
+
+def test_auto_picks_pipelined_cpu_attention_for_mixtral_at_16gib():
+    best = search(MIXTRAL, ISSUE_WORKLOAD, Budgets(16 * GIB, 88 * GIB), H200, compress_weights=True,
+                  compress_cache=True, cpu_attention=None, model_name="mixtral-8x7b")
+    p = best.policy
+    assert p.cpu_attention and p.pipeline and p.cache_gpu < 1.0 and p.compress_cache
+    assert p.block_size == ISSUE_WORKLOAD.num_prompts   # every row in one block, most of its cache on the host
+    assert p.weight_pages == weight_pages(MIXTRAL, model_layout(MIXTRAL, 2, True), p.num_gpu_batches)
+    ablation = estimate(MIXTRAL, replace(p, pipeline=False), ISSUE_WORKLOAD, H200)
+    assert best.predicted_tokens_per_s > 1.2 * ablation.tokens_per_s
+
+
+def test_pipeline_overlaps_host_attention_with_gpu_work():
+    """A layer costs about max(G, A) + min(G, A) / k pipelined, G + A without; more GPU batches, less bubble
+    (weights resident, so neither is hidden behind the weight transfer; memory is not checked here)."""
+    times = {}
+    for k in (1, 2, 4):
+        policy = Policy(gpu_batch_size=512 // k, num_gpu_batches=k, weight_pages=32,
+                        **{**HOST_CACHE, "w_gpu": 1.0, "w_cpu": 0.0})
+        on = estimate(MIXTRAL, policy, ISSUE_WORKLOAD, H200)
+        off = estimate(MIXTRAL, replace(policy, pipeline=False), ISSUE_WORKLOAD, H200)
+        assert on.decode_s < off.decode_s                # overlap (k > 1) and the shorter wait behind pages
+        times[k] = on.decode_s
+    assert times[4] < times[2] < times[1]
+
+
+def test_more_pages_shorten_the_wait_behind_weights():
+    policy = Policy(gpu_batch_size=128, num_gpu_batches=4, **{**HOST_CACHE, "w_gpu": 0.5, "w_cpu": 0.5})
+    few = estimate(MIXTRAL, replace(policy, weight_pages=1), ISSUE_WORKLOAD, H200)
+    many = estimate(MIXTRAL, replace(policy, weight_pages=32), ISSUE_WORKLOAD, H200)
+    assert many.decode_s < few.decode_s
+
+
+def test_weight_pages_rule():
+    layout = model_layout(MIXTRAL, 2, True)
+    largest = max(sum(k.stored) for k in layout.kinds)
+    pages = weight_pages(MIXTRAL, layout, 2)
+    assert largest / pages <= PAGE_BYTES < largest / (pages - 1)
+    assert weight_pages(MIXTRAL, layout, 64) == 64
+    dense = config_from_hf(PRESETS["llama-3-8b"])
+    assert weight_pages(dense, model_layout(dense, 2, False), 4) == 0
+
+
+@pytest.mark.parametrize("split", [(0.0, 1.0), (0.5, 0.5), (0.25, 0.5)])
+def test_memory_model_counts_host_attention_staging(split):
+    """On CUDA the pipeline stages one GPU batch's q/k/v/out per host cache segment: K sets, counted the same
+    by the executor's accounting (`executor_memory`) and the LP's affine terms (`estimate`)."""
+    c = MIXTRAL
+    policy = Policy(gpu_batch_size=64, num_gpu_batches=3, **{**HOST_CACHE, "cache_gpu": split[0],
+                                                              "cache_cpu": split[1]})
+    layout = model_layout(c, 2, True)
+    w = ISSUE_WORKLOAD
+    on = executor_memory(c, layout, policy, w.prompt_len, w.gen_len, 2, "cuda")
+    off = executor_memory(c, layout, replace(policy, pipeline=False), w.prompt_len, w.gen_len, 2, "cuda")
+    group = c.num_attention_heads // c.num_key_value_heads
+    host_heads = c.num_key_value_heads - round(split[0] * c.num_key_value_heads)
+    stage = 3 * 64 * c.head_dim * 2 * (2 * group * host_heads + 2 * host_heads)
+    assert on["cpu"] - off["cpu"] == stage and on["gpu"] == off["gpu"]
+    assert estimate(c, policy, w, H200).peak_memory_bytes["cpu"] == on["cpu"]
+    cpu_only = executor_memory(c, layout, policy, w.prompt_len, w.gen_len, 2, "cpu")
+    assert cpu_only == executor_memory(c, layout, replace(policy, pipeline=False), w.prompt_len, w.gen_len, 2,
+                                       "cpu")

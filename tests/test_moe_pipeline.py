@@ -1,0 +1,144 @@
+"""Every MoE policy (CGOPipe pipelining on/off, CPU attention on/off, paged weights, 4-bit) gives the greedy
+tokens of the all-in-memory run: tiny random Mixtral, Qwen2-MoE and Qwen3-MoE from transformers, on the CPU
+and (skipped without one) on CUDA."""
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import pytest
+import torch
+
+from conftest import requires_cuda
+from engine.models.loader import load_model
+from engine.policy.hardware import reference_profile
+from engine.runtime import kv_cache
+from engine.policy.policy import Policy
+from test_executor import make_prompts, run_policy
+from test_families_parity import build_family_checkpoint
+from test_policy_trial import check_budget_consistency
+
+BASE = dict(gpu_batch_size=3, num_gpu_batches=3)
+W_OFF = dict(w_gpu=0.0, w_cpu=0.4)                       # the rest on disk: loads move, in pages, on a CPU too
+CACHE_HOST = dict(cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True)
+POLICIES = {
+    "pipelined_cpu_attn": dict(**CACHE_HOST),
+    "pipelined_w_off_pages": dict(**CACHE_HOST, **W_OFF, weight_pages=5),
+    "no_pipeline_cpu_attn": dict(**CACHE_HOST, **W_OFF, pipeline=False),
+    "pipelined_split_cache": dict(cache_gpu=0.5, cache_cpu=0.5, cpu_attention=True, **W_OFF, weight_pages=2),
+    "pipelined_disk_cache": dict(cache_gpu=0.0, cache_cpu=0.0, cpu_attention=True),
+    "pipelined_4bit": dict(**CACHE_HOST, **W_OFF, compress_weights=True, compress_cache=True),
+    "no_pipeline_4bit": dict(**CACHE_HOST, **W_OFF, compress_weights=True, compress_cache=True, pipeline=False),
+    "pipelined_acts_off": dict(**CACHE_HOST, act_gpu=0.0, act_cpu=1.0),
+    "pipelined_no_overlap": dict(**CACHE_HOST, **W_OFF, overlap=False),
+    "gpu_attn_cache_cpu_pages": dict(cache_gpu=0.0, cache_cpu=1.0, **W_OFF, weight_pages=4),
+    "one_batch_pipelined": dict(gpu_batch_size=9, num_gpu_batches=1, **CACHE_HOST, **W_OFF),
+}
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+@pytest.fixture(scope="module")
+def moe_models(tiny_checkpoints, tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe")
+    paths = {"mixtral": tiny_checkpoints["mixtral"]}
+    for kind in ("qwen2_moe", "qwen3_moe"):
+        build_family_checkpoint(kind, root / kind)
+        paths[kind] = root / kind
+    return {kind: load_model(path, dtype=torch.float32) for kind, path in paths.items()}
+
+
+def _prompts(loaded):
+    return make_prompts(9, loaded.config.vocab_size, seed=7), [6, 9, 3, 9, 7, 9, 5, 9, 8]
+
+
+@pytest.fixture(scope="module")
+def references(moe_models):
+    """(kind, device, 4-bit) -> tokens of the all-in-memory policy (4-bit weights and cache when compressed)."""
+    out = {}
+    for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
+        for kind, loaded in moe_models.items():
+            prompts, max_new = _prompts(loaded)
+            for q4 in (False, True):
+                policy = Policy(**BASE, compress_weights=q4, compress_cache=q4)
+                out[(kind, device, q4)] = run_policy(loaded, policy, prompts, max_new, device=device)[0]
+    return out
+
+
+QWEN_POLICIES = ["pipelined_w_off_pages", "no_pipeline_cpu_attn", "pipelined_split_cache", "pipelined_4bit"]
+CASES = [("mixtral", name) for name in POLICIES] + [(kind, name) for kind in ("qwen2_moe", "qwen3_moe")
+                                                     for name in QWEN_POLICIES]   # the full matrix on Mixtral
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind,name", CASES)
+def test_moe_policy_matches_in_memory(moe_models, references, kind, name, device, tmp_path):
+    loaded = moe_models[kind]
+    prompts, max_new = _prompts(loaded)
+    verbs = []
+    got, ex = run_policy(loaded, Policy(**{**BASE, **POLICIES[name]}), prompts, max_new, device=device,
+                         disk_dir=tmp_path, hook=lambda a: verbs.append(a.verb))
+    policy = ex.policy
+    assert got == references[(kind, device, policy.compress_cache)]
+    attention_layers = sum(1 for s in ex.specs if s.kind == "attention")
+    pipelined = policy.pipeline and policy.cpu_attention           # every decode attention is joined
+    assert verbs.count("join_attention") == (pipelined * (max(max_new) - 1) * attention_layers
+                                             * policy.num_gpu_batches)
+
+
+def test_pipelined_host_attention_runs_off_the_compute_thread(moe_models, monkeypatch):
+    """The host part of a pipelined decode attention runs on the host-attention thread; without `pipeline`
+    (the ablation) on the caller's."""
+    loaded = moe_models["mixtral"]
+    prompts, max_new = _prompts(loaded)
+    seen = set()
+    original = kv_cache.cpu_decode_attention
+
+    def spy(*args, **kwargs):
+        seen.add(threading.current_thread().name.split("_")[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(kv_cache, "cpu_decode_attention", spy)
+    run_policy(loaded, Policy(**BASE, **CACHE_HOST), prompts, max_new)
+    assert seen == {"engine-host-attn"}
+    seen.clear()
+    run_policy(loaded, Policy(**BASE, **CACHE_HOST, pipeline=False), prompts, max_new)
+    assert seen == {"MainThread"}
+
+
+def test_policy_rejects_negative_pages():
+    with pytest.raises(ValueError, match="weight_pages"):
+        Policy(weight_pages=-1)
+
+
+@requires_cuda
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_memory_accounting_with_the_pipeline_on_cuda(pipeline, tmp_path):
+    """On CUDA the pipeline's pinned staging (`hattn`) is counted by the memory model exactly as the
+    executor reserves it, and the budgets hold."""
+    profile = replace(reference_profile("h200"), device_type="cuda")
+    policy = Policy(gpu_batch_size=3, num_gpu_batches=2, w_gpu=0.0, w_cpu=1.0, cache_gpu=0.5, cache_cpu=0.5,
+                    cpu_attention=True, compress_weights=True, compress_cache=True, pipeline=pipeline,
+                    weight_pages=3)
+    check_budget_consistency("tiny-mixtral", policy, torch.device("cuda"), profile, tmp_path)
+
+
+def test_moe_experts_sorted_once_equals_the_per_expert_where():
+    """`moe_experts` groups tokens by one stable sort: bit-identical to selecting each expert's tokens with
+    torch.where (ascending token order), an expert without tokens included."""
+    from engine.models.layers import linear
+    from engine.models.mixtral import moe_experts
+
+    g = torch.Generator().manual_seed(0)
+    n, h, i, E = 37, 16, 24, 5
+    x = torch.randn(n, h, generator=g)
+    w1, w3, w2 = torch.randn(E, i, h, generator=g), torch.randn(E, i, h, generator=g), torch.randn(E, h, i, generator=g)
+    first = torch.randint(0, E - 1, (n,), generator=g)
+    top_e = torch.stack((first, (first + 1) % (E - 1)), dim=1)                  # expert E-1 gets no token
+    top_w = torch.rand(n, 2, generator=g)
+    act = torch.nn.functional.silu
+    want = torch.zeros_like(x)
+    for e in range(E):
+        token, slot = torch.where(top_e == e)
+        y = linear(act(linear(x[token], w1[e])) * linear(x[token], w3[e]), w2[e])
+        want.index_add_(0, token, y * top_w[token, slot, None])
+    assert torch.equal(moe_experts(x, top_w, top_e, w1, w2, w3, act), want)

@@ -1,0 +1,95 @@
+"""The MoE schedule (CGOPipe over the zig-zag): coverage, page order, join order, weight-buffer hazards
+(torch-free)."""
+from __future__ import annotations
+
+import pytest
+
+from engine.runtime.moe_schedule import moe_block_schedule
+from engine.runtime.schedule import block_schedule, slots
+
+
+def kinds_of(decoder_layers: int) -> list[str]:
+    return ["embed", *(["attention", "mlp"] * decoder_layers), "head"]
+
+
+def positions(actions):
+    pos = {}
+    for n, a in enumerate(actions):
+        key = (a.verb, a.i, a.j, a.k) if a.verb != "load_weight" else (a.verb, a.i, a.j, a.page)
+        assert key not in pos or a.verb == "sync", f"{key} issued twice"
+        pos.setdefault(key, n)
+    return pos
+
+
+@pytest.mark.parametrize("steps,layers,batches,pages", [(1, 1, 1, 1), (3, 2, 1, 4), (3, 2, 2, 1), (2, 3, 3, 3),
+                                                         (3, 2, 4, 2), (2, 2, 2, 7)])
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_covers_and_respects_dependencies(steps, layers, batches, pages, pipelined):
+    kinds = kinds_of(layers)
+    actions = list(moe_block_schedule(steps, kinds, batches, pages=pages, pipelined=pipelined))
+    J = len(kinds)
+    assert [(a.i, a.j, a.k) for a in actions if a.verb == "compute"] == list(slots(steps, J, batches))
+    pos = positions(actions)
+    base = [a for a in block_schedule(steps, J, batches, paged=False) if a.verb not in ("load_weight", "compute")]
+    assert [a for a in actions if a.verb not in ("load_weight", "compute", "join_attention")] == base
+    for (i, j, k) in slots(steps, J, batches):
+        for p in range(pages):
+            assert pos[("load_weight", i, j, p)] < pos[("compute", i, j, k)]     # every page before compute
+    for a in actions:
+        if a.verb == "load_weight":
+            assert a.pages == pages
+
+
+@pytest.mark.parametrize("batches,pages", [(2, 2), (4, 8), (3, 1)])
+def test_pages_spread_over_the_previous_layers_slots(batches, pages):
+    """Pages of layer j+1 go out ceil-evenly at the starts of layer j's slots, the first with slot 0."""
+    kinds = kinds_of(2)
+    actions = list(moe_block_schedule(1, kinds, batches, pages=pages, pipelined=True))
+    issued = [(a.page, a.k) for a in actions if a.verb == "load_weight" and a.j == 2]
+    assert [p for p, _ in issued] == list(range(pages))
+    per_slot = [sum(1 for _, k in issued if k == s) for s in range(batches)]
+    assert per_slot[0] >= 1 and sum(per_slot) == pages and max(per_slot) - min(per_slot) <= 1 + (pages < batches)
+    for n, a in enumerate(actions):                    # a page is issued before anything else of its slot
+        if a.verb == "load_weight" and a.j == 2:
+            assert actions[n - 1].verb in ("sync", "load_weight")
+
+
+@pytest.mark.parametrize("batches", [1, 2, 4])
+def test_joins_overlap_host_attention_with_experts(batches):
+    """Each decode attention (i, j, k) is joined once, after its compute and before the MoE compute of
+    (i, j+1, k); the host attends k while the device computes the MoE layer of every batch before k."""
+    kinds = kinds_of(2)
+    steps = 3
+    actions = list(moe_block_schedule(steps, kinds, batches, pages=2, pipelined=True))
+    pos = positions(actions)
+    joins = [(a.i, a.j, a.k) for a in actions if a.verb == "join_attention"]
+    attn = [j for j, kind in enumerate(kinds) if kind == "attention"]
+    assert sorted(joins) == sorted((i, j, k) for i in range(1, steps) for j in attn for k in range(batches))
+    for i, j, k in joins:
+        start, join = pos[("compute", i, j, k)], pos[("join_attention", i, j, k)]
+        assert start < join < pos[("compute", i, j + 1, k)]
+        between = {(a.j, a.k) for a in actions[start:join] if a.verb == "compute"}
+        assert {(j + 1, m) for m in range(k)} <= between                     # experts of 0..k-1 meanwhile
+    assert not any(a.verb == "join_attention" and a.i == 0 for a in actions)   # prefill attends on the device
+    assert not any(a.verb == "join_attention" for a in moe_block_schedule(steps, kinds, batches, pages=2,
+                                                                          pipelined=False))
+
+
+@pytest.mark.parametrize("batches", [1, 3])
+def test_attention_weights_wait_for_the_last_join(batches):
+    """With pipelining, a decode attention layer's weights (its buffer feeds the joins of the attention two
+    layers back) are issued only after the last join and compute of the layer in between."""
+    kinds = kinds_of(3)
+    actions = list(moe_block_schedule(2, kinds, batches, pages=2, pipelined=True))
+    pos = positions(actions)
+    for j in (3, 5):                                      # attention layers after the first
+        first = pos[("load_weight", 1, j, 0)]
+        assert first > pos[("compute", 1, j - 1, batches - 1)]
+        assert first > pos[("join_attention", 1, j - 2, batches - 1)]
+    first_attention = pos[("load_weight", 1, 1, 0)]      # after embed: nothing to join, paged as usual
+    assert first_attention < pos[("compute", 1, 0, 0)]
+
+
+def test_bad_pages():
+    with pytest.raises(ValueError, match="pages must be >= 1"):
+        list(moe_block_schedule(1, kinds_of(1), 1, pages=0, pipelined=True))
