@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from llmops.core import write_text_atomic
 PART_COLORS = {"source": "#8c564b", "load": "#9467bd", "place_weights": "#c5b0d5", "plan": "#e377c2",
                "prefill": "#ff7f0e", "decode": "#1f77b4", "grammar_mask": "#2ca02c", "cache": "#bcbd22",
                "sink": "#17becf", "setup": "#7f7f7f", "ray_dataset_and_sink": "#aec7e8", "other": "#d9d9d9"}
-STEP_COLORS = ("#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
+STEP_COLORS = ("#e41a1c", "#377eb8", "#4daf4a", "#984ea3", "#a65628", "#f781bf")
 PREDICTED_COLOR, MEASURED_COLOR = "#f2b134", "#3b5ba5"
 PART_ORDER = ("source", "setup", "load", "place_weights", "plan", "prefill", "decode", "grammar_mask", "cache",
               "sink", "ray_dataset_and_sink", "other")
@@ -49,12 +50,12 @@ th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}.plot svg{ma
 
 
 def _svg(fig: Figure) -> str:
-    """The figure as an inline `<svg>` element (no XML prolog, text as text)."""
+    """The figure as an inline `<svg>` element (no XML prolog, no RDF metadata, text as text)."""
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         fig.savefig(buf, format="svg", bbox_inches="tight")
     text = buf.getvalue()
-    return text[text.index("<svg"):]
+    return re.sub(r"<metadata>.*?</metadata>\s*", "", text[text.index("<svg"):], flags=re.S)
 
 
 def _num(value: Any, digits: int = 1) -> str:
@@ -95,20 +96,19 @@ def time_plot(split: dict[str, float]) -> str:
 
 
 def throughput_plot(steps: list[dict[str, Any]]) -> str:
-    """Rows finished per second over each llm_map step's run (its `throughput` buckets)."""
-    fig = Figure(figsize=(10, 3.2))
-    ax = fig.subplots()
-    for n, step in enumerate(steps):
+    """Rows finished per second over each llm_map step's run (its `throughput` buckets), a panel per step."""
+    fig = Figure(figsize=(10, 0.6 + 1.7 * max(1, len(steps))))
+    axes = fig.subplots(max(1, len(steps)), 1, squeeze=False)[:, 0]
+    for n, (ax, step) in enumerate(zip(axes, steps)):
         clock = step.get("throughput") or {}
         width, rows = float(clock.get("bucket_s") or 1.0), clock.get("rows") or []
-        xs = [i * width for i in range(len(rows))]
-        ax.bar(xs, [r / width for r in rows], width=width, align="edge", alpha=0.85,
-               color=STEP_COLORS[n % len(STEP_COLORS)], label=_step_name(step))
-    ax.set_xlabel("seconds since the step began")
-    ax.set_ylabel("rows finished per second")
-    ax.set_title("Throughput over time")
-    if steps:
-        ax.legend(frameon=False, fontsize=8)
+        ax.bar([i * width for i in range(len(rows))], [r / width for r in rows], width=width, align="edge",
+               color=STEP_COLORS[n % len(STEP_COLORS)], edgecolor="white", linewidth=0.5)
+        ax.set_title(_step_name(step), fontsize=9, loc="left")
+        ax.set_ylabel("rows/s")
+    axes[0].set_title("Throughput over time (rows finished per second)", fontsize=11)
+    axes[-1].set_xlabel("seconds since the step began")
+    fig.tight_layout()
     return _svg(fig)
 
 
