@@ -10,8 +10,8 @@ from typing import Any
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` (UTF-8) to `path`: a temporary file in the same folder, fsync, rename into place (the
-    folder is created when missing; a failed write leaves `path` as it was and no temporary file)."""
+    """Write `text` (UTF-8) to `path`: a temporary file in the same folder, fsync, rename into place, mode
+    0644 (the folder is created when missing; a failed write leaves `path` as it was and no temporary file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
@@ -20,6 +20,7 @@ def write_text_atomic(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)                 # as an ordinary new file (mkstemp makes it 0600)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
