@@ -132,3 +132,25 @@ def test_headless_browser_screenshot_shows_every_plot(ran, tmp_path):
         where[name] = row
     # the page's order: where the time went, then throughput over time, then predicted vs measured
     assert where["prefill"] < where["step 0"] < where["predicted"]
+
+
+def test_reports_without_engine_figures_or_steps_still_render(tmp_path):
+    """A fake engine (no stats, no plan) and the Ray runner's report (no per-step figures) render too."""
+    from fake_engine import FakeLLM
+
+    from llmops.pipeline.load import load_pipeline
+    from llmops.pipeline.runner import run_pipeline
+    from llmops.report import build_report
+
+    data = tmp_path / "in.csv"
+    data.write_text("id,body\n1,hello\n2,CUT here\n")
+    pipe = tmp_path / "p.yaml"
+    pipe.write_text(f"cache_dir: false\nsource:\n  csv: {data}\nsteps:\n  - llm_map: {{output: o, template: '{{body}}', "
+                    f"schema: {{n: integer}}}}\nsink:\n  parquet: {tmp_path / 'out.parquet'}\n")
+    result = run_pipeline(load_pipeline(pipe), engine=FakeLLM(block_size=1))
+    page = report_html.render_html(json.loads((tmp_path / "out.parquet.report.json").read_text()))
+    assert page.count("<svg") == 3 and "The engine reported no plan." in page
+    assert "<td>cut by max_new_tokens</td><td>1</td>" in page and result.failed_rows == 1
+    ray_like = build_report({"name": "r", "seconds": 2.0}, {"setup": 0.5, "ray_dataset_and_sink": 1.25}, [])
+    page = report_html.render_html(ray_like)
+    assert page.count("<svg") == 1 and "Ray dataset + sink" in page and "Throughput over time" not in page

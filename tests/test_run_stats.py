@@ -5,7 +5,9 @@ from __future__ import annotations
 import shutil
 
 import pytest
+import torch
 
+from conftest import requires_cuda
 from engine import LLM, SamplingParams
 from engine.runtime.run_stats import SECONDS, EngineStats
 from llmops.row_clock import RowClock
@@ -62,3 +64,24 @@ def test_llm_counts_load_plan_prefill_decode_grammar_and_peaks(tiny_llama):
     assert sorted(seen) == [0, 1] and got.callback_s >= 0
     plan = llm.last_plan.to_dict()
     assert plan["predicted_peak_bytes"]["gpu"] > 0 and plan["predicted_decode_s"] > 0
+
+
+@requires_cuda
+def test_on_cuda_the_counted_peaks_stay_inside_the_budget_and_plans_keep_their_prediction(tmp_path, monkeypatch):
+    """The GPU run of the report's measurements: torch's peak and the executor's counted gpu peak inside
+    `gpu_memory`, prefill and decode timed, and a plan read back from the plan cache still carries the cost
+    model's predicted peaks."""
+    budget = 6 * 1024**3
+    monkeypatch.setenv("LLMOPS_CACHE_DIR", str(tmp_path))
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 50_000, (96,), generator=gen).tolist() for _ in range(48)]
+    params = SamplingParams(max_new_tokens=8)
+    with LLM("opt-1.3b", gpu_memory=budget, cpu_memory="24GiB") as llm:
+        llm.generate(prompts, params)
+        stats, plan = llm.stats.snapshot(), llm.last_plan
+    assert 0 < stats.peak_bytes["gpu"] <= budget and 0 < stats.device_peak_bytes <= budget
+    assert stats.prefill_s > 0 and stats.decode_s > 0 and stats.plan_s > 0 and stats.generated_tokens == 48 * 8
+    assert plan.source == "trials" and 0 < plan.detail["predicted_peak_bytes"]["gpu"] <= budget
+    with LLM("opt-1.3b", gpu_memory=budget, cpu_memory="24GiB") as again:
+        cached = again.plan(prompts, params)
+    assert cached.source == "disk" and cached.detail["predicted_peak_bytes"] == plan.detail["predicted_peak_bytes"]
