@@ -13,7 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from llmops.cli import main
-from test_constrain import build_tiny_tokenizer
+from llmops.report import build_report
+from test_job_plan import tiny_llama  # noqa: F401 (the fixture: a tiny random Llama with a tokenizer)
+from test_pipeline_run import fake_engine_report
 
 pytest.importorskip("matplotlib")
 from llmops import report_html  # noqa: E402 (after the skip: the `report` extra)
@@ -35,12 +37,10 @@ ROWS = 10
 
 
 @pytest.fixture(scope="module")
-def ran(tiny_checkpoints, tmp_path_factory):
+def ran(tiny_llama, tmp_path_factory):
     """One CLI run with --report on the tiny model: (the JSON report, the HTML text, the HTML path)."""
     root = tmp_path_factory.mktemp("report")
-    model = root / "llama"
-    shutil.copytree(tiny_checkpoints["llama"], model)
-    build_tiny_tokenizer(model)
+    model = tiny_llama
     data = root / "in.csv"
     data.write_text("id,body\n" + "".join(f"{i},ticket {i} about an invoice\n" for i in range(ROWS)))
     pipe = root / "p.yaml"
@@ -136,19 +136,8 @@ def test_headless_browser_screenshot_shows_every_plot(ran, tmp_path):
 
 def test_reports_without_engine_figures_or_steps_still_render(tmp_path):
     """A fake engine (no stats, no plan) and the Ray runner's report (no per-step figures) render too."""
-    from fake_engine import FakeLLM
-
-    from llmops.pipeline.load import load_pipeline
-    from llmops.pipeline.runner import run_pipeline
-    from llmops.report import build_report
-
-    data = tmp_path / "in.csv"
-    data.write_text("id,body\n1,hello\n2,CUT here\n")
-    pipe = tmp_path / "p.yaml"
-    pipe.write_text(f"cache_dir: false\nsource:\n  csv: {data}\nsteps:\n  - llm_map: {{output: o, template: '{{body}}', "
-                    f"schema: {{n: integer}}}}\nsink:\n  parquet: {tmp_path / 'out.parquet'}\n")
-    result = run_pipeline(load_pipeline(pipe), engine=FakeLLM(block_size=1))
-    page = report_html.render_html(json.loads((tmp_path / "out.parquet.report.json").read_text()))
+    result, report = fake_engine_report(tmp_path)
+    page = report_html.render_html(report)
     assert page.count("<svg") == 3 and "The engine reported no plan." in page
     assert "<td>cut by max_new_tokens</td><td>1</td>" in page and result.failed_rows == 1
     ray_like = build_report({"name": "r", "seconds": 2.0}, {"setup": 0.5, "ray_dataset_and_sink": 1.25}, [])

@@ -2,8 +2,6 @@
 finished per time bucket (`llmops.row_clock.RowClock`): the measurements behind the run report."""
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
@@ -11,7 +9,7 @@ from conftest import requires_cuda
 from engine import LLM, SamplingParams
 from engine.runtime.run_stats import SECONDS, EngineStats
 from llmops.row_clock import RowClock
-from test_constrain import build_tiny_tokenizer
+from test_job_plan import tiny_llama  # noqa: F401 (the fixture: a tiny random Llama with a tokenizer)
 
 
 def test_since_subtracts_counters_and_keeps_the_latest_peaks():
@@ -37,14 +35,6 @@ def test_row_clock_widens_its_buckets_and_keeps_every_row():
     assert clock.to_dict() == {"bucket_s": 4.0, "rows": [4, 4, 2]}
     with pytest.raises(ValueError, match="bucket_s"):
         RowClock(bucket_s=0)
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tiny_checkpoints, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("runstats") / "llama"
-    shutil.copytree(tiny_checkpoints["llama"], folder)
-    build_tiny_tokenizer(folder)
-    return folder
 
 
 def test_llm_counts_load_plan_prefill_decode_grammar_and_peaks(tiny_llama):
