@@ -104,16 +104,22 @@ def hw_profile(name: str, device: torch.device):
 
 
 def choose(args, config, device, dtype, profile, rows: int | None) -> tuple[str, Policy, dict | None]:
-    """Yield (name, policy, predicted) for every --policy."""
+    """Yield (name, policy, predicted) for every --policy. "auto" plans as `LLM(policy="auto")` does unless
+    --plan-profile says otherwise: on CUDA with this machine's measured (cached) profile and --trials
+    measured trials of the best candidates; `profile` (the roofline's) only with --plan-profile reference."""
     for spec in args.policy or ["auto"]:
         if spec == "auto":
             compress = {"on": True, "off": False, "auto": None}[args.compress]
             est = choose_policy_estimate(
                 config, workload=Workload(args.prompt_len, args.gen_len, num_prompts=rows), device=device,
                 dtype=dtype, gpu_memory=args.gpu_memory, cpu_memory=args.cpu_memory, compress_weights=compress,
-                compress_cache=compress, profile=profile if device.type == "cuda" else None)
+                compress_cache=compress,
+                profile=profile if device.type == "cuda" and args.plan_profile == "reference" else None,
+                trials=args.trials if device.type == "cuda" else 0)
             yield "auto", est.policy, {"tokens_per_s": est.predicted_tokens_per_s, "prefill_s": est.prefill_s,
-                                       "decode_s": est.decode_s}
+                                       "decode_s": est.decode_s, "plan_profile": args.plan_profile,
+                                       "trials": est.context.get("trials"),
+                                       "model_predicted": est.context.get("predicted")}
         elif spec in SUITES.get(args.model, {}):
             yield spec, Policy.from_dict(SUITES[args.model][spec]), None
         else:
@@ -189,6 +195,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--disk-dir", default="/tmp/llmops-offload")
     ap.add_argument("--hw-profile", default="auto", help='"auto" (h200 on CUDA, default CPU profile) or "h200"')
     ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--plan-profile", choices=["measured", "reference"], default="measured",
+                    help='"auto" plans with this machine\'s measured profile (as LLM does) or the --hw-profile')
+    ap.add_argument("--trials", type=int, default=4,
+                    help='measured trials of the best candidates for "auto" on CUDA (LLM\'s default: 4)')
     ap.add_argument("--profile", action="store_true", help="write the per-layer step profile (serializes overlap)")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false")
     ap.add_argument("--out-dir", type=Path, default=None, help="folder (default $OUT, else benchmarks/results)")

@@ -85,9 +85,9 @@ class LogitRecorder(GreedyRecorder):
         return super().__call__(rows, logits)
 
 
-def _run(loaded, policy, prompts, max_new, disk_dir=None, **executor_kwargs) -> LogitRecorder:
-    ex = Executor(loaded, policy, device=torch.device("cpu"), dtype=torch.float32, disk_dir=disk_dir,
-                  **executor_kwargs)
+def _run(loaded, policy, prompts, max_new, disk_dir=None, device: torch.device = torch.device("cpu"),
+         **executor_kwargs) -> LogitRecorder:
+    ex = Executor(loaded, policy, device=device, dtype=torch.float32, disk_dir=disk_dir, **executor_kwargs)
     try:
         sel = LogitRecorder()
         ex.generate_block(prompts, max_new, sel)

@@ -23,6 +23,7 @@ from engine.policy.search import search
 from engine.policy.working import _MARGIN, row_chunks, working_bytes
 from engine.runtime.executor import Executor
 from engine.runtime.selector import GreedyToEnd
+from conftest import requires_cuda
 from test_executor import make_prompts
 from test_families_parity import _run as run
 
@@ -59,6 +60,24 @@ def test_chunked_prefill_matches_unchunked(tiny_checkpoints, kind, name, shared_
     assert got.tokens == ref.tokens
     for r in ref.logits:
         torch.testing.assert_close(torch.stack(got.logits[r]), torch.stack(ref.logits[r]), rtol=1e-5, atol=1e-5)
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", ["all_gpu", "cache_q_cpu", "weights_q_act_cpu"])
+@pytest.mark.parametrize("kind", ["llama", "opt", "mixtral"])
+def test_chunked_prefill_matches_unchunked_on_cuda(tiny_checkpoints, kind, name, tmp_path):
+    """On the GPU (fp32, SDPA's CUDA kernels): chunks of 20 tokens give the one-chunk run's greedy tokens."""
+    loaded = load_model(tiny_checkpoints[kind], dtype=torch.float32)
+    prompts = make_prompts(7, loaded.config.vocab_size, seed=11, lo=3, hi=14)
+    max_new = [4, 6, 2, 6, 5, 6, 3]
+    policy = Policy(gpu_batch_size=7, num_gpu_batches=1, **POLICIES[name])
+    cuda = torch.device("cuda")
+    ref = run(loaded, policy, prompts, max_new, tmp_path / "a", prefill_chunk_tokens=1 << 20, device=cuda)
+    got = run(loaded, policy, prompts, max_new, tmp_path / "b", prefill_chunk_tokens=20, decode_chunk_bytes=1,
+              device=cuda)
+    assert got.tokens == ref.tokens
+    for r in ref.logits:
+        torch.testing.assert_close(torch.stack(got.logits[r]), torch.stack(ref.logits[r]), rtol=1e-4, atol=1e-4)
 
 
 class LiveBytes(TorchDispatchMode):
