@@ -220,7 +220,8 @@ def render_html(report: dict[str, Any]) -> str:
              "<h2>Figures</h2>", _summary(report)]
     if steps:
         parts += ["<h3>llm_map steps</h3>", _steps_table(steps), "<h3>Failures by reason</h3>", _failures(steps)]
-    parts += ["<h2>Where the time went</h2>", f"<div class=plot id=plot-time>{time_plot(split)}</div>", _time_table(split)]
+    parts += ["<h2>Where the time went</h2>", f"<div class=plot id=plot-time>{time_plot(split)}</div>",
+              _time_table(split)]
     if steps:
         parts += ["<h2>Throughput over time</h2>", f"<div class=plot id=plot-throughput>{throughput_plot(steps)}</div>",
                   "<h2>Policy: predicted vs measured</h2>",

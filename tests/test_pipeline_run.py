@@ -275,7 +275,8 @@ def fake_engine_report(tmp_path: Path) -> tuple[Any, dict[str, Any]]:
     data.write_text("id,body\n1,hello\n2,CUT here\n3,\n4,more\n")
     pipe = tmp_path / "p.yaml"
     pipe.write_text(f"cache_dir: false\nsource:\n  csv: {data}\nsteps:\n  - llm_map:\n      output: o\n"
-                    f"      template: '{{body}}'\n      schema: {{n: integer}}\nsink:\n  parquet: {tmp_path / 'out.parquet'}\n")
+                    f"      template: '{{body}}'\n      schema: {{n: integer}}\n"
+                    f"sink:\n  parquet: {tmp_path / 'out.parquet'}\n")
     result = run_pipeline(load_pipeline(pipe), engine=FakeLLM(block_size=2))
     return result, json.loads((tmp_path / "out.parquet.report.json").read_text())
 
