@@ -8,12 +8,15 @@ policy's block size (engine.decoding.blocks) -> per block, the warm executor run
 block is done. `gpu_memory` caps torch's allocator on the device (engine.storage.device_cap), so planning,
 trials and warm-up stay inside the budget too. With several `devices` (engine.parallel) a plan's blocks run
 data-parallel (one executor per device, whole blocks each) or pipeline-parallel (the layers split over the
-devices, `engine.runtime.pipeline`), chosen per plan.
+devices, `engine.runtime.pipeline`), chosen per plan. `LLM.stats` (engine.runtime.run_stats) counts where the time
+went (load, placing weights, planning, prefill, decode, grammar masks, the caller's hook) and the peak
+memory per tier of the latest call.
 """
 from __future__ import annotations
 
 import functools
 import logging
+import time
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -38,6 +41,7 @@ from engine.parallel import (
 )
 from engine.policy.policy import Policy
 from engine.runtime import executor as executor_mod
+from engine.runtime.run_stats import EngineStats
 from engine.storage import device_cap
 from engine.util.sizes import parse_size
 
@@ -117,6 +121,8 @@ class LLM:
             policy = Policy.from_dict(policy)
         if not (policy == "auto" or isinstance(policy, Policy)):
             raise ValueError(f"LLM(policy=...): expected 'auto', a Policy or a dict, got {policy!r}")
+        began = time.perf_counter()
+        self.stats = EngineStats()
         self.devices = resolve_devices(devices, resolve_device(device))
         self.device = self.devices[0]
         choose_parallel(parallel, Policy(), len(self.devices))    # a bad value raises now, before loading
@@ -148,6 +154,7 @@ class LLM:
         self._executor_policy: Policy | None = None
         for dev in self.devices:
             weakref.finalize(self, device_cap.release, device_cap.hold(dev, self.gpu_memory))
+        self.stats.load_s = time.perf_counter() - began
 
     # ---- properties
     @property
@@ -234,7 +241,10 @@ class LLM:
         if rows and lens:
             lens = (lens * -(-rows // len(lens)))[:rows]
         if not measure:
-            return self._planner.preview(lens, params.max_new_tokens)
+            began = time.perf_counter()
+            preview = self._planner.preview(lens, params.max_new_tokens)
+            self.stats.plan_s += time.perf_counter() - began
+            return preview
         return self._plan_for(lens, params.max_new_tokens, covering)
 
     def _check(self, prompts: Sequence[Any], params: SamplingParams | None) -> SamplingParams:
@@ -256,6 +266,7 @@ class LLM:
         valid = [i for i, e in enumerate(encoded) if e.error is None]
         if not valid:
             return
+        self.stats.peak_bytes = dict.fromkeys(self.stats.peak_bytes, 0)   # peaks are the latest call's
         keys = sequence_keys(params.seed, [e.ids for e in encoded]) if params.temperature > 0 else None
         plan = self._plan_for([len(encoded[i].ids) for i in valid], params.max_new_tokens, plan)
         policy = self._downsized.get(plan.policy, plan.policy)
@@ -282,8 +293,11 @@ class LLM:
         decoder's row-finish hook."""
         decoder = self._decoder(prompts, params, keys, on_finished)
         try:
-            self._get_executor().generate_block(prompts, decoder.max_new_tokens, decoder)
-            return decoder.completions()
+            executor = self._get_executor()
+            executor.generate_block(prompts, decoder.max_new_tokens, decoder)
+            completions = decoder.completions()
+            self._count_block(executor, decoder, completions)
+            return completions
         except torch.OutOfMemoryError:
             policy = self._policy
             if policy is None or policy.gpu_batch_size == 1:
@@ -321,6 +335,18 @@ class LLM:
         for n in run_blocks(self._get_parallel(mode), prompts, decoders):
             yield list(zip(blocks[n], decoders[n].completions()))
 
+    def _count_block(self, executor: Any, decoder: BlockDecoder, completions: list[Completion]) -> None:
+        """Add a finished block's times, tokens and the executor's peaks per tier to `stats`."""
+        ex_stats = executor.stats
+        report = executor.memory_report()
+        self.stats.add_block(prefill_s=float(ex_stats["prefill_s"]), decode_s=float(ex_stats["decode_s"]),
+                             grammar_s=decoder.grammar_s, callback_s=decoder.callback_s,
+                             steps=int(ex_stats["steps"]),
+                             tokens=sum(len(c.token_ids) for c in completions),
+                             peak_bytes={tier: r.get("peak") or 0 for tier, r in report.items()})
+        if self.device.type == "cuda":
+            self.stats.device_peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+
     def _constraint(self, params: SamplingParams, rows: int) -> GrammarConstraint | None:
         if params.json_schema is None and params.choices is None and params.regex is None:
             return None
@@ -331,7 +357,9 @@ class LLM:
 
     # ---- policy and executor
     def _plan_for(self, prompt_lens: list[int], max_new_tokens: int, given: Plan | None) -> Plan:
+        began = time.perf_counter()
         self._plan = self._planner.plan_for(prompt_lens, max_new_tokens, given)
+        self.stats.plan_s += time.perf_counter() - began
         return self._plan
 
     def _set_policy(self, policy: Policy) -> None:
@@ -354,11 +382,13 @@ class LLM:
 
     def _get_executor(self) -> Any:
         if self._executor is None:
+            began = time.perf_counter()
             # looked up at call time (not imported by name), so a test can substitute the executor class
             self._executor = executor_mod.Executor(self.loaded, self._policy, device=self.device,
                                                    dtype=self.dtype, gpu_memory=self.gpu_memory,
                                                    cpu_memory=self.cpu_memory, disk_dir=self.disk_dir)
             self._executor_policy = self._policy
+            self.stats.place_s += time.perf_counter() - began
         return self._executor
 
     def _get_parallel(self, mode: str) -> Any:

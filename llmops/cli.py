@@ -15,7 +15,7 @@ import click
 
 from llmops import __version__
 from llmops.cli_batch import batch_cmd
-from llmops.cli_common import configure, want_progress
+from llmops.cli_common import configure, note, want_progress
 from llmops.cli_policy import policy_cmd, profile_cmd
 from llmops.pipeline.load import PipelineError, load_pipeline, locate_error, parse_yaml
 from llmops.pipeline.oneoff import generate, list_all_models, models_table
@@ -75,25 +75,31 @@ def main(verbose: int, quiet: bool) -> None:
               help="Override a pipeline field, e.g. --set engine.gpu_memory=24GiB --set steps.1.llm_map.max_new_tokens=8.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary (or the plan) as JSON.")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar (default: when stderr is a terminal).")
+@click.option("--report", "report_html", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the run report as a self-contained HTML page with plots (needs llmops[report]).")
 def run_cmd(pipeline_file: Path, limit: int | None, dry_run: bool, no_cache: bool, runner: str, address: str | None,
             num_engines: int, gpus_per_engine: float, allow_errors: bool, model: str | None,
-            overrides: tuple[str, ...], as_json: bool, progress: bool | None) -> None:
+            overrides: tuple[str, ...], as_json: bool, progress: bool | None, report_html: Path | None) -> None:
     """Run a pipeline YAML: read the source, apply the steps, write the sink.
 
     Results stream to the sink as blocks finish and are published (renamed into place) when the run
     completes. Finished rows are kept in the result cache, so rerunning a killed or edited pipeline
     only computes what is missing. Exit code 1 when rows failed (see --allow-errors), 2 when the
-    pipeline is invalid.
+    pipeline is invalid. The run report (figures, failures, throughput over time, where the time went,
+    the policy's predicted vs measured speed and memory) is always written beside the sink as JSON;
+    --report also renders it as an HTML page.
 
     \b
     Examples:
       llmops run pipelines/extract_invoices.yaml
       llmops run pipelines/classify_tickets.yaml --limit 20 --dry-run
+      llmops run pipelines/classify_tickets.yaml --limit 20 --report out/report.html
       llmops run pipelines/extract_invoices.yaml --model /models/Mixtral-8x7B-Instruct \\
           --set engine.gpu_memory=24GiB --set engine.cpu_memory=100GiB
     """
 
     run_on = _ray_runner(num_engines, gpus_per_engine, address) if runner == "ray" else run_pipeline
+    write_html = _html_writer() if report_html is not None and not dry_run else None
     invalid = _invalid_errors()
     try:
         pipeline = load_pipeline(pipeline_file, overrides=list(overrides) + _model_overrides(pipeline_file, model))
@@ -109,6 +115,8 @@ def run_cmd(pipeline_file: Path, limit: int | None, dry_run: bool, no_cache: boo
     except Exception as exc:  # noqa: BLE001 (any engine/sink failure is reported, not a traceback)
         _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else str(result))
+    if write_html is not None:
+        _write_html_report(write_html, result, report_html)
     if result.failed_rows and not allow_errors:
         click.echo(f"{result.failed_rows} row(s) failed (null values); pass --allow-errors to exit 0", err=True)
         sys.exit(EXIT_FAILED)
@@ -131,6 +139,28 @@ def _ray_runner(num_engines: int, gpus_per_engine: float, address: str | None) -
             _fail(str(exc), EXIT_INVALID)
             raise
     return run
+
+
+def _html_writer() -> Callable[[dict, Path], Path]:
+    """`llmops.report_html.write_html`; exit 2 before any work when matplotlib is missing."""
+    try:
+        from llmops.report_html import write_html  # optional dependency: matplotlib (the `report` extra)
+    except ImportError as exc:
+        _fail(f"--report needs matplotlib ({exc.name or 'matplotlib'} is not installed): "
+              f"pip install \"llmops[report]\"", EXIT_INVALID)
+    return write_html
+
+
+def _write_html_report(write_html: Callable[[dict, Path], Path], result: RunResult, target: Path) -> None:
+    """Render the run's JSON report as HTML at `target`; exit 1 when either cannot be read or written."""
+    if result.report is None:
+        _fail(f"--report {target}: the run report JSON could not be written, so there is nothing to render",
+              EXIT_FAILED)
+    try:
+        path = write_html(json.loads(Path(result.report).read_text()), target)
+    except (OSError, ValueError) as exc:
+        _fail(f"--report {target}: {exc}", EXIT_FAILED)
+    note(f"report: {path}")
 
 
 def _model_overrides(pipeline_file: Path, model: str | None) -> list[str]:

@@ -17,6 +17,12 @@ vectors, Polars morsels and groups): the engine's plan (policy) is chosen at the
 handed back to the engine on every later one, so the job plans once and the executor stays warm; its
 `summary` adds up every call. Calls of one engine run one at a time (`engine_lock`).
 
+Where a run's time went (`MapRun.time_split()`, for the run report): `load` (building the engine, when this
+run is the first to need it), the engine's own split measured around its calls (`engine.LLM.stats`:
+placing weights, planning, prefill, decode, grammar masks; see `engine.runtime.run_stats`), `cache` (the
+result cache: opening, looking up, storing) and `other` (rendering, dedup, parsing, the progress bar);
+`MapRun.clock` counts rows finished per time bucket (`llmops.row_clock`), as they finish.
+
 Output batches (`output_schema(spec)`): `row` int64 (index into the input table), `output` (`output_type`),
 `finish_reason` ("stop" | "length" | "error" | null for null rows), `error` (why the output is null; null
 for good rows), `text` (the raw generated text; null when nothing was generated), `prompt_tokens`,
@@ -54,12 +60,13 @@ from engine.decoding.params import Completion, SamplingParams
 from llmops import engines
 from llmops.engine_tools import (  # noqa: F401 (the CLI's planning tools, re-exported: see llmops.engine_tools)
     PINNED_SHARE, Budgets, NoFeasiblePolicy, Workload, cuda_available, default_cpu_budget, device_profile_path,
-    device_split, dtype_bytes, engine_models, explain_split, format_size, load_or_measure, load_profile, model_config, parse_size,
-    reference_profile, resolve_dtype, search, write_json_atomic,
+    device_split, dtype_bytes, engine_models, explain_split, format_size, load_or_measure, load_profile,
+    model_config, parse_size, reference_profile, resolve_dtype, search, write_json_atomic, write_text_atomic,
 )
 from llmops.progress import Progress
 from llmops.report import failure_kind
 from llmops.result_cache import CachedResult, RowWriter, open_cache, result_key
+from llmops.row_clock import RowClock
 from llmops.structured import arrow_type, parse_json_output, to_json_schema
 from llmops.summary import RunSummary, last_summary, record  # noqa: F401 (last_summary: re-exported)
 from llmops.templates import ON_EMPTY, RowOutcome, check_columns, check_examples, render_rows, template_fields
@@ -299,6 +306,9 @@ class MapRun:
         self._shown = 0   # rows this call has moved the progress bar by
         self.failures: Counter[str] = Counter()        # rows with a null output, by `failure_kind`
         self.timeline: list[tuple[float, int, int]] = []  # (seconds, rows done, generated tokens) per batch
+        self.clock = RowClock()                          # rows finished per time bucket
+        self.load_s = self.cache_s = 0.0                 # building the engine; the result cache
+        self.engine_stats: Any = None                    # the engine's EngineStats over this run's calls
         self.summary = RunSummary(rows=table.num_rows)
         self.schema = output_schema(spec)
         self._out_type = output_type(spec)
@@ -332,10 +342,13 @@ class MapRun:
             rows_by_key: dict[str, list[int]] = {}
             eng = None
             if len(early) < len(outcomes):
+                began = time.perf_counter()
                 eng = self.job.engine
+                self.load_s = time.perf_counter() - began
                 params = sampling_params(spec)
                 rows_by_key = rows_by_result_key(outcomes, spec, eng)
             summary.deduped = sum(len(r) - 1 for r in rows_by_key.values())
+            began = time.perf_counter()
             cache = open_cache(None if self._cache_dir is None else self._cache_dir) \
                 if self._cache_dir is not False and rows_by_key else None
             first = [(i, None, outcomes[i].error) for i in early]
@@ -345,6 +358,7 @@ class MapRun:
                 summary.deduped += len(rows_by_key[key])
             rest = [k for k in rows_by_key if k not in done_before]
             hits = cache.get_many(rest) if cache is not None and rest else {}
+            self.cache_s += time.perf_counter() - began
             for key, res in hits.items():
                 first.extend((i, res, None) for i in rows_by_key[key])
                 summary.cache_hits += len(rows_by_key[key])
@@ -362,14 +376,19 @@ class MapRun:
             def report(idx: int, c: Completion) -> None:
                 """One row finished in the engine's decode loop: store it, move the bar by its rows."""
                 if writer is not None:
+                    began = time.perf_counter()
                     writer.add(pending[idx], _to_cached(c))
+                    self.cache_s += time.perf_counter() - began
                 rows = len(rows_by_key[pending[idx]])
                 live[0] += len(c.token_ids)
                 self._shown += rows
                 elapsed = time.perf_counter() - start
+                self.clock.add(elapsed, rows)
                 tokens = max(summary.generated_tokens, live[0])
                 bar.advance(rows, tokens_per_s=tokens / elapsed if elapsed > 0 else 0.0)
             with engine_lock(eng):
+                stats = getattr(eng, "stats", None)
+                before = stats.snapshot() if stats is not None else None
                 for group in _stream(eng, prompts, params, self.job.plan, report):
                     plan = getattr(eng, "last_plan", None)
                     done = [(pending[idx], _to_cached(c), c.error) for idx, c in group]
@@ -377,12 +396,18 @@ class MapRun:
                     summary.generated_tokens += sum(r.completion_tokens for _, r, _ in done)
                     summary.prompt_tokens += sum(r.prompt_tokens for _, r, _ in done)
                     if writer is not None:
+                        began = time.perf_counter()
                         writer.finish_block((k, r) for k, r, _ in done)
+                        self.cache_s += time.perf_counter() - began
                     self.job.remember((k, r) for k, r, _ in done)
+                    if before is not None:
+                        self.engine_stats = stats.since(before)
                     yield self._emit([(i, r, err) for k, r, err in done for i in rows_by_key[k]], start, bar)
         finally:
             if writer is not None:
+                began = time.perf_counter()
                 _close_quietly(writer)
+                self.cache_s += time.perf_counter() - began
             if self._own_job:
                 bar.close()
             summary.seconds = time.perf_counter() - start
@@ -390,6 +415,18 @@ class MapRun:
             record(total)
 
     _empty_nulls: set[int] = set()  # rows with empty values under on_empty="null": error text, no reason
+
+    def time_split(self) -> dict[str, float]:
+        """Seconds of this run by where they went (see module docstring); they sum to `summary.seconds`
+        (`other` takes the rest). Engine figures are 0 for an engine without `stats`."""
+        eng = self.engine_stats
+        split = {"load": self.load_s, "place_weights": 0.0, "plan": 0.0, "prefill": 0.0, "decode": 0.0,
+                 "grammar_mask": 0.0, "cache": self.cache_s}
+        if eng is not None:
+            split.update(place_weights=eng.place_s, plan=eng.plan_s, prefill=eng.prefill_s, decode=eng.decode_s,
+                         grammar_mask=eng.grammar_mask_s)
+        split["other"] = max(0.0, self.summary.seconds - sum(split.values()))
+        return split
 
     def _render(self) -> list[RowOutcome]:
         spec = self.spec
@@ -421,6 +458,7 @@ class MapRun:
         s.seconds = time.perf_counter() - start
         self.timeline.append((round(s.seconds, 3), s.done_rows, s.generated_tokens))
         step, self._shown = max(0, s.done_rows - self._shown), max(self._shown, s.done_rows)
+        self.clock.add(s.seconds, step)
         bar.update(step, tokens_per_s=s.tokens_per_s, cache_hits=s.cache_hits, errors=s.errors)
         return pa.RecordBatch.from_pydict(cols, schema=self.schema)
 

@@ -2,9 +2,10 @@
 
 `llmops.core` is the bridge for running a model over rows; this module is the bridge for the commands that
 only plan or inspect (`llmops policy`, `llmops profile`, `llmops models`): model configs, hardware profiles,
-the policy search and its split over several GPUs, byte sizes, the model list and atomic JSON files (run reports). `llmops.core` re-exports everything here, and the CLI
-imports it from there (`from llmops import core`), so `core` stays the one module other llmops modules use to
-reach the engine; only these two modules import `engine` (checked by tests/test_import_contracts.py).
+the policy search and its split over several GPUs, byte sizes, the model list and atomic JSON and text
+files (run reports). `llmops.core` re-exports everything here, and the CLI imports it from there
+(`from llmops import core`), so `core` stays the one module other llmops modules use to reach the engine;
+only these two modules import `engine` (checked by tests/test_import_contracts.py).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from engine.policy.hardware import HardwareProfile, reference_profile
 from engine.policy.model_stats import dtype_bytes
 from engine.policy.partition import device_split, explain_split
 from engine.policy.search import search
-from engine.storage.atomic import write_json_atomic
+from engine.storage.atomic import write_json_atomic, write_text_atomic
 from engine.util.sizes import format_size, parse_size
 
 __all__ = [
@@ -34,7 +35,7 @@ __all__ = [
     "cuda_available", "default_cpu_budget", "device_profile_path", "device_split", "dtype_bytes", "engine_models",
     "explain_split", "format_size",
     "list_models", "load_or_measure", "load_profile", "model_config", "parse_size", "profile_cache_path",
-    "reference_profile", "resolve_dtype", "search", "write_json_atomic",
+    "reference_profile", "resolve_dtype", "search", "write_json_atomic", "write_text_atomic",
 ]
 
 

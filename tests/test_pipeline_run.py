@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -268,25 +269,28 @@ def test_sample_pipelines_run_on_the_embedded_model(path, tmp_path, monkeypatch)
         assert result.failed_rows == 0  # a choice is always complete within max_new_tokens
 
 
-def test_every_run_writes_a_report_beside_the_sink(tmp_path):
-    """`<sink>.report.json`: figures, failures by reason, timeline, time split, plan vs measured."""
-    import json as json_
-
-    from fake_engine import FakeLLM as Fake
-
-    from llmops.pipeline.load import load_pipeline as load
-    from llmops.pipeline.runner import run_pipeline as run
-
+def fake_engine_report(tmp_path: Path) -> tuple[Any, dict[str, Any]]:
+    """A pipeline of 4 rows (one cut by max_new_tokens, one empty) on the fake engine: (RunResult, its report)."""
     data = tmp_path / "in.csv"
     data.write_text("id,body\n1,hello\n2,CUT here\n3,\n4,more\n")
     pipe = tmp_path / "p.yaml"
     pipe.write_text(f"cache_dir: false\nsource:\n  csv: {data}\nsteps:\n  - llm_map:\n      output: o\n"
-                    f"      template: '{{body}}'\n      schema: {{n: integer}}\nsink:\n  parquet: {tmp_path / 'out.parquet'}\n")
-    result = run(load(pipe), engine=Fake(block_size=2))
+                    f"      template: '{{body}}'\n      schema: {{n: integer}}\n"
+                    f"sink:\n  parquet: {tmp_path / 'out.parquet'}\n")
+    result = run_pipeline(load_pipeline(pipe), engine=FakeLLM(block_size=2))
+    return result, json.loads((tmp_path / "out.parquet.report.json").read_text())
+
+
+def test_every_run_writes_a_report_beside_the_sink(tmp_path):
+    """`<sink>.report.json`: figures, failures by reason, timeline, time split, plan vs measured."""
+    result, report = fake_engine_report(tmp_path)
     path = tmp_path / "out.parquet.report.json"
-    assert result.report == str(path) and path.exists() and "report:" in str(result)
-    report = json_.loads(path.read_text())
-    assert report["run"]["rows_written"] == 4 and set(report["time"]) >= {"source", "sink", "other", "llm_map[0]"}
+    assert result.report == str(path) and "report:" in str(result)
+    assert report["run"]["rows_written"] == 4
+    assert set(report["time"]) >= {"source", "sink", "other", "load", "plan", "prefill", "decode", "grammar_mask",
+                                   "cache"}
     step = report["llm_steps"][0]
     assert step["failures"] == {"cut by max_new_tokens": 1}
-    assert step["timeline"][-1][1] == 4 and "measured_tokens_per_s" in step
+    assert step["timeline"][-1][1] == 4 and sum(step["throughput"]["rows"]) == 4
+    assert sum(report["time"].values()) == pytest.approx(report["run"]["seconds"], rel=1e-6, abs=1e-6)
+    assert step["engine"] is None and step["comparison"]["predicted_tokens_per_s"] is None   # fake: no stats

@@ -16,7 +16,7 @@ import torch
 
 from engine.calibrate import auto, machine
 from engine.calibrate.machine import profile_key
-from engine.calibrate.planning import Plan, PlanCache, bucketed, merged, workload_list
+from engine.calibrate.planning import Plan, PlanCache, bucketed, merged, predicted_detail, workload_list
 from engine.models.loader import LoadedModel
 from engine.policy.cost_model import Workload
 from engine.policy.memory import model_layout, peak_memory
@@ -123,7 +123,7 @@ class Planner:
             disk_dir=self.disk_dir, model_name=self.model_name)
         source = "trials" if est.context.get("trials") else "search"
         return Plan(est.policy, workload, source, est.explain(), est.predicted_tokens_per_s,
-                    time.perf_counter() - start)
+                    time.perf_counter() - start, predicted_detail(est.peak_memory_bytes, est.prefill_s, est.decode_s))
 
     def disk_key(self, workload: Workload) -> dict[str, Any]:
         """What a cached plan depends on: the model's shape (not its weights), dtype, machine and device,

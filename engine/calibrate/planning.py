@@ -59,7 +59,9 @@ class Plan:
     """The policy a job runs with. `workload` is the bucket it was planned for (None for a fixed policy,
     which covers everything); `source` says where it came from: "fixed" (given by the caller), "search"
     (the cost model), "trials" (measured candidates), "memory" (reused in this process) or "disk" (the plan
-    cache); `explanation` is the estimate's readable text (empty for a fixed policy)."""
+    cache); `explanation` is the estimate's readable text (empty for a fixed policy). `detail` holds the
+    cost model's prediction for a planned policy (`predicted_detail`: peak bytes per tier, prefill and
+    decode seconds per block) and, from the plan cache, `planned_s`."""
 
     policy: Policy
     workload: Workload | None = None
@@ -96,6 +98,15 @@ class Plan:
                 "workload": None if w is None else workload_list(w), **self.detail}
 
 
+PREDICTED = ("predicted_peak_bytes", "predicted_prefill_s", "predicted_decode_s")
+
+
+def predicted_detail(peak_bytes: dict[str, int], prefill_s: float, decode_s: float) -> dict[str, Any]:
+    """A plan's `detail` entries for the cost model's prediction: peak bytes per tier, seconds per block."""
+    return {"predicted_peak_bytes": {t: int(n) for t, n in peak_bytes.items()},
+            "predicted_prefill_s": float(prefill_s), "predicted_decode_s": float(decode_s)}
+
+
 def workload_list(w: Workload) -> list[int]:
     return [w.prompt_len, w.gen_len, int(w.num_prompts or 0), w.memory_prompt_len]
 
@@ -118,8 +129,9 @@ class PlanCache:
                 return None
             w = data["workload"]
             workload = Workload(prompt_len=w[0], gen_len=w[1], num_prompts=w[2] or None, max_prompt_len=w[3])
+            detail = {"planned_s": data.get("planning_s"), **{k: data[k] for k in PREDICTED if k in data}}
             return Plan(Policy.from_dict(data["policy"]), workload, "disk", str(data.get("explanation", "")),
-                        data.get("predicted_tokens_per_s"), 0.0, {"planned_s": data.get("planning_s")})
+                        data.get("predicted_tokens_per_s"), 0.0, detail)
         except (OSError, ValueError, KeyError, TypeError, IndexError):
             return None
 

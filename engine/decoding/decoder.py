@@ -17,9 +17,14 @@ Row-finish hook: `on_finished(row, completion)` is called once per row, from ins
 the row's last token (on the executor's decode loop, before the block ends), with the row's final
 Completion (text decoded then); `completions()` returns those same objects. Rows the executor never
 reached are not passed to it (they only exist as "length" rows in `completions()`).
+
+Timing: `grammar_s` and `callback_s` hold the seconds this decoder spent in the grammar (masks and
+advances) and in `on_finished`, per phase: "prefill" for the call choosing the rows' first token, "decode"
+for every later one (`engine.runtime.run_stats` charges them apart from the executor's step times).
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -71,6 +76,8 @@ class BlockDecoder:
         self.errors: list[str | None] = [None] * n
         self.on_finished = on_finished
         self._done: dict[int, Completion] = {}   # rows finished and reported to on_finished
+        self.grammar_s = {"prefill": 0.0, "decode": 0.0}
+        self.callback_s = {"prefill": 0.0, "decode": 0.0}
         self._stop_hit = [False] * n
         self._stops = tuple(s for s in params.stop if s)
         self._max_stop = max((len(s) for s in self._stops), default=0)
@@ -84,10 +91,13 @@ class BlockDecoder:
         for row in rows:
             if self.finish[row] is not None:
                 raise RuntimeError(f"block row {row} was fed again after it finished ({self.finish[row]})")
+        phase = "decode" if rows and self.tokens[rows[0]] else "prefill"
         scores = logits
         if self.constraint is not None:
+            began = time.perf_counter()
             allowed = self.constraint.allowed(rows, logits.shape[-1]).to(logits.device)  # [n, v]
             scores = logits.masked_fill(~allowed, float("-inf"))                        # [n, v]
+            self.grammar_s[phase] += time.perf_counter() - began
         if self.params.temperature == 0:
             chosen = greedy(scores)                                                      # [n]
         else:
@@ -98,8 +108,10 @@ class BlockDecoder:
         tokens = chosen.tolist()
         verdicts: list[FinishReason | None] = [None] * len(rows)
         if self.constraint is not None:
+            began = time.perf_counter()
             for i, row in enumerate(rows):
                 tokens[i], verdicts[i] = self._advance_grammar(row, tokens[i])
+            self.grammar_s[phase] += time.perf_counter() - began
         lps = None
         if self.logprobs is not None:
             fed = torch.tensor(tokens, dtype=chosen.dtype, device=chosen.device)                # [n]
@@ -110,7 +122,9 @@ class BlockDecoder:
             ended = [row for row, done in zip(rows, finished) if done]
             for row, text in zip(ended, self._text(ended)):                 # one batched decode per step
                 self._done[row] = self._completion(row, text)
+                began = time.perf_counter()
                 self.on_finished(row, self._done[row])
+                self.callback_s[phase] += time.perf_counter() - began
         return tokens, finished
 
     def _advance_grammar(self, row: int, token: int) -> tuple[int, FinishReason | None]:

@@ -116,8 +116,10 @@ class _Run:
         """Write the run report beside the sink (`llmops.report`); a failure to write it is logged."""
         sink = self.pipeline.sink
         path = report_path(sink.kind, sink.target, sink.table if sink.kind == "database" else None)
-        times = {"source": self.times["source"], **_report_step_times(self.details, self.times["sink"], self.streamed),
-                 "sink": self.times["sink"]}
+        if self.streamed and self.details:   # the streamed last step's wall time holds the sink's writes
+            split = self.details[-1]["time"]
+            split["other"] = max(0.0, split["other"] - self.times["sink"])
+        times = {"source": self.times["source"], "sink": self.times["sink"]}
         self.result.report = str(path)
         try:
             write_json_atomic(path, build_report(self.result.to_dict(), times, self.details))
@@ -136,7 +138,10 @@ class _Run:
             res.llm_steps.append({"step": index, "output": self.pipeline.steps[index].llm_map.output,
                                   **s.to_dict()})
             plan = getattr(run.job, "plan", None)
+            stats = run.engine_stats
             self.details.append({**res.llm_steps[-1], "failures": dict(run.failures), "timeline": run.timeline,
+                                 "throughput": run.clock.to_dict(), "time": run.time_split(),
+                                 "engine": stats.to_dict() if stats is not None else None,
                                  "plan": plan.to_dict() if hasattr(plan, "to_dict") else None})
         for index, fig in self.semantic:
             res.generated_tokens += fig.summary.generated_tokens
@@ -145,15 +150,6 @@ class _Run:
             res.failed_rows += fig.report.get("failed_rows", fig.summary.errors + fig.summary.truncated)
             res.llm_steps.append({"step": index, "kind": step_label(index, self.pipeline.steps[index]),
                                   **fig.summary.to_dict(), **fig.report})
-
-
-def _report_step_times(details: list[dict[str, Any]], sink_s: float, streamed: bool) -> dict[str, float]:
-    """Seconds per llm_map step (`llm_map[i]`); the streamed last step's own time excludes the sink's."""
-    times = {f"llm_map[{d['step']}]": float(d["seconds"]) for d in details}
-    if streamed and details:
-        key = f"llm_map[{details[-1]['step']}]"
-        times[key] = max(0.0, times[key] - sink_s)
-    return times
 
 
 def _batches(table: pa.Table, run: MapRun, step: LlmMapStep) -> Iterator[pa.Table]:
