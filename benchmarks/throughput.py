@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -142,11 +143,21 @@ def choose(args, config, device, dtype, profile, rows: int | None) -> tuple[str,
             yield "custom", Policy.from_dict(json.loads(spec)), None
 
 
+_START = time.perf_counter()
+
+
+def progress(message: str) -> None:
+    """One line on stderr with the seconds since the harness started: a run cut by a time limit still says
+    how far it got (the records are written only as each configuration ends)."""
+    print(f"[throughput {time.perf_counter() - _START:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+
 def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, dtype) -> dict:
     """Blocks of policy.block_size rows through one executor (a warm-up block of WARMUP_TOKENS first)."""
     out: dict = {"policy": policy.to_dict()}
     ex = None
     try:
+        progress(f"placing weights for {policy.gpu_batch_size}x{policy.num_gpu_batches} ({len(prompts)} rows)")
         with Timer() as init:
             ex = Executor(loaded, policy, device=device, dtype=dtype, gpu_memory=args.gpu_memory,
                           cpu_memory=args.cpu_memory, disk_dir=args.disk_dir)
@@ -155,6 +166,7 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
         n = policy.block_size
         blocks = [prompts[s:s + n] for s in range(0, len(prompts), n)]
         if args.warmup:
+            progress(f"placed in {init.seconds:.1f} s; warm-up block")
             ex.generate_block(blocks[0], [WARMUP_TOKENS] * len(blocks[0]), TokenRecorder())
         prof = StepProfile(device, [s.kind for s in ex.specs]) if args.profile else None
         ex.profiler = prof
@@ -162,8 +174,10 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
         recorders, prefill, decode, steps = [TokenRecorder() for _ in blocks], 0.0, 0.0, 0
         with Timer() as run:
             for block, rec in zip(blocks, recorders):
+                progress(f"block {steps + 1}/{len(blocks)}: {len(block)} rows x {args.gen_len} new tokens")
                 ex.generate_block(block, [args.gen_len] * len(block), rec)
                 prefill, decode, steps = prefill + ex.stats["prefill_s"], decode + ex.stats["decode_s"], steps + 1
+                progress(f"block {steps} done: prefill {ex.stats['prefill_s']:.1f} s, decode {ex.stats['decode_s']:.1f} s")
         out.update(ok=True, total_s=run.seconds, prefill_s=prefill, decode_s=decode, blocks=steps,
                    generated_tokens=sum(r.tokens for r in recorders), tokens_digest=tokens_digest(recorders),
                    executor_memory=ex.memory_report(), **peak_gib())
@@ -244,6 +258,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     profile = hw_profile(args.hw_profile, device)
     out = args.out or results_path("throughput", args.workload, ".jsonl", folder=args.out_dir)
     run_id, wrangle = new_run_id(), args.workload == "wrangle"
+    progress(f"loading {args.model}")
     loaded = load_model(args.model, dtype=dtype)
     config = loaded.config
     rows_arg = args.rows if args.rows is not None else w["rows"]

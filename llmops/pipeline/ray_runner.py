@@ -69,7 +69,9 @@ class _StepActor(LlmActor):
     def __call__(self, batch: pa.Table) -> pa.Table:
         run = self.map(batch)
         out = attach_output(batch, run.ordered(), self.step).drop_columns([ROW_COLUMN])
-        self.tally.add.remote(asdict(run.summary))
+        # waited for: once the driver holds every batch, the tally holds every batch's figures (a call left in
+        # flight could land after the driver's `result`, and the run would count too few tokens)
+        ray.get(self.tally.add.remote(asdict(run.summary)))
         return out
 
 
