@@ -380,6 +380,20 @@ def torch_device(name: str = "auto") -> Any:
     return torch.device(name)
 
 
+def failure_fields(err: BaseException) -> dict[str, Any]:
+    """A failed configuration's record fields: ok False, the error named, the traceback's tail."""
+    import traceback
+
+    return {"ok": False, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-2000:]}
+
+
+def close_and_release(engine: Any) -> None:
+    """Close `engine` (an executor or a set of them; None: nothing opened) and give its memory back."""
+    if engine is not None:
+        engine.close()
+    release_memory()
+
+
 def release_memory() -> None:
     """Give a closed executor's memory back: device blocks and the pinned host blocks torch caches."""
     import gc

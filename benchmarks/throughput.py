@@ -43,12 +43,11 @@ import argparse
 import json
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
-from bench_common import (GIB, Timer, add_record_args, new_record, new_run_id, peak_gib, release_memory,  # noqa: E402
-                          reset_peak, results_path, rewrite_jsonl, rows_per_hour, torch_device)
+from bench_common import (GIB, Timer, add_record_args, close_and_release, failure_fields, new_record,  # noqa: E402
+                          new_run_id, peak_gib, reset_peak, results_path, rewrite_jsonl, rows_per_hour, torch_device)
 from roofline import roofline  # noqa: E402
 from throughput_multi import WARMUP_TOKENS, TokenRecorder, run_multi, tokens_digest  # noqa: E402
 from throughput_peers import run_accelerate, run_flexgen  # noqa: E402
@@ -184,11 +183,9 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
         if prof is not None:
             out["profile"] = prof.report()
     except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError, ValueError) as err:
-        out.update(ok=False, error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()[-2000:])
+        out.update(failure_fields(err))
     finally:
-        if ex is not None:
-            ex.close()
-        release_memory()
+        close_and_release(ex)
     return out
 
 

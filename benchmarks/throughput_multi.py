@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import traceback
 from typing import Sequence
 
-from bench_common import Timer, peak_gib, release_memory, reset_peak
+from bench_common import Timer, close_and_release, failure_fields, peak_gib, reset_peak
 
 import torch
 
@@ -94,9 +93,7 @@ def run_multi(loaded, policy: Policy, prompts: list[list[int]], args, n: int, dt
         out.update(ok=True, total_s=run.seconds, blocks=len(blocks), generated_tokens=sum(r.tokens for r in recorders),
                    tokens_digest=tokens_digest(recorders), executor_memory=engine.memory_report(), **peak_gib(n))
     except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError, ValueError) as err:
-        out.update(ok=False, error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()[-2000:])
+        out.update(failure_fields(err))
     finally:
-        if engine is not None:
-            engine.close()
-        release_memory()
+        close_and_release(engine)
     return out
