@@ -47,7 +47,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
 from bench_common import (GIB, Timer, add_record_args, close_and_release, failure_fields, new_record,  # noqa: E402
-                          new_run_id, peak_gib, reset_peak, results_path, rewrite_jsonl, rows_per_hour, torch_device)
+                          new_run_id, peak_gib, reset_peak, results_path, rewrite_jsonl, rows_per_hour, size_gib,
+                          torch_device)
 from roofline import roofline  # noqa: E402
 from throughput_multi import WARMUP_TOKENS, TokenRecorder, run_multi, tokens_digest  # noqa: E402
 from throughput_peers import run_accelerate, run_flexgen  # noqa: E402
@@ -63,6 +64,7 @@ from engine.policy.hardware import reference_profile  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
 from engine.runtime.step_profile import StepProfile  # noqa: E402
+from engine.storage import device_cap  # noqa: E402
 from engine.util.sizes import parse_size  # noqa: E402
 
 
@@ -152,9 +154,13 @@ def progress(message: str) -> None:
 
 
 def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, dtype) -> dict:
-    """Blocks of policy.block_size rows through one executor (a warm-up block of WARMUP_TOKENS first)."""
-    out: dict = {"policy": policy.to_dict()}
+    """Blocks of policy.block_size rows through one executor (a warm-up block of WARMUP_TOKENS first), with
+    torch's caching allocator capped at --gpu-memory for the run (`engine.storage.device_cap`, as `LLM` does:
+    the budget then holds for reserved memory too, not only for what the executor counts)."""
+    cuda = device.type == "cuda"
+    out: dict = {"policy": policy.to_dict(), "allocator_cap_gib": size_gib(args.gpu_memory) if cuda else None}
     ex = None
+    cap = device_cap.hold(device, args.gpu_memory)       # torch's allocator capped at the budget, as LLM does
     try:
         progress(f"placing weights for {policy.gpu_batch_size}x{policy.num_gpu_batches} ({len(prompts)} rows)")
         with Timer() as init:
@@ -186,6 +192,7 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
         out.update(failure_fields(err))
     finally:
         close_and_release(ex)
+        device_cap.release(cap)
     return out
 
 
