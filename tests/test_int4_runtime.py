@@ -221,3 +221,24 @@ def test_modules_to_not_convert_stay_float_and_are_counted(models, tmp_path):
     (src.parent / "bad" / "config.json").write_text(json.dumps(d))
     with pytest.raises(ValueError, match=r"o_proj\.weight' is packed.*modules_to_not_convert=\['o_proj'\]"):
         load_model(src.parent / "bad", dtype=torch.float32)
+
+
+def test_half_dtypes_keep_the_codes_and_round_min_scale_once(models, reference):
+    """A bfloat16 executor over an fp32-loaded checkpoint: the same codes, float16 min/scale (one rounding of
+    the float32 ones), and the tokens of a bfloat16 load of the same files."""
+    loaded32, prompts, _ = reference["llama-awq-g64"]
+    ex = Executor(loaded32, Policy(gpu_batch_size=3, num_gpu_batches=3), device=torch.device("cpu"),
+                  dtype=torch.bfloat16)
+    try:
+        spec, home = ex.specs[1], ex.weights.homes[1]["qkv_proj.weight"].value
+        want = loaded32.weights.get_qtensors(spec)["qkv_proj.weight"]
+        assert home.dtype == torch.bfloat16 and home.mn.dtype == home.scale.dtype == torch.float16
+        assert torch.equal(home.data, want.data) and torch.equal(home.scale, want.scale.half())
+        assert torch.equal(home.mn, want.mn.half())
+        sel = GreedyRecorder()
+        ex.generate_block(prompts, MAX_NEW, sel)
+    finally:
+        ex.close()
+    tokens, _ = run_policy(load_model(models["llama-awq-g64"], dtype=torch.bfloat16),
+                           Policy(gpu_batch_size=3, num_gpu_batches=3), prompts, MAX_NEW, dtype=torch.bfloat16)
+    assert sel.tokens == tokens
