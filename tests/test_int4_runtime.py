@@ -242,3 +242,18 @@ def test_half_dtypes_keep_the_codes_and_round_min_scale_once(models, reference):
     tokens, _ = run_policy(load_model(models["llama-awq-g64"], dtype=torch.bfloat16),
                            Policy(gpu_batch_size=3, num_gpu_batches=3), prompts, MAX_NEW, dtype=torch.bfloat16)
     assert sel.tokens == tokens
+
+
+@pytest.mark.parametrize("keys", [["gate"], ["o_proj"], ["mlp.gate"], ["model.layers.1"], ["model.layers.*.mlp"],
+                                  ["lm_head", "model.layers.0.self_attn"]])
+def test_modules_to_not_convert_match_as_transformers_does(keys):
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    from engine.models.int4_config import Int4Config
+
+    q = Int4Config.from_hf({**AWQ_QC, "modules_to_not_convert": keys})
+    modules = [f"model.layers.{j}.{m}" for j in (0, 1, 11) for m in
+               ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate", "mlp.gate_proj", "mlp.experts.0.w1")]
+    got = {m: q.packs((f"{m}.weight",)) for m in modules}
+    assert got == {m: should_convert_module(m, keys) for m in modules}
+    assert not all(got.values()) and any(got.values())

@@ -2,12 +2,15 @@
 
 Pure (no tensors, no files), so the config parser, the weight source, the executor's weight homes and the
 policy's memory model all read one answer: a decoder matmul weight (`WeightSpec.quantizable`) is packed in
-the checkpoint unless one of its source names contains a `modules_to_not_convert` entry (the substring rule
-AutoAWQ and transformers apply); its groups are `group_size` inputs, or the whole input row for -1.
+the checkpoint unless the module of one of its sources matches a `modules_to_not_convert` entry by
+transformers' rule (`should_convert_module`: the entry as a regex from the start of the module name up to a
+module boundary, or as a suffix: "gate" skips a router `...mlp.gate`, not `...mlp.gate_proj`); its groups are
+`group_size` inputs, or the whole input row for -1.
 `Int4SafetensorsSource` checks the file against this answer at load and names the tensor that disagrees.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +18,12 @@ from engine.quant.config import QuantConfig
 
 METHODS = ("awq", "gptq")
 GPTQ_FORMATS = {"gptq": 1, "gptq_v2": 0}          # checkpoint_format -> the offset its zero points carry
+_BOUNDARY = r"(?:(?<=\.)|(?=\.|$))"               # a module-name boundary (transformers' should_convert_module)
+
+
+def _skips(key: str, module: str) -> bool:
+    """transformers' rule: `key` as a regex from the start of `module` up to a boundary, or as its suffix."""
+    return bool(re.match(rf"(?:{key}){_BOUNDARY}", module)) or module.endswith(key)
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,11 @@ class Int4Config:
         if group != -1 and (group < 2 or group % 2):
             raise ValueError(f"{where}: group_size={group} is not supported (an even number >= 2, or -1)")
         skip = tuple(str(m) for m in (q.get("modules_to_not_convert") or ()))
+        for key in skip:
+            try:
+                re.compile(key)
+            except re.error as e:
+                raise ValueError(f"{where}: modules_to_not_convert entry {key!r} is not a valid pattern: {e}") from None
         if method == "awq":
             version = str(q.get("version", "gemm")).lower()
             if version != "gemm":
@@ -53,8 +67,9 @@ class Int4Config:
         return Int4Config(method, max(group, 0), GPTQ_FORMATS[fmt], skip)
 
     def packs(self, sources: tuple[str, ...]) -> bool:
-        """True when a quantizable weight fused from `sources` is packed in the checkpoint (none skipped)."""
-        return not any(skip in s for s in sources for skip in self.skip_modules)
+        """True when a quantizable weight fused from `sources` (tensor names `<module>.weight`) is packed in
+        the checkpoint: no source's module matches a modules_to_not_convert entry (module docstring)."""
+        return not any(_skips(key, s.removesuffix(".weight")) for s in sources for key in self.skip_modules)
 
     def quant_for(self, in_features: int) -> QuantConfig:
         """Our QuantConfig for a packed weight of `in_features` inputs: the checkpoint's own groups."""
