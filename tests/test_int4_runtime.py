@@ -301,3 +301,19 @@ def _check_homes_on_host(ex: Executor, loaded) -> int:
                 assert all(torch.equal(a.cpu(), b) for a, b in zip(value.parts(), want[name].parts()))
                 checked += 1
     return checked
+
+
+@pytest.mark.parametrize("name", ["llama-awq-g64", "llama-gptq-g64"])
+@pytest.mark.parametrize("bytes_per_element", [2, 4])
+def test_model_stats_count_the_checkpoints_groups(reference, name, bytes_per_element):
+    """Where every input dim is a multiple of the group, model_stats' per-layer bytes (the planner's sizes)
+    equal the executor's layout exactly, compress_weights or not."""
+    from engine.policy import model_stats as ms
+
+    config = reference[name][0].config
+    for compress in (False, True):
+        want = model_layout(config, bytes_per_element, compress).total_bytes
+        got = (ms.layer_weight_bytes(config, bytes_per_element, compress) * config.num_hidden_layers
+               + ms.edge_weight_bytes(config, bytes_per_element))
+        assert got == want
+    assert ms.layer_dense_bytes(config, 4) > 4 * ms.layer_weight_bytes(config, 4)

@@ -108,7 +108,6 @@ class Int4SafetensorsSource(SafetensorsSource):
                     out[local] = _fuse_q(ws, parts)
         return out
 
-
     def get_stored(self, spec: LayerSpec) -> dict[str, torch.Tensor | QTensor]:
         """The layer's weights as the runtime holds them: the decoder matmul weights the checkpoint packs
         as QTensors of its groups (`Int4Config.packs`, checked at load), every other weight dense."""

@@ -37,7 +37,7 @@ def unpack_nibbles(packed: torch.Tensor, dim: int, order: tuple[int, ...] = tupl
     """int32 `packed` -> uint8 codes with `dim` 8x longer: element 8c + order[k] of that dim is nibble k of
     packed element c. Temporaries stay near one byte per code (no int32 copy per nibble)."""
     packed = packed.to(torch.int32).movedim(dim, -1)                                # [..., n]
-    codes = torch.empty((*packed.shape, 8), dtype=torch.uint8)                      # [..., n, 8] by column
+    codes = torch.empty((*packed.shape, 8), dtype=torch.uint8, device=packed.device)  # [..., n, 8] by column
     for k, shift in enumerate(_SHIFTS):
         codes[..., order[k]] = ((packed >> shift) & 0xF).to(torch.uint8)            # column 8c + order[k]
     return codes.flatten(-2).movedim(-1, dim)                                       # [..., 8n]
