@@ -48,6 +48,17 @@ def test_odd_group_size_and_strided_inputs(dtype):
                            _reference(part.data, part.mn, part.scale, dtype))
 
 
+# int4 checkpoints' groups (AWQ/GPTQ: 128, 64, 32, or -1 = one group per input row of any even width)
+CHECKPOINT_GROUPS = [(3, 256, 128), (5, 96, 96), (2, 11008, 11008), (4, 4096, 4096), (3, 384, 16)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, width, group", CHECKPOINT_GROUPS)
+def test_checkpoint_group_sizes_on_the_torch_path(dtype, rows, width, group):
+    q = _q((rows, width), dtype, seed=4, group_size=group)
+    assert torch.equal(affine_dequant(q.data, q.mn, q.scale, dtype), _reference(q.data, q.mn, q.scale, dtype))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_out_is_filled_in_place(dtype):
     q = _q((2, 3, 6, 128), dtype, seed=2)
@@ -139,3 +150,20 @@ def test_triton_equals_torch_on_cuda(dtype):
         else:
             assert torch.equal(torch_path, got)
     assert got.data_ptr() == buf.data_ptr() and bool((buf[:, :, 33] == 0).all())
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, width, group", CHECKPOINT_GROUPS)
+def test_triton_checkpoint_group_sizes_on_cuda(dtype, rows, width, group):
+    """The kernel takes the group size as a compile-time constant: any even size, bit-exact as on the CPU."""
+    pytest.importorskip("triton")
+    from engine.quant._dequant_triton import affine_dequant_triton
+
+    q = _q((rows, width), dtype, seed=5, group_size=group)
+    data, mn, scale = (t.to("cuda") for t in q.parts())
+    out = torch.empty(rows, width, dtype=dtype, device="cuda")
+    got = affine_dequant_triton(data, mn, scale, dtype, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    assert torch.equal(out.cpu(), _reference(*q.parts(), dtype).flatten(-2))
+    assert torch.equal(affine_dequant(data, mn, scale, dtype), got)             # the dispatch takes the kernel

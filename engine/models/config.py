@@ -11,6 +11,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.models.int4_config import Int4Config
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -72,6 +74,9 @@ class ModelConfig:
     eos_token_id: tuple[int, ...] = field(default_factory=tuple)
     pad_token_id: int | None = None
     torch_dtype: str = "float32"         # the checkpoint's dtype
+    # an AWQ / GPTQ int4 checkpoint's quantization_config (None: float weights); its decoder matmul weights
+    # are held in the checkpoint's own 4-bit groups on every tier (engine.models.weights.stored_quant)
+    quantization_config: Int4Config | None = None
 
     @property
     def is_moe(self) -> bool:

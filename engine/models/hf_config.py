@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.models.config import ModelConfig
+from engine.models.int4_config import Int4Config
 from engine.models.layers import SUPPORTED_ROPE_TYPES
 
 
@@ -146,6 +147,12 @@ def _refuse_prequantized(d: dict[str, Any]) -> None:
         "Use the original float checkpoint (with compress_weights=True for 4-bit weights) or a GGUF file")
 
 
+def _int4(d: dict[str, Any]) -> Int4Config | None:
+    """An AWQ / GPTQ checkpoint's validated quantization_config (None for float weights)."""
+    q = d.get("quantization_config")
+    return Int4Config.from_hf(q) if q else None
+
+
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     """Build a ModelConfig from a parsed config.json. Raises ValueError naming a missing field, or naming the
     method of a pre-quantized checkpoint other than AWQ / GPTQ, which is not supported."""
@@ -160,6 +167,7 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
         eos_token_id=_eos_tuple(d.get("eos_token_id")),
         pad_token_id=d.get("pad_token_id"),
         torch_dtype=dtype,
+        quantization_config=_int4(d),
     )
     if arch == "OPTForCausalLM":
         _require(d, "vocab_size", "hidden_size", "ffn_dim", "num_hidden_layers", "num_attention_heads")

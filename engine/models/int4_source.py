@@ -1,70 +1,32 @@
-"""Pre-quantized AWQ / GPTQ int4 Hugging Face checkpoints: their `quantization_config` and a weight source.
+"""Pre-quantized AWQ / GPTQ int4 Hugging Face checkpoints: a weight source that keeps their packed form.
 
-`Int4Config.from_hf` reads config.json's `quantization_config` and refuses, naming the field, what our 4-bit
-group-wise format cannot hold: bits other than 4, AWQ versions other than GEMM or without zero points, GPTQ
-checkpoint formats other than "gptq" / "gptq_v2". Tensor-level problems are found from the headers (and GPTQ's
-small g_idx) when the source is built, naming the tensor: packed shapes that do not fit group_size, act-order
-(desc_act) g_idx that is not input // group_size (accepted when it still is).
+`Int4Config` (engine.models.int4_config, parsed into `ModelConfig.quantization_config`) refuses, naming the
+field, what our 4-bit group-wise format cannot hold. Tensor-level problems are found from the headers (and
+GPTQ's small g_idx) when the source is built, naming the tensor: packed shapes that do not fit group_size,
+act-order (desc_act) g_idx that is not input // group_size (accepted when it still is), and a decoder
+matmul weight packed (or left in float) against what `Int4Config.packs` says (modules_to_not_convert).
 
 `Int4SafetensorsSource` reads a linear layer's `X.weight` from `X.qweight` / `X.qzeros` / `X.scales`
 (/ `X.g_idx`) wherever the checkpoint holds those instead (the rest, e.g. embeddings, norms, the head and
-modules_to_not_convert, load as usual): `get_qtensors` gives them as QTensors in our format with the
-checkpoint's own groups (fused along dim 0 or stacked as the WeightSpec says; nothing re-quantized),
-`get` their dequantization in the source's dtype, so every runtime path works unchanged. (The runtime's
-weight homes still take dense tensors and, with compress_weights, re-quantize them into WEIGHT_QUANT's
-groups of 32; taking `get_qtensors` there would keep the checkpoint's codes.)
+modules_to_not_convert, load as usual). `get_stored` is what the runtime's weight homes read: the packed
+decoder weights as QTensors in our format with the checkpoint's own groups (fused along dim 0 or stacked
+as the WeightSpec says; codes as in the file, nothing re-quantized, no dense copy made), the rest dense.
+`get_qtensors` gives every weight the file holds packed as QTensors; `get` dequantizes them (the
+WeightSource contract: dense tensors in the source's dtype, e.g. for a float reference).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from engine.models.base import LayerSpec, WeightSpec
+from engine.models.int4_config import Int4Config
 from engine.models.safetensors_source import SafetensorsSource
 from engine.models.weights import fuse
 from engine.quant.group import dequantize
 from engine.quant.int4_checkpoint import UnsupportedInt4, awq_qtensor, check_g_idx, gptq_qtensor
 from engine.quant.qtensor import QTensor
-
-METHODS = ("awq", "gptq")
-_GPTQ_FORMATS = {"gptq": 1, "gptq_v2": 0}          # checkpoint_format -> the offset its zero points carry
-
-
-@dataclass(frozen=True)
-class Int4Config:
-    """What loading an AWQ/GPTQ checkpoint needs from its quantization_config."""
-
-    method: str                 # "awq" | "gptq"
-    group_size: int             # -1 in the file (one group per input row) -> 0 here: the whole input dim
-    zero_offset: int = 0        # GPTQ "gptq" format stores zero points minus one
-
-    @staticmethod
-    def from_hf(q: dict[str, Any]) -> "Int4Config":
-        """Validate config.json's quantization_config; ValueError naming the unsupported field and value."""
-        method = str(q.get("quant_method", "")).lower()
-        where = f"config.json quantization_config (quant_method={method!r})"
-        if method not in METHODS:
-            raise ValueError(f"{where}: only {list(METHODS)} int4 checkpoints are loaded")
-        bits = q.get("bits", q.get("w_bit"))
-        if bits != 4:
-            raise ValueError(f"{where}: bits={bits} is not supported (only 4)")
-        group = int(q.get("group_size", q.get("q_group_size", 128)))
-        if group != -1 and (group < 2 or group % 2):
-            raise ValueError(f"{where}: group_size={group} is not supported (an even number >= 2, or -1)")
-        if method == "awq":
-            version = str(q.get("version", "gemm")).lower()
-            if version != "gemm":
-                raise ValueError(f"{where}: version={version!r} is not supported (only 'gemm'; its qweight layout)")
-            if q.get("zero_point", True) is False:
-                raise ValueError(f"{where}: zero_point=false is not supported (AWQ GEMM with zero points only)")
-            return Int4Config(method, max(group, 0))
-        fmt = str(q.get("checkpoint_format", "gptq")).lower()
-        if fmt not in _GPTQ_FORMATS:
-            raise ValueError(f"{where}: checkpoint_format={fmt!r} is not supported; supported: {list(_GPTQ_FORMATS)}")
-        return Int4Config(method, max(group, 0), _GPTQ_FORMATS[fmt])
 
 
 class Int4SafetensorsSource(SafetensorsSource):
@@ -74,6 +36,23 @@ class Int4SafetensorsSource(SafetensorsSource):
                  ignored_prefixes: tuple[str, ...] = ()) -> None:
         self.quant = quant
         super().__init__(folder, specs, dtype, ignored_prefixes)
+        self._check_packed(specs)
+
+    def _check_packed(self, specs: list[LayerSpec]) -> None:
+        """ValueError naming the first decoder matmul weight the file holds in a form Int4Config.packs
+        does not predict (the memory model counts what it predicts)."""
+        for spec in specs:
+            for ws in spec.weights.values():
+                if not ws.quantizable:
+                    continue
+                packed = [self._packed(s) for s in ws.sources]
+                want = self.quant.packs(ws.sources)
+                if any(p != want for p in packed):
+                    name = ws.sources[packed.index(not want)]
+                    held = "packed (qweight/qzeros/scales)" if not want else "in float"
+                    raise ValueError(f"{self.folder}: tensor {name!r} is {held}, but config.json quantization_config "
+                                     f"(modules_to_not_convert={list(self.quant.skip_modules)}) says it is "
+                                     f"{'packed' if want else 'left in float'}")
 
     def _locate(self, name: str) -> tuple[list[str], tuple[int, ...]] | None:
         found = super()._locate(name)
@@ -127,6 +106,17 @@ class Int4SafetensorsSource(SafetensorsSource):
                 parts = [self._qtensor(s) for s in ws.sources]
                 if len({p.config for p in parts}) == 1:
                     out[local] = _fuse_q(ws, parts)
+        return out
+
+    def get_stored(self, spec: LayerSpec) -> dict[str, torch.Tensor | QTensor]:
+        """The layer's weights as the runtime holds them: the decoder matmul weights the checkpoint packs
+        as QTensors of its groups (`Int4Config.packs`, checked at load), every other weight dense."""
+        out: dict[str, torch.Tensor | QTensor] = {}
+        for local, ws in spec.weights.items():
+            if ws.quantizable and self.quant.packs(ws.sources):
+                out[local] = _fuse_q(ws, [self._qtensor(s) for s in ws.sources])
+            else:
+                out[local] = fuse(ws, [self._read(s) for s in ws.sources])
         return out
 
 

@@ -23,7 +23,7 @@ from engine.models.dummy_source import DummySource
 from engine.models.gguf_convert import convert_gguf, gguf_fingerprint
 from engine.models.gguf_source import GGUFSource, read_index
 from engine.models.hf_config import config_from_hf
-from engine.models.int4_source import Int4Config, Int4SafetensorsSource
+from engine.models.int4_source import Int4SafetensorsSource
 from engine.models.presets import PRESETS
 from engine.models.registry import build_family, check_architecture
 from engine.models.safetensors_source import SafetensorsSource
@@ -117,7 +117,7 @@ def _load_folder(folder: Path, dtype: torch.dtype | str, fingerprint: str | None
     family = build_family(config)
     dt = resolve_dtype(dtype, config)
     ignored = family.ignored_prefixes() if hasattr(family, "ignored_prefixes") else ()
-    quant = _int4_config(folder)
+    quant = config.quantization_config
     if quant is None:
         source = SafetensorsSource(folder, family.layer_specs(), dt, ignored)
     else:
@@ -127,12 +127,6 @@ def _load_folder(folder: Path, dtype: torch.dtype | str, fingerprint: str | None
         config, family, source, folder if has_tok else None,
         fingerprint or _folder_fingerprint(folder, source.files), dt,
     )
-
-
-def _int4_config(folder: Path) -> Int4Config | None:
-    """The AWQ/GPTQ settings of the folder's config.json (None for a float checkpoint)."""
-    q = json.loads((folder / "config.json").read_text()).get("quantization_config")
-    return Int4Config.from_hf(q) if q else None
 
 
 def _load_gguf(path: Path, dtype: torch.dtype | str, cache_dir: Path | None) -> LoadedModel:

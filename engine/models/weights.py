@@ -5,6 +5,8 @@ Fusion rule for a `WeightSpec` with several sources (shared by every source):
   - if the spec has one more dim than each source and `shape[0] == len(sources)`: the sources are stacked
     (Mixtral experts: E tensors [i, h] -> [E, i, h]);
   - otherwise they are concatenated along dim 0 (fused q/k/v, gate/up).
+`stored_quant` says in which 4-bit grouping (if any) the runtime holds a weight; a source of an int4
+checkpoint also has `get_stored(spec)`, the layer's weights in that form (packed ones as `QTensor`s).
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from typing import Protocol, Sequence
 import torch
 
 from engine.models.base import LayerSpec, WeightSpec
+from engine.models.config import ModelConfig
+from engine.quant.config import QuantConfig
 
 
 class WeightSource(Protocol):
@@ -62,3 +66,16 @@ def fuse(spec: WeightSpec, parts: list[torch.Tensor]) -> torch.Tensor:
 def layer_nbytes(spec: LayerSpec, dtype: torch.dtype) -> int:
     """Bytes of a layer's weights in `dtype`."""
     return spec.nbytes(torch.empty((), dtype=dtype).element_size())
+
+
+def stored_quant(config: ModelConfig, spec: WeightSpec, compress: QuantConfig | None) -> QuantConfig | None:
+    """The 4-bit grouping the runtime holds weight `spec` in, None for dense: an int4 checkpoint's packed
+    weights keep the checkpoint's groups whatever `compress` says (they are 4-bit already; nothing is
+    re-quantized); other quantizable weights take `compress` (the policy's compress_weights); the rest
+    (embeddings, norms, the head) stay dense."""
+    if not spec.quantizable:
+        return None
+    q = config.quantization_config
+    if q is not None and q.packs(spec.sources):
+        return q.quant_for(spec.shape[-1])
+    return compress

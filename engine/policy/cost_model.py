@@ -196,7 +196,7 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     cpu_att_bw = profile.cpu_attention_q4_bytes_s if cc else profile.cpu_attention_bytes_s
 
     W = layout.total_bytes / L                                      # stored bytes moved per layer (edge spread)
-    W16 = ms.layer_weight_bytes(config, B) + ms.edge_weight_bytes(config, B) / L   # bytes the matmuls read
+    W16 = ms.layer_dense_bytes(config, B) + ms.edge_weight_bytes(config, B) / L   # bytes the matmuls read
     Wq = sum(k_.count * sum(d for d, p in zip(k_.dense, k_.packed) if p) for k_ in layout.kinds) / L
     kv, kv16 = ms.kv_bytes_per_token(config, B, cc), ms.kv_bytes_per_token(config, B)
     hb = ms.hidden_bytes_per_token(config, B)
@@ -216,7 +216,7 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     h_off, h_disk = share("act", "off"), share("act", "disk")
     # compressed weights: dequantized once per layer and step (device pass; host launches in `host`)
     dequant_w = Wq / dq_bw
-    dequant_w_host = profile.layer_q4_weights_ms * 1e-3 if cw else 0.0
+    dequant_w_host = profile.layer_q4_weights_ms * 1e-3 if Wq else 0.0    # compressed or int4-checkpoint weights
 
     # ---- prefill, one layer, whole block ----
     prefill = {

@@ -4,7 +4,9 @@
 hard budgets for one block of `num_gpu_batches x gpu_batch_size` rows (prompt P, gen n, S = P + n - 1
 cache positions):
   - weight homes: each layer spec's tensors on the tier `weight_tiers` gives them (stored size: 4-bit
-    `qtensor_nbytes` for quantizable tensors when compressing weights), disk homes are files (disk tier);
+    `qtensor_nbytes` in the grouping `stored_quant` gives: an int4 checkpoint's packed weights in its own
+    groups, other quantizable tensors in WEIGHT_QUANT's when compressing weights), disk homes are files (disk
+    tier);
   - `wbuf{slot}.{kind}.{name}`: a device buffer per non-resident tensor, per layer kind and weight slot
     (slot = (i * J + j) % 2); `wdq{slot}...`: a dense device buffer per compressed tensor; `wrelay` pinned
     relay buffers for disk tensors (CUDA only);
@@ -29,6 +31,7 @@ import torch
 
 from engine.models.config import ModelConfig
 from engine.models.registry import build_family
+from engine.models.weights import stored_quant
 from engine.policy.affine import const, share
 from engine.policy.policy import Policy
 from engine.policy.working import row_chunks, staged_kv_heads, working_bytes
@@ -78,7 +81,8 @@ class ModelLayout:
 
 def model_layout(config: ModelConfig, bytes_per_element: int, compress_weights: bool) -> ModelLayout:
     """The executor's weight tensors per layer kind and shape (the decoder layers of one group have the same
-    tensors)."""
+    tensors). An int4 checkpoint's packed weights (`config.quantization_config`) count in its own groups
+    whatever `compress_weights` says."""
     dtype = dtype_of_size(bytes_per_element)
     specs = build_family(config).layer_specs()
     J = len(specs)
@@ -90,10 +94,11 @@ def model_layout(config: ModelConfig, bytes_per_element: int, compress_weights: 
         js.setdefault(key, []).append(j)
     kinds, mids = [], set()
     for key, spec in first.items():
-        packed = tuple(compress_weights and w.quantizable for w in spec.weights.values())
+        quants = [stored_quant(config, w, WEIGHT_QUANT if compress_weights else None) for w in spec.weights.values()]
+        packed = tuple(q is not None for q in quants)
         dense = tuple(w.numel * bytes_per_element for w in spec.weights.values())
-        stored = tuple(qtensor_nbytes(w.shape, dtype, WEIGHT_QUANT) if p else d
-                       for w, p, d in zip(spec.weights.values(), packed, dense))
+        stored = tuple(qtensor_nbytes(w.shape, dtype, q) if q else d
+                       for w, q, d in zip(spec.weights.values(), quants, dense))
         slot_set = tuple(sorted({(i * J + j) % 2 for i in (0, 1) for j in js[key]}))
         kinds.append(KindLayout(spec.kind, len(js[key]), stored, dense, packed, len(slot_set),
                                 tuple(spec.weights), slot_set))

@@ -9,7 +9,9 @@ take an optional decoder-layer index: without it, an MoE model's layer is counte
 for models with dense layers: `mlp_only_layers`, `decoder_sparse_step`, DeepSeek's `first_k_dense_replace`),
 with it the layer as it is; `total_numel` sums the layers exactly. Byte
 counts multiply by `bytes_per_element`, and `compressed_bytes` gives the 4-bit group-wise size
-(4 bits per value plus an fp16 min and scale per group of 64: 36 / 128 = 0.28x of fp16).
+(4 bits per value plus an fp16 min and scale per group of 64: 36 / 128 = 0.28x of fp16). An int4 checkpoint's
+matmul weights (`config.quantization_config`) count in its own groups (whole-row groups as hidden_size inputs)
+with or without `compress`; the exact per-tensor sizes are engine.policy.memory's `model_layout`.
 """
 from __future__ import annotations
 
@@ -152,13 +154,30 @@ def compressed_bytes(numel: int | float) -> float:
     return numel * QUANT_BITS / 8 + numel / QUANT_GROUP_SIZE * 2 * QUANT_SCALE_BYTES
 
 
+def matmul_bytes(config: ModelConfig, numel: int | float, bytes_per_element: int, compress: bool) -> float:
+    """Stored bytes of `numel` matmul-weight values: an int4 checkpoint's groups (min/scale in float16 for
+    half dtypes, else float32), else 4-bit with `compress`, else dense."""
+    q = config.quantization_config
+    if q is not None:
+        scale_bytes = 2 if bytes_per_element <= 2 else 4
+        return numel * QUANT_BITS / 8 + numel / (q.group_size or config.hidden_size) * 2 * scale_bytes
+    return compressed_bytes(numel) if compress else numel * bytes_per_element
+
+
 def layer_weight_bytes(config: ModelConfig, bytes_per_element: int, compress: bool = False) -> float:
-    """Stored bytes of one decoder layer; with `compress`, matmul weights are 4-bit, norms/biases not."""
+    """Stored bytes of one decoder layer; with `compress` (or from an int4 checkpoint), matmul weights are
+    4-bit, norms/biases not."""
     matmul = attention_matmul_numel(config) + mlp_matmul_numel(config)
     other = attention_other_numel(config) + mlp_other_numel(config)
-    if compress:
-        return compressed_bytes(matmul) + other * bytes_per_element
-    return (matmul + other) * bytes_per_element
+    return matmul_bytes(config, matmul, bytes_per_element, compress) + other * bytes_per_element
+
+
+def layer_dense_bytes(config: ModelConfig, bytes_per_element: int) -> float:
+    """Bytes of one decoder layer's weights dense in `bytes_per_element` (what its matmuls read, after any
+    dequantization)."""
+    numel = (attention_matmul_numel(config) + mlp_matmul_numel(config) + attention_other_numel(config)
+             + mlp_other_numel(config))
+    return numel * bytes_per_element
 
 
 def edge_weight_bytes(config: ModelConfig, bytes_per_element: int) -> float:
@@ -172,7 +191,7 @@ def largest_stage_bytes(config: ModelConfig, bytes_per_element: int, compress: b
     B = bytes_per_element
 
     def stored(matmul: int, other: int) -> float:
-        return (compressed_bytes(matmul) if compress else matmul * B) + other * B
+        return matmul_bytes(config, matmul, B, compress) + other * B
 
     head_matrix = 0 if (config.tie_word_embeddings or _is_opt(config)) else config.vocab_size * config.hidden_size
     return max(stored(attention_matmul_numel(config), attention_other_numel(config)),

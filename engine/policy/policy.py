@@ -24,6 +24,9 @@ class Policy:
     over the previous layer's GPU batches. `pipeline=False` is the ablation: host attention synchronous and
     every layer's weights in one transfer. Dense models ignore both (their weights move in one page per GPU
     batch).
+
+    `compress_weights`: decoder matmul weights held 4-bit in WEIGHT_QUANT's groups. An AWQ / GPTQ int4
+    checkpoint's packed weights are held 4-bit in its own groups either way (`engine.models.weights.stored_quant`).
     """
 
     gpu_batch_size: int = 32

@@ -322,7 +322,8 @@ def _no_fit_message(config: ModelConfig, workload: Workload, budgets: Budgets, r
     stage = ms.largest_stage_bytes(config, B, compress_weights)
     parts = [
         f"no policy fits {model_name} ({format_size(weights)} of weights"
-        + (" at 4-bit" if compress_weights else f" at {8 * B}-bit") + f", {format_size(cache)} of KV cache per "
+        + (" at 4-bit" if compress_weights or config.quantization_config else f" at {8 * B}-bit")
+        + f", {format_size(cache)} of KV cache per "
         f"sequence of {s} tokens) in the budgets: "
         + ", ".join(f"{t} {format_size(budgets.of(t))} (usable {format_size(usable[t])})" for t in TIERS)
     ]
@@ -332,7 +333,7 @@ def _no_fit_message(config: ModelConfig, workload: Workload, budgets: Budgets, r
     if weights + cache > sum(usable.values()):
         parts.append(f"weights + one sequence's cache need {format_size(weights + cache)} but all tiers "
                      f"together offer {format_size(sum(usable.values()))}; add CPU memory or a disk budget"
-                     + ("" if compress_weights else ", or compress weights"))
+                     + ("" if compress_weights or config.quantization_config else ", or compress weights"))
     elif budgets.disk_bytes == 0 and weights > usable["gpu"] + usable["cpu"]:
         parts.append("the weights do not fit in GPU + CPU memory and the disk budget is 0")
     return "; ".join(parts)

@@ -35,12 +35,12 @@ class UnsupportedInt4(ValueError):
 
 def unpack_nibbles(packed: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:
     """int32 `packed` -> uint8 codes with `dim` 8x longer: element 8c + order[k] of that dim is nibble k of
-    packed element c."""
+    packed element c. Temporaries stay near one byte per code (no int32 copy per nibble)."""
     packed = packed.to(torch.int32).movedim(dim, -1)                                # [..., n]
-    nibbles = torch.stack([(packed >> s) & 0xF for s in _SHIFTS], dim=-1)           # [..., n, 8] by nibble
-    inverse = [order.index(m) for m in range(8)]                                    # column m <- nibble inverse[m]
-    codes = nibbles[..., inverse].flatten(-2).to(torch.uint8)                        # [..., 8n]
-    return codes.movedim(-1, dim)
+    codes = torch.empty((*packed.shape, 8), dtype=torch.uint8, device=packed.device)  # [..., n, 8] by column
+    for k, shift in enumerate(_SHIFTS):
+        codes[..., order[k]] = ((packed >> shift) & 0xF).to(torch.uint8)            # column 8c + order[k]
+    return codes.flatten(-2).movedim(-1, dim)                                       # [..., 8n]
 
 
 def pack_qtensor(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int,

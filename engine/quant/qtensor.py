@@ -77,6 +77,15 @@ def empty_qtensor(shape: tuple[int, ...], dtype: torch.dtype, config: QuantConfi
     return QTensor(data, mn, scale, torch.Size(shape), config, dtype)
 
 
+def with_dtype(q: QTensor, dtype: torch.dtype) -> QTensor:
+    """`q` with logical dtype `dtype`: the same codes, min/scale cast to `scale_dtype(dtype)` (`q` itself when
+    nothing changes)."""
+    if q.dtype == dtype:
+        return q
+    sdt = scale_dtype(dtype)
+    return QTensor(q.data, q.mn.to(sdt), q.scale.to(sdt), q.shape, q.config, dtype)
+
+
 def scale_dtype(dtype: torch.dtype) -> torch.dtype:
     """Precision of the stored min/scale: float16 for half types (bfloat16's 8-bit mantissa measurably
     raises a small model's perplexity), float32 otherwise."""

@@ -1,7 +1,9 @@
 """Weight homes: every layer's tensors placed on gpu/cpu/disk, and their loads into device buffers.
 
-Placement per layer by cumulative-size fractions (`weight_tiers`), in stored size (4-bit when
-`compress_weights` and the WeightSpec is quantizable). gpu homes live on the compute device; cpu homes in
+Placement per layer by cumulative-size fractions (`weight_tiers`), in stored size: 4-bit where
+`engine.models.weights.stored_quant` says (an int4 checkpoint's packed weights in the checkpoint's own groups,
+read packed from the source and kept bit for bit; other quantizable weights with `compress_weights`), dense
+otherwise. gpu homes live on the compute device; cpu homes in
 (pinned) host memory; disk homes in the engine's verified per-tensor files under
 `<disk_dir>/weights/<fingerprint>-<dtype>-<compression>/`, built once and memory-mapped on later runs.
 Two device buffer slots (by layer parity) hold the loaded copy of a non-gpu layer while the next loads.
@@ -16,9 +18,10 @@ from pathlib import Path
 import torch
 
 from engine.models.base import LayerSpec
+from engine.models.weights import stored_quant
 from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, quantize
-from engine.quant.qtensor import QTensor, qtensor_nbytes
+from engine.quant.qtensor import QTensor, qtensor_nbytes, with_dtype
 from engine.runtime.arena import Arena
 from engine.runtime.transfers import Pending, Transfers
 from engine.storage.copy import copy
@@ -49,41 +52,51 @@ def _quantize_rows(x: torch.Tensor, quant: QuantConfig, device: torch.device) ->
 class WeightHomes:
     def __init__(self, loaded, specs: list[LayerSpec], *, w_gpu: float, w_cpu: float, dtype: torch.dtype,
                  quant: QuantConfig | None, arena: Arena, disk_dir: Path | None):
+        """`quant`: the policy's weight compression (None: compress_weights off); an int4 checkpoint's packed
+        weights are held in its own groups either way (`stored_quant`)."""
         self.specs, self.dtype, self.quant, self.arena = specs, dtype, quant, arena
+        self.int4 = loaded.config.quantization_config
         self.device = arena.device
         self.homes: list[dict[str, Handle]] = []
         self.files: WeightFiles | None = None
         esize = torch.empty((), dtype=dtype).element_size()
+        read_layer = getattr(loaded.weights, "get_stored", loaded.weights.get)   # packed where the source has it
         for spec in specs:
             names = list(spec.weights)
-            packed = [quant is not None and spec.weights[n].quantizable for n in names]
-            sizes = [qtensor_nbytes(spec.weights[n].shape, dtype, quant) if q else spec.weights[n].numel * esize
-                     for n, q in zip(names, packed)]
+            quants = [stored_quant(loaded.config, spec.weights[n], quant) for n in names]
+            sizes = [qtensor_nbytes(spec.weights[n].shape, dtype, q) if q else spec.weights[n].numel * esize
+                     for n, q in zip(names, quants)]
             tiers = weight_tiers(sizes, w_gpu, w_cpu)
-            source: dict[str, torch.Tensor] = {}
+            source: dict[str, Stored] = {}
             read: list[bool] = []
 
-            def value(name: str, is_packed: bool) -> Stored:
-                if not read:                       # the layer's dense tensors, read once when first needed
-                    source.update(loaded.weights.get(spec))
+            def value(name: str, q: QuantConfig | None) -> Stored:
+                if not read:                       # the layer's tensors, read once when first needed
+                    source.update(read_layer(spec))
                     read.append(True)
-                x = source.pop(name).to(dtype)     # dropped once placed: the layer's copy shrinks as it goes
-                return _quantize_rows(x, quant, self.device) if is_packed else x
+                x = source.pop(name)               # dropped once placed: the layer's copy shrinks as it goes
+                if isinstance(x, QTensor):         # an int4 checkpoint's codes, kept as they are
+                    if x.config != q:
+                        raise ValueError(f"{spec.name}.{name}: the source holds groups of {x.config.group_size}, "
+                                         f"the model's quantization_config says {q}")
+                    return with_dtype(x, dtype)
+                x = x.to(dtype)
+                return _quantize_rows(x, q, self.device) if q is not None else x
 
             if Tier.DISK in tiers:
                 files = self._weight_files(loaded, disk_dir)
                 disk_names = [n for n, t in zip(names, tiers) if t is Tier.DISK]
                 mapped = {}
                 for n in disk_names:
-                    is_packed = packed[names.index(n)]
-                    mapped.update(files.load(f"{spec.name}.{n}", lambda n=n, p=is_packed: {n: value(n, p)}))
+                    q = quants[names.index(n)]
+                    mapped.update(files.load(f"{spec.name}.{n}", lambda n=n, q=q: {n: value(n, q)}))
             homes = {}
-            for n, tier, is_packed, size in zip(names, tiers, packed, sizes):
+            for n, tier, q in zip(names, tiers, quants):
                 if tier is Tier.DISK:
                     homes[n] = Handle(tier, mapped[n])
                     continue
-                v = value(n, is_packed)
-                dst = arena.get(f"home.{spec.name}.{n}", tier, tuple(v.shape), dtype, quant if is_packed else None)
+                v = value(n, q)
+                dst = arena.get(f"home.{spec.name}.{n}", tier, tuple(v.shape), dtype, q)
                 copy(dst, v)
                 homes[n] = Handle(tier, dst)
             if self.device.type == "cuda":
@@ -103,7 +116,7 @@ class WeightHomes:
                 raise ValueError("the policy puts weights on disk (w_gpu + w_cpu < 1) but no disk_dir was given")
             fingerprint = getattr(loaded, "fingerprint", None) or "unfingerprinted"
             tag = hashlib.sha256(f"{fingerprint}".encode()).hexdigest()[:16]
-            comp = self.quant.tag if self.quant else "dense"
+            comp = "-".join(t.tag for t in (self.int4, self.quant) if t is not None) or "dense"
             dtype = str(self.dtype).removeprefix("torch.")
             self.files = WeightFiles(Path(disk_dir) / "weights" / f"{tag}-{dtype}-{comp}")
         return self.files
@@ -114,9 +127,8 @@ class WeightHomes:
 
     def _buffer(self, j: int, slot: int, name: str, handle: Handle) -> Stored:
         spec = self.specs[j]
-        quant = self.quant if isinstance(handle.value, QTensor) else None
-        tier = Tier.GPU
-        return self.arena.get(f"wbuf{slot}.{spec.kind}.{name}", tier, tuple(handle.value.shape), self.dtype, quant)
+        quant = handle.value.config if isinstance(handle.value, QTensor) else None
+        return self.arena.get(f"wbuf{slot}.{spec.kind}.{name}", Tier.GPU, tuple(handle.value.shape), self.dtype, quant)
 
     def load(self, j: int, slot: int, page: int, pages: int, transfers: Transfers) -> list[Pending]:
         """Start moving page `page` of `pages` of layer j's non-resident tensors into buffer slot `slot`."""
@@ -136,7 +148,7 @@ class WeightHomes:
             dst = self._buffer(j, slot, name, handle)
             relay = None
             if handle.tier is Tier.DISK and self.device.type == "cuda":
-                quant = self.quant if isinstance(handle.value, QTensor) else None
+                quant = handle.value.config if isinstance(handle.value, QTensor) else None
                 relay = self.arena.get(f"wrelay{slot}.{self.specs[j].kind}.{name}", Tier.CPU,
                                        tuple(handle.value.shape), self.dtype, quant)[r0:r1]
 
