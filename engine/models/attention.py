@@ -9,7 +9,9 @@ both the reference model path (`attention`, used by the parity tests) and the ru
 runtime's `KVHome` (engine.runtime.kv_cache) only decides *where* the cache segments live and calls
 `prefill_attention` / `decode_attention` / `cpu_decode_attention` on them; the executor calls
 `attention_layer` / `attention_layer_with_prefix` with its KV home and GPU batch (the `CacheAttention` and
-`AttentionBatch` protocols below). The 4-bit cache is dequantized with `engine.quant` (pure maths).
+`AttentionBatch` protocols below). The 4-bit cache is dequantized with `engine.quant` (pure maths); a rotated
+4-bit cache (`QuantConfig.rotate`) only to its stored, rotated basis: decode attends there with a rotated
+query and un-rotates the output once (`rotated_decode_attention`), never a cache row.
 
 Decode uses grouped-query attention without repeating K/V: the g query heads of each kv head are laid out
 as g "positions" of one query block (they all sit at the same position, so no causal mask is needed).
@@ -27,7 +29,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.models.base import ModelFamily, Weights
 from engine.models.config import ModelConfig
-from engine.quant.group import dequantize
+from engine.quant.config import QuantConfig
+from engine.quant.group import dequantize, rotate_last, unrotate_last
 from engine.quant.qtensor import QTensor
 
 CPU_CHUNK_BYTES = 64 << 20       # dense keys + values dequantized per chunk of host attention
@@ -122,13 +125,49 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_vali
     return out.reshape(b, nh, 1, hd)
 
 
+def rotated_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor,
+                             scale: float, config: QuantConfig, softcap: float | None = None) -> torch.Tensor:
+    """`decode_attention` over keys/values held in `config`'s stored basis (engine.quant.group): q [b, nh, 1, hd]
+    in the original basis, k/v [b, nkv, t, G] with G = hd padded to whole groups, each group rotated by H
+    (`dequantize(..., unrotate=False)` of a rotated 4-bit cache, new positions through `rotate_last`) ->
+    [b, nh, 1, hd]. H is orthonormal per group, so scores (Hq).(Hk) = q.k, and the output is the weighted sum
+    of the rotated values un-rotated once: only q and the output are rotated, never a cache row."""
+    hd = q.shape[-1]
+    out = decode_attention(rotate_last(q, config), k, v, key_valid, scale, softcap)  # [b, nh, 1, G]
+    return unrotate_last(out, config, hd)                                          # [b, nh, 1, hd]
+
+
+def stored_rotation(k: torch.Tensor | QTensor, v: torch.Tensor | QTensor) -> QuantConfig | None:
+    """The config whose rotated basis decode attention runs in when k and v are both rotated 4-bit, else None
+    (dense or unrotated 4-bit: dequantize and attend as stored)."""
+    rotated = [x.config for x in (k, v) if isinstance(x, QTensor) and x.config.rotate]
+    if len(rotated) == 2 and rotated[0] == rotated[1]:
+        return rotated[0]
+    return None
+
+
+def stored_decode_attention(q: torch.Tensor, k: torch.Tensor | QTensor, v: torch.Tensor | QTensor,
+                            key_valid: torch.Tensor, scale: float, softcap: float | None = None) -> torch.Tensor:
+    """`decode_attention` over k/v [b, nkv, t, hd] dense or 4-bit: a rotated 4-bit pair is only
+    affine-dequantized and attended in its rotated basis (`rotated_decode_attention`), anything else is
+    dequantized (where 4-bit) and attended as is. q [b, nh, 1, hd] -> [b, nh, 1, hd]."""
+    rotation = stored_rotation(k, v)
+    if rotation is not None:
+        kr, vr = dequantize(k, unrotate=False), dequantize(v, unrotate=False)   # [b, nkv, t, G] rotated basis
+        return rotated_decode_attention(q, kr, vr, key_valid, scale, rotation, softcap)
+    kd = dequantize(k) if isinstance(k, QTensor) else k                         # [b, nkv, t, hd]
+    vd = dequantize(v) if isinstance(v, QTensor) else v
+    return decode_attention(q, kd, vd, key_valid, scale, softcap)
+
+
 def cpu_decode_attention(q: torch.Tensor, k: torch.Tensor | QTensor, v: torch.Tensor | QTensor,
                          key_valid: torch.Tensor, scale: float, softcap: float | None = None,
                          chunk_bytes: int = CPU_CHUNK_BYTES) -> torch.Tensor:
     """`decode_attention` on host tensors, chunked over the batch so a compressed cache is dequantized
-    one chunk (about `chunk_bytes` of dense keys+values) at a time; each chunk runs torch's multi-threaded
-    SDPA kernel (threads across rows and heads) in the cache's own dtype. k/v may be memory-mapped (disk
-    tier): pages are read as chunks are touched. benchmarks/cpu_attention_speed.py measures the chunk sizes."""
+    one chunk (about `chunk_bytes` of dense keys+values) at a time (`stored_decode_attention`: a rotated
+    4-bit cache is never un-rotated); each chunk runs torch's multi-threaded SDPA kernel (threads across rows
+    and heads) in the cache's own dtype. k/v may be memory-mapped (disk tier): pages are read as chunks are
+    touched. benchmarks/cpu_attention_speed.py measures the chunk sizes."""
     b, nh, _, hd = q.shape
     nkv, t = k.shape[1], k.shape[2]
     row_bytes = 2 * nkv * t * hd * q.element_size()
@@ -138,9 +177,7 @@ def cpu_decode_attention(q: torch.Tensor, k: torch.Tensor | QTensor, v: torch.Te
     out = torch.empty_like(q)                                               # [b, nh, 1, hd]
     for r0 in range(0, b, chunk):
         r1 = min(b, r0 + chunk)
-        kc = dequantize(k[r0:r1]) if isinstance(k, QTensor) else k[r0:r1]  # [c, nkv, t, hd]
-        vc = dequantize(v[r0:r1]) if isinstance(v, QTensor) else v[r0:r1]
-        out[r0:r1] = decode_attention(q[r0:r1], kc, vc, key_valid[r0:r1], scale, softcap)
+        out[r0:r1] = stored_decode_attention(q[r0:r1], k[r0:r1], v[r0:r1], key_valid[r0:r1], scale, softcap)
     return out
 
 
