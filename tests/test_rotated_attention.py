@@ -116,11 +116,13 @@ KV_POLICIES = {
 }
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(KV_POLICIES))
 @pytest.mark.parametrize("kind", ["llama", "mixtral"])
-def test_kv_home_paths_equal_dequantize_then_attend(tiny_checkpoints, kind, name, monkeypatch, tmp_path):
+def test_kv_home_paths_equal_dequantize_then_attend(tiny_checkpoints, kind, name, device, monkeypatch, tmp_path):
     """Whole decode runs (fp32, decode in chunks of one row): the rotated paths give the old path's greedy
     tokens and logits within fp32 tolerance; the old path is the same code with no rotation detected."""
+    dev = torch.device(device)
     loaded = load_model(tiny_checkpoints[kind], dtype=torch.float32)
     prompts = make_prompts(5, loaded.config.vocab_size, seed=21, lo=3, hi=12)
     max_new = [5, 3, 6, 4, 6]
@@ -132,13 +134,13 @@ def test_kv_home_paths_equal_dequantize_then_attend(tiny_checkpoints, kind, name
         return original(*args, **kwargs)
     monkeypatch.setattr(attention, "rotated_decode_attention", spy)
     monkeypatch.setattr(kv_cache, "rotated_decode_attention", spy)
-    got = run(loaded, policy, prompts, max_new, tmp_path / "new", decode_chunk_bytes=1)
+    got = run(loaded, policy, prompts, max_new, tmp_path / "new", device=dev, decode_chunk_bytes=1)
     assert calls                                                               # the rotated core ran
     if not policy.cpu_attention:
         assert max(calls) == 1                                                 # device decode: chunks of a row
     monkeypatch.setattr(attention, "stored_rotation", lambda k, v: None)
     monkeypatch.setattr(kv_cache, "stored_rotation", lambda k, v: None)
-    ref = run(loaded, policy, prompts, max_new, tmp_path / "old", decode_chunk_bytes=1)
+    ref = run(loaded, policy, prompts, max_new, tmp_path / "old", device=dev, decode_chunk_bytes=1)
     assert got.tokens == ref.tokens
     for r in ref.logits:
         torch.testing.assert_close(torch.stack(got.logits[r]), torch.stack(ref.logits[r]), rtol=1e-5, atol=1e-5)
