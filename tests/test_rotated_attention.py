@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine.models import attention
-from engine.models.attention import cpu_decode_attention, decode_attention, stored_decode_attention
+from engine.models.attention import chunked_decode_attention, cpu_decode_attention, decode_attention
 from engine.models.loader import load_model
 from engine.policy.policy import Policy
 from engine.quant.config import CACHE_QUANT, QuantConfig
@@ -74,7 +74,11 @@ def test_rotated_attention_equals_dequantize_then_attend(name, softcap, device):
     q, qk, qv, valid, cfg = _case(SHAPES[name], device)
     scale = q.shape[-1] ** -0.5
     want = _reference(q, qk, qv, valid, scale, softcap)
-    got = stored_decode_attention(q, qk, qv, valid, scale, softcap)
+
+    def stored_kv(r0: int, r1: int) -> tuple[torch.Tensor, torch.Tensor]:  # [r1-r0, nkv, t, G] rotated basis
+        return dequantize(qk[r0:r1], unrotate=False), dequantize(qv[r0:r1], unrotate=False)
+
+    got = chunked_decode_attention(q, stored_kv, valid, scale, max(1, q.shape[0] // 2), softcap, cfg)  # 2+ chunks
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -88,22 +92,29 @@ def test_chunked_host_attention_equals_dequantize_then_attend(name, chunk_bytes)
     torch.testing.assert_close(got, _reference(q, qk, qv, valid, scale), rtol=1e-5, atol=1e-5)
 
 
-def test_unrotated_and_dense_caches_keep_their_path(monkeypatch):
-    """Only a rotated pair goes to the rotated core; unrotated 4-bit and dense caches are attended as stored."""
-    calls, original = [], attention.rotated_decode_attention
+def _spy_unrotate(monkeypatch) -> list[int]:
+    """Record the rows of every attention output un-rotated (once per rotated-basis attention call)."""
+    calls, original = [], attention.unrotate_last
 
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-    monkeypatch.setattr(attention, "rotated_decode_attention", spy)
+    def spy(y, config, d):
+        calls.append(y.shape[0])
+        return original(y, config, d)
+    monkeypatch.setattr(attention, "unrotate_last", spy)
+    return calls
+
+
+def test_unrotated_and_dense_caches_keep_their_path(monkeypatch):
+    """Only a rotated pair is attended in the rotated basis (its output un-rotated once for the whole batch,
+    over many chunks); unrotated 4-bit and dense caches are attended as stored."""
+    calls = _spy_unrotate(monkeypatch)
     q, qk, qv, valid, _ = _case(SHAPES["gqa"], "cpu")
     k, v = dequantize(qk), dequantize(qv)
     plain = QuantConfig(group_size=64)
     assert cpu_decode_attention(q, k, v, valid, 0.1, chunk_bytes=1).shape == q.shape
     assert cpu_decode_attention(q, quantize(k, plain), quantize(v, plain), valid, 0.1).shape == q.shape
     assert calls == []
-    cpu_decode_attention(q, qk, qv, valid, 0.1)
-    assert calls == [1]
+    cpu_decode_attention(q, qk, qv, valid, 0.1, chunk_bytes=1)
+    assert calls == [q.shape[0]]
 
 
 # 4-bit cache on each home: the gpu tier (in place), the cpu tier loaded into a device buffer (the new token
@@ -127,20 +138,14 @@ def test_kv_home_paths_equal_dequantize_then_attend(tiny_checkpoints, kind, name
     prompts = make_prompts(5, loaded.config.vocab_size, seed=21, lo=3, hi=12)
     max_new = [5, 3, 6, 4, 6]
     policy = Policy(gpu_batch_size=5, num_gpu_batches=1, **KV_POLICIES[name])
-    calls, original = [], attention.rotated_decode_attention
-
-    def spy(*args, **kwargs):
-        calls.append(args[0].shape[0])                                         # rows attended at once
-        return original(*args, **kwargs)
-    monkeypatch.setattr(attention, "rotated_decode_attention", spy)
-    monkeypatch.setattr(kv_cache, "rotated_decode_attention", spy)
+    calls = _spy_unrotate(monkeypatch)
     got = run(loaded, policy, prompts, max_new, tmp_path / "new", device=dev, decode_chunk_bytes=1)
-    assert calls                                                               # the rotated core ran
-    if not policy.cpu_attention:
-        assert max(calls) == 1                                                 # device decode: chunks of a row
+    assert calls                                                               # attended in the rotated basis
     monkeypatch.setattr(attention, "stored_rotation", lambda k, v: None)
     monkeypatch.setattr(kv_cache, "stored_rotation", lambda k, v: None)
+    calls.clear()
     ref = run(loaded, policy, prompts, max_new, tmp_path / "old", device=dev, decode_chunk_bytes=1)
+    assert calls == []                                                         # the old path un-rotates rows
     assert got.tokens == ref.tokens
     for r in ref.logits:
         torch.testing.assert_close(torch.stack(got.logits[r]), torch.stack(ref.logits[r]), rtol=1e-5, atol=1e-5)

@@ -14,7 +14,7 @@ stored, [*lead, g*gs] (rotated when q.config.rotate, zero padding kept); `rotate
 into the same basis and `unrotate_last` takes it back. H is orthonormal per group, so dot products and
 weighted sums along the last dim can be computed in the stored basis: q . k = rotate_last(q) . rotate_last(k),
 and sum_i p_i v_i = unrotate_last(sum_i p_i rotate_last(v_i)). Decode attention over a rotated 4-bit cache
-uses this to never un-rotate the cache's rows (engine.models.attention.rotated_decode_attention).
+uses this to never un-rotate the cache's rows (engine.models.attention.chunked_decode_attention).
 """
 from __future__ import annotations
 

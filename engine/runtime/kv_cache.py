@@ -17,7 +17,7 @@ Stores never block the compute thread: the new positions go to a pinned staging 
 strided; one buffer per prefill row chunk, `KVHome.rows`) and a worker thread copies them into the home
 (`Transfers.submit_host`). Decode over a 4-bit segment on the device dequantizes it in chunks of rows
 (`engine.policy.working.decode_chunk_rows`), so its dense keys/values never span the whole batch; a rotated
-4-bit segment is dequantized to its rotated basis only and attended there (`rotated_decode_attention`, the
+4-bit segment is dequantized to its rotated basis only and attended there (`chunked_decode_attention`, the
 new dense k/v rotated to join it), never un-rotated row by row. A home waits for its own
 stores before it is read or compacted (`settle`); a staging buffer waits for its previous store before it
 is reused (`StagingClaims`).
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.models.attention import (cpu_decode_attention, decode_attention, prefill_attention,
-                                     rotated_decode_attention, stored_rotation)
+from engine.models.attention import (chunked_decode_attention, cpu_decode_attention, decode_attention,
+                                     prefill_attention, stored_rotation)
 from engine.policy.working import DECODE_CHUNK_BYTES, decode_chunk_rows
 from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, quantize, rotate_last
@@ -213,22 +213,10 @@ class KVHome:
     def _chunked_decode(self, q: torch.Tensor, dense_kv, key_valid: torch.Tensor, scale: float,
                         softcap: float | None, rotation: QuantConfig | None = None) -> torch.Tensor:
         """decode_attention over `dense_kv(r0, r1)` -> (k, v) [r1-r0, hs, t+1, hd], a chunk of rows at a time;
-        with `rotation`, k/v are [r1-r0, hs, t+1, G] in its stored basis (`rotated_decode_attention`)."""
-        def attend(q, k, v, valid):
-            if rotation is None:
-                return decode_attention(q, k, v, valid, scale, softcap)
-            return rotated_decode_attention(q, k, v, valid, scale, rotation, softcap)
-
-        b = q.shape[0]
-        rows = decode_chunk_rows(b, self.num_kv_heads, self.length, self.head_dim, self.dtype,
+        with `rotation`, k/v are [r1-r0, hs, t+1, G] in its stored basis (`chunked_decode_attention`)."""
+        rows = decode_chunk_rows(q.shape[0], self.num_kv_heads, self.length, self.head_dim, self.dtype,
                                  self.decode_chunk_bytes)
-        if rows >= b:
-            return attend(q, *dense_kv(0, b), key_valid)
-        out = torch.empty_like(q)                                                # [b, hs*g, 1, hd]
-        for r0 in range(0, b, rows):
-            r1 = min(b, r0 + rows)
-            out[r0:r1] = attend(q[r0:r1], *dense_kv(r0, r1), key_valid[r0:r1])
-        return out
+        return chunked_decode_attention(q, dense_kv, key_valid, scale, rows, softcap, rotation)
 
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, key_valid: torch.Tensor,
                key_valid_host: torch.Tensor, scale: float, softcap: float | None = None) -> torch.Tensor:
