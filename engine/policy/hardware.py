@@ -15,10 +15,10 @@ GIB = 1024**3
 
 
 # Unmeasured profiles' 4-bit host attention rate as a share of the dense one (`calibrate` measures the real
-# rate). Measured on the dev CPU (benchmarks/cpu_attention_speed.py, bf16, one thread; `ratio_to_bf16_dense`):
-# attention in the rotated basis reads the rotated 4-bit cache at 0.09-0.14 of bf16 dense's dense-equivalent
-# rate on the Mixtral-8x7B shape (chunks of 64 / 8-16 MiB) and 0.14-0.23 on OPT-30B's; the path before it
-# (every cached row un-rotated) ran at 0.012-0.022, so the old default of 1/4 was never met.
+# rate). Measured on the dev CPU (2 cores; benchmarks/cpu_attention_speed.py, bf16, `ratio_to_bf16_dense`):
+# attention in the rotated basis reads the rotated 4-bit cache at 0.08-0.16 of bf16 dense's dense-equivalent
+# rate on the Mixtral-8x7B shape (0.08-0.10 at the default 64 MiB chunks) and 0.18-0.27 on OPT-30B's; the path
+# before it (every cached row un-rotated) ran at 0.005-0.02, so the old default of 1/4 was never met.
 Q4_ATTENTION_RATIO = 1 / 8
 
 
