@@ -19,8 +19,10 @@ from typing import Any
 
 import torch
 
-NUMERICS_VERSION = 3   # 1: the first versioned numerics (2026-12); 2: pattern/enum strings close in budget;
-#                        3: prefill in row chunks (another summation order for large batches), sliding windows
+NUMERICS_VERSION = 4   # 1: the first versioned numerics (2026-12); 2: pattern/enum strings close in budget;
+#                        3: prefill in row chunks (another summation order for large batches), sliding windows;
+#                        4: decode attention over a rotated 4-bit cache in the rotated basis (rotated q, output
+#                           un-rotated once: another summation order than un-rotating every cached row)
 
 
 def tokenizer_digest(tokenizer: Any) -> str:

@@ -9,7 +9,7 @@ from engine.models.hf_config import config_from_hf
 from engine.models.presets import PRESETS
 from engine.policy.cost_model import PAGE_BYTES, Workload, estimate, weight_pages
 from engine.policy.estimate import Budgets
-from engine.policy.hardware import GIB, reference_profile
+from engine.policy.hardware import GIB, Q4_ATTENTION_RATIO, reference_profile
 from engine.policy.memory import executor_memory, model_layout
 from engine.policy.policy import Policy
 from engine.policy.search import search
@@ -21,15 +21,32 @@ HOST_CACHE = dict(w_gpu=0.0, w_cpu=1.0, cache_gpu=0.0, cache_cpu=1.0, cpu_attent
                   compress_cache=True)
 
 
+def _mixtral_auto(q4_share: float):
+    """The search's Mixtral-8x7B plan at 16 GiB on the H200 profile whose host 4-bit attention reads at
+    `q4_share` of its dense rate (the reference profile leaves it unmeasured), and that profile."""
+    profile = replace(H200, cpu_attention_q4_gib_s=H200.cpu_attention_bytes_s / GIB * q4_share)
+    return search(MIXTRAL, ISSUE_WORKLOAD, Budgets(16 * GIB, 88 * GIB), profile, compress_weights=True,
+                  compress_cache=True, cpu_attention=None, model_name="mixtral-8x7b"), profile
+
+
 def test_auto_picks_pipelined_cpu_attention_for_mixtral_at_16gib():
-    best = search(MIXTRAL, ISSUE_WORKLOAD, Budgets(16 * GIB, 88 * GIB), H200, compress_weights=True,
-                  compress_cache=True, cpu_attention=None, model_name="mixtral-8x7b")
+    """With host 4-bit attention at 1/4 of dense (the old default share) the plan is MoE-Lightning's."""
+    best, profile = _mixtral_auto(1 / 4)
     p = best.policy
     assert p.cpu_attention and p.pipeline and p.cache_gpu < 1.0 and p.compress_cache
     assert p.block_size == ISSUE_WORKLOAD.num_prompts   # every row in one block, most of its cache on the host
     assert p.weight_pages == weight_pages(MIXTRAL, model_layout(MIXTRAL, 2, True), p.num_gpu_batches)
-    ablation = estimate(MIXTRAL, replace(p, pipeline=False), ISSUE_WORKLOAD, H200)
+    ablation = estimate(MIXTRAL, replace(p, pipeline=False), ISSUE_WORKLOAD, profile)
     assert best.predicted_tokens_per_s > 1.2 * ablation.tokens_per_s
+
+
+def test_slow_host_4bit_attention_moves_mixtral_attention_to_the_gpu():
+    """At the dev CPU's measured share (`Q4_ATTENTION_RATIO`, 1/8, the default of the reference profile) host
+    attention over the 4-bit cache no longer pays: the plan attends on the GPU."""
+    best, _ = _mixtral_auto(Q4_ATTENTION_RATIO)
+    default = search(MIXTRAL, ISSUE_WORKLOAD, Budgets(16 * GIB, 88 * GIB), H200, compress_weights=True,
+                     compress_cache=True, cpu_attention=None, model_name="mixtral-8x7b")
+    assert not best.policy.cpu_attention and default.policy == best.policy
 
 
 def test_pipeline_overlaps_host_attention_with_gpu_work():

@@ -9,7 +9,9 @@ both the reference model path (`attention`, used by the parity tests) and the ru
 runtime's `KVHome` (engine.runtime.kv_cache) only decides *where* the cache segments live and calls
 `prefill_attention` / `decode_attention` / `cpu_decode_attention` on them; the executor calls
 `attention_layer` / `attention_layer_with_prefix` with its KV home and GPU batch (the `CacheAttention` and
-`AttentionBatch` protocols below). The 4-bit cache is dequantized with `engine.quant` (pure maths).
+`AttentionBatch` protocols below). The 4-bit cache is dequantized with `engine.quant` (pure maths); a rotated
+4-bit cache (`QuantConfig.rotate`) only to its stored, rotated basis: decode attends there with a rotated
+query and un-rotates the output once (`chunked_decode_attention`), never a cache row.
 
 Decode uses grouped-query attention without repeating K/V: the g query heads of each kv head are laid out
 as g "positions" of one query block (they all sit at the same position, so no causal mask is needed).
@@ -19,7 +21,7 @@ part of the mask / key_valid the attention layer builds (`window_keep`).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +29,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.models.base import ModelFamily, Weights
 from engine.models.config import ModelConfig
-from engine.quant.group import dequantize
+from engine.quant.config import QuantConfig
+from engine.quant.group import dequantize, rotate_last, unrotate_last
 from engine.quant.qtensor import QTensor
 
 CPU_CHUNK_BYTES = 64 << 20       # dense keys + values dequantized per chunk of host attention
@@ -122,26 +125,63 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_vali
     return out.reshape(b, nh, 1, hd)
 
 
+def stored_rotation(k: torch.Tensor | QTensor, v: torch.Tensor | QTensor) -> QuantConfig | None:
+    """The config whose rotated basis decode attention runs in when k and v are both rotated 4-bit, else None
+    (dense or unrotated 4-bit: dequantize and attend as stored)."""
+    rotated = [x.config for x in (k, v) if isinstance(x, QTensor) and x.config.rotate]
+    if len(rotated) == 2 and rotated[0] == rotated[1]:
+        return rotated[0]
+    return None
+
+
+DenseKV = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]   # (r0, r1) -> k, v of rows [r0, r1)
+
+
+def chunked_decode_attention(q: torch.Tensor, dense_kv: DenseKV, key_valid: torch.Tensor, scale: float, rows: int,
+                             softcap: float | None = None, rotation: QuantConfig | None = None) -> torch.Tensor:
+    """`decode_attention` of q [b, nh, 1, hd] over `dense_kv(r0, r1)` -> k, v [r1-r0, nkv, t, hd], `rows` rows
+    at a time (the dense keys/values of one chunk live at once) -> [b, nh, 1, hd].
+
+    With `rotation`, dense_kv gives k/v [r1-r0, nkv, t, G] in its stored basis (engine.quant.group: G = hd
+    padded to whole groups, each group rotated by H; `dequantize(..., unrotate=False)` of a rotated 4-bit
+    cache, new positions through `rotate_last`): q is rotated once, attention runs in that basis and the
+    output is un-rotated once. H is orthonormal per group, so the scores (Hq).(Hk) = q.k and the weighted sum
+    of the rotated values, un-rotated, is the attention output: no cached row is ever un-rotated."""
+    b, _, _, hd = q.shape
+    if rotation is not None:
+        q = rotate_last(q, rotation)                                        # [b, nh, 1, G]
+    if rows >= b:
+        out = decode_attention(q, *dense_kv(0, b), key_valid, scale, softcap)
+    else:
+        out = torch.empty_like(q)                                           # [b, nh, 1, hd|G]
+        for r0 in range(0, b, rows):
+            r1 = min(b, r0 + rows)
+            out[r0:r1] = decode_attention(q[r0:r1], *dense_kv(r0, r1), key_valid[r0:r1], scale, softcap)
+    return out if rotation is None else unrotate_last(out, rotation, hd)   # [b, nh, 1, hd]
+
+
 def cpu_decode_attention(q: torch.Tensor, k: torch.Tensor | QTensor, v: torch.Tensor | QTensor,
                          key_valid: torch.Tensor, scale: float, softcap: float | None = None,
                          chunk_bytes: int = CPU_CHUNK_BYTES) -> torch.Tensor:
     """`decode_attention` on host tensors, chunked over the batch so a compressed cache is dequantized
     one chunk (about `chunk_bytes` of dense keys+values) at a time; each chunk runs torch's multi-threaded
-    SDPA kernel (threads across rows and heads) in the cache's own dtype. k/v may be memory-mapped (disk
-    tier): pages are read as chunks are touched. benchmarks/cpu_attention_speed.py measures the chunk sizes."""
+    SDPA kernel (threads across rows and heads) in the cache's own dtype. A rotated 4-bit cache is only
+    affine-dequantized and attended in its rotated basis (`chunked_decode_attention`). k/v may be
+    memory-mapped (disk tier): pages are read as chunks are touched. benchmarks/cpu_attention_speed.py
+    measures the chunk sizes."""
     b, nh, _, hd = q.shape
     nkv, t = k.shape[1], k.shape[2]
     row_bytes = 2 * nkv * t * hd * q.element_size()
     chunk = max(1, min(b, chunk_bytes // max(1, row_bytes)))
     if chunk >= b and not isinstance(k, QTensor):
         return decode_attention(q, k, v, key_valid, scale, softcap)
-    out = torch.empty_like(q)                                               # [b, nh, 1, hd]
-    for r0 in range(0, b, chunk):
-        r1 = min(b, r0 + chunk)
-        kc = dequantize(k[r0:r1]) if isinstance(k, QTensor) else k[r0:r1]  # [c, nkv, t, hd]
-        vc = dequantize(v[r0:r1]) if isinstance(v, QTensor) else v[r0:r1]
-        out[r0:r1] = decode_attention(q[r0:r1], kc, vc, key_valid[r0:r1], scale, softcap)
-    return out
+    rotation = stored_rotation(k, v)
+
+    def dense(x: torch.Tensor | QTensor) -> torch.Tensor:                  # [c, nkv, t, hd|G]
+        return dequantize(x, unrotate=rotation is None) if isinstance(x, QTensor) else x
+
+    return chunked_decode_attention(q, lambda r0, r1: (dense(k[r0:r1]), dense(v[r0:r1])), key_valid, scale,
+                                    chunk, softcap, rotation)
 
 
 class CacheAttention(Protocol):

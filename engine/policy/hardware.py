@@ -14,6 +14,14 @@ from typing import Any
 GIB = 1024**3
 
 
+# Unmeasured profiles' 4-bit host attention rate as a share of the dense one (`calibrate` measures the real
+# rate). Measured on the dev CPU (2 cores; benchmarks/cpu_attention_speed.py, bf16, `ratio_to_bf16_dense`):
+# attention in the rotated basis reads the rotated 4-bit cache at 0.08-0.16 of bf16 dense's dense-equivalent
+# rate on the Mixtral-8x7B shape (0.08-0.10 at the default 64 MiB chunks) and 0.18-0.27 on OPT-30B's; the path
+# before it (every cached row un-rotated) ran at 0.005-0.02, so the old default of 1/4 was never met.
+Q4_ATTENTION_RATIO = 1 / 8
+
+
 @dataclass(frozen=True)
 class HardwareProfile:
     """Bandwidths, compute rates and capacities of one machine (gpu = the compute device)."""
@@ -86,8 +94,11 @@ class HardwareProfile:
 
     @property
     def cpu_attention_q4_bytes_s(self) -> float:
-        """Dense-equivalent K+V bytes per second of CPU attention over a 4-bit cache (default: 1/4 of dense)."""
-        return self.cpu_attention_q4_gib_s * GIB if self.cpu_attention_q4_gib_s else self.cpu_attention_bytes_s / 4
+        """Dense-equivalent K+V bytes per second of CPU attention over a 4-bit cache (default: `Q4_ATTENTION_RATIO`
+        of dense)."""
+        if self.cpu_attention_q4_gib_s:
+            return self.cpu_attention_q4_gib_s * GIB
+        return self.cpu_attention_bytes_s * Q4_ATTENTION_RATIO
 
     @property
     def dequant_bytes_s(self) -> float:

@@ -8,6 +8,13 @@ whatever device the input lives on, with batched torch ops.
 
 Dequantization is two steps: `_affine_dequant` (codes -> mn + code * scale, the part a fused kernel may
 replace) and, for rotated configs, `_unrotate` (a matmul by H over the last group dim).
+
+The stored basis: `dequantize(q, unrotate=False)` stops after the affine step and returns the groups as
+stored, [*lead, g*gs] (rotated when q.config.rotate, zero padding kept); `rotate_last` takes a dense tensor
+into the same basis and `unrotate_last` takes it back. H is orthonormal per group, so dot products and
+weighted sums along the last dim can be computed in the stored basis: q . k = rotate_last(q) . rotate_last(k),
+and sum_i p_i v_i = unrotate_last(sum_i p_i rotate_last(v_i)). Decode attention over a rotated 4-bit cache
+uses this to never un-rotate the cache's rows (engine.models.attention.chunked_decode_attention).
 """
 from __future__ import annotations
 
@@ -67,8 +74,36 @@ def _unrotate(grouped: torch.Tensor, config: QuantConfig) -> torch.Tensor:
     return grouped @ h                                                     # [*lead, g, gs]
 
 
-def dequantize(q: QTensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """QTensor -> dense tensor of q.shape in q.dtype on q.device (written into `out` when given)."""
+def rotate_last(x: torch.Tensor, config: QuantConfig) -> torch.Tensor:
+    """x [*lead, d] -> [*lead, g*gs] in the basis `quantize(x, config)` stores its groups in: zero-padded to
+    whole groups, each group times H when config.rotate. Same dtype as x (the product is taken in float32)."""
+    *lead, d = x.shape
+    gs = config.group_size
+    width = -(-d // gs) * gs
+    xf = F.pad(x.float(), (0, width - d)).unflatten(-1, (width // gs, gs))   # [*lead, g, gs]
+    if config.rotate:
+        xf = xf @ hadamard(gs, torch.float32, xf.device)                   # [*lead, g, gs] rotated basis
+    return xf.flatten(-2).to(x.dtype)                                      # [*lead, g*gs]
+
+
+def unrotate_last(y: torch.Tensor, config: QuantConfig, d: int) -> torch.Tensor:
+    """The inverse of `rotate_last`: y [*lead, g*gs] in the stored basis -> [*lead, d] (each group times H
+    when config.rotate, the padding dropped). Same dtype as y (the product is taken in float32)."""
+    gs = config.group_size
+    yf = y.float().unflatten(-1, (y.shape[-1] // gs, gs))                  # [*lead, g, gs]
+    if config.rotate:
+        yf = yf @ hadamard(gs, torch.float32, yf.device)                   # [*lead, g, gs] original basis
+    return yf.flatten(-2)[..., :d].to(y.dtype)                             # [*lead, d]
+
+
+def dequantize(q: QTensor, out: torch.Tensor | None = None, *, unrotate: bool = True) -> torch.Tensor:
+    """QTensor -> dense tensor of q.shape in q.dtype on q.device (written into `out` when given).
+
+    `unrotate=False`: the stored basis instead, [*lead, g*gs] (the groups as `quantize` stored them: rotated
+    when q.config.rotate, zero padding kept), i.e. only the affine step; `out` then has that shape, or
+    [*lead, g, gs], and is written directly (one fused kernel on CUDA)."""
+    if not unrotate:
+        return _affine_dequant(q, out=out).flatten(-2)                     # [*lead, g*gs]
     d = q.shape[-1]
     if out is not None and not q.config.rotate and d == 2 * q.data.shape[-2] * q.data.shape[-1]:
         _affine_dequant(q, out=out)                                        # no padding: straight into out

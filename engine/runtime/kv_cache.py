@@ -16,7 +16,9 @@ policy's cache fractions (`split_ranges`); each segment's keys/values live on on
 Stores never block the compute thread: the new positions go to a pinned staging buffer (the home's slice is
 strided; one buffer per prefill row chunk, `KVHome.rows`) and a worker thread copies them into the home
 (`Transfers.submit_host`). Decode over a 4-bit segment on the device dequantizes it in chunks of rows
-(`engine.policy.working.decode_chunk_rows`), so its dense keys/values never span the whole batch. A home waits for its own
+(`engine.policy.working.decode_chunk_rows`), so its dense keys/values never span the whole batch; a rotated
+4-bit segment is dequantized to its rotated basis only and attended there (`chunked_decode_attention`, the
+new dense k/v rotated to join it), never un-rotated row by row. A home waits for its own
 stores before it is read or compacted (`settle`); a staging buffer waits for its previous store before it
 is reused (`StagingClaims`).
 On a machine without a GPU the cpu tier is the compute memory, so "loading" a dense cpu home is aliasing.
@@ -27,10 +29,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.models.attention import cpu_decode_attention, decode_attention, prefill_attention
+from engine.models.attention import (chunked_decode_attention, cpu_decode_attention, decode_attention,
+                                     prefill_attention, stored_rotation)
 from engine.policy.working import DECODE_CHUNK_BYTES, decode_chunk_rows
 from engine.quant.config import QuantConfig
-from engine.quant.group import dequantize, quantize
+from engine.quant.group import dequantize, quantize, rotate_last
 from engine.quant.qtensor import QTensor
 from engine.runtime.arena import Arena
 from engine.runtime.host_attention import HostAttention, HostJob
@@ -62,18 +65,21 @@ def _write(dst: Stored, src: torch.Tensor, t0: int, quant: QuantConfig | None, r
         dst[index].copy_(src)
 
 
-def _dense(x: Stored, t: int) -> torch.Tensor:
+def _dense(x: Stored, t: int, rotation: QuantConfig | None = None) -> torch.Tensor:
+    """Positions [0, t) of x dense: [b, h, t, hd], or [b, h, t, G] in `rotation`'s stored basis when given."""
     part = x[(_ALL, _ALL, slice(0, t))]
-    return dequantize(part) if isinstance(part, QTensor) else part
+    return dequantize(part, unrotate=rotation is None) if isinstance(part, QTensor) else part
 
 
-def _dense_with_new(x: QTensor, new: torch.Tensor, t: int) -> torch.Tensor:
+def _dense_with_new(x: QTensor, new: torch.Tensor, t: int, rotation: QuantConfig | None = None) -> torch.Tensor:
     """Positions [0, t) of x dequantized and `new` [b, h, 1, hd] at position t, in one fresh buffer
-    [b, h, t+1, hd] (no torch.cat: the dequantization writes straight into the buffer's first t positions)."""
+    [b, h, t+1, hd] (no torch.cat: the dequantization writes straight into the buffer's first t positions);
+    with `rotation`, [b, h, t+1, G] in its stored basis (`new` rotated to join it)."""
     b, h, _, hd = x.shape
-    dense = torch.empty((b, h, t + 1, hd), dtype=x.dtype, device=new.device)   # [b, h, t+1, hd]
-    dequantize(x[(_ALL, _ALL, slice(0, t))], out=dense[:, :, :t])
-    dense[:, :, t:].copy_(new)
+    width = hd if rotation is None else x.data.shape[-2] * rotation.group_size
+    dense = torch.empty((b, h, t + 1, width), dtype=x.dtype, device=new.device)   # [b, h, t+1, hd|G]
+    dequantize(x[(_ALL, _ALL, slice(0, t))], out=dense[:, :, :t], unrotate=rotation is None)
+    dense[:, :, t:].copy_(new if rotation is None else rotate_last(new, rotation))
     return dense
 
 
@@ -205,18 +211,12 @@ class KVHome:
         return KVRows(self, row0)
 
     def _chunked_decode(self, q: torch.Tensor, dense_kv, key_valid: torch.Tensor, scale: float,
-                        softcap: float | None) -> torch.Tensor:
-        """decode_attention over `dense_kv(r0, r1)` -> (k, v) [r1-r0, hs, t+1, hd], a chunk of rows at a time."""
-        b = q.shape[0]
-        rows = decode_chunk_rows(b, self.num_kv_heads, self.length, self.head_dim, self.dtype,
+                        softcap: float | None, rotation: QuantConfig | None = None) -> torch.Tensor:
+        """decode_attention over `dense_kv(r0, r1)` -> (k, v) [r1-r0, hs, t+1, hd], a chunk of rows at a time;
+        with `rotation`, k/v are [r1-r0, hs, t+1, G] in its stored basis (`chunked_decode_attention`)."""
+        rows = decode_chunk_rows(q.shape[0], self.num_kv_heads, self.length, self.head_dim, self.dtype,
                                  self.decode_chunk_bytes)
-        if rows >= b:
-            return decode_attention(q, *dense_kv(0, b), key_valid, scale, softcap)
-        out = torch.empty_like(q)                                                # [b, hs*g, 1, hd]
-        for r0 in range(0, b, rows):
-            r1 = min(b, r0 + rows)
-            out[r0:r1] = decode_attention(q[r0:r1], *dense_kv(r0, r1), key_valid[r0:r1], scale, softcap)
-        return out
+        return chunked_decode_attention(q, dense_kv, key_valid, scale, rows, softcap, rotation)
 
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, key_valid: torch.Tensor,
                key_valid_host: torch.Tensor, scale: float, softcap: float | None = None) -> torch.Tensor:
@@ -271,15 +271,18 @@ class KVHome:
             _write(seg.k, ks, t, self.quant)
             _write(seg.v, vs, t, self.quant)
             if isinstance(seg.k, QTensor):
-                return self._chunked_decode(                                     # [c, hs, t+1, hd] chunks
-                    qs, lambda r0, r1: (_dense(seg.k[r0:r1], t + 1), _dense(seg.v[r0:r1], t + 1)),
-                    key_valid, scale, softcap)
+                rot = stored_rotation(seg.k, seg.v)
+                return self._chunked_decode(                                     # [c, hs, t+1, hd|G] chunks
+                    qs, lambda r0, r1: (_dense(seg.k[r0:r1], t + 1, rot), _dense(seg.v[r0:r1], t + 1, rot)),
+                    key_valid, scale, softcap, rot)
             return decode_attention(qs, _dense(seg.k, t + 1), _dense(seg.v, t + 1), key_valid, scale, softcap)
         bk, bv = seg.buf
         if isinstance(bk, QTensor):
-            out = self._chunked_decode(                                          # [c, hs, t+1, hd] chunks
-                qs, lambda r0, r1: (_dense_with_new(bk[r0:r1], ks[r0:r1], t), _dense_with_new(bv[r0:r1], vs[r0:r1], t)),
-                key_valid, scale, softcap)
+            rot = stored_rotation(bk, bv)
+            out = self._chunked_decode(                                          # [c, hs, t+1, hd|G] chunks
+                qs, lambda r0, r1: (_dense_with_new(bk[r0:r1], ks[r0:r1], t, rot),
+                                    _dense_with_new(bv[r0:r1], vs[r0:r1], t, rot)),
+                key_valid, scale, softcap, rot)
         else:
             _write(bk, ks, t, None)
             _write(bv, vs, t, None)
