@@ -7,7 +7,7 @@ import torch
 
 from engine.calibrate.machine import default_cpu_profile
 from engine.calibrate.profile_cache import (
-    load_cached_profile, load_or_measure, load_profile, profile_cache_path, save_profile,
+    PROFILE_VERSION, load_cached_profile, load_or_measure, load_profile, profile_cache_path, save_profile,
 )
 from engine.policy.hardware import HardwareProfile, reference_profile
 
@@ -53,6 +53,19 @@ def test_corrupt_cache_is_remeasured_not_used(tmp_path, content):
     profile = load_or_measure("cpu", directory=tmp_path, measure_fn=fake)
     assert fake.calls == 1 and profile.h2d_gib_s == 1.0
     assert load_profile(path) == profile                   # the bad file was replaced
+
+
+def test_cache_of_older_probes_is_remeasured(tmp_path):
+    """A valid profile that older probes wrote (PROFILE_VERSION - 1) is read by load_profile but not reused
+    as this machine's cache: its 4-bit CPU attention rate timed a path the engine no longer runs."""
+    fake = FakeMeasure()
+    old = load_or_measure("cpu", directory=tmp_path, measure_fn=fake)
+    path = profile_cache_path(torch.device("cpu"), tmp_path)
+    path.write_text(json.dumps({"version": PROFILE_VERSION - 1, "profile": old.to_dict()}))
+    assert load_profile(path) == old and load_cached_profile(torch.device("cpu"), tmp_path) is None
+    fresh = load_or_measure("cpu", directory=tmp_path, measure_fn=fake)
+    assert fake.calls == 2 and fresh.h2d_gib_s == 2.0
+    assert json.loads(path.read_text())["version"] == PROFILE_VERSION
 
 
 def test_cache_of_another_machine_is_not_used(tmp_path):
