@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from bench_common import peak_gib, reset_peak
+
 _HF_NAMES = {"opt-6.7b": "facebook/opt-6.7b", "opt-30b": "facebook/opt-30b", "opt-175b": "facebook/opt-175b"}
 
 
@@ -52,8 +54,7 @@ def run_flexgen(model: str, prompts: list[list[int]], gen_len: int, policy: dict
     lm = OptLM(get_opt_config(_HF_NAMES[model]), env, "_DUMMY_", p)
     try:
         lm.generate(ids, max_new_tokens=1)                                       # warm-up, as FlexGen does
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        reset_peak()
         t0 = time.perf_counter()
         lm.generate(ids, max_new_tokens=gen_len)
         torch.cuda.synchronize()
@@ -61,7 +62,7 @@ def run_flexgen(model: str, prompts: list[list[int]], gen_len: int, policy: dict
     finally:
         env.close_copy_threads()
     return {"ok": True, "total_s": total, "generated_tokens": n * gen_len, "num_prompts": n, "policy": policy,
-            "peak_device_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3)}
+            **peak_gib()}
 
 
 def run_accelerate(model: str, prompts: list[list[int]], gen_len: int, gpu_memory: int, batch: int,
@@ -88,12 +89,11 @@ def run_accelerate(model: str, prompts: list[list[int]], gen_len: int, gpu_memor
     ids = torch.tensor([row[:len(prompts[0])] for row in (prompts * (1 + batch // len(prompts)))[:batch]],
                        device="cuda:0")
     lm.generate(ids, max_new_tokens=1, do_sample=False)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    reset_peak()
     t0 = time.perf_counter()
     lm.generate(ids, max_new_tokens=gen_len, min_new_tokens=gen_len, do_sample=False)
     torch.cuda.synchronize()
     total = time.perf_counter() - t0
     return {"ok": True, "total_s": total, "generated_tokens": batch * gen_len, "num_prompts": batch,
             "policy": {"batch": batch, "device_map_gpu_modules": sum(1 for d in device_map.values() if d == 0)},
-            "peak_device_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3)}
+            **peak_gib()}

@@ -271,17 +271,16 @@ class LLM:
             return
         self.stats.peak_bytes = dict.fromkeys(self.stats.peak_bytes, 0)   # peaks are the latest call's
         keys = sequence_keys(params.seed, [e.ids for e in encoded]) if params.temperature > 0 else None
-        plan = self._plan_for([len(encoded[i].ids) for i in valid], params.max_new_tokens, plan)
+        lens = [len(encoded[i].ids) for i in valid]
+        plan = self._plan_for(lens, params.max_new_tokens, plan)
         policy = self._downsized.get(plan.policy, plan.policy)
         self._set_policy(policy)
+        blocks = [[valid[b] for b in block] for block in plan_blocks(lens, policy.block_size)]
         mode = choose_parallel(self.parallel, policy, len(self.devices))
         if mode != "single":
-            blocks = [[valid[b] for b in block] for block in plan_blocks([len(encoded[i].ids) for i in valid],
-                                                                         policy.block_size)]
             yield from self._run_parallel(mode, blocks, encoded, params, keys, on_finished)
             return
-        for block in plan_blocks([len(encoded[i].ids) for i in valid], policy.block_size):
-            indices = [valid[b] for b in block]
+        for indices in blocks:
             report = None if on_finished is None else (
                 lambda row, c, indices=indices: on_finished(indices[row], c))  # block row -> input index
             completions = self._run_block([encoded[i].ids for i in indices], params,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from llmops.cli_common import note, want_progress
+from llmops.core import write_text_atomic
 from llmops.openai_batch import DEFAULT_MAX_TOKENS, run_batch
 from llmops.pipeline.oneoff import check_can_generate
 from llmops.pipeline.spec import EngineSettings
@@ -50,21 +50,12 @@ def _check_output(output: str) -> None:
 
 
 def _write(output: str, lines: list[dict[str, Any]]) -> None:
-    """The output lines to stdout, or to `output` through a temporary file renamed into place."""
+    """The output lines to stdout, or to `output` atomically (`write_text_atomic`)."""
     text = "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in lines)
     if output == "-":
         click.echo(text, nl=False)
         return
-    target = Path(output)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=target.parent, prefix=f".{target.name}.",
-                                     suffix=".tmp", delete=False) as fh:
-        staged = Path(fh.name)
-    try:
-        staged.write_text(text, encoding="utf-8")
-        staged.replace(target)
-    finally:
-        staged.unlink(missing_ok=True)
+    write_text_atomic(Path(output), text)
 
 
 @click.command("batch")

@@ -32,10 +32,6 @@ class Progress:
             self._bar = tqdm(total=total, desc=desc, unit="row", file=sys.stderr, dynamic_ncols=True,
                              mininterval=0.2)
 
-    @property
-    def enabled(self) -> bool:
-        return self._bar is not None
-
     def grow(self, rows: int) -> None:
         """Add `rows` to the total (a later call of the same job)."""
         if self._bar is not None:
@@ -52,19 +48,15 @@ class Progress:
                     self._bar.set_postfix_str(f"tok/s={tokens_per_s:.1f}", refresh=False)
                 self._bar.update(rows)
 
-    def show(self, done: int, *, tokens_per_s: float, cache_hits: int, errors: int) -> None:
-        """At least `done` rows are finished; refresh the figures."""
+    def update(self, rows: int, *, tokens_per_s: float, cache_hits: int, errors: int) -> None:
+        """Advance by `rows` finished rows and refresh the figures."""
         with self._lock:
-            step = max(0, done - self.done)
+            step = max(0, rows)
             self.done += step
             if self._bar is not None:
                 self._bar.set_postfix({"tok/s": f"{tokens_per_s:.1f}", "cached": cache_hits, "errors": errors},
                                       refresh=False)
                 self._bar.update(step)
-
-    def update(self, rows: int, *, tokens_per_s: float, cache_hits: int, errors: int) -> None:
-        """Advance by `rows` finished rows and refresh the figures."""
-        self.show(self.done + rows, tokens_per_s=tokens_per_s, cache_hits=cache_hits, errors=errors)
 
     def close(self) -> None:
         if self._bar is not None:

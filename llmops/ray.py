@@ -21,18 +21,16 @@ This module imports Ray: install the extra with `pip install "llmops[ray]"`.
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 import ray
 import ray.data
 
-from llmops.core import Job, MapRun, MapSpec, map_table
+from llmops.core import CacheDir, Job, MapRun, MapSpec, map_table
 
 BATCH_ROWS = 2048
 _META = ("finish_reason", "error", "text", "prompt_tokens", "completion_tokens")
-CacheDir = str | Path | None | Literal[False]
 
 
 class LlmActor:

@@ -29,6 +29,7 @@ import matplotlib
 from matplotlib.figure import Figure
 
 from llmops.core import write_text_atomic
+from llmops.report import TIERS
 
 # One colour per plotted quantity (tests/test_report_html.py finds each in a browser's screenshot).
 PART_COLORS = {"source": "#8c564b", "load": "#9467bd", "place_weights": "#c5b0d5", "plan": "#e377c2",
@@ -40,7 +41,6 @@ PART_ORDER = ("source", "setup", "load", "place_weights", "plan", "prefill", "de
               "sink", "ray_dataset_and_sink", "other")
 PART_LABELS = {"place_weights": "place weights", "grammar_mask": "grammar masks",
                "ray_dataset_and_sink": "Ray dataset + sink"}
-TIERS = ("gpu", "cpu", "disk")
 GIB = 1024 ** 3
 STYLE = """body{font-family:sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ccc}
@@ -237,6 +237,5 @@ def render_html(report: dict[str, Any]) -> str:
 def write_html(report: dict[str, Any], path: str | Path) -> Path:
     """Render `report` and write it to `path` atomically (parent folders made); returns the path."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(target, render_html(report))
     return target

@@ -1,8 +1,8 @@
 """Loading an AWQ int4 checkpoint never expands it: peak RSS while the executor places the weights stays near
 the packed size, far below the model dequantized (as tests/test_gguf_memory.py does for GGUF files).
 
-A random AWQ GEMM `llama` checkpoint (6 layers of hidden 1024, intermediate 3072, groups of 128: 321 MiB
-dense in fp32, ~50 MiB on disk) is loaded, in a fresh subprocess, into an executor without compress_weights
+A random AWQ GEMM `llama` checkpoint (6 layers of hidden 1024, intermediate 3072, groups of 128: 320 MiB
+dense in fp32, ~45 MiB on disk) is loaded, in a fresh subprocess, into an executor without compress_weights
 (the weights are 4-bit already and stay so): VmHWM (peak resident set, reset through /proc/self/clear_refs
 after imports and warm-up) minus the RSS before must stay under the executor's weight homes + the file
 (its memory-mapped pages count as resident once read) + 1.5 x the largest single tensor dense in fp32 (the

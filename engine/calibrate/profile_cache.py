@@ -48,6 +48,11 @@ def load_profile(path: Path | str) -> HardwareProfile:
             raise ValueError(f"hardware profile {path}: version {data.get('version')!r}, "
                              f"expected {PROFILE_VERSION}")
         data = data["profile"]
+    return _parse(data, path)
+
+
+def _parse(data: Any, path: Path) -> HardwareProfile:
+    """A profile dict -> HardwareProfile; ValueError naming the file when it is not one."""
     if not isinstance(data, dict):
         raise ValueError(f"hardware profile {path}: expected a JSON object")
     try:
@@ -63,12 +68,15 @@ def load_cached_profile(device: torch.device, directory: Path | None = None) -> 
     if not path.exists():
         return None
     try:
-        profile = load_profile(path)
-        version = json.loads(path.read_text()).get("version")
-    except (ValueError, OSError, AttributeError):
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    if version != PROFILE_VERSION:
-        return None                      # measured by older probes: measure again
+    if not isinstance(data, dict) or data.get("version") != PROFILE_VERSION:
+        return None                      # not a cache file, or measured by older probes: measure again
+    try:
+        profile = _parse(data["profile"], path)
+    except (KeyError, ValueError):
+        return None
     key = profile_key(device)
     if any(getattr(profile, k) != v for k, v in key.items()):
         return None

@@ -8,7 +8,8 @@ and the design forbids models -> runtime, while the runtime may import models. S
 both the reference model path (`attention`, used by the parity tests) and the runtime use them: the
 runtime's `KVHome` (engine.runtime.kv_cache) only decides *where* the cache segments live and calls
 `prefill_attention` / `decode_attention` / `cpu_decode_attention` on them; the executor calls
-`attention_layer` / `attention_layer_with_prefix` with its KV home and GPU batch (the `CacheAttention` and
+`attention_layer` (decode) and `prefix_attention` / `suffix_attention` (prefill, through
+`engine.runtime.prefill_chunks`) with its KV home and GPU batch (the `CacheAttention` and
 `AttentionBatch` protocols below). The 4-bit cache is dequantized with `engine.quant` (pure maths); a rotated
 4-bit cache (`QuantConfig.rotate`) only to its stored, rotated basis: decode attends there with a rotated
 query and un-rotates the output once (`chunked_decode_attention`), never a cache row.
@@ -173,8 +174,6 @@ def cpu_decode_attention(q: torch.Tensor, k: torch.Tensor | QTensor, v: torch.Te
     nkv, t = k.shape[1], k.shape[2]
     row_bytes = 2 * nkv * t * hd * q.element_size()
     chunk = max(1, min(b, chunk_bytes // max(1, row_bytes)))
-    if chunk >= b and not isinstance(k, QTensor):
-        return decode_attention(q, k, v, key_valid, scale, softcap)
     rotation = stored_rotation(k, v)
 
     def dense(x: torch.Tensor | QTensor) -> torch.Tensor:                  # [c, nkv, t, hd|G]
@@ -292,12 +291,3 @@ def suffix_attention(c: ModelConfig, f: ModelFamily, w: Weights, kv: CacheAttent
     out = kv.prefill(q, k, v, mask, c.attn_scale, cap)                                 # [b, nh, s, hd]
     attn = out.transpose(1, 2).reshape(b, s, c.num_attention_heads * c.head_dim)       # [b, s, nh*hd]
     return f.attn_out(w, attn, x)                                                      # [b, s, h]
-
-
-def attention_layer_with_prefix(c: ModelConfig, f: ModelFamily, w: Weights, kv: CacheAttention,
-                                batch: AttentionBatch, layer: int, px: torch.Tensor,
-                                x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prefill of a batch whose rows share a prefix: the prefix [1, L] attends causally to itself once;
-    the suffixes [b, s] attend to the prefix's keys (broadcast) and causally to their own."""
-    px, pk, pv = prefix_attention(c, f, w, batch, layer, px)
-    return px, suffix_attention(c, f, w, kv, batch, layer, pk, pv, x)

@@ -34,7 +34,7 @@ from engine.models.registry import build_family
 from engine.models.weights import stored_quant
 from engine.policy.affine import const, share
 from engine.policy.policy import Policy
-from engine.policy.working import row_chunks, staged_kv_heads, working_bytes
+from engine.policy.working import chunk_rows, row_chunks, staged_kv_heads, working_bytes
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT
 from engine.quant.qtensor import qtensor_nbytes
 from engine.storage.placement import split_ranges, weight_tiers
@@ -55,7 +55,7 @@ def dtype_of_size(bytes_per_element: int) -> torch.dtype:
 class KindLayout:
     """The tensors of one layer kind (embed, attention, mlp, head) and shape: `count` specs of that kind with
     these tensors (names, stored bytes, dense bytes, compressed?) in order, and the weight slots their loads
-    use (`slots` of them: `slot_set`). A kind whose layers differ (DeepSeek's dense first MLPs, Qwen-MoE's
+    use (`slot_set`). A kind whose layers differ (DeepSeek's dense first MLPs, Qwen-MoE's
     `mlp_only_layers`) has one KindLayout per distinct set of tensors."""
 
     kind: str
@@ -63,7 +63,6 @@ class KindLayout:
     stored: tuple[int, ...]
     dense: tuple[int, ...]
     packed: tuple[bool, ...]
-    slots: int
     names: tuple[str, ...] = ()
     slot_set: tuple[int, ...] = ()
 
@@ -100,8 +99,8 @@ def model_layout(config: ModelConfig, bytes_per_element: int, compress_weights: 
         stored = tuple(qtensor_nbytes(w.shape, dtype, q) if q else d
                        for w, q, d in zip(spec.weights.values(), quants, dense))
         slot_set = tuple(sorted({(i * J + j) % 2 for i in (0, 1) for j in js[key]}))
-        kinds.append(KindLayout(spec.kind, len(js[key]), stored, dense, packed, len(slot_set),
-                                tuple(spec.weights), slot_set))
+        kinds.append(KindLayout(spec.kind, len(js[key]), stored, dense, packed, tuple(spec.weights),
+                                slot_set))
         total, start = sum(stored) or 1, 0
         for size in stored:
             mids.add((start + size / 2) / total)
@@ -221,10 +220,6 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
     return mem
 
 
-def _chunk_rows(rows: int, prompt_len: int) -> int:
-    return max(r1 - r0 for r0, r1 in row_chunks(rows, prompt_len))
-
-
 def untracked_gpu_bytes(config: ModelConfig, policy: Policy, prompt_len: int, bytes_per_element: int,
                         device_type: str) -> int:
     """Device memory the executor uses but does not reserve: the hidden states of the other GPU batches
@@ -232,7 +227,7 @@ def untracked_gpu_bytes(config: ModelConfig, policy: Policy, prompt_len: int, by
     g, K, P, e = policy.gpu_batch_size, policy.num_gpu_batches, prompt_len, bytes_per_element
     extra = (K - 1) * g * P * config.hidden_size * e * policy.act_gpu
     if device_type == "cpu":
-        extra += _chunk_rows(g, P) * config.num_attention_heads * P * P * e
+        extra += chunk_rows(g, P) * config.num_attention_heads * P * P * e
     return int(extra)
 
 
@@ -267,7 +262,7 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
            + (c_loaded * (decode_slots * home) if not policy.cpu_attention else const(0.0))
            + const(working_bytes(config, g, P, S, dtype, cc)) + c_loaded * staged
            + share("act", "gpu") * ((K - 1) * g * P * config.hidden_size * e)
-           + const(_chunk_rows(g, P) * config.num_attention_heads * P * P * e if not cuda else 0.0))
+           + const(chunk_rows(g, P) * config.num_attention_heads * P * P * e if not cuda else 0.0))
     cpu = share("w", "cpu") * layout.total_bytes + share("cache", "cpu") * (L * K * home)
     if cuda:
         if pipelines_host_attention(config, policy):

@@ -175,9 +175,7 @@ def layer_weight_bytes(config: ModelConfig, bytes_per_element: int, compress: bo
 def layer_dense_bytes(config: ModelConfig, bytes_per_element: int) -> float:
     """Bytes of one decoder layer's weights dense in `bytes_per_element` (what its matmuls read, after any
     dequantization)."""
-    numel = (attention_matmul_numel(config) + mlp_matmul_numel(config) + attention_other_numel(config)
-             + mlp_other_numel(config))
-    return numel * bytes_per_element
+    return layer_numel(config) * bytes_per_element
 
 
 def edge_weight_bytes(config: ModelConfig, bytes_per_element: int) -> float:

@@ -38,9 +38,14 @@ PREFILL_CHUNK_TOKENS = 4096          # tokens per prefill row chunk (at least on
 DECODE_CHUNK_BYTES = 256 << 20       # dense keys + values dequantized per decode chunk of rows
 
 
+def chunk_rows(b: int, s: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS) -> int:
+    """Rows per prefill chunk over b rows of s tokens (the first chunk's, the largest): max(1, chunk_tokens // s)."""
+    return max(1, min(b, chunk_tokens // max(1, s)))
+
+
 def row_chunks(b: int, s: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS) -> list[tuple[int, int]]:
-    """The [r0, r1) row ranges of a prefill over b rows of s tokens: max(1, chunk_tokens // s) rows each."""
-    rows = max(1, min(b, chunk_tokens // max(1, s)))
+    """The [r0, r1) row ranges of a prefill over b rows of s tokens: `chunk_rows` rows each."""
+    rows = chunk_rows(b, s, chunk_tokens)
     return [(r0, min(b, r0 + rows)) for r0 in range(0, b, rows)]
 
 
@@ -78,7 +83,7 @@ def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtyp
     if c.is_moe:
         mlp += c.num_local_experts * 8 + 2 * experts * c.hidden_size * e
     per_token = max(attn, mlp)
-    cb = max(r1 - r0 for r0, r1 in row_chunks(b, s, chunk_tokens))
+    cb = chunk_rows(b, s, chunk_tokens)
     hidden = b * s * c.hidden_size * e                                                   # [b, s, h]
     staged = 2 * b * staged_heads * s * c.head_dim * e                                   # k, v [b, heads, s, hd]
     mask = cb * s * length

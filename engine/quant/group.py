@@ -40,8 +40,9 @@ def hadamard(n: int, dtype: torch.dtype = torch.float32, device: torch.device | 
     return (h / math.sqrt(n)).to(dtype=dtype, device=device)
 
 
-def quantize(x: torch.Tensor, config: QuantConfig = QuantConfig()) -> QTensor:
-    """x [*lead, d] float -> QTensor with groups of config.group_size along the last dim."""
+def _stored_groups(x: torch.Tensor, config: QuantConfig) -> torch.Tensor:
+    """x [*lead, d] -> [*lead, g, gs] float32 in the basis the groups are stored in: zero-padded to whole
+    groups, each group times H when config.rotate."""
     *lead, d = x.shape
     gs = config.group_size
     groups = -(-d // gs)
@@ -51,6 +52,12 @@ def quantize(x: torch.Tensor, config: QuantConfig = QuantConfig()) -> QTensor:
     xf = xf.reshape(*lead, groups, gs)                                     # [*lead, g, gs]
     if config.rotate:
         xf = xf @ hadamard(gs, torch.float32, xf.device)                  # [*lead, g, gs] rotated basis
+    return xf
+
+
+def quantize(x: torch.Tensor, config: QuantConfig = QuantConfig()) -> QTensor:
+    """x [*lead, d] float -> QTensor with groups of config.group_size along the last dim."""
+    xf = _stored_groups(x, config)                                         # [*lead, g, gs] float32
     mn = xf.amin(dim=-1, keepdim=True)                                     # [*lead, g, 1]
     mx = xf.amax(dim=-1, keepdim=True)
     scale = (mx - mn) / config.levels
@@ -77,13 +84,7 @@ def _unrotate(grouped: torch.Tensor, config: QuantConfig) -> torch.Tensor:
 def rotate_last(x: torch.Tensor, config: QuantConfig) -> torch.Tensor:
     """x [*lead, d] -> [*lead, g*gs] in the basis `quantize(x, config)` stores its groups in: zero-padded to
     whole groups, each group times H when config.rotate. Same dtype as x (the product is taken in float32)."""
-    *lead, d = x.shape
-    gs = config.group_size
-    width = -(-d // gs) * gs
-    xf = F.pad(x.float(), (0, width - d)).unflatten(-1, (width // gs, gs))   # [*lead, g, gs]
-    if config.rotate:
-        xf = xf @ hadamard(gs, torch.float32, xf.device)                   # [*lead, g, gs] rotated basis
-    return xf.flatten(-2).to(x.dtype)                                      # [*lead, g*gs]
+    return _stored_groups(x, config).flatten(-2).to(x.dtype)              # [*lead, g*gs]
 
 
 def unrotate_last(y: torch.Tensor, config: QuantConfig, d: int) -> torch.Tensor:
@@ -92,7 +93,7 @@ def unrotate_last(y: torch.Tensor, config: QuantConfig, d: int) -> torch.Tensor:
     gs = config.group_size
     yf = y.float().unflatten(-1, (y.shape[-1] // gs, gs))                  # [*lead, g, gs]
     if config.rotate:
-        yf = yf @ hadamard(gs, torch.float32, yf.device)                   # [*lead, g, gs] original basis
+        yf = _unrotate(yf, config)                                         # [*lead, g, gs] original basis
     return yf.flatten(-2)[..., :d].to(y.dtype)                             # [*lead, d]
 
 

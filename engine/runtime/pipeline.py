@@ -74,7 +74,7 @@ class Pipeline:
                 with on_device(st.device):
                     st.close_blocks()
         real = [e for e in errors if not isinstance(e, _Aborted)]
-        if real or errors:
+        if errors:
             raise (real or errors)[0]
 
     def _run_stage(self, s: int, num_steps: int, num_micro: int, inbox: list[queue.Queue],

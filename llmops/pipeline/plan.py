@@ -126,10 +126,10 @@ def plan_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: bo
     policy note.
     Raises what `run_pipeline` would raise for the same data (SourceError, StepError, TemplateError)."""
     n = sample_rows if limit is None else min(limit, sample_rows)
-    table = read_source(pipeline.source, limit=n)
     total = count_source_rows(pipeline.source, limit=limit)
     cache = cache_setting(pipeline, use_cache)
     full = read_source(pipeline.source, limit=min(total, ESTIMATE_ROWS)) if estimate else None
+    table = full.slice(0, n) if full is not None else read_source(pipeline.source, limit=n)   # the sample: its head
     scale = total / full.num_rows if full is not None and full.num_rows else 1.0
     steps_out: list[dict[str, Any]] = []
     last_map: tuple[LlmMapStep | None, list[Any]] = (None, [])

@@ -21,7 +21,6 @@ run report JSON is written beside the sink as on the local runner.
 """
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import asdict
 from typing import Any
@@ -30,17 +29,15 @@ import pyarrow as pa
 import ray
 import ray.data
 
-from llmops.core import RunSummary, write_json_atomic
-from llmops.pipeline.runner import RunResult, cache_setting
+from llmops.core import RunSummary
+from llmops.pipeline.runner import RunResult, cache_setting, write_run_report
 from llmops.pipeline.semantic_steps import StepContext, is_semantic, run_semantic
 from llmops.pipeline.sinks import SinkWriter
 from llmops.pipeline.sources import count_source_rows, read_source
 from llmops.pipeline.spec import ROW_WISE, LlmMap, LlmMapStep, Pipeline, Source
 from llmops.pipeline.steps import ROW_COLUMN, apply_step, attach_output, map_spec
-from llmops.ray import BATCH_ROWS, LlmActor, check_room
-from llmops.report import build_report, report_path
+from llmops.ray import BATCH_ROWS, LlmActor, check_devices, check_room
 
-log = logging.getLogger(__name__)
 
 
 @ray.remote(num_cpus=0)
@@ -119,6 +116,7 @@ def run_pipeline_ray(pipeline: Pipeline, *, limit: int | None = None, use_cache:
             ds = ray.data.from_arrow(table)
         elif isinstance(step, LlmMapStep):
             spec = map_spec(step.llm_map, pipeline)
+            check_devices(spec, gpus_per_engine)
             ds = ds.map_batches(
                 _StepActor, batch_format="pyarrow", batch_size=batch_rows, zero_copy_batch=True,
                 fn_constructor_kwargs={"spec": spec.to_dict(), "step": step.llm_map,
@@ -140,29 +138,19 @@ def run_pipeline_ray(pipeline: Pipeline, *, limit: int | None = None, use_cache:
         writer.abort()
         raise
     finally:
-        total = ray.get(tally.result.remote())
+        summed = RunSummary(**ray.get(tally.result.remote()))
         for figures in semantic:
-            total = {k: total[k] + v for k, v in asdict(figures).items()}
+            summed.add(figures)
+        total = asdict(summed)
         result.generated_tokens, result.prompt_tokens = total["generated_tokens"], total["prompt_tokens"]
         result.cache_hits, result.failed_rows = total["cache_hits"], total["errors"] + total["truncated"]
         result.llm_steps = [{"step": "all", **total}]
         result.seconds = time.perf_counter() - start
-    _write_report(pipeline, result, {"setup": began - start, "ray_dataset_and_sink": time.perf_counter() - began})
+    # the steps overlap inside one streaming dataset: the time splits only into setup and the streamed rest,
+    # and the llm_map figures are the sum over every actor
+    write_run_report(pipeline, result, {"setup": began - start, "ray_dataset_and_sink": time.perf_counter() - began},
+                     [])
     return result
-
-
-def _write_report(pipeline: Pipeline, result: RunResult, times: dict[str, float]) -> None:
-    """The run report beside the sink, as the local runner writes it (`llmops.report`). On Ray the steps
-    overlap inside one streaming dataset, so the time splits only into setup and the streamed rest, and the
-    llm_map figures are the sum over every actor; a failure to write it is logged."""
-    sink = pipeline.sink
-    path = report_path(sink.kind, sink.target, sink.table if sink.kind == "database" else None)
-    result.report = str(path)
-    try:
-        write_json_atomic(path, build_report(result.to_dict(), times, []))
-    except OSError as exc:
-        result.report = None
-        log.warning("run report %s: cannot write it: %s", path, exc.strerror)
 
 
 __all__ = ["run_pipeline_ray"]

@@ -79,6 +79,20 @@ def _with_positions(table: pa.Table) -> pa.Table:
     return table.append_column(ROW_COLUMN, pa.array(range(table.num_rows), pa.int64()))
 
 
+def write_run_report(pipeline: Pipeline, result: RunResult, times: dict[str, float],
+                     details: list[dict[str, Any]]) -> None:
+    """The run report beside the sink (`llmops.report`), its path in `result.report`; a failure to write it
+    is logged and leaves `result.report` None. Shared by the local and the Ray runner."""
+    sink = pipeline.sink
+    path = report_path(sink.kind, sink.target, sink.table if sink.kind == "database" else None)
+    result.report = str(path)
+    try:
+        write_json_atomic(path, build_report(result.to_dict(), times, details))
+    except OSError as exc:
+        result.report = None
+        log.warning("run report %s: cannot write it: %s", path, exc.strerror)
+
+
 class _Run:
     """State of one run: the options, the figures and the MapRuns whose summaries feed them."""
 
@@ -114,18 +128,11 @@ class _Run:
 
     def write_report(self) -> None:
         """Write the run report beside the sink (`llmops.report`); a failure to write it is logged."""
-        sink = self.pipeline.sink
-        path = report_path(sink.kind, sink.target, sink.table if sink.kind == "database" else None)
         if self.streamed and self.details:   # the streamed last step's wall time holds the sink's writes
             split = self.details[-1]["time"]
             split["other"] = max(0.0, split["other"] - self.times["sink"])
         times = {"source": self.times["source"], "sink": self.times["sink"]}
-        self.result.report = str(path)
-        try:
-            write_json_atomic(path, build_report(self.result.to_dict(), times, self.details))
-        except OSError as exc:
-            self.result.report = None
-            log.warning("run report %s: cannot write it: %s", path, exc.strerror)
+        write_run_report(self.pipeline, self.result, times, self.details)
 
     def tally(self) -> None:
         res = self.result

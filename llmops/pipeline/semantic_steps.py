@@ -88,7 +88,7 @@ def _operator(step: Any, table: pa.Table, ctx: StepContext) -> tuple[pa.Table, S
     cfg = step_config(step)
     llm = _llm(cfg, ctx)
     if isinstance(step, LlmFilterStep):
-        out, report = llm_filter_table(table, cfg.template, llm, reason_column=cfg.reason), {}
+        out = llm_filter_table(table, cfg.template, llm, reason_column=cfg.reason)
         report = {"kept": out.num_rows, "dropped": table.num_rows - out.num_rows}
     elif isinstance(step, LlmReduceStep):
         out, rep = llm_reduce_table(table, cfg.by, cfg.template, llm, item=cfg.item, output=cfg.output,

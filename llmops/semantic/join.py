@@ -55,7 +55,9 @@ def llm_join_table(left: pa.Table, right: pa.Table, llm: Llm, *, left_on: Sequen
         raise ValueError(f"llm_join: min_confidence must be in (0, 1], got {min_confidence}")
     check_columns(left, [*left_on, *blocking.keys], "llm_join (left)")
     check_columns(right, [*right_on, *blocking.keys], "llm_join (right)")
-    lrows, rrows = left.to_pylist(), right.to_pylist()
+    # only the compared and blocking columns become Python rows (the output takes whole rows from the tables)
+    lrows = left.select(list(dict.fromkeys([*left_on, *blocking.keys]))).to_pylist()
+    rrows = right.select(list(dict.fromkeys([*right_on, *blocking.keys]))).to_pylist()
     ltexts, rtexts = [render_record(r, left_on) for r in lrows], [render_record(r, right_on) for r in rrows]
     keys = [([r[k] for r in lrows], [r[k] for r in rrows]) for k in blocking.keys]
     candidates = cross_candidate_pairs(ltexts, rtexts, keys, blocking)

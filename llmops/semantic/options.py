@@ -53,9 +53,9 @@ class Llm:
                 settings[key] = tuple(settings[key])
         return MapSpec(template=template, model=self.model, engine=tuple(dict(engine).items()), **settings)
 
-    def run(self, table: pa.Table, spec: MapSpec, *, output_name: str = "output", checked: bool = True) -> Checked:
-        """Run `spec` over `table` (validated and retried when `checked` and rules are set)."""
-        result = run_checked(table, spec, rules=self.validate if checked else (), max_attempts=self.max_attempts,
+    def run(self, table: pa.Table, spec: MapSpec, *, output_name: str = "output") -> Checked:
+        """Run `spec` over `table` (validated and retried when rules are set)."""
+        result = run_checked(table, spec, rules=self.validate, max_attempts=self.max_attempts,
                              output_name=output_name, cache_dir=self.cache_dir, progress=self.progress,
                              engine=self.engine)
         self.summary.add(result.summary)
