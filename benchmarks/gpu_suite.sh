@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|moe|moe-peers|multigpu|multigpu-wrangle|multigpu-one]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|multigpu|multigpu-wrangle|multigpu-one]
+# models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
+# wrangling workload on the qwen3-30b-a3b and qwen3-32b dummies (auto from the reference profile, no trials).
 # moe / moe-peers (not in all; ~6-9 min each): issue 17's MoE tests and Mixtral-8x7B runs / HF Accelerate on it.
 # Several GPUs (not in all): bash benchmarks/gpu_suite.sh multigpu (GPU tests of several devices, OPT-30B pipeline and
 # OPT-6.7B data-parallel on 1 and N GPUs), multigpu-wrangle (Llama-3-70B on 1 and N GPUs); N = every visible GPU (GPUS=N to pick fewer).
@@ -37,8 +39,9 @@ if [[ $what == offload || $what == all ]]; then
   } 2>&1 | tee "$OUT/throughput.log" | tail -30
 fi
 if [[ $what == profile || $what == all ]]; then
+  # PROFILE_POLICY: a suite name or a Policy as JSON (e.g. the 48x2 split cache) to profile instead of 48x1
   python3 benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB --gen-len 8 --profile \
-    --policy 4bit_w_cpu_cache_gpu_48x1 --out "$OUT/throughput_flexgen-profile.jsonl" 2>&1 \
+    --policy "${PROFILE_POLICY:-4bit_w_cpu_cache_gpu_48x1}" --out "$OUT/throughput_flexgen-profile.jsonl" 2>&1 \
     | tee "$OUT/throughput_profile.log" | tail -10
 fi
 if [[ $what == policy || $what == all ]]; then
@@ -69,6 +72,15 @@ if [[ $what == multigpu-one ]]; then
     python3 benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB --gen-len 8 \
       --policy 4bit_w_cpu_cache_gpu_48x1 --gpus 1 --gpus 2 --one-device --out "$OUT/throughput_flexgen-one-gpu-stages.jsonl"
   } 2>&1 | tee "$OUT/multigpu_one.log" | tail -30
+fi
+if [[ $what == models ]]; then
+  { python3 -m pytest -q -p no:cacheprovider -k cuda tests/test_int4_runtime.py tests/test_quant_kernels.py \
+      tests/test_rotated_attention.py tests/test_deepseek_parity.py
+    for model in qwen3-30b-a3b qwen3-32b; do
+      python3 benchmarks/throughput.py --workload wrangle --model "$model" --gpu-memory 16GiB \
+        --plan-profile reference --trials 0 --policy auto --out "$OUT/throughput_wrangle-$model.jsonl"
+    done
+  } 2>&1 | tee "$OUT/models.log" | tail -40
 fi
 if [[ $what == moe ]]; then
   { python3 -m pytest -q -p no:cacheprovider tests/test_moe_pipeline.py tests/test_moe_schedule.py
