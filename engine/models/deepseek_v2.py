@@ -19,8 +19,8 @@ V2-Lite) would need its own cache layout: not done.
 MoE (`deepseek_route`): router logits in float32, softmax (V2) or sigmoid (V3) scores, group-limited top-k
 (the best `topk_group` of `n_group` groups: V2 ranks groups by their best score, V3 by the sum of their two
 best scores plus `e_score_correction_bias`, which steers the choice but not the weights), the top-k weights
-renormalised when `norm_topk_prob`, times `routed_scaling_factor`; routed experts through Mixtral's
-`moe_experts` (Qwen2MoeFamily.mlp), plus `n_shared_experts` always-on experts (one ungated MLP of n x moe_intermediate_size).
+renormalised when `norm_topk_prob`, times `routed_scaling_factor`; routed experts through
+`engine.models.moe.moe_experts` (Qwen2MoeFamily.mlp), plus `n_shared_experts` always-on experts (one ungated MLP of n x moe_intermediate_size).
 transformers 5.24's V2 router ignores `norm_topk_prob` (every published V2 config sets it false); here it
 renormalises as in V3.
 """

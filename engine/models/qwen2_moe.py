@@ -1,7 +1,7 @@
 """Qwen2MoeForCausalLM: the Llama family's attention (q/k/v bias) and head, with Qwen's sparse-MoE MLP.
 
-The MoE block reuses Mixtral's machinery (engine.models.mixtral: stacked experts w1/w2/w3 [E, ...], the
-top-k router, per-expert compute of routed tokens), with Qwen's differences as config data:
+The MoE block reuses Mixtral's machinery (engine.models.moe: stacked experts w1/w2/w3 [E, ...], the
+top-k router, the routed tokens' grouped compute), with Qwen's differences as config data:
 `norm_topk_prob` (renormalise the top-k weights or keep the softmax values), `moe_intermediate_size` (each
 expert's width), a shared expert of `shared_expert_intermediate_size` gated per token by
 sigmoid(shared_expert_gate x), and dense MLP layers where `ModelConfig.is_moe_layer` says so
@@ -15,7 +15,7 @@ from engine.models.base import LayerSpec, Weights, WeightSpec
 from engine.models.config import ModelConfig
 from engine.models.layers import linear, rms_norm
 from engine.models.llama import LlamaFamily
-from engine.models.mixtral import moe_experts, moe_route
+from engine.models.moe import moe_experts, moe_route
 
 
 def routed_moe_weights(c: ModelConfig, i: int) -> dict[str, WeightSpec]:

@@ -1,0 +1,106 @@
+"""The routed experts of a sparse-MoE block: top-k routing and the experts' compute, shared by Mixtral, the
+Qwen-MoE families and DeepSeek (mixtral.py, qwen2_moe.py, deepseek_v2.py).
+
+Experts are stacked tensors: w1 [E, i, h] (gate), w2 [E, h, i] (down), w3 [E, i, h] (up).
+
+`moe_experts` computes the experts in a few batched launches, not a loop per expert (a decode step of a GPU
+batch of 192 tokens hits nearly all of Qwen3-30B-A3B's 128 experts: a loop of ~8 launches per expert made
+each (layer, GPU batch) slot launch-bound). The (token, slot) pairs are sorted by expert once; the experts
+that received tokens form groups of consecutive experts (`expert_groups`); a group of G experts whose largest
+count is C gathers its tokens into a zero-padded [G, C, h] and runs the gate, up and down projections as
+three `torch.bmm` against views of the stacked weights (no weight is copied); only the real rows are scaled
+by their routing weights and added back (one `index_add_`), so padded rows never reach the output. A group's
+padded buffers stay within `group_bytes` (`EXPERT_GROUP_BYTES`: `expert_slot_bytes` per padded row); an
+expert whose own tokens exceed it is a group alone (no padding: the per-expert path, for big prefills).
+Experts without tokens cost nothing. One host sync per call: the per-expert counts.
+
+Not `torch._grouped_mm`: in torch 2.11-2.13 its CUDA kernel covers bfloat16 on sm90/sm100 only; other
+dtypes take a fallback that copies the offsets to the host and loops over groups.
+"""
+from __future__ import annotations
+
+from itertools import accumulate
+from typing import Callable
+
+import torch
+
+from engine.models.layers import linear
+
+EXPERT_GROUP_BYTES = 128 << 20   # padded buffers of one expert group (`expert_slot_bytes` per padded row)
+
+
+def moe_route(x: torch.Tensor, gate: torch.Tensor, top_k: int,
+              normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [n, h], gate [E, h] -> (weights [n, k] float32, experts [n, k] int64). The weights are the softmax
+    probabilities of the chosen experts, renormalised to sum 1 per row when `normalize` (Mixtral; Qwen-MoE's
+    `norm_topk_prob`)."""
+    probs = torch.softmax(linear(x, gate).float(), dim=-1)  # [n, E]
+    top_w, top_e = torch.topk(probs, top_k, dim=-1)  # [n, k]
+    return (top_w / top_w.sum(dim=-1, keepdim=True) if normalize else top_w), top_e
+
+
+def expert_slot_bytes(hidden_size: int, intermediate_size: int, element_size: int) -> int:
+    """Peak bytes per padded row of an expert group: its input [h] with, at once, the gate activation and the
+    up projection [2i], or the down projection and its real rows [2h] (the larger)."""
+    return (hidden_size + max(2 * intermediate_size, hidden_size)) * element_size
+
+
+def expert_groups(counts: list[int], slot_bytes: int, group_bytes: int) -> list[tuple[int, int, int]]:
+    """The groups `moe_experts` computes, from the tokens routed to each expert: (e0, e1, C) for experts
+    [e0, e1), every one with tokens, C the largest count among them. Consecutive experts join a group while
+    its padded rows ((e1 - e0) * C) take at most `group_bytes` at `slot_bytes` each; an expert over that
+    alone is a group of one (C its own count, no padding)."""
+    groups: list[tuple[int, int, int]] = []
+    run = False                                      # the last group ends at expert e - 1
+    for e, count in enumerate(counts):
+        if count == 0:
+            run = False
+            continue
+        if run:
+            e0, _, c = groups[-1]
+            wide = max(c, count)
+            if (e + 1 - e0) * wide * slot_bytes <= group_bytes:
+                groups[-1] = (e0, e + 1, wide)
+                continue
+        groups.append((e, e + 1, count))
+        run = True
+    return groups
+
+
+def moe_experts(
+    x: torch.Tensor, top_w: torch.Tensor, top_e: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+    w3: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor], group_bytes: int = EXPERT_GROUP_BYTES,
+) -> torch.Tensor:
+    """Sum over each token's routed experts of weight * w2(act(w1 x) * w3 x). x [n, h], top_w [n, k] (float32),
+    top_e [n, k] -> [n, h] in x's dtype; the products with the routing weights are taken in float32.
+
+    In groups of experts (module docstring), each group's padded buffers within `group_bytes` (a single
+    expert over it excepted); one host sync per call (the per-expert counts)."""
+    n, h = x.shape
+    k, (E, i, _) = top_e.shape[1], w1.shape
+    out = torch.zeros_like(x)  # [n, h]
+    flat = top_e.reshape(-1)  # [n*k]
+    experts, order = torch.sort(flat, stable=True)  # [n*k] x 2: each expert's pairs in ascending token order
+    counts = torch.bincount(flat, minlength=E)  # [E]
+    token = order // k  # [n*k]
+    weight = top_w.reshape(-1)[order]  # [n*k] float32
+    rank = torch.arange(n * k, device=x.device) - (counts.cumsum(0) - counts)[experts]  # [n*k] place in its expert
+    host = counts.tolist()  # the one host sync
+    starts = [0, *accumulate(host)]
+    for e0, e1, c in expert_groups(host, expert_slot_bytes(h, i, x.element_size()), group_bytes):
+        s0, s1, g = starts[e0], starts[e1], e1 - e0
+        rows = x.index_select(0, token[s0:s1])  # [m, h] the group's pairs, expert-major
+        padded = g * c != s1 - s0
+        if padded:
+            dest = torch.add(rank[s0:s1], experts[s0:s1] - e0, alpha=c)  # [m] row of each pair in [g*c]
+            rows = x.new_zeros(g * c, h).index_copy_(0, dest, rows)  # [g*c, h] zero rows for padding
+        xp = rows.view(g, c, h)  # [g, c, h]
+        del rows
+        a = act(torch.bmm(xp, w1[e0:e1].transpose(1, 2)))  # [g, c, i]
+        a.mul_(torch.bmm(xp, w3[e0:e1].transpose(1, 2)))  # [g, c, i]
+        del xp
+        y = torch.bmm(a, w2[e0:e1].transpose(1, 2)).view(g * c, h)  # [g*c, h]
+        del a
+        y = y.index_select(0, dest) if padded else y  # [m, h] the real rows only
+        out.index_add_(0, token[s0:s1], y.mul_(weight[s0:s1, None]))
+    return out

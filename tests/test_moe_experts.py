@@ -1,0 +1,111 @@
+"""`moe_experts` (grouped, batched launches) against the per-expert loop it replaced: equal within fp32
+tolerance for every routing shape (experts without tokens, one token, uneven counts, every token on one
+expert), padded rows never reaching the output, the grouped path and the one-expert-per-group fallback
+(a tiny cap) agreeing, and the group plan (`expert_groups`) as documented."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.models.layers import linear
+from engine.models.moe import expert_groups, expert_slot_bytes, moe_experts
+
+N, H, I, E, K = 37, 16, 24, 6, 2
+
+
+def per_expert_loop(x, top_w, top_e, w1, w2, w3, act):
+    """The reference: each expert's tokens selected with torch.where, three linears, weighted index_add."""
+    out = torch.zeros_like(x)
+    for e in range(w1.shape[0]):
+        token, slot = torch.where(top_e == e)
+        y = linear(act(linear(x[token], w1[e])) * linear(x[token], w3[e]), w2[e])    # [m, h]
+        out.index_add_(0, token, (y * top_w[token, slot, None]).to(out.dtype))
+    return out
+
+
+def _weights(g):
+    return (torch.randn(E, I, H, generator=g), torch.randn(E, H, I, generator=g),
+            torch.randn(E, I, H, generator=g))                                      # w1, w2, w3
+
+
+def _routing(kind: str, g) -> torch.Tensor:
+    """top_e [N, K] of one routing shape."""
+    if kind == "uneven":           # expert E-1 gets no token, the others uneven counts
+        return torch.stack([torch.randperm(E - 1, generator=g)[:K] for _ in range(N)])
+    if kind == "one_expert":       # every token's first choice is expert 2 (count N), second spread over 0, 1, 3
+        second = torch.tensor([0, 1, 3])[torch.randint(0, 3, (N,), generator=g)]
+        return torch.stack((torch.full((N,), 2), second), dim=1)
+    if kind == "single_tokens":    # experts 0, 1 and 5 get one token each, 3 and 4 nearly all, 2 none
+        top_e = torch.full((N, K), 3)
+        top_e[:, 1] = 4
+        top_e[0] = torch.tensor([0, 1])
+        top_e[1] = torch.tensor([5, 3])
+        return top_e
+    raise ValueError(kind)
+
+
+ROUTINGS = ["uneven", "one_expert", "single_tokens"]
+CAPS = {"default": None, "mid": 6 * expert_slot_bytes(H, I, 4), "one_per_group": 1}
+
+
+@pytest.mark.parametrize("cap", list(CAPS))
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_moe_experts_equal_the_per_expert_loop(routing, cap):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N, H, generator=g)
+    w1, w2, w3 = _weights(g)
+    top_e, top_w = _routing(routing, g), torch.rand(N, K, generator=g)
+    want = per_expert_loop(x, top_w, top_e, w1, w2, w3, F.silu)
+    kw = {} if CAPS[cap] is None else {"group_bytes": CAPS[cap]}
+    got = moe_experts(x, top_w, top_e, w1, w2, w3, F.silu, **kw)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_padded_rows_never_reach_the_output(routing):
+    """With act(0) = 1 a padded (zero) input row gives a non-zero expert output: any padded row added back
+    would change the result, and a token routed nowhere must stay exactly zero."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(N, H, generator=g)
+    w1, w2, w3 = _weights(g)
+    top_e, top_w = _routing(routing, g), torch.rand(N, K, generator=g)
+
+    def act(t):
+        return F.silu(t) + 1.0
+
+    want = per_expert_loop(x, top_w, top_e, w1, w2, w3, act)
+    got = moe_experts(x, top_w, top_e, w1, w2, w3, act)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    top_w[5:] = 0.0                                  # tokens 5.. weigh nothing: exactly zero, padding or not
+    assert torch.equal(moe_experts(x, top_w, top_e, w1, w2, w3, act)[5:], torch.zeros(N - 5, H))
+
+
+def test_grouped_and_one_expert_fallback_agree_in_bfloat16():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(N, H, generator=g).bfloat16()
+    w1, w2, w3 = (w.bfloat16() for w in _weights(g))
+    top_e, top_w = _routing("uneven", g), torch.rand(N, K, generator=g)
+    grouped = moe_experts(x, top_w, top_e, w1, w2, w3, F.silu)
+    fallback = moe_experts(x, top_w, top_e, w1, w2, w3, F.silu, group_bytes=1)
+    assert grouped.dtype == torch.bfloat16
+    torch.testing.assert_close(grouped.float(), fallback.float(), rtol=2e-2, atol=2e-2 * fallback.abs().max().item())
+
+
+def test_no_tokens_give_zeros():
+    w1, w2, w3 = _weights(torch.Generator().manual_seed(3))
+    x = torch.empty(0, H)
+    out = moe_experts(x, torch.empty(0, K), torch.empty(0, K, dtype=torch.int64), w1, w2, w3, F.silu)
+    assert out.shape == (0, H)
+
+
+@pytest.mark.parametrize("counts,cap,want", [
+    ([3, 0, 5, 1, 0, 2], 100, [(0, 1, 3), (2, 4, 5), (5, 6, 2)]),          # zero-count experts split runs
+    ([2, 2, 2, 2], 100, [(0, 4, 2)]),                                       # all hit, under the cap: one group
+    ([2, 2, 2, 2], 20, [(0, 2, 2), (2, 4, 2)]),                             # the cap splits a run
+    ([1, 9, 1], 50, [(0, 1, 1), (1, 2, 9), (2, 3, 1)]),                     # padding to 9 would pass the cap
+    ([30, 1], 50, [(0, 1, 30), (1, 2, 1)]),                                 # over the cap alone: a group of one
+    ([0, 0], 100, []),
+])
+def test_expert_groups(counts, cap, want):
+    assert expert_groups(counts, slot_bytes=5, group_bytes=cap) == want
