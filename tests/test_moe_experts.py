@@ -109,3 +109,37 @@ def test_no_tokens_give_zeros():
 ])
 def test_expert_groups(counts, cap, want):
     assert expert_groups(counts, slot_bytes=5, group_bytes=cap) == want
+
+
+def _config():
+    from dataclasses import replace
+
+    from engine.models.hf_config import config_from_hf
+    from engine.models.presets import PRESETS
+
+    return replace(config_from_hf(PRESETS["tiny-mixtral"]), hidden_size=H, intermediate_size=I,
+                   num_local_experts=E, num_experts_per_tok=K)
+
+
+@pytest.mark.parametrize("cap_rows", [None, 3 * N])
+def test_expert_buffers_reach_and_stay_within_the_memory_model(cap_rows):
+    """The routing that pads most (every expert hit, expert 0 by every token): the peak bytes `moe_experts`
+    allocates are at least the group bound `expert_buffer_bytes` (the bound is reached, so it is not loose)
+    and at most `moe_mlp_bytes` (the bound plus the per-token terms); with a cap of 3N padded rows the
+    groups split and the bound follows the cap."""
+    from test_prefill_chunks import LiveBytes
+
+    from engine.policy.working import expert_buffer_bytes, moe_mlp_bytes
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(N, H, generator=g)
+    w1, w2, w3 = _weights(g)
+    top_e = torch.stack((torch.zeros(N, dtype=torch.int64), 1 + torch.arange(N) % (E - 1)), dim=1)
+    top_w = torch.rand(N, K, generator=g)
+    cap = (1 << 30) if cap_rows is None else cap_rows * expert_slot_bytes(H, I, 4)
+    with LiveBytes() as live:
+        moe_experts(x, top_w, top_e, w1, w2, w3, F.silu, group_bytes=cap)
+    buffers = expert_buffer_bytes(_config(), N, 4, cap)
+    assert buffers == (E * N if cap_rows is None else cap_rows) * expert_slot_bytes(H, I, 4)
+    inputs = {t.untyped_storage().data_ptr() for t in (x, top_w, top_e, w1, w2, w3)}
+    assert buffers <= live.peak(inputs) <= moe_mlp_bytes(_config(), N, 4, cap)

@@ -18,7 +18,9 @@ margin covers the allocator's rounding):
     for `store_cache` in the heads whose home is not written in place (`staged_kv_heads`); per chunk of
     c rows the live intermediates of the larger of one attention or one MLP layer (per token: normed
     input, q/k/v, attention output, output projection, residual; or the fused gate/up, activation,
-    product, down output), the batch's token ids, positions and key validity,
+    product, down output; for a sparse-MoE layer `moe_mlp_bytes`: the router, the (token, expert) pair
+    indices, a shared expert, and one expert group's padded buffers, `expert_buffer_bytes`), the batch's
+    token ids, positions and key validity,
     SDPA's boolean mask, and with soft-capped attention (Gemma2: no fused kernel) the explicit float scores
     and probabilities;
   - decode: the b rows' one-token intermediates and, with a compressed cache, the dense keys/values
@@ -30,12 +32,15 @@ from __future__ import annotations
 import torch
 
 from engine.models.config import ModelConfig
+from engine.models.moe import EXPERT_GROUP_BYTES, expert_slot_bytes
 from engine.storage.placement import split_ranges
 from engine.storage.tiers import Tier
 
 _MARGIN = 16 << 20
 PREFILL_CHUNK_TOKENS = 4096          # tokens per prefill row chunk (at least one whole row)
 DECODE_CHUNK_BYTES = 256 << 20       # dense keys + values dequantized per decode chunk of rows
+# EXPERT_GROUP_BYTES (engine.models.moe, where moe_experts reads it: models sit below policy): the padded
+# buffers of one group of routed experts
 
 
 def chunk_rows(b: int, s: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS) -> int:
@@ -69,6 +74,28 @@ def staged_kv_heads(num_kv_heads: int, cache_gpu: float, cache_cpu: float, devic
     return n
 
 
+def expert_buffer_bytes(c: ModelConfig, tokens: int, element_size: int,
+                        group_bytes: int = EXPERT_GROUP_BYTES) -> int:
+    """The most bytes one expert group of `moe_experts` holds for `tokens` tokens, over every routing: a
+    group of several experts stays within `group_bytes`, a single expert holds its count (at most `tokens`)
+    padded rows, and no group has more than min(E, tokens * k) experts of `tokens` rows; `expert_slot_bytes`
+    per padded row."""
+    slot = expert_slot_bytes(c.hidden_size, c.expert_intermediate_size, element_size)
+    widest = min(c.num_local_experts, tokens * c.num_experts_per_tok) * tokens
+    return min(widest, max(group_bytes // slot, tokens)) * slot
+
+
+def moe_mlp_bytes(c: ModelConfig, tokens: int, element_size: int, group_bytes: int = EXPERT_GROUP_BYTES) -> int:
+    """Live bytes of one sparse-MoE layer over `tokens` tokens: per token the normed input, the routed output,
+    the residual sum and a shared expert's fused gate/up, activation and product [4 h + 4 si]; the router's
+    logits and float32 probabilities [E]; per (token, expert) pair the sorted experts and order, token, rank
+    and index tensors (int64) and the float32 routing weight; plus one expert group (`expert_buffer_bytes`)."""
+    e, h, k = element_size, c.hidden_size, c.num_experts_per_tok
+    shared = c.n_shared_experts * c.expert_intermediate_size or c.shared_expert_intermediate_size
+    per_token = (4 * h + 4 * shared) * e + c.num_local_experts * (e + 8) + k * (5 * 8 + 2 * 4)
+    return tokens * per_token + expert_buffer_bytes(c, tokens, e, group_bytes)
+
+
 def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtype, compressed_cache: bool,
                   staged_heads: int = 0, chunk_tokens: int = PREFILL_CHUNK_TOKENS,
                   decode_chunk_bytes: int = DECODE_CHUNK_BYTES) -> int:
@@ -78,21 +105,24 @@ def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtyp
     e = torch.empty((), dtype=dtype).element_size()
     qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
     attn = (4 * c.hidden_size + 3 * qkv + 2 * c.num_attention_heads * c.head_dim) * e
-    experts = max(1, c.num_experts_per_tok)
-    mlp = (4 * c.hidden_size + 4 * c.intermediate_size * experts) * e      # fused gate_up [2i], act, product
-    if c.is_moe:
-        mlp += c.num_local_experts * 8 + 2 * experts * c.hidden_size * e
-    per_token = max(attn, mlp)
+    dense = any(not c.is_moe_layer(j) for j in range(c.num_hidden_layers))
+    mlp = (4 * c.hidden_size + 4 * c.intermediate_size) * e if dense else 0    # fused gate_up [2i], act, product
+
+    def layer(tokens: int) -> int:
+        """The larger of one attention, one dense MLP and one sparse-MoE layer over `tokens` tokens."""
+        moe = moe_mlp_bytes(c, tokens, e) if c.is_moe else 0
+        return max(tokens * max(attn, mlp), moe)
+
     cb = chunk_rows(b, s, chunk_tokens)
     hidden = b * s * c.hidden_size * e                                                   # [b, s, h]
     staged = 2 * b * staged_heads * s * c.head_dim * e                                   # k, v [b, heads, s, hd]
     mask = cb * s * length
     scores = 3 * cb * c.num_attention_heads * s * length * 4 if c.attn_logit_softcapping is not None else 0
     ids = b * s * 8 * 2 + b * length                                                     # ids, positions, key_valid
-    prefill = hidden + ids + cb * s * per_token + mask + scores
+    prefill = hidden + ids + layer(cb * s) + mask + scores
     cd = decode_chunk_rows(b, c.num_key_value_heads, length, c.head_dim, dtype, decode_chunk_bytes)
     dense_cache = 4 * cd * c.num_key_value_heads * length * c.head_dim * e if compressed_cache else 0
     decode_scores = 3 * b * c.num_attention_heads * length * 4 if c.attn_logit_softcapping is not None else 0
-    decode = b * per_token + b * length + dense_cache + decode_scores
+    decode = layer(b) + b * length + dense_cache + decode_scores
     logits = b * c.vocab_size * 4 * 2
     return max(prefill, decode) + staged + logits + _MARGIN
