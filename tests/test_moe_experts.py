@@ -1,13 +1,17 @@
 """`moe_experts` (grouped, batched launches) against the per-expert loop it replaced: equal within fp32
 tolerance for every routing shape (experts without tokens, one token, uneven counts, every token on one
 expert), padded rows never reaching the output, the grouped path and the one-expert-per-group fallback
-(a tiny cap) agreeing, and the group plan (`expert_groups`) as documented."""
+(a tiny cap) agreeing, the group plan (`expert_groups`) as documented, the peak bytes as the memory model
+counts them, and (CUDA) one host sync per call."""
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import requires_cuda
 from engine.models.layers import linear
 from engine.models.moe import expert_groups, expert_slot_bytes, moe_experts
 
@@ -143,3 +147,29 @@ def test_expert_buffers_reach_and_stay_within_the_memory_model(cap_rows):
     assert buffers == (E * N if cap_rows is None else cap_rows) * expert_slot_bytes(H, I, 4)
     inputs = {t.untyped_storage().data_ptr() for t in (x, top_w, top_e, w1, w2, w3)}
     assert buffers <= live.peak(inputs) <= moe_mlp_bytes(_config(), N, 4, cap)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_moe_experts_on_cuda_match_the_loop_with_one_host_sync(dtype):
+    """On the GPU: the loop's result (fp32 within 1e-5 of the largest value, bf16 within 2e-2) and exactly one
+    synchronizing call (the per-expert counts), grouped or one expert per group."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(N, H, generator=g)
+    w1, w2, w3 = _weights(g)
+    top_e, top_w = _routing("uneven", g), torch.rand(N, K, generator=g)
+    x, w1, w2, w3 = (t.to(dtype) for t in (x, w1, w2, w3))
+    want = per_expert_loop(x.float(), top_w, top_e, w1.float(), w2.float(), w3.float(), F.silu)
+    cuda = [t.cuda() for t in (x, top_w, top_e, w1, w2, w3)]
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for cap in ({}, {"group_bytes": 1}):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got = moe_experts(*cuda, F.silu, **cap)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert sum("synchroniz" in str(w.message) for w in caught) == 1
+        torch.testing.assert_close(got.float().cpu(), want, rtol=tol, atol=tol * want.abs().max().item())

@@ -19,7 +19,6 @@ dtypes take a fallback that copies the offsets to the host and loops over groups
 """
 from __future__ import annotations
 
-from itertools import accumulate
 from typing import Callable
 
 import torch
@@ -81,12 +80,12 @@ def moe_experts(
     out = torch.zeros_like(x)  # [n, h]
     flat = top_e.reshape(-1)  # [n*k]
     experts, order = torch.sort(flat, stable=True)  # [n*k] x 2: each expert's pairs in ascending token order
-    counts = torch.bincount(flat, minlength=E)  # [E]
+    bounds = torch.searchsorted(experts, torch.arange(E + 1, device=x.device))  # [E+1] each expert's first pair
     token = order // k  # [n*k]
     weight = top_w.reshape(-1)[order]  # [n*k] float32
-    rank = torch.arange(n * k, device=x.device) - (counts.cumsum(0) - counts)[experts]  # [n*k] place in its expert
-    host = counts.tolist()  # the one host sync
-    starts = [0, *accumulate(host)]
+    rank = torch.arange(n * k, device=x.device) - bounds[experts]  # [n*k] each pair's place in its expert
+    starts = bounds.tolist()  # the one host sync (bincount would add one on CUDA)
+    host = [b - a for a, b in zip(starts, starts[1:])]  # tokens per expert
     for e0, e1, c in expert_groups(host, expert_slot_bytes(h, i, x.element_size()), group_bytes):
         s0, s1, g = starts[e0], starts[e1], e1 - e0
         rows = x.index_select(0, token[s0:s1])  # [m, h] the group's pairs, expert-major
