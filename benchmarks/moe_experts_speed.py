@@ -10,14 +10,15 @@ Variants, each on the same x [n, h], routing and stacked weights w1/w3 [E, i, h]
                padded rows computed)
   hit_experts  one padded bmm over the experts with tokens only, their weights copied by index_select
 Routing: softmax top-k of random router logits (about uniform over experts). Times are medians over --repeat
-calls after one warm-up call, wall clock around each call (torch.cuda.synchronize before and after on CUDA,
-so the one host sync inside and every launch count). Each case also records the experts hit, the engine's
-groups, padded rows over real (token, expert) pairs, aten ops per call (a TorchDispatchMode count: about the
-kernel launches), and every variant's largest difference to the loop relative to the loop's largest value.
+rounds, the variants interleaved in each round, after one warm-up call each; wall clock around each call
+(torch.cuda.synchronize before and after on CUDA, so the one host sync inside and every launch count).
+Each case also records the experts hit, the engine's groups, padded rows over real (token, expert) pairs,
+aten ops per call (a TorchDispatchMode count: about the kernel launches), and every variant's largest
+difference to the loop relative to the loop's largest value.
 Writes one record (common fields, a row per shape and token count) to --out, default
 moe_experts_speed_<shapes joined by +>-<dtype>.json in $OUT or benchmarks/results/.
 
-    python benchmarks/moe_experts_speed.py                        # GPU: the three shapes, 192/512/4096 tokens
+    python benchmarks/moe_experts_speed.py                        # GPU: the three shapes, 16/192/512/4096 tokens
     python benchmarks/moe_experts_speed.py --shape qwen3-30b-a3b --tokens 192,512 --repeat 3   # a CPU run
 """
 from __future__ import annotations
@@ -104,21 +105,24 @@ class OpCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _seconds(fn: Callable[[], object], device: torch.device, repeat: int) -> float:
-    """Median wall seconds of fn() over `repeat` calls after one warm-up call."""
+def _seconds(fns: dict[str, Callable[[], object]], device: torch.device, repeat: int) -> dict[str, float]:
+    """Median wall seconds per call of each fn over `repeat` rounds, the variants interleaved round by round
+    (a shared host's load drifts alike over all of them), after one warm-up call each."""
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    fn()
-    times = []
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
     for _ in range(repeat):
-        sync()
-        with Timer() as t:
-            fn()
+        for name, fn in fns.items():
             sync()
-        times.append(t.seconds)
-    return statistics.median(times)
+            with Timer() as t:
+                fn()
+                sync()
+            times[name].append(t.seconds)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _case(name: str, tokens: int, dtype: torch.dtype, device: torch.device, repeat: int,
@@ -147,9 +151,10 @@ def _case(name: str, tokens: int, dtype: torch.dtype, device: torch.device, repe
         out = fns[variant]().float()
         with OpCount() as count:
             fns[variant]()
-        row[f"{variant}_ms"] = round(_seconds(fns[variant], device, repeat) * 1e3, 3)
         row[f"{variant}_ops"] = count.ops
         row[f"{variant}_max_rel_diff"] = float(f"{(out - ref).abs().max().item() / scale:.3g}")
+    for variant, seconds in _seconds({v: fns[v] for v in variants}, device, repeat).items():
+        row[f"{variant}_ms"] = round(seconds * 1e3, 3)
     if "loop" in variants and "grouped" in variants:
         row["speedup"] = round(row["loop_ms"] / row["grouped_ms"], 2)
     print(json.dumps(row), flush=True)
@@ -159,7 +164,7 @@ def _case(name: str, tokens: int, dtype: torch.dtype, device: torch.device, repe
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", choices=SHAPES, help="model shape (repeatable; default all)")
-    ap.add_argument("--tokens", default="192,512,4096", help="tokens per call, comma-separated")
+    ap.add_argument("--tokens", default="16,192,512,4096", help="tokens per call, comma-separated")
     ap.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on a CPU) | float32 | bfloat16")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--repeat", type=int, default=10)
