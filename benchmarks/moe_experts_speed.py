@@ -19,7 +19,7 @@ Writes one record (common fields, a row per shape and token count) to --out, def
 moe_experts_speed_<shapes joined by +>-<dtype>.json in $OUT or benchmarks/results/.
 
     python benchmarks/moe_experts_speed.py                        # GPU: the three shapes, 16/192/512/4096 tokens
-    python benchmarks/moe_experts_speed.py --shape qwen3-30b-a3b --tokens 192,512 --repeat 3   # a CPU run
+    python benchmarks/moe_experts_speed.py --shape qwen3-30b-a3b --tokens 192,512 --repeat 3 --threads 1   # CPU
 """
 from __future__ import annotations
 
@@ -168,9 +168,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on a CPU) | float32 | bfloat16")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default torch's; 1 on a shared host)")
     ap.add_argument("--variants", default="loop,grouped,all_experts,hit_experts")
     add_record_args(ap)
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch_device(args.device)
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "float32": torch.float32,
              "bfloat16": torch.bfloat16}[args.dtype]
