@@ -4,8 +4,9 @@ against the grouped path it is now (engine.models.moe), with two alternatives to
 Variants, each on the same x [n, h], routing and stacked weights w1/w3 [E, i, h], w2 [E, h, i]:
   loop         the old `moe_experts`: one stable sort, then per expert with tokens a gather, three linears,
                the activation, the product and a weighted index_add (~8 launches per expert)
-  grouped      `engine.models.moe.moe_experts`: runs of consecutive experts with tokens, padded to the
-               largest count, three bmm against views of the weights, within EXPERT_GROUP_BYTES per group
+  grouped      `engine.models.moe.moe_experts` as on an accelerator: runs of consecutive experts with tokens,
+               padded to the largest count, three bmm against views of the weights, EXPERT_GROUP_BYTES a group
+  per_expert   `moe_experts` with CPU_GROUP_BYTES (its default on a CPU device): one expert per group
   all_experts  one padded bmm over all E experts, experts without tokens included (their weights read, their
                padded rows computed)
   hit_experts  one padded bmm over the experts with tokens only, their weights copied by index_select
@@ -39,7 +40,9 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from engine.models.hf_config import config_from_hf  # noqa: E402
 from engine.models.layers import linear  # noqa: E402
-from engine.models.moe import EXPERT_GROUP_BYTES, expert_groups, expert_slot_bytes, moe_experts  # noqa: E402
+from engine.models.moe import (  # noqa: E402
+    CPU_GROUP_BYTES, EXPERT_GROUP_BYTES, expert_groups, expert_slot_bytes, moe_experts,
+)
 from engine.models.presets import PRESETS  # noqa: E402
 
 SHAPES = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite")
@@ -137,7 +140,8 @@ def _case(name: str, tokens: int, dtype: torch.dtype, device: torch.device, repe
     top_w, top_e = torch.topk(probs, k, dim=-1)  # [n, k]
     top_w = top_w / top_w.sum(dim=-1, keepdim=True)
     fns = {"loop": lambda: loop_experts(x, top_w, top_e, w1, w2, w3, F.silu),
-           "grouped": lambda: moe_experts(x, top_w, top_e, w1, w2, w3, F.silu),
+           "grouped": lambda: moe_experts(x, top_w, top_e, w1, w2, w3, F.silu, group_bytes=EXPERT_GROUP_BYTES),
+           "per_expert": lambda: moe_experts(x, top_w, top_e, w1, w2, w3, F.silu, group_bytes=CPU_GROUP_BYTES),
            "all_experts": lambda: one_bmm_experts(x, top_w, top_e, w1, w2, w3, F.silu, hit_only=False),
            "hit_experts": lambda: one_bmm_experts(x, top_w, top_e, w1, w2, w3, F.silu, hit_only=True)}
     counts = torch.bincount(top_e.flatten(), minlength=E).tolist()
@@ -155,8 +159,8 @@ def _case(name: str, tokens: int, dtype: torch.dtype, device: torch.device, repe
         row[f"{variant}_max_rel_diff"] = float(f"{(out - ref).abs().max().item() / scale:.3g}")
     for variant, seconds in _seconds({v: fns[v] for v in variants}, device, repeat).items():
         row[f"{variant}_ms"] = round(seconds * 1e3, 3)
-    if "loop" in variants and "grouped" in variants:
-        row["speedup"] = round(row["loop_ms"] / row["grouped_ms"], 2)
+    for variant in variants[1:] if variants[0] == "loop" else []:
+        row[f"{variant}_speedup"] = round(row["loop_ms"] / row[f"{variant}_ms"], 2)
     print(json.dumps(row), flush=True)
     return row
 
@@ -169,7 +173,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default torch's; 1 on a shared host)")
-    ap.add_argument("--variants", default="loop,grouped,all_experts,hit_experts")
+    ap.add_argument("--variants", default="loop,grouped,per_expert,all_experts,hit_experts")
     add_record_args(ap)
     args = ap.parse_args()
     if args.threads:

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from conftest import requires_cuda
 from engine.models.layers import linear
-from engine.models.moe import expert_groups, expert_slot_bytes, moe_experts
+from engine.models import moe
+from engine.models.moe import EXPERT_GROUP_BYTES, expert_groups, expert_slot_bytes, moe_experts
 
 N, H, I, E, K = 37, 16, 24, 6, 2
 
@@ -50,7 +51,8 @@ def _routing(kind: str, g) -> torch.Tensor:
 
 
 ROUTINGS = ["uneven", "one_expert", "single_tokens"]
-CAPS = {"default": None, "mid": 6 * expert_slot_bytes(H, I, 4), "one_per_group": 1}
+CAPS = {"accelerator": EXPERT_GROUP_BYTES, "mid": 6 * expert_slot_bytes(H, I, 4), "one_per_group": 1,
+        "cpu_default": None}
 
 
 @pytest.mark.parametrize("cap", list(CAPS))
@@ -61,8 +63,7 @@ def test_moe_experts_equal_the_per_expert_loop(routing, cap):
     w1, w2, w3 = _weights(g)
     top_e, top_w = _routing(routing, g), torch.rand(N, K, generator=g)
     want = per_expert_loop(x, top_w, top_e, w1, w2, w3, F.silu)
-    kw = {} if CAPS[cap] is None else {"group_bytes": CAPS[cap]}
-    got = moe_experts(x, top_w, top_e, w1, w2, w3, F.silu, **kw)
+    got = moe_experts(x, top_w, top_e, w1, w2, w3, F.silu, group_bytes=CAPS[cap])
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
@@ -79,10 +80,11 @@ def test_padded_rows_never_reach_the_output(routing):
         return F.silu(t) + 1.0
 
     want = per_expert_loop(x, top_w, top_e, w1, w2, w3, act)
-    got = moe_experts(x, top_w, top_e, w1, w2, w3, act)
+    got = moe_experts(x, top_w, top_e, w1, w2, w3, act, group_bytes=EXPERT_GROUP_BYTES)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
     top_w[5:] = 0.0                                  # tokens 5.. weigh nothing: exactly zero, padding or not
-    assert torch.equal(moe_experts(x, top_w, top_e, w1, w2, w3, act)[5:], torch.zeros(N - 5, H))
+    got = moe_experts(x, top_w, top_e, w1, w2, w3, act, group_bytes=EXPERT_GROUP_BYTES)
+    assert torch.equal(got[5:], torch.zeros(N - 5, H))
 
 
 def test_grouped_and_one_expert_fallback_agree_in_bfloat16():
@@ -90,7 +92,7 @@ def test_grouped_and_one_expert_fallback_agree_in_bfloat16():
     x = torch.randn(N, H, generator=g).bfloat16()
     w1, w2, w3 = (w.bfloat16() for w in _weights(g))
     top_e, top_w = _routing("uneven", g), torch.rand(N, K, generator=g)
-    grouped = moe_experts(x, top_w, top_e, w1, w2, w3, F.silu)
+    grouped = moe_experts(x, top_w, top_e, w1, w2, w3, F.silu, group_bytes=EXPERT_GROUP_BYTES)
     fallback = moe_experts(x, top_w, top_e, w1, w2, w3, F.silu, group_bytes=1)
     assert grouped.dtype == torch.bfloat16
     torch.testing.assert_close(grouped.float(), fallback.float(), rtol=2e-2, atol=2e-2 * fallback.abs().max().item())
@@ -162,7 +164,7 @@ def test_moe_experts_on_cuda_match_the_loop_with_one_host_sync(dtype):
     want = per_expert_loop(x.float(), top_w, top_e, w1.float(), w2.float(), w3.float(), F.silu)
     cuda = [t.cuda() for t in (x, top_w, top_e, w1, w2, w3)]
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    for cap in ({}, {"group_bytes": 1}):
+    for cap in ({}, {"group_bytes": 1}):                  # the accelerator's default, one expert per group
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("warn")
         try:
@@ -173,3 +175,18 @@ def test_moe_experts_on_cuda_match_the_loop_with_one_host_sync(dtype):
             torch.cuda.set_sync_debug_mode(0)
         assert sum("synchroniz" in str(w.message) for w in caught) == 1
         torch.testing.assert_close(got.float().cpu(), want, rtol=tol, atol=tol * want.abs().max().item())
+
+
+def test_the_grouped_path_gives_the_executors_tokens(tiny_checkpoints, monkeypatch):
+    """Through the executor on the CPU: the accelerator's grouping (forced) gives the greedy tokens of the
+    CPU's default, one expert per group."""
+    from engine.models.loader import load_model
+    from engine.policy.policy import Policy
+    from test_executor import make_prompts, run_policy
+
+    loaded = load_model(tiny_checkpoints["mixtral"], dtype=torch.float32)
+    prompts, max_new = make_prompts(9, loaded.config.vocab_size, seed=7), [6, 9, 3, 9, 7, 9, 5, 9, 8]
+    policy = Policy(gpu_batch_size=9, num_gpu_batches=1)
+    want = run_policy(loaded, policy, prompts, max_new)[0]
+    monkeypatch.setattr(moe, "CPU_GROUP_BYTES", EXPERT_GROUP_BYTES)
+    assert run_policy(loaded, policy, prompts, max_new)[0] == want

@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_flatten
 
 from engine.calibrate.trial import truncated_model
 from engine.models.hf_config import config_from_hf
+from engine.models import moe
 from engine.models.loader import load_model
 from engine.models.presets import PRESETS
 from engine.policy.cost_model import Workload
@@ -153,17 +154,22 @@ def _predicted_and_measured(config, chunk_tokens, cache):
 @pytest.mark.parametrize("chunk_tokens", [64, 256, 1 << 20])
 @pytest.mark.parametrize("cache", ["gpu", "cpu_q"])
 @pytest.mark.parametrize("model", list(WORKING_MODELS))
-def test_working_bytes_bound_the_measured_peak(model, chunk_tokens, cache):
+def test_working_bytes_bound_the_measured_peak(model, chunk_tokens, cache, monkeypatch):
     """The formula holds what a block allocates, and is not loose: within 1/0.6 of it, and it tracks the chunk
     size (a formula that ignored chunking, or chunks the executor did not make, fails one side); for MoE with
-    the expert groups' padded buffers (`expert_buffer_bytes`)."""
+    the expert groups' padded buffers (`expert_buffer_bytes`), grouped as on an accelerator."""
+    monkeypatch.setattr(moe, "CPU_GROUP_BYTES", moe.EXPERT_GROUP_BYTES)
     bound, measured = _predicted_and_measured(WORKING_MODELS[model], chunk_tokens, cache)
     assert measured <= bound
     assert measured >= 0.6 * bound
 
 
-def test_working_bytes_bound_a_sparse_moe():
-    """Top-2 of 8 experts: the routing pads less than the worst case the formula holds, never more."""
+@pytest.mark.parametrize("grouping", ["accelerator", "cpu_default"])
+def test_working_bytes_bound_a_sparse_moe(grouping, monkeypatch):
+    """Top-2 of 8 experts: the routing pads less than the worst case the formula holds, never more; the CPU's
+    one expert per group stays within it too."""
+    if grouping == "accelerator":
+        monkeypatch.setattr(moe, "CPU_GROUP_BYTES", moe.EXPERT_GROUP_BYTES)
     config = replace(WORKING_MODELS["moe_every_expert"], num_local_experts=8, num_experts_per_tok=2)
     bound, measured = _predicted_and_measured(config, 1 << 20, "gpu")
     assert measured <= bound

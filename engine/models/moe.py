@@ -14,6 +14,11 @@ padded buffers stay within `group_bytes` (`EXPERT_GROUP_BYTES`: `expert_slot_byt
 expert whose own tokens exceed it is a group alone (no padding: the per-expert path, for big prefills).
 Experts without tokens cost nothing. One host sync per call: the per-expert counts.
 
+On a CPU device the default is one expert per group (`CPU_GROUP_BYTES`): a launch costs microseconds there
+against milliseconds of expert compute, so padded rows cost more than the launches they save (dev CPU, one
+thread, Qwen3-30B-A3B's experts in float32, `benchmarks/moe_experts_speed.py`: grouped 0.79-0.94x the old
+loop's speed at 16-4096 tokens, one expert per group 0.98-1.08x).
+
 Not `torch._grouped_mm`: in torch 2.11-2.13 its CUDA kernel covers bfloat16 on sm90/sm100 only; other
 dtypes take a fallback that copies the offsets to the host and loops over groups.
 """
@@ -26,6 +31,7 @@ import torch
 from engine.models.layers import linear
 
 EXPERT_GROUP_BYTES = 128 << 20   # padded buffers of one expert group (`expert_slot_bytes` per padded row)
+CPU_GROUP_BYTES = 0              # on a CPU device: one expert per group (no padding; module docstring)
 
 
 def moe_route(x: torch.Tensor, gate: torch.Tensor, top_k: int,
@@ -68,13 +74,16 @@ def expert_groups(counts: list[int], slot_bytes: int, group_bytes: int) -> list[
 
 def moe_experts(
     x: torch.Tensor, top_w: torch.Tensor, top_e: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-    w3: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor], group_bytes: int = EXPERT_GROUP_BYTES,
+    w3: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor], group_bytes: int | None = None,
 ) -> torch.Tensor:
     """Sum over each token's routed experts of weight * w2(act(w1 x) * w3 x). x [n, h], top_w [n, k] (float32),
     top_e [n, k] -> [n, h] in x's dtype; the products with the routing weights are taken in float32.
 
     In groups of experts (module docstring), each group's padded buffers within `group_bytes` (a single
-    expert over it excepted); one host sync per call (the per-expert counts)."""
+    expert over it excepted; None: `EXPERT_GROUP_BYTES`, on a CPU device `CPU_GROUP_BYTES`); one host sync
+    per call (the per-expert counts)."""
+    if group_bytes is None:
+        group_bytes = CPU_GROUP_BYTES if x.device.type == "cpu" else EXPERT_GROUP_BYTES
     n, h = x.shape
     k, (E, i, _) = top_e.shape[1], w1.shape
     out = torch.zeros_like(x)  # [n, h]
