@@ -16,8 +16,8 @@ Experts without tokens cost nothing. One host sync per call: the per-expert coun
 
 On a CPU device the default is one expert per group (`CPU_GROUP_BYTES`): a launch costs microseconds there
 against milliseconds of expert compute, so padded rows cost more than the launches they save (dev CPU, one
-thread, Qwen3-30B-A3B's experts in float32, `benchmarks/moe_experts_speed.py`: grouped 0.79-0.94x the old
-loop's speed at 16-4096 tokens, one expert per group 0.98-1.08x).
+thread, float32, Qwen3-30B-A3B / DeepSeek-V2-Lite / Mixtral-8x7B shapes at 16-4096 tokens: grouped 0.75-1.00x
+the old loop's speed, one expert per group 0.93-1.13x; `benchmarks/results/moe_experts_speed_*-float32.json`).
 
 Not `torch._grouped_mm`: in torch 2.11-2.13 its CUDA kernel covers bfloat16 on sm90/sm100 only; other
 dtypes take a fallback that copies the offsets to the host and loops over groups.
@@ -91,24 +91,26 @@ def moe_experts(
     experts, order = torch.sort(flat, stable=True)  # [n*k] x 2: each expert's pairs in ascending token order
     bounds = torch.searchsorted(experts, torch.arange(E + 1, device=x.device))  # [E+1] each expert's first pair
     token = order // k  # [n*k]
-    weight = top_w.reshape(-1)[order]  # [n*k] float32
+    weight = top_w.reshape(-1)[order, None]  # [n*k, 1] float32
     rank = torch.arange(n * k, device=x.device) - bounds[experts]  # [n*k] each pair's place in its expert
     starts = bounds.tolist()  # the one host sync (bincount would add one on CUDA)
     host = [b - a for a, b in zip(starts, starts[1:])]  # tokens per expert
+    w1t, w3t, w2t = w1.transpose(1, 2), w3.transpose(1, 2), w2.transpose(1, 2)  # [E, h, i] x 2, [E, i, h] views
     for e0, e1, c in expert_groups(host, expert_slot_bytes(h, i, x.element_size()), group_bytes):
         s0, s1, g = starts[e0], starts[e1], e1 - e0
-        rows = x.index_select(0, token[s0:s1])  # [m, h] the group's pairs, expert-major
+        tok = token[s0:s1]  # [m] the group's pairs, expert-major
+        rows = x.index_select(0, tok)  # [m, h]
         padded = g * c != s1 - s0
         if padded:
             dest = torch.add(rank[s0:s1], experts[s0:s1] - e0, alpha=c)  # [m] row of each pair in [g*c]
             rows = x.new_zeros(g * c, h).index_copy_(0, dest, rows)  # [g*c, h] zero rows for padding
         xp = rows.view(g, c, h)  # [g, c, h]
         del rows
-        a = act(torch.bmm(xp, w1[e0:e1].transpose(1, 2)))  # [g, c, i]
-        a.mul_(torch.bmm(xp, w3[e0:e1].transpose(1, 2)))  # [g, c, i]
+        a = act(torch.bmm(xp, w1t[e0:e1]))  # [g, c, i]
+        a.mul_(torch.bmm(xp, w3t[e0:e1]))  # [g, c, i]
         del xp
-        y = torch.bmm(a, w2[e0:e1].transpose(1, 2)).view(g * c, h)  # [g*c, h]
+        y = torch.bmm(a, w2t[e0:e1]).view(g * c, h)  # [g*c, h]
         del a
         y = y.index_select(0, dest) if padded else y  # [m, h] the real rows only
-        out.index_add_(0, token[s0:s1], y.mul_(weight[s0:s1, None]))
+        out.index_add_(0, tok, y.mul_(weight[s0:s1]))
     return out
