@@ -204,7 +204,7 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
     P, S, hd = prompt_len, prompt_len + gen_len - 1, config.head_dim
     cc = policy.compress_cache
     staged = staged_kv_heads(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu, device_type, cc)
-    mem["gpu"] += working_bytes(config, g, P, S, dtype, cc, staged)
+    mem["gpu"] += working_bytes(config, g, P, S, dtype, cc, staged, prefix_len=batch_prefix_len(shared_prefix_len, g))
     decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
     stage_slots = _stage_slots(layout, policy)
     for tier, h0, h1 in split_ranges(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu):
@@ -284,7 +284,8 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
     gpu = (share("w", "gpu") * layout.total_bytes + w_moved * buffers + const(dequant)
            + share("cache", "gpu") * (L * K * home)
            + (c_loaded * (decode_slots * home) if not policy.cpu_attention else const(0.0))
-           + const(working_bytes(config, g, P, S, dtype, cc)) + c_loaded * staged
+           + const(working_bytes(config, g, P, S, dtype, cc, prefix_len=batch_prefix_len(shared_prefix_len, g)))
+           + c_loaded * staged
            + share("act", "gpu") * placed + const(kept))
     cpu = share("w", "cpu") * layout.total_bytes + share("cache", "cpu") * (L * K * home)
     if cuda:

@@ -146,7 +146,7 @@ class Executor:
         cc = self.cquant is not None
         staged = staged_kv_heads(c.num_key_value_heads, p.cache_gpu, p.cache_cpu, self.device.type, cc)
         return max(working_bytes(c, b.size, b.prompt_len, b.length, self.dtype, cc, staged,
-                                 self.prefill_chunk_tokens, self.decode_chunk_bytes) for b in batches)
+                                 self.prefill_chunk_tokens, self.decode_chunk_bytes, b.prefix_len) for b in batches)
 
     def _block_state(self, batches: list[GpuBatch], select: TokenSelector, tag: str = "") -> BlockState:
         """A block's state: its cache homes (named `kv{tag}.{j}.{k}` in the arena) and activation homes."""
