@@ -16,8 +16,10 @@ from engine.policy.memory import executor_memory, model_layout
 from engine.policy.policy import Policy
 from engine.policy.search import search, search_top
 from engine.calibrate.trial import (
-    TrialTimes, best_by_trials, extrapolate, per_layer, trial_estimate, trial_seconds, truncated_model,
+    TrialTimes, best_by_trials, extrapolate, per_layer, trial_estimate, trial_prompts, trial_seconds,
+    truncated_model,
 )
+from engine.calibrate.auto import prompts_prefix_len
 from engine.runtime.executor import Executor
 from engine.runtime.schedule import block_schedule
 from engine.storage.placement import weight_tiers
@@ -109,6 +111,13 @@ def test_predicted_memory_with_a_shared_prefix_is_the_executors_accounting(name,
 def test_predicted_memory_is_the_executors_accounting_on_cuda(policy, workload, tmp_path):
     profile = replace(reference_profile("h200"), device_type="cuda")
     check_budget_consistency("tiny-llama", policy, torch.device("cuda"), profile, tmp_path, workload)
+
+
+def test_trial_prompts_share_the_workloads_prefix():
+    prompts = trial_prompts(preset("tiny-llama"), Workload(20, 4, shared_prefix_len=12), 6)
+    assert len(prompts) == 6 and {len(p) for p in prompts} == {20}
+    assert prompts_prefix_len(prompts) == 12
+    assert prompts_prefix_len(trial_prompts(preset("tiny-llama"), Workload(20, 4), 6)) == 0
 
 
 @pytest.mark.parametrize("name", ["tiny-opt", "tiny-mixtral"])
