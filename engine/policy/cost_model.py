@@ -25,6 +25,9 @@ average half a weight page (`weight_pages`) behind the layer's weight transfer o
 On a CPU device the host is the device: host time adds to compute.
 A block of bls = gpu_batch_size x num_gpu_batches sequences takes
     T = L * T_pre + L * (n - 1) * T_gen,   throughput = bls * n / T   (generated tokens per second).
+With a shared prompt prefix of p tokens (`Workload.shared_prefix_len`, `prefix.batch_prefix_len`) a GPU
+batch's prefill computes the prefix once and each row's own s - p tokens after it; the KV cache, its stores
+and its quantization stay per row and per prompt token, and the prefill's hidden state is not parked.
 Symbols: L layers, b = bls, g = gpu_batch_size, k = num_gpu_batches, s prompt length, n tokens generated,
 ctx = s + n / 2 the mean decode context (the KV cache grows from s to s + n), W a layer's stored weight
 bytes as the executor stores them (embed and head spread over the L layers), kv / kv16 the KV bytes per
