@@ -146,11 +146,13 @@ def _stage_slots(layout: ModelLayout, policy: Policy) -> int:
     return min(2, len(layout.attention_js) * policy.num_gpu_batches)
 
 
-def _stage_bytes(rows: int, heads: int, prompt_len: int, head_dim: int, dtype: torch.dtype, compressed: bool) -> int:
+def _stage_bytes(rows: int, heads: int, prompt_len: int, head_dim: int, dtype: torch.dtype, compressed: bool,
+                 prefix_len: int = 0) -> int:
     """Bytes of one set of staging buffers (keys + values) `kvstage{slot}.s{n}.r{c}`: one per prefill row chunk
-    (`row_chunks`), the first also holding the decode stores [rows, heads, 1, hd]."""
+    (`row_chunks` by the rows' own tokens past a prefix of `prefix_len` computed once; each chunk's keys hold
+    the whole prompt), the first also holding the decode stores [rows, heads, 1, hd]."""
     total = 0
-    for c, (r0, r1) in enumerate(row_chunks(rows, prompt_len)):
+    for c, (r0, r1) in enumerate(row_chunks(rows, prompt_len - prefix_len)):
         size = _kv_bytes(r1 - r0, heads, prompt_len, head_dim, dtype, compressed)
         if c == 0:
             size = max(size, _kv_bytes(rows, heads, 1, head_dim, dtype, compressed))
@@ -204,7 +206,8 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
     P, S, hd = prompt_len, prompt_len + gen_len - 1, config.head_dim
     cc = policy.compress_cache
     staged = staged_kv_heads(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu, device_type, cc)
-    mem["gpu"] += working_bytes(config, g, P, S, dtype, cc, staged, prefix_len=batch_prefix_len(shared_prefix_len, g))
+    prefix = batch_prefix_len(shared_prefix_len, g)
+    mem["gpu"] += working_bytes(config, g, P, S, dtype, cc, staged, prefix_len=prefix)
     decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
     stage_slots = _stage_slots(layout, policy)
     for tier, h0, h1 in split_ranges(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu):
@@ -218,10 +221,10 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
             if tier is Tier.DISK and cuda:
                 mem["cpu"] += decode_slots * home                           # kvrelay
         if cuda:
-            mem["cpu"] += stage_slots * _stage_bytes(g, h1 - h0, P, hd, dtype, cc)   # kvstage
+            mem["cpu"] += stage_slots * _stage_bytes(g, h1 - h0, P, hd, dtype, cc, prefix)   # kvstage
             if pipelines_host_attention(config, policy):
                 mem["cpu"] += K * _host_stage_bytes(config, g, h1 - h0, e)         # hattn
-    act_len = _act_home_len(P, gen_len, batch_prefix_len(shared_prefix_len, g))
+    act_len = _act_home_len(P, gen_len, prefix)
     if policy.act_gpu < 1.0 and not (not cuda and policy.act_gpu + policy.act_cpu >= 1.0):
         for tier, a, b in split_ranges(config.hidden_size, policy.act_gpu, policy.act_cpu):
             if tier is Tier.GPU or (tier is Tier.CPU and not cuda):
@@ -239,7 +242,7 @@ def _untracked_terms(config: ModelConfig, policy: Policy, prompt_len: int, bytes
     placed = 0.0 if p else (K - 1) * g * P * h * e              # hidden [g, P, h] parked by the act placement
     kept = (K - 1) * (p + g * (P - p)) * h * e if p else 0.0    # the prefill's (prefix, rows) pair stays on the gpu
     if device_type == "cpu":                                    # scores [c, nh, P - p, P]; the prefix's [1, nh, p, p]
-        kept += max(chunk_rows(g, P) * nh * (P - p) * P, nh * p * p) * e
+        kept += max(chunk_rows(g, P - p) * nh * (P - p) * P, nh * p * p) * e
     return placed, kept
 
 
@@ -273,7 +276,7 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
     buffers = _buffer_bytes(layout, lambda kl, n: kl.stored[n])             # every tensor off the gpu
     dequant = _buffer_bytes(layout, lambda kl, n: kl.dense[n] * kl.packed[n])
     home = 2 * _kv_bytes(g, nkv, S, hd, dtype, cc)                           # one (layer, batch) cache
-    stage = _stage_bytes(g, nkv, P, hd, dtype, cc)
+    stage = _stage_bytes(g, nkv, P, hd, dtype, cc, batch_prefix_len(shared_prefix_len, g))
     staged = 2 * g * nkv * P * hd * e                                       # prefill k/v awaiting store_cache
     decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
     stage_slots = _stage_slots(layout, policy)

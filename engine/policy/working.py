@@ -40,12 +40,13 @@ DECODE_CHUNK_BYTES = 256 << 20       # dense keys + values dequantized per decod
 
 
 def chunk_rows(b: int, s: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS) -> int:
-    """Rows per prefill chunk over b rows of s tokens (the first chunk's, the largest): max(1, chunk_tokens // s)."""
+    """Rows per prefill chunk over b rows of s tokens each (the first chunk's, the largest): max(1, chunk_tokens
+    // s). s is what each row computes: its own tokens past a shared prefix computed once, else its prompt."""
     return max(1, min(b, chunk_tokens // max(1, s)))
 
 
 def row_chunks(b: int, s: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS) -> list[tuple[int, int]]:
-    """The [r0, r1) row ranges of a prefill over b rows of s tokens: `chunk_rows` rows each."""
+    """The [r0, r1) row ranges of a prefill over b rows of s tokens each (as `chunk_rows`): `chunk_rows` rows each."""
     rows = chunk_rows(b, s, chunk_tokens)
     return [(r0, min(b, r0 + rows)) for r0 in range(0, b, rows)]
 
@@ -75,7 +76,7 @@ def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtyp
                   decode_chunk_bytes: int = DECODE_CHUNK_BYTES, prefix_len: int = 0) -> int:
     """Bytes of device working memory for b rows of s prompt tokens over a cache of `length` positions;
     `staged_heads` as `staged_kv_heads` gives; `chunk_tokens` / `decode_chunk_bytes` the chunk sizes of the
-    prefill (`row_chunks`, cut by the whole prompt length s) and of decode over a compressed cache
+    prefill (`row_chunks`, cut by the tokens each row computes: s, or s - L past a prefix) and of decode over a compressed cache
     (`decode_chunk_rows`); `prefix_len` the leading tokens the batch computes once (its `GpuBatch.prefix_len`).
     With a prefix L the prefill holds the prefix [1, L, h] and the rows' own tokens [b, s - L, h], computes
     the prefix's layer (L tokens' intermediates and its causal mask) before the row chunks, keeps the
@@ -91,7 +92,7 @@ def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtyp
     per_token = max(attn, mlp)
     soft = c.attn_logit_softcapping is not None
     L, own = prefix_len, s - prefix_len                                                  # own tokens per row
-    cb = chunk_rows(b, s, chunk_tokens)
+    cb = chunk_rows(b, own, chunk_tokens)                                                # rows per chunk
     hidden = (b * own + L) * c.hidden_size * e                                           # [b, s-L, h] (+ [1, L, h])
     staged = 2 * b * staged_heads * s * c.head_dim * e                                   # k, v [b, heads, s, hd]
     ids = (b * own + L) * 8 * 2 + b * length                                             # ids, positions, key_valid
