@@ -57,6 +57,21 @@ def vs_flexgen(records: list[dict]) -> str:
             f"{peer['tokens_per_s']:.1f} (**{ours['tokens_per_s'] / peer['tokens_per_s']:.2f}x**), one call")
 
 
+def best_moe(records: list[dict]) -> str:
+    """The fastest record of the latest device call that completed one (tokens/s)."""
+    done = [r for r in records if r.get("ok") and r.get("tokens_per_s")]
+    run = max(done, key=lambda r: r["timestamp"])["run_id"]
+    ok = [r for r in done if r["run_id"] == run]
+    best = max(ok, key=lambda r: r["tokens_per_s"])
+    return (f"**{best['tokens_per_s']:.0f} tok/s** (`{best['system']}` `{best['config_name']}`, "
+            f"{best['num_prompts']} rows), roofline fraction {best['roofline_fraction']:.2f}")
+
+
+def wrangle_rows(records: list[dict]) -> str:
+    r = max((r for r in records if r.get("ok")), key=lambda r: r["timestamp"])
+    return f"**{r['rows_per_h']:,.0f} rows/h** (auto `{r['config_name']}`)"
+
+
 def policy_validation(d: dict) -> str:
     m = d["models"]["opt-6.7b"]
     return (f"auto **{m['auto_trials_measured_over_best']:.2f}** of the best measured, Spearman "
@@ -103,6 +118,12 @@ ROWS = (
         best_offload),
     Row("OPT-30B (weights on the CPU) against FlexGen: the same H200, budget and workload, 4-bit weights and cache",
         "h200/throughput_flexgen.jsonl", vs_flexgen, "2x"),
+    Row("Mixtral-8x7B, prompt 77 / gen 128, 16 GiB, 4-bit weights and cache, H200", "h200/throughput_moe.jsonl",
+        best_moe, "1,500 tok/s"),
+    Row("Wrangling (150-token shared prefix + 50, gen 10, 1,536 rows), qwen3-32b dummy, 16 GiB, H200",
+        "h200/throughput_wrangle-qwen3-32b.jsonl", wrangle_rows),
+    Row("The same, qwen3-30b-a3b dummy (MoE, 128 experts)", "h200/throughput_wrangle-qwen3-30b-a3b.jsonl",
+        wrangle_rows),
     Row('`policy="auto"` against a grid of measured policies, OPT-6.7B, H200',
         "h200/policy_validation_opt-6.7b.json", policy_validation, ">= 0.9; Spearman >= 0.8"),
     Row("4-bit weights + KV cache (the defaults), SmolLM2 perplexity", "quant_perplexity_sample-text.json",

@@ -121,15 +121,18 @@ def hw_profile(name: str, device: torch.device):
     return reference_profile(name)
 
 
-def choose(args, config, device, dtype, profile, rows: int | None) -> tuple[str, Policy, dict | None]:
+def choose(args, config, device, dtype, profile, rows: int | None,
+           prefix_len: int) -> tuple[str, Policy, dict | None]:
     """Yield (name, policy, predicted) for every --policy. "auto" plans as `LLM(policy="auto")` does unless
     --plan-profile says otherwise: on CUDA with this machine's measured (cached) profile and --trials
-    measured trials of the best candidates; `profile` (the roofline's) only with --plan-profile reference."""
+    measured trials of the best candidates; `profile` (the roofline's) only with --plan-profile reference.
+    The planned workload's shared prefix is the prompts' (`prefix_len`), as the engine derives it."""
     for spec in args.policy or ["auto"]:
         if spec == "auto":
             compress = {"on": True, "off": False, "auto": None}[args.compress]
             est = choose_policy_estimate(
-                config, workload=Workload(args.prompt_len, args.gen_len, num_prompts=rows), device=device,
+                config, workload=Workload(args.prompt_len, args.gen_len, num_prompts=rows,
+                                          shared_prefix_len=prefix_len), device=device,
                 dtype=dtype, gpu_memory=args.gpu_memory, cpu_memory=args.cpu_memory, compress_weights=compress,
                 compress_cache=compress,
                 profile=profile if device.type == "cuda" and args.plan_profile == "reference" else None,
@@ -287,7 +290,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     planned: list[tuple[str, Policy, dict | None]] = []     # --policy resolved once: every system runs the same
     for system in args.system or ["llmops"]:
         if system in ("llmops", "llmops-no-pipeline"):
-            planned = planned or list(choose(args, config, device, dtype, profile, rows_arg))
+            planned = planned or list(choose(args, config, device, dtype, profile, rows_arg, prefix_len))
             for name, policy, predicted in planned:
                 if system == "llmops-no-pipeline":
                     off = {"pipeline": False} if args.workload == "moe" else {"overlap": False}

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from engine.calibrate.auto import prompts_prefix_len
 from engine.calibrate.cpu_dtype import fastest_cpu_dtype
 from engine.calibrate.planner import Planner
 from engine.calibrate.planning import Plan
@@ -235,20 +236,25 @@ class LLM:
         """The plan a job over `prompts` (strings, messages or token ids, as for `stream`) runs with: chosen
         now (the cost model, and trials on a GPU) or reused from this process or the plan cache; nothing is
         generated. `covering`: a plan to keep when it covers these prompts, else the new plan covers both.
-        `rows`: the job's row count when `prompts` are a sample of it (their lengths stand for all rows).
+        `rows`: the job's row count when `prompts` are a sample of it (their lengths stand for all rows, and
+        the tokens they all share for the prefix all rows share: a sample shares at least what the whole job
+        shares, so this assumes the job's rows share what the sample does, e.g. a template's fixed text; it
+        is checked per call, not trusted: a call whose prompts share less is not covered by the plan, which
+        is then re-planned with the smaller prefix, `Planner.plan_for`).
         `measure=False` (a preview): no trials; a plan not planned yet is the cost model's pick (source
         "search"), which trials may still change when the job runs, and is not kept."""
         params = self._check(prompts, params)
         encoded = encode_prompts(prompts, params, self._tokenizer, self.loaded.config.vocab_size, self.max_context)
-        lens = [len(e.ids) for e in encoded if e.error is None]
+        ids = [e.ids for e in encoded if e.error is None]
+        lens, prefix = [len(p) for p in ids], prompts_prefix_len(ids)
         if rows and lens:
             lens = (lens * -(-rows // len(lens)))[:rows]
         if not measure:
             began = time.perf_counter()
-            preview = self._planner.preview(lens, params.max_new_tokens)
+            preview = self._planner.preview(lens, params.max_new_tokens, prefix)
             self.stats.plan_s += time.perf_counter() - began
             return preview
-        return self._plan_for(lens, params.max_new_tokens, covering)
+        return self._plan_for(lens, params.max_new_tokens, covering, prefix)
 
     def _check(self, prompts: Sequence[Any], params: SamplingParams | None) -> SamplingParams:
         params = params or SamplingParams()
@@ -272,7 +278,7 @@ class LLM:
         self.stats.peak_bytes = dict.fromkeys(self.stats.peak_bytes, 0)   # peaks are the latest call's
         keys = sequence_keys(params.seed, [e.ids for e in encoded]) if params.temperature > 0 else None
         lens = [len(encoded[i].ids) for i in valid]
-        plan = self._plan_for(lens, params.max_new_tokens, plan)
+        plan = self._plan_for(lens, params.max_new_tokens, plan, prompts_prefix_len([encoded[i].ids for i in valid]))
         policy = self._downsized.get(plan.policy, plan.policy)
         self._set_policy(policy)
         blocks = [[valid[b] for b in block] for block in plan_blocks(lens, policy.block_size)]
@@ -358,9 +364,10 @@ class LLM:
         return GrammarConstraint.for_params(params, self._tokenizer.to_json(), self.eos_token_ids, n_vocab, rows)
 
     # ---- policy and executor
-    def _plan_for(self, prompt_lens: list[int], max_new_tokens: int, given: Plan | None) -> Plan:
+    def _plan_for(self, prompt_lens: list[int], max_new_tokens: int, given: Plan | None,
+                  shared_prefix_len: int = 0) -> Plan:
         began = time.perf_counter()
-        self._plan = self._planner.plan_for(prompt_lens, max_new_tokens, given)
+        self._plan = self._planner.plan_for(prompt_lens, max_new_tokens, given, shared_prefix_len)
         self.stats.plan_s += time.perf_counter() - began
         return self._plan
 

@@ -68,6 +68,8 @@ Example:
       --disk-memory 500GiB --prompt-len 512 --gen-len 32
   llmops policy --model mixtral-8x7b --gpu-memory 24GiB --cpu-memory 128GiB --json
   llmops policy --model llama-3-70b --gpu-memory 16GiB --allow-compression --gpus 2
+  llmops policy --model llama-3-70b --gpu-memory 16GiB --cpu-memory 100GiB --compress-weights \
+      --compress-cache --prompt-len 200 --shared-prefix-len 150 --gen-len 10 --num-prompts 1536
 """
 
 
@@ -82,6 +84,9 @@ Example:
 @click.option("--gen-len", type=click.IntRange(min=1), default=32, show_default=True,
               help="New tokens per prompt.")
 @click.option("--num-prompts", type=click.IntRange(min=1), help="Number of prompts (bounds the block size).")
+@click.option("--shared-prefix-len", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Leading prompt tokens every prompt shares (system prompt, few-shot examples; part of "
+                   "--prompt-len): computed once per GPU batch.")
 @click.option("--dtype", default="auto", show_default=True, help="Compute dtype: auto, float16, bfloat16, float32.")
 @click.option("--compress-weights", is_flag=True, help="Store weights 4-bit (group-wise).")
 @click.option("--compress-cache", is_flag=True, help="Store the KV cache 4-bit (group-wise).")
@@ -97,7 +102,7 @@ Example:
                    "(each GPU plans within 1/N of it); explains the data- or pipeline-parallel split.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def policy_cmd(model: str, gpu_memory: int | None, cpu_memory: int | None, disk_memory: int, prompt_len: int,
-               gen_len: int, num_prompts: int | None, dtype: str, compress_weights: bool, compress_cache: bool,
+               gen_len: int, num_prompts: int | None, shared_prefix_len: int, dtype: str, compress_weights: bool, compress_cache: bool,
                allow_compression: bool, profile_file: Path | None, hardware: str | None, gpus: int,
                as_json: bool) -> None:
     """Choose and explain the offloading policy for MODEL under memory budgets (on --gpus GPUs)."""
@@ -112,7 +117,11 @@ def policy_cmd(model: str, gpu_memory: int | None, cpu_memory: int | None, disk_
         cpu_bytes=(cpu_memory if cpu_memory is not None else core.default_cpu_budget(profile.cpu_memory_bytes)) // gpus,
         disk_bytes=disk_memory,
     )
-    workload = core.Workload(prompt_len=prompt_len, gen_len=gen_len, num_prompts=num_prompts)
+    if shared_prefix_len >= prompt_len:
+        raise click.BadParameter(f"{shared_prefix_len} must be below --prompt-len {prompt_len} (every prompt keeps "
+                                 "a token of its own)", param_hint="--shared-prefix-len")
+    workload = core.Workload(prompt_len=prompt_len, gen_len=gen_len, num_prompts=num_prompts,
+                             shared_prefix_len=shared_prefix_len)
     try:
         result = core.search(config, workload, budgets, profile,
                              bytes_per_element=core.dtype_bytes(torch_dtype),

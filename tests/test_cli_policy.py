@@ -44,6 +44,22 @@ def test_policy_json_keys():
     assert "h200" in data["profile"]
 
 
+def test_policy_shared_prefix_len_shortens_the_prefill_and_is_checked():
+    wrangle = ["--model", "llama-3-70b", "--gpu-memory", "16GiB", "--cpu-memory", "100GiB", "--compress-weights",
+               "--compress-cache", "--prompt-len", "200", "--gen-len", "10", "--num-prompts", "1536",
+               "--hardware", "h200", "--json"]
+    plain = json.loads(CliRunner().invoke(policy_cmd, wrangle).output)
+    result = CliRunner().invoke(policy_cmd, wrangle + ["--shared-prefix-len", "150"])
+    assert result.exit_code == 0, result.output
+    shared = json.loads(result.output)
+    assert shared["workload"]["shared_prefix_len"] == 150 and plain["workload"]["shared_prefix_len"] == 0
+    assert shared["prefill_s"] < plain["prefill_s"] / 2
+    text = CliRunner().invoke(policy_cmd, wrangle[:-1] + ["--shared-prefix-len", "150"]).output
+    assert "prompt 200 tokens (150 shared)" in text
+    bad = CliRunner().invoke(policy_cmd, wrangle + ["--shared-prefix-len", "200"])
+    assert bad.exit_code == 2 and "--shared-prefix-len" in bad.output and "below --prompt-len 200" in bad.output
+
+
 def test_policy_text_names_the_profile():
     result = CliRunner().invoke(policy_cmd, BASE)
     assert result.exit_code == 0, result.output

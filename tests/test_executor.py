@@ -140,7 +140,7 @@ def test_gpu_budget_fails_fast_with_a_clear_message(tiny_checkpoints):
                   dtype=torch.float32, gpu_memory=32 << 20)
     try:
         with pytest.raises(BudgetExceeded, match="gpu memory budget exceeded"):
-            ex.generate_block([[5] * 200] * 64, [50] * 64, GreedyRecorder())
+            ex.generate_block([[5 + r] * 200 for r in range(64)], [50] * 64, GreedyRecorder())   # no shared prefix
         ex.generate_block([[5, 6, 7]] * 2, [3, 3], GreedyRecorder())       # a small block still fits
         assert ex.memory_report()["gpu"]["peak"] <= 32 << 20
     finally:

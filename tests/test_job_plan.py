@@ -9,11 +9,14 @@ from collections.abc import Callable
 
 import pyarrow as pa
 import pytest
+import torch
 
 import engine.calibrate.auto as auto
 import engine.runtime.executor as executor_mod
 from engine import LLM, Policy, SamplingParams
-from engine.calibrate.planning import Plan, PlanCache, bucket, bucketed, workload_list
+from engine.calibrate.planning import Plan, PlanCache, bucket, bucketed, merged, workload_list
+from engine.models.hf_config import config_from_hf
+from engine.models.presets import PRESETS
 from engine.policy.cost_model import Workload
 from llmops import engines
 from llmops.coalesce import COALESCE_BLOCKS, Coalescer, for_job
@@ -36,16 +39,66 @@ def test_bucketed_workload_bounds_every_workload_inside_it():
     assert Plan(Policy()).covers(bucketed([10_000], 500))          # a fixed policy covers everything
 
 
+def test_buckets_keep_the_shared_prefix_and_round_the_rows_own_tokens():
+    """Issue 16's rows (150 shared + 50 own tokens): planned as 144 + 56, not as 224 tokens; a plan covers
+    prompts sharing at least its prefix; a merged bucket has the smaller prefix."""
+    w = bucketed([200] * 1536, 10, 150)
+    assert (w.prompt_len, w.shared_prefix_len, w.max_prompt_len, w.num_prompts) == (200, 144, 224, 2048)
+    assert bucketed([200] * 8, 10, 15).shared_prefix_len == 0 and bucketed([200] * 8, 10).prompt_len == 224
+    plan = Plan(Policy(), w, "search")
+    assert plan.covers(bucketed([200] * 8, 10, 150)) and plan.covers(bucketed([200] * 8, 10, 199))
+    assert not plan.covers(bucketed([200] * 8, 10, 100))       # shares less: more to compute and to hold
+    assert merged(w, bucketed([180], 10, 100)).shared_prefix_len == 96
+
+
+def test_plans_know_the_prefix_the_prompts_share(tiny_llama, counted, monkeypatch):
+    """The planner's workload carries the token prompts' common prefix (rounded down to 16); a plan made from
+    a sample carries the sample's, and a call whose prompts share less is not covered by it: the job's plan
+    grows to the bucket holding both (the smaller prefix) once its policy is checked to fit that."""
+    planned = []
+    search = auto.choose_policy_estimate
+
+    def recording(*args, **kwargs):
+        planned.append(kwargs["workload"])
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(auto, "choose_policy_estimate", recording)
+    llm = LLM(tiny_llama, dtype="float32", device="cpu")
+    params = SamplingParams(max_new_tokens=2)
+    prompts = [ids(1, 20, offset=7)[0] + own for own in ids(6, 5)]          # 20 shared tokens, 5 own
+    llm.generate(prompts, params)
+    assert llm.last_plan.workload.shared_prefix_len == 16 and planned[-1].shared_prefix_len == 16
+    sample = llm.plan(prompts[:3], params, rows=1000)
+    assert sample.workload.shared_prefix_len == 16 and sample.workload.num_prompts == 1024
+    assert not sample.covers(bucketed([25] * 6, 2))
+    searches = len(planned)
+    llm.generate(ids(6, 25), params, plan=sample)           # the policy fits the merged bucket: kept, not re-planned
+    assert llm.last_plan.workload.shared_prefix_len == 0 and len(planned) == searches
+    assert llm.last_plan.policy == sample.policy
+
+
+def test_prompts_prefix_len_is_the_executors_rule():
+    assert auto.prompts_prefix_len([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 4, 6]]) == 3
+    assert auto.prompts_prefix_len([[1, 2, 3], [1, 2, 3, 4]]) == 2          # every prompt keeps a token
+    assert auto.prompts_prefix_len([[1, 2, 3]]) == 0 and auto.prompts_prefix_len([]) == 0
+    est = auto.choose_policy_estimate(preset_config("tiny-llama"), prompts=[[5] * 9 + [6], [5] * 9 + [7]],
+                                      max_new_tokens=4, device="cpu", dtype=torch.float32, gpu_memory=1 << 30,
+                                      cpu_memory=None)
+    assert est.context["workload"]["shared_prefix_len"] == 9 and est.context["workload"]["prompt_len"] == 10
+
+
 def test_plan_cache_round_trip_and_rejects_other_keys_and_corrupt_files(tmp_path):
     cache = PlanCache(tmp_path)
-    key = {"config": {"hidden_size": 64}, "workload": [8, 4, 2, 8]}
-    plan = Plan(Policy(gpu_batch_size=6, num_gpu_batches=2), Workload(8, 4, 2, 8), "trials", "why", 12.5, 3.0)
+    key = {"config": {"hidden_size": 64}, "workload": [8, 4, 2, 8, 4]}
+    plan = Plan(Policy(gpu_batch_size=6, num_gpu_batches=2), Workload(8, 4, 2, 8, shared_prefix_len=4), "trials",
+                "why", 12.5, 3.0)
     cache.put(key, plan)
     got = cache.get(key)
     assert got is not None and got.source == "disk"
     assert (got.policy, got.workload, got.predicted_tokens_per_s) == (plan.policy, plan.workload, 12.5)
     assert "plan cache" in got.explain()
-    assert cache.get({**key, "workload": [8, 4, 4, 8]}) is None
+    assert cache.get({**key, "workload": [8, 4, 4, 8, 4]}) is None
+    assert cache.get({**key, "workload": [8, 4, 2, 8, 0]}) is None
     cache.path(key).write_text("{not json")
     assert cache.get(key) is None
 
@@ -76,6 +129,10 @@ def counted(monkeypatch):
     monkeypatch.setattr(auto, "choose_policy_estimate", counting_search)
     monkeypatch.setattr(executor_mod, "Executor", CountingExecutor)
     return counts
+
+
+def preset_config(name: str):
+    return config_from_hf(PRESETS[name])
 
 
 def ids(n: int, length: int, offset: int = 0) -> list[list[int]]:

@@ -35,7 +35,7 @@ def test_auto_picks_pipelined_cpu_attention_for_mixtral_at_16gib():
     p = best.policy
     assert p.cpu_attention and p.pipeline and p.cache_gpu < 1.0 and p.compress_cache
     assert p.block_size == ISSUE_WORKLOAD.num_prompts   # every row in one block, most of its cache on the host
-    assert p.weight_pages == weight_pages(MIXTRAL, model_layout(MIXTRAL, 2, True), p.num_gpu_batches)
+    assert p.weight_pages == weight_pages(MIXTRAL, model_layout(MIXTRAL, 2, True), p.num_gpu_batches, True)
     ablation = estimate(MIXTRAL, replace(p, pipeline=False), ISSUE_WORKLOAD, profile)
     assert best.predicted_tokens_per_s > 1.2 * ablation.tokens_per_s
 
@@ -73,11 +73,12 @@ def test_more_pages_shorten_the_wait_behind_weights():
 def test_weight_pages_rule():
     layout = model_layout(MIXTRAL, 2, True)
     largest = max(sum(k.stored) for k in layout.kinds)
-    pages = weight_pages(MIXTRAL, layout, 2)
+    pages = weight_pages(MIXTRAL, layout, 2, True)
     assert largest / pages <= PAGE_BYTES < largest / (pages - 1)
-    assert weight_pages(MIXTRAL, layout, 64) == 64
+    assert weight_pages(MIXTRAL, layout, 64, True) == 64
+    assert weight_pages(MIXTRAL, layout, 4, False) == 0       # GPU attention: one page per GPU batch
     dense = config_from_hf(PRESETS["llama-3-8b"])
-    assert weight_pages(dense, model_layout(dense, 2, False), 4) == 0
+    assert weight_pages(dense, model_layout(dense, 2, False), 4, True) == 0
 
 
 @pytest.mark.parametrize("split", [(0.0, 1.0), (0.5, 0.5), (0.25, 0.5)])

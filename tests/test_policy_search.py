@@ -104,8 +104,10 @@ def test_full_search_solves_a_bounded_number_of_lps(monkeypatch):
 ])
 def test_costly_offload_slots_keep_the_cache_and_hidden_states_resident(model, gpu_gib, compressed, field):
     config, budgets = preset(model), Budgets(gpu_gib * GIB, 80 * GIB)
-    costly = replace(H200, slot_off_cache_ms=5.0, slot_off_cache_q4_ms=5.0, slot_off_act_ms=5.0)
-    free = search(config, WORKLOAD, budgets, H200, compress_weights=compressed, compress_cache=compressed)
+    no_extras = replace(H200, slot_off_cache_ms=0.0, slot_off_cache_q4_ms=0.0, slot_off_act_ms=0.0,
+                        slot_gpu_cache_q4_ms=0.0, slot_off_weights_ms=0.0)
+    costly = replace(no_extras, slot_off_cache_ms=5.0, slot_off_cache_q4_ms=5.0, slot_off_act_ms=5.0)
+    free = search(config, WORKLOAD, budgets, no_extras, compress_weights=compressed, compress_cache=compressed)
     paid = search(config, WORKLOAD, budgets, costly, compress_weights=compressed, compress_cache=compressed)
     assert getattr(free.policy, field) < 1.0
     assert getattr(paid.policy, field) == 1.0

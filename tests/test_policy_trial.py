@@ -16,14 +16,18 @@ from engine.policy.memory import executor_memory, model_layout
 from engine.policy.policy import Policy
 from engine.policy.search import search, search_top
 from engine.calibrate.trial import (
-    TrialTimes, best_by_trials, extrapolate, per_layer, trial_estimate, trial_seconds, truncated_model,
+    TrialTimes, best_by_trials, extrapolate, per_layer, trial_estimate, trial_prompts, trial_seconds,
+    truncated_model,
 )
+from engine.calibrate.auto import prompts_prefix_len
 from engine.runtime.executor import Executor
 from engine.runtime.schedule import block_schedule
-from engine.storage.tiers import BudgetExceeded
+from engine.storage.placement import weight_tiers
+from engine.storage.tiers import BudgetExceeded, Tier
 
 torch.set_num_threads(1)
 WORKLOAD = Workload(prompt_len=7, gen_len=4)
+PREFIXED = replace(WORKLOAD, shared_prefix_len=5)
 POLICIES = [
     Policy(gpu_batch_size=2),
     Policy(gpu_batch_size=2, num_gpu_batches=3, w_gpu=0.3, w_cpu=0.4, cache_gpu=0.5, cache_cpu=0.25,
@@ -45,32 +49,46 @@ def preset(name):
     return config_from_hf(PRESETS[name])
 
 
-def run_block(name, policy, device, gpu_memory, cpu_memory, disk_dir):
-    """One block of `policy` on the tiny preset's real executor under the given hard budgets."""
+def run_block(name, policy, device, gpu_memory, cpu_memory, disk_dir, workload=WORKLOAD):
+    """One block of `policy` on the tiny preset's real executor under the given hard budgets: prompts of
+    `workload.prompt_len` tokens, the first `workload.shared_prefix_len` of them the same in every row."""
     loaded = truncated_model(preset(name), 2, torch.float32)
     ex = Executor(loaded, policy, device=device, dtype=torch.float32, gpu_memory=gpu_memory,
                   cpu_memory=cpu_memory, disk_dir=disk_dir)
     try:
-        prompts = [[3 + (r + t) % 50 for t in range(WORKLOAD.prompt_len)] for r in range(policy.block_size)]
-        ex.generate_block(prompts, [WORKLOAD.gen_len] * policy.block_size, RunToEnd())
+        p = workload.shared_prefix_len
+        prompts = [[3 + (t if t < p else r + t) % 50 for t in range(workload.prompt_len)]
+                   for r in range(policy.block_size)]
+        ex.generate_block(prompts, [workload.gen_len] * policy.block_size, RunToEnd())
         return ex.memory_report()
     finally:
         ex.close()
 
 
-def check_budget_consistency(name, policy, device, profile, tmp_path):
+def weights_on_disk(config, policy):
+    """Bytes of the weight files on disk (the arena's disk budget holds the cache and hidden homes only)."""
+    layout = model_layout(config, 4, policy.compress_weights)
+    return sum(kl.count * size for kl in layout.kinds
+               for size, tier in zip(kl.stored, weight_tiers(list(kl.stored), policy.w_gpu, policy.w_cpu))
+               if tier is Tier.DISK)
+
+
+def check_budget_consistency(name, policy, device, profile, tmp_path, workload=WORKLOAD):
     config = preset(name)
-    predicted = estimate(config, policy, WORKLOAD, profile, 4).peak_memory_bytes
+    predicted = estimate(config, policy, workload, profile, 4).peak_memory_bytes
     counted = executor_memory(config, model_layout(config, 4, policy.compress_weights), policy,
-                              WORKLOAD.prompt_len, WORKLOAD.gen_len, 4, device.type)
+                              workload.prompt_len, workload.gen_len, 4, device.type,
+                              shared_prefix_len=workload.shared_prefix_len)
     assert predicted["gpu"] >= counted["gpu"] and predicted["cpu"] == counted["cpu"]
-    report = run_block(name, policy, device, predicted["gpu"] + 1024, predicted["cpu"] + 1024, tmp_path)
+    assert predicted["disk"] == counted["disk"]
+    report = run_block(name, policy, device, predicted["gpu"] + 1024, predicted["cpu"] + 1024, tmp_path, workload)
     assert report["gpu"]["peak"] == counted["gpu"] and report["cpu"]["peak"] == counted["cpu"]
+    assert report["disk"]["peak"] == counted["disk"] - weights_on_disk(config, policy)     # files, not the arena
     with pytest.raises(BudgetExceeded):
-        run_block(name, policy, device, int(0.97 * counted["gpu"]), None, tmp_path)
+        run_block(name, policy, device, int(0.97 * counted["gpu"]), None, tmp_path, workload)
     if counted["cpu"] > 0:
         with pytest.raises(BudgetExceeded):
-            run_block(name, policy, device, None, int(0.97 * counted["cpu"]), tmp_path)
+            run_block(name, policy, device, None, int(0.97 * counted["cpu"]), tmp_path, workload)
 
 
 @pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama", "tiny-mixtral", "tiny-deepseek-v2"])
@@ -79,11 +97,27 @@ def test_predicted_memory_is_the_executors_accounting(name, policy, tmp_path):
     check_budget_consistency(name, policy, torch.device("cpu"), default_cpu_profile(), tmp_path)
 
 
-@requires_cuda
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral"])
 @pytest.mark.parametrize("policy", POLICIES, ids=range(len(POLICIES)))
-def test_predicted_memory_is_the_executors_accounting_on_cuda(policy, tmp_path):
+def test_predicted_memory_with_a_shared_prefix_is_the_executors_accounting(name, policy, tmp_path):
+    """Rows sharing 5 of 7 tokens (computed once per GPU batch of more than one row): the counted bytes are
+    still the executor's, hidden states parked only at decode [g, 1, h] (policy 1 parks a quarter on disk)."""
+    check_budget_consistency(name, policy, torch.device("cpu"), default_cpu_profile(), tmp_path, PREFIXED)
+
+
+@requires_cuda
+@pytest.mark.parametrize("workload", [WORKLOAD, PREFIXED], ids=["plain", "prefix"])
+@pytest.mark.parametrize("policy", POLICIES, ids=range(len(POLICIES)))
+def test_predicted_memory_is_the_executors_accounting_on_cuda(policy, workload, tmp_path):
     profile = replace(reference_profile("h200"), device_type="cuda")
-    check_budget_consistency("tiny-llama", policy, torch.device("cuda"), profile, tmp_path)
+    check_budget_consistency("tiny-llama", policy, torch.device("cuda"), profile, tmp_path, workload)
+
+
+def test_trial_prompts_share_the_workloads_prefix():
+    prompts = trial_prompts(preset("tiny-llama"), Workload(20, 4, shared_prefix_len=12), 6)
+    assert len(prompts) == 6 and {len(p) for p in prompts} == {20}
+    assert prompts_prefix_len(prompts) == 12
+    assert prompts_prefix_len(trial_prompts(preset("tiny-llama"), Workload(20, 4), 6)) == 0
 
 
 @pytest.mark.parametrize("name", ["tiny-opt", "tiny-mixtral"])

@@ -24,17 +24,26 @@ from engine.policy.estimate import Budgets, NoFeasiblePolicy, PolicyEstimate, wo
 from engine.policy.hardware import HardwareProfile
 from engine.policy.policy import Policy
 from engine.policy.search import search, search_top
+from engine.runtime.batch import shared_prefix_len
 from engine.util.sizes import format_size
 
 CPU_MAX_BATCH = 128
 CPU_RELAX = 0.85    # share of the CPU budget the heuristic lets weights + cache + working buffers use
 
 
-def workload_from_prompts(prompt_lens: Sequence[int], max_new_tokens: int) -> Workload:
-    """Mean prompt length for time, the longest for memory, the count as the block-size bound."""
+def prompts_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
+    """Leading tokens every one of the token `prompts` shares, by the executor's rule for a GPU batch
+    (`engine.runtime.batch.shared_prefix_len`: each prompt keeps at least one token of its own); 0 for fewer
+    than two prompts. The planner's `Workload.shared_prefix_len` (a GPU batch of these rows shares at least it)."""
+    return shared_prefix_len([list(p) for p in prompts]) if len(prompts) > 1 else 0
+
+
+def workload_from_prompts(prompt_lens: Sequence[int], max_new_tokens: int, shared_prefix_len: int = 0) -> Workload:
+    """Mean prompt length for time, the longest for memory, the count as the block-size bound, and the
+    leading tokens all prompts share (`prompts_prefix_len`)."""
     lens = [max(1, int(n)) for n in prompt_lens] or [1]
     return Workload(prompt_len=math.ceil(sum(lens) / len(lens)), gen_len=max(1, max_new_tokens),
-                    num_prompts=len(lens), max_prompt_len=max(lens))
+                    num_prompts=len(lens), max_prompt_len=max(lens), shared_prefix_len=shared_prefix_len)
 
 
 def _cpu_estimate(config: ModelConfig, workload: Workload, bytes_per_element: int, budget: int,
@@ -70,6 +79,7 @@ def choose_policy_estimate(
     config: ModelConfig,
     *,
     prompt_lens: Sequence[int] = (),
+    prompts: Sequence[Sequence[int]] = (),
     max_new_tokens: int = 1,
     workload: Workload | None = None,
     device: torch.device,
@@ -91,10 +101,13 @@ def choose_policy_estimate(
     short block on 2- and 6-layer copies of the model (`engine.calibrate.trial`), within about `trial_time_s`
     seconds, and the best measured one is returned; its estimate holds the extrapolated measurement and
     the cost model's prediction (`context["predicted"]`, `context["trials"]`). `compress_weights` /
-    `compress_cache` None let the search decide (on CUDA; a CPU device never compresses then). `workload`,
-    when given, is planned for instead of the one `prompt_lens` and `max_new_tokens` describe."""
+    `compress_cache` None let the search decide (on CUDA; a CPU device never compresses then). `prompts`
+    (token ids), when given, stand for `prompt_lens` and give the shared prefix too. `workload`, when
+    given, is planned for instead of the one `prompt_lens` (or `prompts`) and `max_new_tokens` describe."""
     device = torch.device(device)
-    workload = workload or workload_from_prompts(prompt_lens, max_new_tokens)
+    if workload is None:
+        lens = [len(p) for p in prompts] if prompts else prompt_lens
+        workload = workload_from_prompts(lens, max_new_tokens, prompts_prefix_len(prompts))
     B = ms.dtype_bytes(dtype)
     if device.type != "cuda":
         budget = gpu_memory if gpu_memory is not None else (cpu_memory if cpu_memory is not None
@@ -129,4 +142,5 @@ def choose_policy(config: ModelConfig, **kwargs: Any) -> Policy:
     return choose_policy_estimate(config, **kwargs).policy
 
 
-__all__ = ["choose_policy", "choose_policy_estimate", "workload_from_prompts", "NoFeasiblePolicy"]
+__all__ = ["choose_policy", "choose_policy_estimate", "prompts_prefix_len", "workload_from_prompts",
+           "NoFeasiblePolicy"]

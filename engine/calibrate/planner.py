@@ -41,14 +41,16 @@ class Planner:
         self.model_name, self._before_trials = model_name, before_trials
         self._plans: dict[tuple[int, ...], Plan] = {}
 
-    def plan_for(self, prompt_lens: list[int], max_new_tokens: int, given: Plan | None) -> Plan:
+    def plan_for(self, prompt_lens: list[int], max_new_tokens: int, given: Plan | None,
+                 shared_prefix_len: int = 0) -> Plan:
         """`given` when it covers the workload, or when its policy also fits the larger bucket holding both
         (the job goes on with it, nothing re-planned); else the plan of the workload's bucket (merged with
         `given`'s). A call with more prompts than `given` was planned for re-plans when `given`'s block was
-        bounded by its prompt count (a job whose first call was small: a larger block may pay)."""
+        bounded by its prompt count (a job whose first call was small: a larger block may pay).
+        `shared_prefix_len`: the leading tokens all the call's prompts share (`auto.prompts_prefix_len`)."""
         if self.fixed is not None:
             return given if given is not None and given.policy == self.fixed else Plan(self.fixed)
-        workload = bucketed(prompt_lens, max_new_tokens)
+        workload = bucketed(prompt_lens, max_new_tokens, shared_prefix_len)
         if given is None or given.workload is None:
             return given if given is not None else self._bucket_plan(workload)
         w = given.workload
@@ -60,12 +62,12 @@ class Planner:
             return self._remember(tuple(workload_list(both)), replace(given, workload=both))
         return self._bucket_plan(both)
 
-    def preview(self, prompt_lens: list[int], max_new_tokens: int) -> Plan:
+    def preview(self, prompt_lens: list[int], max_new_tokens: int, shared_prefix_len: int = 0) -> Plan:
         """The plan a job would run with, without trials: a known plan (this process, the plan cache), else
         the cost model's pick (source "search", not kept: trials may still change it)."""
         if self.fixed is not None:
             return Plan(self.fixed)
-        workload = bucketed(prompt_lens, max_new_tokens)
+        workload = bucketed(prompt_lens, max_new_tokens, shared_prefix_len)
         known = self._plans.get(tuple(workload_list(workload)))
         if known is None and self.device.type == "cuda":
             known = PlanCache(self.cache_dir()).get(self.disk_key(workload))
@@ -78,7 +80,8 @@ class Planner:
             return True
         B, config = dtype_bytes(self.dtype), self.loaded.config
         peak = peak_memory(config, model_layout(config, B, policy.compress_weights), policy,
-                           workload.memory_prompt_len, workload.gen_len, B, "cuda")
+                           workload.memory_prompt_len, workload.gen_len, B, "cuda",
+                           shared_prefix_len=workload.shared_prefix_len)
         return ((self.gpu_memory is None or peak["gpu"] <= self.gpu_memory)
                 and (self.cpu_memory is None or peak["cpu"] <= self.cpu_memory))
 

@@ -3,8 +3,10 @@
 Planning (`policy="auto"`: the cost model's search, then on a GPU trials of the best candidates on truncated
 copies of the model) costs seconds to minutes, so it happens once per job, not once per call:
 - a workload is planned in buckets (`bucketed`): prompt lengths and new tokens rounded up to 4 steps per
-  octave, the prompt count up to a power of two. Every call whose workload falls in an already planned
-  bucket reuses that plan; rounding up keeps the plan's memory a bound for every workload inside it;
+  octave, the prompt count up to a power of two, the shared prefix down to a multiple of `PREFIX_STEP`
+  tokens (then the mean prompt is the prefix plus the mean of the rows' own tokens rounded up). Every call
+  whose workload falls in an already planned bucket reuses that plan; rounding the lengths up and the prefix
+  down keeps the plan's memory a bound for every workload inside it (a longer prefix computes less);
 - a `Plan` given back to `LLM.stream(..., plan=...)` is reused for every call it `covers` (the operator
   layer keeps one per job: DuckDB vectors, Polars groups and morsels);
 - plans chosen by trials are stored on disk (`PlanCache`, beside the hardware profile, keyed by the model's
@@ -25,7 +27,8 @@ from engine.policy.cost_model import Workload
 from engine.policy.policy import Policy
 from engine.storage.atomic import write_json_atomic
 
-PLAN_VERSION = 1   # bump when what a cached plan means changes (cost model, trials, policy fields)
+PLAN_VERSION = 2   # bump when what a cached plan means changes (cost model, trials, policy fields)
+PREFIX_STEP = 16   # a bucket's shared prefix: the workload's rounded down to a multiple of this
 
 
 def bucket(n: int) -> int:
@@ -37,21 +40,27 @@ def bucket(n: int) -> int:
     return -(-n // step) * step
 
 
-def bucketed(prompt_lens: Sequence[int], max_new_tokens: int) -> Workload:
-    """The planning bucket of a workload: mean and longest prompt and new tokens rounded up (`bucket`), the
-    prompt count up to a power of two."""
+def bucketed(prompt_lens: Sequence[int], max_new_tokens: int, shared_prefix_len: int = 0) -> Workload:
+    """The planning bucket of a workload: the longest prompt and new tokens rounded up (`bucket`), the prompt
+    count up to a power of two, the leading tokens every prompt shares down to a multiple of `PREFIX_STEP`,
+    and the mean prompt that prefix plus the mean of the rows' own tokens rounded up (without a prefix: the
+    mean prompt rounded up). The own tokens are what the prefill pays per row, so they are rounded, not the
+    whole prompt: 150 shared + 50 own is planned as 144 + 56, not as 224 tokens with 144 of them shared."""
     lens = [max(1, int(n)) for n in prompt_lens] or [1]
     count = 1 << max(0, math.ceil(math.log2(len(lens))))
     longest = bucket(max(lens))
-    return Workload(prompt_len=min(longest, bucket(math.ceil(sum(lens) / len(lens)))),
-                    gen_len=bucket(max_new_tokens), num_prompts=count, max_prompt_len=longest)
+    prefix = shared_prefix_len // PREFIX_STEP * PREFIX_STEP
+    mean = prefix + bucket(math.ceil(sum(lens) / len(lens)) - prefix)
+    return Workload(prompt_len=min(longest, mean), gen_len=bucket(max_new_tokens), num_prompts=count,
+                    max_prompt_len=longest, shared_prefix_len=prefix)
 
 
 def merged(a: Workload, b: Workload) -> Workload:
-    """A bucket holding both workloads (the larger of each figure)."""
+    """A bucket holding both workloads (the larger of each figure, the smaller of the shared prefixes)."""
     return Workload(prompt_len=max(a.prompt_len, b.prompt_len), gen_len=max(a.gen_len, b.gen_len),
                     num_prompts=max(a.num_prompts or 1, b.num_prompts or 1),
-                    max_prompt_len=max(a.memory_prompt_len, b.memory_prompt_len))
+                    max_prompt_len=max(a.memory_prompt_len, b.memory_prompt_len),
+                    shared_prefix_len=min(a.shared_prefix_len, b.shared_prefix_len))
 
 
 @dataclass(frozen=True)
@@ -72,9 +81,11 @@ class Plan:
     detail: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def covers(self, workload: Workload) -> bool:
-        """Whether this plan's memory bounds `workload`: its longest prompt and new tokens fit the bucket."""
+        """Whether this plan's memory bounds `workload`: its longest prompt and new tokens fit the bucket, and
+        its prompts share at least the bucket's prefix."""
         w = self.workload
-        return w is None or (workload.memory_prompt_len <= w.memory_prompt_len and workload.gen_len <= w.gen_len)
+        return w is None or (workload.memory_prompt_len <= w.memory_prompt_len and workload.gen_len <= w.gen_len
+                             and workload.shared_prefix_len >= w.shared_prefix_len)
 
     def explain(self) -> str:
         """Which policy will run and where it came from, then the estimate's lines."""
@@ -85,8 +96,9 @@ class Plan:
         lines = [f"Plan: {head}" + (f" in {self.planning_s:.1f} s" if self.planning_s >= 0.05 else "")]
         if self.workload is not None:
             w = self.workload
-            lines.append(f"  bucket     prompts up to {w.memory_prompt_len} tokens (mean {w.prompt_len}), "
-                         f"{w.gen_len} new tokens, {w.num_prompts} prompts")
+            lines.append(f"  bucket     prompts up to {w.memory_prompt_len} tokens (mean {w.prompt_len}"
+                         + (f", {w.shared_prefix_len} shared" if w.shared_prefix_len else "")
+                         + f"), {w.gen_len} new tokens, {w.num_prompts} prompts")
         lines.append(self.explanation or f"  policy     {self.policy.to_dict()}")
         return "\n".join(lines)
 
@@ -108,7 +120,8 @@ def predicted_detail(peak_bytes: dict[str, int], prefill_s: float, decode_s: flo
 
 
 def workload_list(w: Workload) -> list[int]:
-    return [w.prompt_len, w.gen_len, int(w.num_prompts or 0), w.memory_prompt_len]
+    """A workload as the plan cache keys and stores it: prompt, new tokens, prompts, longest, shared prefix."""
+    return [w.prompt_len, w.gen_len, int(w.num_prompts or 0), w.memory_prompt_len, w.shared_prefix_len]
 
 
 class PlanCache:
@@ -128,7 +141,8 @@ class PlanCache:
             if data.get("version") != PLAN_VERSION or data.get("key") != json.loads(json.dumps(key, default=str)):
                 return None
             w = data["workload"]
-            workload = Workload(prompt_len=w[0], gen_len=w[1], num_prompts=w[2] or None, max_prompt_len=w[3])
+            workload = Workload(prompt_len=w[0], gen_len=w[1], num_prompts=w[2] or None, max_prompt_len=w[3],
+                                shared_prefix_len=w[4])
             detail = {"planned_s": data.get("planning_s"), **{k: data[k] for k in PREDICTED if k in data}}
             return Plan(Policy.from_dict(data["policy"]), workload, "disk", str(data.get("explanation", "")),
                         data.get("predicted_tokens_per_s"), 0.0, detail)

@@ -16,8 +16,9 @@ with 2 and 6 (hi never exceeds L). This replaced a clock that synchronized the d
 layer of a 2-layer copy: it timed host launches and device work in series, and on the H200 read OPT-6.7B's
 resident policies at 0.3-0.6x of their full runs (benchmarks/results/h200/README.md). That clock
 (`_LayerClock`) still measures the executor's per-slot host cost on tiny configs (`slot_seconds`), where
-the device work is negligible. The trial's prompt is the workload's mean prompt; its decode context is
-s + steps / 2 (the full run's mean is s + n / 2). `trial_estimate` turns the numbers into a
+the device work is negligible. The trial's prompt is the workload's mean prompt, its shared prefix the
+workload's (`trial_prompts`: the same leading tokens in every row, computed once per GPU batch as in the
+run); its decode context is s + steps / 2 (the full run's mean is s + n / 2). `trial_estimate` turns the numbers into a
 `PolicyEstimate` that records both the cost model's prediction and the trial's measurement;
 `best_by_trials` ranks candidates by their trials bounded by their predictions (`bounded`).
 """
@@ -137,6 +138,15 @@ def _clocked_run(loaded: LoadedModel, policy: Policy, prompts: list[list[int]], 
     return layer_s
 
 
+def trial_prompts(config: ModelConfig, workload: Workload, rows: int) -> list[list[int]]:
+    """`rows` random prompts of the workload's mean length whose first `workload.shared_prefix_len` tokens are
+    the same in every row (the rest differ), so the executor shares a prefix exactly as in the run."""
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(3, config.vocab_size, (workload.shared_prefix_len,), generator=g).tolist()
+    own = workload.prompt_len - workload.shared_prefix_len
+    return [prefix + torch.randint(3, config.vocab_size, (own,), generator=g).tolist() for _ in range(rows)]
+
+
 def trial_seconds(config: ModelConfig, policy: Policy, workload: Workload, device: torch.device | str,
                   dtype: torch.dtype, budgets: Budgets | None = None, *,
                   layers: tuple[int, int] = TRIAL_LAYERS, steps: int = TRIAL_STEPS,
@@ -154,9 +164,7 @@ def trial_seconds(config: ModelConfig, policy: Policy, workload: Workload, devic
         raise ValueError(f"trial_seconds: layers must be (lo, hi) with 1 <= lo < hi, got {layers}")
     hi = max(lo + 1, min(hi, config.num_hidden_layers))       # a copy larger than the model measures nothing more
     device = torch.device(device)
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, config.vocab_size, (workload.prompt_len,), generator=g).tolist()
-               for _ in range(policy.block_size)]
+    prompts = trial_prompts(config, workload, policy.block_size)
     kwargs = dict(gpu_memory=budgets.gpu_bytes if budgets is not None else None,
                   cpu_memory=budgets.cpu_bytes if budgets is not None else None, disk_dir=disk_dir)
     runs = {n: step_seconds(truncated_model(config, n, dtype), policy, prompts, steps, device, dtype, **kwargs)

@@ -25,6 +25,9 @@ average half a weight page (`weight_pages`) behind the layer's weight transfer o
 On a CPU device the host is the device: host time adds to compute.
 A block of bls = gpu_batch_size x num_gpu_batches sequences takes
     T = L * T_pre + L * (n - 1) * T_gen,   throughput = bls * n / T   (generated tokens per second).
+With a shared prompt prefix of p tokens (`Workload.shared_prefix_len`, `prefix.batch_prefix_len`) a GPU
+batch's prefill computes the prefix once and each row's own s - p tokens after it; the KV cache, its stores
+and its quantization stay per row and per prompt token, and the prefill's hidden state is not parked.
 Symbols: L layers, b = bls, g = gpu_batch_size, k = num_gpu_batches, s prompt length, n tokens generated,
 ctx = s + n / 2 the mean decode context (the KV cache grows from s to s + n), W a layer's stored weight
 bytes as the executor stores them (embed and head spread over the L layers), kv / kv16 the KV bytes per
@@ -46,24 +49,34 @@ from engine.policy.memory import (
     TIERS, ModelLayout, memory_terms, model_layout, peak_memory, pipelines_host_attention, realized_placement,
 )
 from engine.policy.policy import Policy
+from engine.policy.prefix import batch_prefix_len
 
 
 @dataclass(frozen=True)
 class Workload:
     """What one run asks for: `prompt_len` the mean (padded) prompt length used for time, `max_prompt_len`
     the longest one used for memory (defaults to prompt_len), `gen_len` new tokens per sequence,
-    `num_prompts` the number of sequences (bounds the block size; None: unbounded)."""
+    `num_prompts` the number of sequences (bounds the block size; None: unbounded).
+
+    `shared_prefix_len`: leading tokens every prompt of the run shares (a system prompt, few-shot examples;
+    included in prompt_len). The executor computes them once per GPU batch at prefill when there are at least
+    `prefix.MIN_SHARED_PREFIX` and the batch has more than one row (`prefix.batch_prefix_len`); the KV cache
+    still holds them in every row, and the prefill's hidden state stays on the device (see `prefix`)."""
 
     prompt_len: int
     gen_len: int
     num_prompts: int | None = None
     max_prompt_len: int | None = None
+    shared_prefix_len: int = 0
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.gen_len < 1:
             raise ValueError(f"Workload: prompt_len and gen_len must be >= 1, got {self.prompt_len}, {self.gen_len}")
         if self.num_prompts is not None and self.num_prompts < 1:
             raise ValueError(f"Workload.num_prompts must be >= 1, got {self.num_prompts}")
+        if not 0 <= self.shared_prefix_len < self.prompt_len:
+            raise ValueError(f"Workload.shared_prefix_len must be >= 0 and below prompt_len {self.prompt_len} "
+                             f"(every prompt keeps a token of its own), got {self.shared_prefix_len}")
 
     @property
     def memory_prompt_len(self) -> int:
@@ -157,10 +170,13 @@ PAGE_BYTES = 32 << 20   # the most a MoE weight page holds: an urgent copy waits
 # 51 GiB/s, and copies of >= 16 MiB still run at full pinned bandwidth (ENVIRONMENT.md)
 
 
-def weight_pages(config: ModelConfig, layout: ModelLayout, num_gpu_batches: int) -> int:
-    """`Policy.weight_pages` for a MoE model: one per GPU batch at least, and enough that no page of the
-    largest layer kind exceeds PAGE_BYTES. 0 (one page per GPU batch, the executor's default) for dense."""
-    if not config.is_moe:
+def weight_pages(config: ModelConfig, layout: ModelLayout, num_gpu_batches: int, cpu_attention: bool) -> int:
+    """`Policy.weight_pages` for a MoE model that attends on the host (CGOPipe: small urgent q/k/v and output
+    copies interleave with the weights): one per GPU batch at least, and enough that no page of the largest
+    layer kind exceeds PAGE_BYTES. 0 (one page per GPU batch, the executor's default) for dense models and
+    for GPU attention, which has no urgent copies to let through: Mixtral-8x7B at 512 x 1 with GPU attention
+    decoded in 77.5 s with 27 pages and in 61.2 s with one (H200, one device call, `throughput_moe.jsonl`)."""
+    if not (config.is_moe and cpu_attention):
         return 0
     largest = max(sum(kind.stored) for kind in layout.kinds)
     return max(num_gpu_batches, -(-largest // PAGE_BYTES))
@@ -211,6 +227,15 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
         dense = W16 - config.num_local_experts * per_expert
         return dense + _expected_expert_bytes(config, tokens, per_expert)
 
+    # a shared prefix: computed once per GPU batch, each row's own sx tokens after it (`prefix`)
+    p = batch_prefix_len(workload.shared_prefix_len, g)
+    sx = s - p
+    hs = 0.0 if p else b * s * hb          # prefill hidden bytes parked off the gpu (a prefix pair stays on it)
+
+    def matmuls(tokens: int) -> float:
+        """Seconds of one layer's matmuls over `tokens` tokens of one GPU batch (roofline over weight reads)."""
+        return _roofline(tokens * mm, weight_read(tokens), gpu_flops, gpu_bw) if tokens else 0.0
+
     w_off, w_disk = share("w", "off"), share("w", "disk")
     c_gpu, c_off, c_disk = share("cache", "gpu"), share("cache", "off"), share("cache", "disk")
     h_off, h_disk = share("act", "off"), share("act", "disk")
@@ -221,18 +246,21 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     # ---- prefill, one layer, whole block ----
     prefill = {
         # weights not on gpu (cpu + disk) + hidden states of the block not on gpu
-        "cpu->gpu": (W * w_off + b * s * hb * h_off) / h2d,
-        # the new KV cache not homed on gpu + hidden states stored off gpu
-        "gpu->cpu": (b * s * kv * c_off + b * s * hb * h_off) / d2h,
+        "cpu->gpu": (W * w_off + hs * h_off) / h2d,
+        # the new KV cache not homed on gpu (every row's s positions, prefix included) + hidden stored off gpu
+        "gpu->cpu": (b * s * kv * c_off + hs * h_off) / d2h,
         # disk weights and disk hidden states, read into cpu relay buffers
-        "disk->cpu": (W * w_disk + b * s * hb * h_disk) / d_read,
+        "disk->cpu": (W * w_disk + hs * h_disk) / d_read,
         # disk share of the new cache and of the hidden states
-        "cpu->disk": (b * s * kv * c_disk + b * s * hb * h_disk) / d_write,
-        # matmuls per GPU batch (roofline over weight reads) + causal attention (mean context s/2)
-        # + dequantizing weights + quantizing the new cache
+        "cpu->disk": (b * s * kv * c_disk + hs * h_disk) / d_write,
+        # matmuls per GPU batch: the prefix's p tokens once, the rows' g * sx (roofline over weight reads;
+        # a MoE prefix's tokens reach the experts once); causal attention (mean context: the prefix p / 2,
+        # a row's own tokens p + sx / 2 over the prefix keys and their own); dequantizing weights;
+        # quantizing the new cache (all b * s positions)
         "gpu compute": const(
-            k * _roofline(g * s * mm, weight_read(g * s), gpu_flops, gpu_bw)
-            + b * s * ms.attention_flops_per_token(config, s / 2) / gpu_flops
+            k * (matmuls(p) + matmuls(g * sx))
+            + (k * p * ms.attention_flops_per_token(config, p / 2)
+               + b * sx * ms.attention_flops_per_token(config, p + sx / 2)) / gpu_flops
             + dequant_w + (b * s * kv16 / dq_bw if cc else 0.0)
         ),
     }
@@ -280,7 +308,8 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     decode_slots = SlotCosts(profile.decode_slot_s, *slots)
     prefill_slots = SlotCosts(profile.prefill_slot_s)
 
-    memory = memory_terms(config, layout, policy, workload.memory_prompt_len, n, B, profile.device_type)
+    memory = memory_terms(config, layout, policy, workload.memory_prompt_len, n, B, profile.device_type,
+                          shared_prefix_len=workload.shared_prefix_len)
     return CostTerms(prefill, decode, memory, L, n, b, policy.overlap, prefill_slots, decode_slots, k,
                      ("gpu compute" if on_cpu else "host", host), dequant_w_host)
 
@@ -314,5 +343,5 @@ def estimate(config: ModelConfig, policy: Policy, workload: Workload, profile: H
     terms = terms or cost_terms(config, policy, workload, profile, bytes_per_element, layout)
     result = estimate_terms(terms, realized_placement(config, layout, policy))
     peak = peak_memory(config, layout, policy, workload.memory_prompt_len, workload.gen_len, bytes_per_element,
-                       profile.device_type)
+                       profile.device_type, shared_prefix_len=workload.shared_prefix_len)
     return replace(result, peak_memory_bytes=peak)

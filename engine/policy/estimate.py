@@ -71,7 +71,9 @@ class PolicyEstimate:
         workload = ctx.get("workload")
         if workload:
             lines.append(
-                f"  workload   prompt {workload['prompt_len']} tokens, generate {workload['gen_len']}"
+                f"  workload   prompt {workload['prompt_len']} tokens"
+                + (f" ({workload['shared_prefix_len']} shared)" if workload.get("shared_prefix_len") else "")
+                + f", generate {workload['gen_len']}"
                 + (f", {workload['num_prompts']} prompts" if workload.get("num_prompts") else "")
             )
         lines.append(
@@ -119,4 +121,5 @@ class PolicyEstimate:
 
 def workload_dict(workload: Workload) -> dict[str, Any]:
     return {"prompt_len": workload.prompt_len, "gen_len": workload.gen_len,
-            "num_prompts": workload.num_prompts, "max_prompt_len": workload.memory_prompt_len}
+            "num_prompts": workload.num_prompts, "max_prompt_len": workload.memory_prompt_len,
+            "shared_prefix_len": workload.shared_prefix_len}

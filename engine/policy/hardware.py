@@ -141,7 +141,12 @@ def reference_profile(name: str) -> HardwareProfile:
     2026-11-29): pinned copies 51.4/51.5 GiB/s, disk 1.30/1.35 GB/s, bf16 linear ~690 TFLOP/s sustained,
     4.23 TB/s copy, CPU fp32 1.55 TFLOP/s, CPU batched GEMV ~105 GB/s, 139 GiB GPU, 126 GiB RAM, 64 GiB disk
     (60 GiB counted free). The 0.5 ms per layer and GPU batch is what FlexGen's all-on-GPU OPT-6.7B run at
-    batch 2 implies (18 ms per decode step over 32 layers)."""
+    batch 2 implies (18 ms per decode step over 32 layers). The executor's host costs per slot by what the
+    slot does (`slot_*_ms`, `layer_q4_weights_ms`) are `engine.calibrate.measure`'s on that host
+    (benchmarks/results/h200/policy_validation_opt-6.7b+opt-30b.json's profile): without them a slot over a
+    host-resident 4-bit cache cost 0.5 ms here, where it measured 4.3 ms (0.77 + 2.69 + 0.85 with the hidden
+    states parked), and auto chose many small GPU batches (Mixtral 128 x 8: under 510 tok/s against 2,189
+    predicted; stop 26's call 3 in results/h200/README.md)."""
     if name == "h200":
         return HardwareProfile(
             device_name="NVIDIA H200", device_type="cuda",
@@ -150,6 +155,8 @@ def reference_profile(name: str) -> HardwareProfile:
             gpu_tflops_bf16=690.0, gpu_mem_gib_s=4.23e12 / GIB,
             cpu_gflops=1550.0, cpu_mem_gib_s=105e9 / GIB,
             gpu_memory_bytes=139 * GIB, cpu_memory_bytes=126 * GIB, disk_free_bytes=60 * GIB,
-            layer_overhead_ms=0.5, hostname="reference", torch_version="", source="reference:h200",
+            layer_overhead_ms=0.5, slot_prefill_ms=0.95, slot_decode_ms=0.77, slot_gpu_cache_q4_ms=1.64,
+            slot_off_cache_ms=0.58, slot_off_cache_q4_ms=2.69, slot_off_act_ms=0.85, slot_off_weights_ms=0.95,
+            layer_q4_weights_ms=0.075, hostname="reference", torch_version="", source="reference:h200",
         )
     raise ValueError(f"unknown reference hardware {name!r}; known: ['h200']")

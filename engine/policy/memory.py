@@ -15,7 +15,8 @@ cache positions):
     batch, segments cut along kv heads by `split_ranges`; `kvbuf{slot}` device copies of non-gpu segments
     (decode without CPU attention), `kvrelay{slot}` for disk segments, `kvstage{slot}.s{n}.r{c}` pinned staging
     of the new positions, one per prefill row chunk c (CUDA; slot = the store's count in the block % 2);
-  - hidden-state homes `act.{k}.{n}` of the non-gpu hidden parts;
+  - hidden-state homes `act.{k}.{n}` of the non-gpu hidden parts (with a shared prefix computed once, only
+    the decode steps' [g, 1] hidden states are parked: `engine.policy.prefix`);
   - MoE pipeline with CPU attention (CUDA): `hattn.{k}.s{n}.q/k/v/out`, pinned staging of one GPU batch's
     new q/k/v and its attention output per host cache segment n (`engine.runtime.host_attention`).
 `memory_terms` gives the same sums as affine expressions in the placement fractions (for the LP), with
@@ -34,6 +35,7 @@ from engine.models.registry import build_family
 from engine.models.weights import stored_quant
 from engine.policy.affine import const, share
 from engine.policy.policy import Policy
+from engine.policy.prefix import batch_prefix_len
 from engine.policy.working import chunk_rows, row_chunks, staged_kv_heads, working_bytes
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT
 from engine.quant.qtensor import qtensor_nbytes
@@ -144,11 +146,13 @@ def _stage_slots(layout: ModelLayout, policy: Policy) -> int:
     return min(2, len(layout.attention_js) * policy.num_gpu_batches)
 
 
-def _stage_bytes(rows: int, heads: int, prompt_len: int, head_dim: int, dtype: torch.dtype, compressed: bool) -> int:
+def _stage_bytes(rows: int, heads: int, prompt_len: int, head_dim: int, dtype: torch.dtype, compressed: bool,
+                 prefix_len: int = 0) -> int:
     """Bytes of one set of staging buffers (keys + values) `kvstage{slot}.s{n}.r{c}`: one per prefill row chunk
-    (`row_chunks`), the first also holding the decode stores [rows, heads, 1, hd]."""
+    (`row_chunks` by the rows' own tokens past a prefix of `prefix_len` computed once; each chunk's keys hold
+    the whole prompt), the first also holding the decode stores [rows, heads, 1, hd]."""
     total = 0
-    for c, (r0, r1) in enumerate(row_chunks(rows, prompt_len)):
+    for c, (r0, r1) in enumerate(row_chunks(rows, prompt_len - prefix_len)):
         size = _kv_bytes(r1 - r0, heads, prompt_len, head_dim, dtype, compressed)
         if c == 0:
             size = max(size, _kv_bytes(rows, heads, 1, head_dim, dtype, compressed))
@@ -172,9 +176,16 @@ def _decode_steps(gen_len: int) -> tuple[int, ...]:
     return tuple(i for i in (1, 2) if i < gen_len)
 
 
+def _act_home_len(prompt_len: int, gen_len: int, prefix: int) -> int:
+    """Positions of a GPU batch's largest parked hidden state: the prefill's [g, P, h]; with a prefix computed
+    once (`prefix.batch_prefix_len`), whose prefill hidden is never parked, a decode step's [g, 1, h]."""
+    return prompt_len if not prefix else (1 if gen_len > 1 else 0)
+
+
 def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, prompt_len: int, gen_len: int,
-                    bytes_per_element: int, device_type: str) -> dict[str, int]:
-    """Peak bytes per tier the executor reserves for one full block (its budgets' accounting), exactly."""
+                    bytes_per_element: int, device_type: str, *, shared_prefix_len: int = 0) -> dict[str, int]:
+    """Peak bytes per tier the executor reserves for one full block (its budgets' accounting), exactly.
+    `shared_prefix_len`: the run's shared prompt prefix (`Workload.shared_prefix_len`)."""
     dtype, e = dtype_of_size(bytes_per_element), bytes_per_element
     cuda = device_type == "cuda"
     mem = {t: 0 for t in TIERS}
@@ -195,7 +206,8 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
     P, S, hd = prompt_len, prompt_len + gen_len - 1, config.head_dim
     cc = policy.compress_cache
     staged = staged_kv_heads(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu, device_type, cc)
-    mem["gpu"] += working_bytes(config, g, P, S, dtype, cc, staged)
+    prefix = batch_prefix_len(shared_prefix_len, g)
+    mem["gpu"] += working_bytes(config, g, P, S, dtype, cc, staged, prefix_len=prefix)
     decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
     stage_slots = _stage_slots(layout, policy)
     for tier, h0, h1 in split_ranges(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu):
@@ -209,38 +221,52 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
             if tier is Tier.DISK and cuda:
                 mem["cpu"] += decode_slots * home                           # kvrelay
         if cuda:
-            mem["cpu"] += stage_slots * _stage_bytes(g, h1 - h0, P, hd, dtype, cc)   # kvstage
+            mem["cpu"] += stage_slots * _stage_bytes(g, h1 - h0, P, hd, dtype, cc, prefix)   # kvstage
             if pipelines_host_attention(config, policy):
                 mem["cpu"] += K * _host_stage_bytes(config, g, h1 - h0, e)         # hattn
+    act_len = _act_home_len(P, gen_len, prefix)
     if policy.act_gpu < 1.0 and not (not cuda and policy.act_gpu + policy.act_cpu >= 1.0):
         for tier, a, b in split_ranges(config.hidden_size, policy.act_gpu, policy.act_cpu):
             if tier is Tier.GPU or (tier is Tier.CPU and not cuda):
                 continue
-            mem[tier.value] += K * g * P * (b - a) * e                     # act homes
+            mem[tier.value] += K * g * act_len * (b - a) * e               # act homes
     return mem
 
 
-def untracked_gpu_bytes(config: ModelConfig, policy: Policy, prompt_len: int, bytes_per_element: int,
-                        device_type: str) -> int:
-    """Device memory the executor uses but does not reserve: the hidden states of the other GPU batches
-    between layers, and on a CPU device the attention scores of the math SDPA path (one prefill row chunk)."""
+def _untracked_terms(config: ModelConfig, policy: Policy, prompt_len: int, bytes_per_element: int,
+                     device_type: str, shared_prefix_len: int) -> tuple[float, float]:
+    """(bytes scaled by the gpu share of hidden states, bytes on the device whatever the placement) of
+    `untracked_gpu_bytes`."""
     g, K, P, e = policy.gpu_batch_size, policy.num_gpu_batches, prompt_len, bytes_per_element
-    extra = (K - 1) * g * P * config.hidden_size * e * policy.act_gpu
-    if device_type == "cpu":
-        extra += chunk_rows(g, P) * config.num_attention_heads * P * P * e
-    return int(extra)
+    p, h, nh = batch_prefix_len(shared_prefix_len, g), config.hidden_size, config.num_attention_heads
+    placed = 0.0 if p else (K - 1) * g * P * h * e              # hidden [g, P, h] parked by the act placement
+    kept = (K - 1) * (p + g * (P - p)) * h * e if p else 0.0    # the prefill's (prefix, rows) pair stays on the gpu
+    if device_type == "cpu":                                    # scores [c, nh, P - p, P]; the prefix's [1, nh, p, p]
+        kept += max(chunk_rows(g, P - p) * nh * (P - p) * P, nh * p * p) * e
+    return placed, kept
+
+
+def untracked_gpu_bytes(config: ModelConfig, policy: Policy, prompt_len: int, bytes_per_element: int,
+                        device_type: str, *, shared_prefix_len: int = 0) -> int:
+    """Device memory the executor uses but does not reserve: the hidden states of the other GPU batches
+    between layers (with a prefix computed once, its prefill's (prefix, rows) pairs, which are never parked),
+    and on a CPU device the attention scores of the math SDPA path (one prefill row chunk)."""
+    placed, kept = _untracked_terms(config, policy, prompt_len, bytes_per_element, device_type, shared_prefix_len)
+    return int(placed * policy.act_gpu + kept)
 
 
 def peak_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, prompt_len: int, gen_len: int,
-                bytes_per_element: int, device_type: str) -> dict[str, int]:
+                bytes_per_element: int, device_type: str, *, shared_prefix_len: int = 0) -> dict[str, int]:
     """`executor_memory` plus the untracked device memory: what the budgets must hold."""
-    mem = executor_memory(config, layout, policy, prompt_len, gen_len, bytes_per_element, device_type)
-    mem["gpu"] += untracked_gpu_bytes(config, policy, prompt_len, bytes_per_element, device_type)
+    mem = executor_memory(config, layout, policy, prompt_len, gen_len, bytes_per_element, device_type,
+                          shared_prefix_len=shared_prefix_len)
+    mem["gpu"] += untracked_gpu_bytes(config, policy, prompt_len, bytes_per_element, device_type,
+                                      shared_prefix_len=shared_prefix_len)
     return mem
 
 
 def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, prompt_len: int, gen_len: int,
-                 bytes_per_element: int, device_type: str) -> dict[str, np.ndarray]:
+                 bytes_per_element: int, device_type: str, *, shared_prefix_len: int = 0) -> dict[str, np.ndarray]:
     """`peak_memory` as affine expressions in the placement fractions (shares as fractions of bytes)."""
     dtype, e = dtype_of_size(bytes_per_element), bytes_per_element
     cuda = device_type == "cuda"
@@ -250,19 +276,20 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
     buffers = _buffer_bytes(layout, lambda kl, n: kl.stored[n])             # every tensor off the gpu
     dequant = _buffer_bytes(layout, lambda kl, n: kl.dense[n] * kl.packed[n])
     home = 2 * _kv_bytes(g, nkv, S, hd, dtype, cc)                           # one (layer, batch) cache
-    stage = _stage_bytes(g, nkv, P, hd, dtype, cc)
+    stage = _stage_bytes(g, nkv, P, hd, dtype, cc, batch_prefix_len(shared_prefix_len, g))
     staged = 2 * g * nkv * P * hd * e                                       # prefill k/v awaiting store_cache
     decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
     stage_slots = _stage_slots(layout, policy)
-    hidden = K * g * P * config.hidden_size * e
+    hidden = K * g * _act_home_len(P, gen_len, batch_prefix_len(shared_prefix_len, g)) * config.hidden_size * e
+    placed, kept = _untracked_terms(config, policy, P, e, device_type, shared_prefix_len)
     w_moved = share("w", "off") if cuda else share("w", "disk")
     c_loaded = share("cache", "off") if (cuda or cc) else share("cache", "disk")
     gpu = (share("w", "gpu") * layout.total_bytes + w_moved * buffers + const(dequant)
            + share("cache", "gpu") * (L * K * home)
            + (c_loaded * (decode_slots * home) if not policy.cpu_attention else const(0.0))
-           + const(working_bytes(config, g, P, S, dtype, cc)) + c_loaded * staged
-           + share("act", "gpu") * ((K - 1) * g * P * config.hidden_size * e)
-           + const(chunk_rows(g, P) * config.num_attention_heads * P * P * e if not cuda else 0.0))
+           + const(working_bytes(config, g, P, S, dtype, cc, prefix_len=batch_prefix_len(shared_prefix_len, g)))
+           + c_loaded * staged
+           + share("act", "gpu") * placed + const(kept))
     cpu = share("w", "cpu") * layout.total_bytes + share("cache", "cpu") * (L * K * home)
     if cuda:
         if pipelines_host_attention(config, policy):

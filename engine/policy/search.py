@@ -239,7 +239,7 @@ def search_top(
             cpu_att, cw, cc = flags
             shape = Policy(gpu_batch_size=g, num_gpu_batches=k, overlap=overlap, cpu_attention=cpu_att,
                            compress_weights=cw, compress_cache=cc,
-                           weight_pages=weight_pages(config, layouts[cw], k))
+                           weight_pages=weight_pages(config, layouts[cw], k, cpu_att))
             terms = cost_terms(config, shape, workload, profile, bytes_per_element, layouts[cw])
             best, feasible = _best_realization(config, layouts[cw], shape, terms, workload, profile,
                                                bytes_per_element, limits)

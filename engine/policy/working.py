@@ -14,7 +14,8 @@ Decode over a compressed cache on the device dequantizes keys/values `decode_chu
 Counted against the gpu budget at block start (the larger of the prefill and the decode part, plus the
 staged keys/values and the logits, so the sum stays affine in the cache placement for the LP; a fixed
 margin covers the allocator's rounding):
-  - prefill: the batch's hidden [b, s, h] (updated in place); the new keys/values of every chunk waiting
+  - prefill: the batch's hidden [b, s, h] (updated in place; with a shared prefix computed once, the prefix
+    [1, L, h] and the rows' own tokens [b, s - L, h], see `working_bytes`); the new keys/values of every chunk waiting
     for `store_cache` in the heads whose home is not written in place (`staged_kv_heads`); per chunk of
     c rows the live intermediates of the larger of one attention or one MLP layer (per token: normed
     input, q/k/v, attention output, output projection, residual; or the fused gate/up, activation,
@@ -44,12 +45,13 @@ DECODE_CHUNK_BYTES = 256 << 20       # dense keys + values dequantized per decod
 
 
 def chunk_rows(b: int, s: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS) -> int:
-    """Rows per prefill chunk over b rows of s tokens (the first chunk's, the largest): max(1, chunk_tokens // s)."""
+    """Rows per prefill chunk over b rows of s tokens each (the first chunk's, the largest): max(1, chunk_tokens
+    // s). s is what each row computes: its own tokens past a shared prefix computed once, else its prompt."""
     return max(1, min(b, chunk_tokens // max(1, s)))
 
 
 def row_chunks(b: int, s: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS) -> list[tuple[int, int]]:
-    """The [r0, r1) row ranges of a prefill over b rows of s tokens: `chunk_rows` rows each."""
+    """The [r0, r1) row ranges of a prefill over b rows of s tokens each (as `chunk_rows`): `chunk_rows` rows each."""
     rows = chunk_rows(b, s, chunk_tokens)
     return [(r0, min(b, r0 + rows)) for r0 in range(0, b, rows)]
 
@@ -99,10 +101,15 @@ def moe_mlp_bytes(c: ModelConfig, tokens: int, element_size: int, group_bytes: i
 
 def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtype, compressed_cache: bool,
                   staged_heads: int = 0, chunk_tokens: int = PREFILL_CHUNK_TOKENS,
-                  decode_chunk_bytes: int = DECODE_CHUNK_BYTES) -> int:
+                  decode_chunk_bytes: int = DECODE_CHUNK_BYTES, prefix_len: int = 0) -> int:
     """Bytes of device working memory for b rows of s prompt tokens over a cache of `length` positions;
     `staged_heads` as `staged_kv_heads` gives; `chunk_tokens` / `decode_chunk_bytes` the chunk sizes of the
-    prefill (`row_chunks`) and of decode over a compressed cache (`decode_chunk_rows`)."""
+    prefill (`row_chunks`, cut by the tokens each row computes: s, or s - L past a prefix) and of decode over a compressed cache
+    (`decode_chunk_rows`); `prefix_len` the leading tokens the batch computes once (its `GpuBatch.prefix_len`).
+    With a prefix L the prefill holds the prefix [1, L, h] and the rows' own tokens [b, s - L, h], computes
+    the prefix's layer (L tokens' intermediates and its causal mask) before the row chunks, keeps the
+    prefix's keys/values [1, nkv, L, hd] for them, and a chunk's intermediates span its rows' s - L own
+    tokens plus the prefix keys/values concatenated to theirs [c, nkv, s, hd] and the masks [c, 1, s - L, s]."""
     e = torch.empty((), dtype=dtype).element_size()
     qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
     attn = (4 * c.hidden_size + 3 * qkv + 2 * c.num_attention_heads * c.head_dim) * e
@@ -114,16 +121,24 @@ def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtyp
         moe = moe_mlp_bytes(c, tokens, e) if c.is_moe else 0
         return max(tokens * max(attn, mlp), moe)
 
-    cb = chunk_rows(b, s, chunk_tokens)
-    hidden = b * s * c.hidden_size * e                                                   # [b, s, h]
+    soft = c.attn_logit_softcapping is not None
+    L, own = prefix_len, s - prefix_len                                                  # own tokens per row
+    cb = chunk_rows(b, own, chunk_tokens)                                                # rows per chunk
+    hidden = (b * own + L) * c.hidden_size * e                                           # [b, s-L, h] (+ [1, L, h])
     staged = 2 * b * staged_heads * s * c.head_dim * e                                   # k, v [b, heads, s, hd]
-    mask = cb * s * length
-    scores = 3 * cb * c.num_attention_heads * s * length * 4 if c.attn_logit_softcapping is not None else 0
-    ids = b * s * 8 * 2 + b * length                                                     # ids, positions, key_valid
-    prefill = hidden + ids + layer(cb * s) + mask + scores
+    ids = (b * own + L) * 8 * 2 + b * length                                             # ids, positions, key_valid
+    scores = 3 * cb * c.num_attention_heads * own * length * 4 if soft else 0
+    if L:
+        kv_cat = 2 * cb * c.num_key_value_heads * s * c.head_dim * e                     # k, v [c, nkv, s, hd]
+        prefix_kv = 2 * L * c.num_key_value_heads * c.head_dim * e                       # [1, nkv, L, hd]
+        prefix_layer = layer(L) + L * L + (3 * c.num_attention_heads * L * L * 4 if soft else 0)
+        chunk = layer(cb * own) + kv_cat + 2 * cb * own * length + scores
+        prefill = hidden + ids + prefix_kv + max(prefix_layer, chunk)
+    else:
+        prefill = hidden + ids + layer(cb * s) + cb * s * length + scores
     cd = decode_chunk_rows(b, c.num_key_value_heads, length, c.head_dim, dtype, decode_chunk_bytes)
     dense_cache = 4 * cd * c.num_key_value_heads * length * c.head_dim * e if compressed_cache else 0
-    decode_scores = 3 * b * c.num_attention_heads * length * 4 if c.attn_logit_softcapping is not None else 0
+    decode_scores = 3 * b * c.num_attention_heads * length * 4 if soft else 0
     decode = layer(b) + b * length + dense_cache + decode_scores
     logits = b * c.vocab_size * 4 * 2
     return max(prefill, decode) + staged + logits + _MARGIN

@@ -21,6 +21,7 @@ from engine.models.attention import attention_layer, attention_output, decode_in
 from engine.policy.memory import pipelines_host_attention
 from engine.policy.partition import Stage
 from engine.policy.policy import Policy
+from engine.policy.prefix import MIN_SHARED_PREFIX
 from engine.policy.working import (
     DECODE_CHUNK_BYTES, PREFILL_CHUNK_TOKENS, row_chunks, staged_kv_heads, working_bytes,
 )
@@ -40,7 +41,6 @@ from engine.runtime.transfers import Transfers
 from engine.runtime.weight_homes import WeightHomes
 from engine.storage.tiers import MemoryBudget, Tier
 
-_MIN_SHARED_PREFIX = 4   # a GPU batch's common leading tokens are computed once when at least this many
 # schedule verb -> method name (looked up per action: a dict of bound methods would make the executor a
 # reference cycle, so its device tensors would outlive `close()` until the cyclic GC happened to run)
 _VERBS = {verb: f"_{verb}" for verb in
@@ -136,7 +136,7 @@ class Executor:
         gbs, c = self.policy.gpu_batch_size, self.config
         return [
             GpuBatch(list(range(s, min(s + gbs, len(prompts)))), prompts[s:s + gbs], max_new_tokens[s:s + gbs],
-                     self.device, pad_id=c.pad_token_id or 0, min_prefix=_MIN_SHARED_PREFIX)
+                     self.device, pad_id=c.pad_token_id or 0, min_prefix=MIN_SHARED_PREFIX)
             for s in range(0, len(prompts), gbs)
         ]
 
@@ -146,7 +146,7 @@ class Executor:
         cc = self.cquant is not None
         staged = staged_kv_heads(c.num_key_value_heads, p.cache_gpu, p.cache_cpu, self.device.type, cc)
         return max(working_bytes(c, b.size, b.prompt_len, b.length, self.dtype, cc, staged,
-                                 self.prefill_chunk_tokens, self.decode_chunk_bytes) for b in batches)
+                                 self.prefill_chunk_tokens, self.decode_chunk_bytes, b.prefix_len) for b in batches)
 
     def _block_state(self, batches: list[GpuBatch], select: TokenSelector, tag: str = "") -> BlockState:
         """A block's state: its cache homes (named `kv{tag}.{j}.{k}` in the arena) and activation homes."""
@@ -313,8 +313,10 @@ class Executor:
             self._head(w, batch, a)
 
     def _chunks(self, batch: GpuBatch) -> list[tuple[int, int]]:
-        """The row chunks of `batch`'s prefill, by its whole prompt length (as the memory model counts)."""
-        return row_chunks(batch.size, batch.prompt_len, self.prefill_chunk_tokens)
+        """The row chunks of `batch`'s prefill, by the tokens each row computes (its own past a shared prefix
+        computed once: a 150-token prefix + 50 own tokens makes 4x fewer chunks of the same tokens; as the
+        memory model counts)."""
+        return row_chunks(batch.size, batch.prompt_len - batch.prefix_len, self.prefill_chunk_tokens)
 
     def _head(self, w, batch: GpuBatch, a: Action) -> None:
         blk = self.block
