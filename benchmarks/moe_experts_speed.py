@@ -4,8 +4,11 @@ against the grouped path it is now (engine.models.moe), with two alternatives to
 Variants, each on the same x [n, h], routing and stacked weights w1/w3 [E, i, h], w2 [E, h, i]:
   loop         the old `moe_experts`: one stable sort, then per expert with tokens a gather, three linears,
                the activation, the product and a weighted index_add (~8 launches per expert)
-  grouped      `engine.models.moe.moe_experts` as on an accelerator: runs of consecutive experts with tokens,
-               padded to the largest count, three bmm against views of the weights, EXPERT_GROUP_BYTES a group
+  grouped      `engine.models.moe.moe_experts` as on an accelerator: groups of consecutive experts spanning
+               those without tokens (`gaps`), padded to the largest count, three bmm against views of the
+               weights, EXPERT_GROUP_BYTES a group
+  hit_runs     the same with groups of experts with tokens only (`gaps=False`; "grouped" before stop 26's
+               H200 run, `results/h200/moe_experts_speed_bfloat16.log`)
   per_expert   `moe_experts` with CPU_GROUP_BYTES (its default on a CPU device): one expert per group
   all_experts  one padded bmm over all E experts, experts without tokens included (their weights read, their
                padded rows computed)
@@ -140,12 +143,15 @@ def _case(name: str, tokens: int, dtype: torch.dtype, device: torch.device, repe
     top_w, top_e = torch.topk(probs, k, dim=-1)  # [n, k]
     top_w = top_w / top_w.sum(dim=-1, keepdim=True)
     fns = {"loop": lambda: loop_experts(x, top_w, top_e, w1, w2, w3, F.silu),
-           "grouped": lambda: moe_experts(x, top_w, top_e, w1, w2, w3, F.silu, group_bytes=EXPERT_GROUP_BYTES),
+           "grouped": lambda: moe_experts(x, top_w, top_e, w1, w2, w3, F.silu, group_bytes=EXPERT_GROUP_BYTES,
+                                          gaps=True),
+           "hit_runs": lambda: moe_experts(x, top_w, top_e, w1, w2, w3, F.silu, group_bytes=EXPERT_GROUP_BYTES,
+                                           gaps=False),
            "per_expert": lambda: moe_experts(x, top_w, top_e, w1, w2, w3, F.silu, group_bytes=CPU_GROUP_BYTES),
            "all_experts": lambda: one_bmm_experts(x, top_w, top_e, w1, w2, w3, F.silu, hit_only=False),
            "hit_experts": lambda: one_bmm_experts(x, top_w, top_e, w1, w2, w3, F.silu, hit_only=True)}
     counts = torch.bincount(top_e.flatten(), minlength=E).tolist()
-    groups = expert_groups(counts, expert_slot_bytes(h, i, x.element_size()), EXPERT_GROUP_BYTES)
+    groups = expert_groups(counts, expert_slot_bytes(h, i, x.element_size()), EXPERT_GROUP_BYTES, gaps=True)
     row = {"shape": name, "tokens": tokens, "experts": E, "top_k": k, "hidden": h, "intermediate": i,
            "experts_hit": sum(1 for m in counts if m), "max_count": max(counts), "groups": len(groups),
            "padded_over_pairs": round(sum((e1 - e0) * m for e0, e1, m in groups) / (tokens * k), 3)}
@@ -173,7 +179,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default torch's; 1 on a shared host)")
-    ap.add_argument("--variants", default="loop,grouped,per_expert,all_experts,hit_experts")
+    ap.add_argument("--variants", default="loop,grouped,hit_runs,per_expert,all_experts,hit_experts")
     add_record_args(ap)
     args = ap.parse_args()
     if args.threads:

@@ -65,10 +65,13 @@ def test_moe_experts_equal_the_per_expert_loop(routing, cap):
     want = per_expert_loop(x, top_w, top_e, w1, w2, w3, F.silu)
     got = moe_experts(x, top_w, top_e, w1, w2, w3, F.silu, group_bytes=CAPS[cap])
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    spanning = moe_experts(x, top_w, top_e, w1, w2, w3, F.silu, group_bytes=CAPS[cap], gaps=True)
+    torch.testing.assert_close(spanning, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
+@pytest.mark.parametrize("gaps", [False, True])
 @pytest.mark.parametrize("routing", ROUTINGS)
-def test_padded_rows_never_reach_the_output(routing):
+def test_padded_rows_never_reach_the_output(routing, gaps):
     """With act(0) = 1 a padded (zero) input row gives a non-zero expert output: any padded row added back
     would change the result, and a token routed nowhere must stay exactly zero."""
     g = torch.Generator().manual_seed(1)
@@ -80,10 +83,10 @@ def test_padded_rows_never_reach_the_output(routing):
         return F.silu(t) + 1.0
 
     want = per_expert_loop(x, top_w, top_e, w1, w2, w3, act)
-    got = moe_experts(x, top_w, top_e, w1, w2, w3, act, group_bytes=EXPERT_GROUP_BYTES)
+    got = moe_experts(x, top_w, top_e, w1, w2, w3, act, group_bytes=EXPERT_GROUP_BYTES, gaps=gaps)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
     top_w[5:] = 0.0                                  # tokens 5.. weigh nothing: exactly zero, padding or not
-    got = moe_experts(x, top_w, top_e, w1, w2, w3, act, group_bytes=EXPERT_GROUP_BYTES)
+    got = moe_experts(x, top_w, top_e, w1, w2, w3, act, group_bytes=EXPERT_GROUP_BYTES, gaps=gaps)
     assert torch.equal(got[5:], torch.zeros(N - 5, H))
 
 
@@ -115,6 +118,17 @@ def test_no_tokens_give_zeros():
 ])
 def test_expert_groups(counts, cap, want):
     assert expert_groups(counts, slot_bytes=5, group_bytes=cap) == want
+
+
+@pytest.mark.parametrize("counts,cap,want", [
+    ([3, 0, 5, 1, 0, 2], 200, [(0, 6, 5)]),                                # one group through the idle experts
+    ([0, 3, 0, 0, 1, 0], 200, [(1, 5, 3)]),                                # no idle expert at either end
+    ([3, 0, 5, 1, 0, 2], 80, [(0, 3, 5), (3, 6, 2)]),                      # the cap still splits: 4 x 5 x 5 > 80
+    ([1, 0, 0, 0, 0, 0, 0, 1], 30, [(0, 1, 1), (7, 8, 1)]),                # 8 x 1 x 5 = 40 would pass the cap
+])
+def test_expert_groups_with_gaps(counts, cap, want):
+    """On an accelerator a group spans experts without tokens (their rows all padding)."""
+    assert expert_groups(counts, slot_bytes=5, group_bytes=cap, gaps=True) == want
 
 
 def _config():

@@ -6,7 +6,10 @@ Experts are stacked tensors: w1 [E, i, h] (gate), w2 [E, h, i] (down), w3 [E, i,
 `moe_experts` computes the experts in a few batched launches, not a loop per expert (a decode step of a GPU
 batch of 192 tokens hits nearly all of Qwen3-30B-A3B's 128 experts: a loop of ~8 launches per expert made
 each (layer, GPU batch) slot launch-bound). The (token, slot) pairs are sorted by expert once; the experts
-that received tokens form groups of consecutive experts (`expert_groups`); a group of G experts whose largest
+that received tokens form groups of consecutive experts (`expert_groups`; on an accelerator a group also spans
+the experts between them that received none: H200, bf16, Qwen3-30B-A3B's shape at 16 tokens, one bmm over all
+128 experts took 0.73 ms against 3.8 ms for 29 groups of hit experts only, `benchmarks/results/h200/
+moe_experts_speed_bfloat16.log`); a group of G experts whose largest
 count is C gathers its tokens into a zero-padded [G, C, h] and runs the gate, up and down projections as
 three `torch.bmm` against views of the stacked weights (no weight is copied); only the real rows are scaled
 by their routing weights and added back (one `index_add_`), so padded rows never reach the output. A group's
@@ -50,38 +53,42 @@ def expert_slot_bytes(hidden_size: int, intermediate_size: int, element_size: in
     return (hidden_size + max(2 * intermediate_size, hidden_size)) * element_size
 
 
-def expert_groups(counts: list[int], slot_bytes: int, group_bytes: int) -> list[tuple[int, int, int]]:
+def expert_groups(counts: list[int], slot_bytes: int, group_bytes: int,
+                  gaps: bool = False) -> list[tuple[int, int, int]]:
     """The groups `moe_experts` computes, from the tokens routed to each expert: (e0, e1, C) for experts
-    [e0, e1), every one with tokens, C the largest count among them. Consecutive experts join a group while
-    its padded rows ((e1 - e0) * C) take at most `group_bytes` at `slot_bytes` each; an expert over that
-    alone is a group of one (C its own count, no padding)."""
+    [e0, e1), the first and last with tokens, C the largest count among them. The next expert with tokens
+    joins the last group while its padded rows ((e1 - e0) * C) take at most `group_bytes` at `slot_bytes`
+    each; an expert over that alone is a group of one (C its own count, no padding). Without `gaps` every
+    expert of a group has tokens (an expert without any ends it); with `gaps` a group spans experts without
+    tokens too (all-padding rows: their weights are read, no launch is spent on them)."""
     groups: list[tuple[int, int, int]] = []
-    run = False                                      # the last group ends at expert e - 1
+    last = -2                                        # the last expert with tokens
     for e, count in enumerate(counts):
         if count == 0:
-            run = False
             continue
-        if run:
+        if groups and (gaps or e == last + 1):
             e0, _, c = groups[-1]
             wide = max(c, count)
             if (e + 1 - e0) * wide * slot_bytes <= group_bytes:
                 groups[-1] = (e0, e + 1, wide)
+                last = e
                 continue
         groups.append((e, e + 1, count))
-        run = True
+        last = e
     return groups
 
 
 def moe_experts(
     x: torch.Tensor, top_w: torch.Tensor, top_e: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     w3: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor], group_bytes: int | None = None,
+    gaps: bool | None = None,
 ) -> torch.Tensor:
     """Sum over each token's routed experts of weight * w2(act(w1 x) * w3 x). x [n, h], top_w [n, k] (float32),
     top_e [n, k] -> [n, h] in x's dtype; the products with the routing weights are taken in float32.
 
     In groups of experts (module docstring), each group's padded buffers within `group_bytes` (a single
     expert over it excepted; None: `EXPERT_GROUP_BYTES`, on a CPU device `CPU_GROUP_BYTES`); one host sync
-    per call (the per-expert counts)."""
+    per call (the per-expert counts). `gaps` (`expert_groups`; None: on an accelerator, not on a CPU device)."""
     if group_bytes is None:
         group_bytes = CPU_GROUP_BYTES if x.device.type == "cpu" else EXPERT_GROUP_BYTES
     n, h = x.shape
@@ -96,7 +103,9 @@ def moe_experts(
     starts = bounds.tolist()  # the one host sync (bincount would add one on CUDA)
     host = [b - a for a, b in zip(starts, starts[1:])]  # tokens per expert
     w1t, w3t, w2t = w1.transpose(1, 2), w3.transpose(1, 2), w2.transpose(1, 2)  # [E, h, i] x 2, [E, i, h] views
-    for e0, e1, c in expert_groups(host, expert_slot_bytes(h, i, x.element_size()), group_bytes):
+    if gaps is None:
+        gaps = x.device.type != "cpu"                # launches cost more than reading an idle expert's weights
+    for e0, e1, c in expert_groups(host, expert_slot_bytes(h, i, x.element_size()), group_bytes, gaps):
         s0, s1, g = starts[e0], starts[e1], e1 - e0
         tok = token[s0:s1]  # [m] the group's pairs, expert-major
         rows = x.index_select(0, tok)  # [m, h]

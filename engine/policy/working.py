@@ -80,11 +80,11 @@ def expert_buffer_bytes(c: ModelConfig, tokens: int, element_size: int,
                         group_bytes: int = EXPERT_GROUP_BYTES) -> int:
     """The most bytes one expert group of `moe_experts` holds for `tokens` tokens, over every routing: a
     group of several experts stays within `group_bytes`, a single expert holds its count (at most `tokens`)
-    padded rows, and no group has more than min(E, tokens * k) experts of `tokens` rows; `expert_slot_bytes`
-    per padded row. On a CPU device (one expert per group, `CPU_GROUP_BYTES`) a group holds at most `tokens`
+    padded rows, and no group has more than E experts of `tokens` rows (on an accelerator a group spans experts
+    without tokens too); `expert_slot_bytes` per padded row. On a CPU device (one expert per group, `CPU_GROUP_BYTES`) a group holds at most `tokens`
     rows: within this bound, not at it."""
     slot = expert_slot_bytes(c.hidden_size, c.expert_intermediate_size, element_size)
-    widest = min(c.num_local_experts, tokens * c.num_experts_per_tok) * tokens
+    widest = c.num_local_experts * tokens
     return min(widest, max(group_bytes // slot, tokens)) * slot
 
 
