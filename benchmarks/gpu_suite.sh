@@ -3,7 +3,7 @@
 # Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|multigpu|multigpu-wrangle|multigpu-one]
 # models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
 # wrangling workload on the qwen3-30b-a3b and qwen3-32b dummies (auto from the reference profile, no trials).
-# moe / moe-peers (not in all; ~6-9 min each): issue 17's MoE tests and Mixtral-8x7B runs / HF Accelerate on it.
+# moe / moe-peers (not in all; moe ~9 min, moe-peers ~6): issue 17's MoE tests and Mixtral-8x7B runs / HF Accelerate on it.
 # Several GPUs (not in all): bash benchmarks/gpu_suite.sh multigpu (GPU tests of several devices, OPT-30B pipeline and
 # OPT-6.7B data-parallel on 1 and N GPUs), multigpu-wrangle (Llama-3-70B on 1 and N GPUs); N = every visible GPU (GPUS=N to pick fewer).
 # multigpu-one: the same code on a machine of one GPU (two stages on cuda:0; tokens must match, no speed-up).
@@ -89,6 +89,9 @@ if [[ $what == moe ]]; then
     # plans as LLM(policy="auto") does, +1-4 min); the ablation runs the same policy with pipeline off
     python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --out-dir "$OUT" \
       ${MOE_PLAN:---plan-profile reference --trials 0} --policy auto --system llmops --system llmops-no-pipeline
+    # 1,024 rows: the batch that amortizes the weights (stop 26: auto 1024x1, 1,816.6 tok/s; 512 rows: 1,001)
+    python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --out-dir "$OUT" \
+      ${MOE_PLAN:---plan-profile reference --trials 0} --policy auto --rows 1024
   } 2>&1 | tee "$OUT/moe.log" | tail -40
 fi
 if [[ $what == moe-peers ]]; then
