@@ -31,7 +31,7 @@ from engine.quant.config import CACHE_QUANT  # noqa: E402
 from engine.runtime.arena import Arena  # noqa: E402
 from engine.runtime.kv_cache import KVHome, StagingClaims  # noqa: E402
 from engine.runtime.transfers import Transfers  # noqa: E402
-from engine.storage.tiers import MemoryBudget, Tier  # noqa: E402
+from engine.storage.tiers import MemoryBudget, Tier, stored_nbytes  # noqa: E402
 
 SHAPES = {"opt-30b": dict(rows=48, heads=56, kv_heads=56, context=544, head_dim=128),
           "mixtral-8x7b": dict(rows=128, heads=32, kv_heads=8, context=205, head_dim=128)}
@@ -89,8 +89,7 @@ def run_placement(name: str, args, device: torch.device, dtype: torch.dtype, tra
     out = {key: value / args.repeats for key, value in parts.items()}
     out["slot_s"] = sum(out.values())
     off = [s for s in home.segments if s.tier is not Tier.GPU]
-    moved = sum(x.nbytes if isinstance(x, torch.Tensor) else sum(p.nbytes for p in (x.data, x.mn, x.scale))
-                for s in off for x in (s.k, s.v))
+    moved = sum(stored_nbytes(x) for s in off for x in (s.k, s.v))
     out.update(home_bytes_loaded=moved, load_gb_s=moved / out["load_s"] / 1e9 if moved and out["load_s"] else None)
     if trace and device.type == "cuda":
         from torch.profiler import ProfilerActivity, profile

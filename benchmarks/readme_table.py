@@ -116,11 +116,14 @@ ROWS = (
         "cpu_generate_sample-prompts.json", cpu_generate, "2x"),
     Row("Offloading on an H200 held to 16 GiB: OPT-6.7B, prompt 512 / gen 32", "h200/gpu_offload_opt-6.7b.json",
         best_offload),
-    Row("OPT-30B (weights on the CPU) against FlexGen: the same H200, budget and workload, 4-bit weights and cache",
+    Row("OPT-30B (weights on the CPU) against FlexGen: the same H200, budget and workload, 4-bit weights and cache; "
+        "engine harness (`throughput.py`), not a product path",
         "h200/throughput_flexgen.jsonl", vs_flexgen, "2x"),
-    Row("Mixtral-8x7B, prompt 77 / gen 128, 16 GiB, 4-bit weights and cache, H200", "h200/throughput_moe.jsonl",
+    Row("Mixtral-8x7B, prompt 77 / gen 128, 16 GiB, 4-bit weights and cache, H200; engine harness "
+        "(`throughput.py`), not a product path", "h200/throughput_moe.jsonl",
         best_moe, "1,500 tok/s"),
-    Row("Wrangling (150-token shared prefix + 50, gen 10, 1,536 rows), qwen3-32b dummy, 16 GiB, H200",
+    Row("Wrangling (150-token shared prefix + 50, gen 10, 1,536 rows), qwen3-32b dummy, 16 GiB, H200; engine "
+        "harness (`throughput.py`), not a product path",
         "h200/throughput_wrangle-qwen3-32b.jsonl", wrangle_rows),
     Row("The same, qwen3-30b-a3b dummy (MoE, 128 experts)", "h200/throughput_wrangle-qwen3-30b-a3b.jsonl",
         wrangle_rows),

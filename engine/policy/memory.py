@@ -276,18 +276,19 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
     buffers = _buffer_bytes(layout, lambda kl, n: kl.stored[n])             # every tensor off the gpu
     dequant = _buffer_bytes(layout, lambda kl, n: kl.dense[n] * kl.packed[n])
     home = 2 * _kv_bytes(g, nkv, S, hd, dtype, cc)                           # one (layer, batch) cache
-    stage = _stage_bytes(g, nkv, P, hd, dtype, cc, batch_prefix_len(shared_prefix_len, g))
+    prefix = batch_prefix_len(shared_prefix_len, g)
+    stage = _stage_bytes(g, nkv, P, hd, dtype, cc, prefix)
     staged = 2 * g * nkv * P * hd * e                                       # prefill k/v awaiting store_cache
     decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
     stage_slots = _stage_slots(layout, policy)
-    hidden = K * g * _act_home_len(P, gen_len, batch_prefix_len(shared_prefix_len, g)) * config.hidden_size * e
+    hidden = K * g * _act_home_len(P, gen_len, prefix) * config.hidden_size * e
     placed, kept = _untracked_terms(config, policy, P, e, device_type, shared_prefix_len)
     w_moved = share("w", "off") if cuda else share("w", "disk")
     c_loaded = share("cache", "off") if (cuda or cc) else share("cache", "disk")
     gpu = (share("w", "gpu") * layout.total_bytes + w_moved * buffers + const(dequant)
            + share("cache", "gpu") * (L * K * home)
            + (c_loaded * (decode_slots * home) if not policy.cpu_attention else const(0.0))
-           + const(working_bytes(config, g, P, S, dtype, cc, prefix_len=batch_prefix_len(shared_prefix_len, g)))
+           + const(working_bytes(config, g, P, S, dtype, cc, prefix_len=prefix))
            + c_loaded * staged
            + share("act", "gpu") * placed + const(kept))
     cpu = share("w", "cpu") * layout.total_bytes + share("cache", "cpu") * (L * K * home)
