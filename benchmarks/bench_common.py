@@ -404,3 +404,39 @@ def release_memory() -> None:
 
         torch.cuda.empty_cache()
         getattr(torch._C, "_host_emptyCache", lambda: None)()
+
+
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy",
+              "cudaMemcpyAsync")
+
+
+def trace_summary(prof: Any, wall_s: float, rows: int = 15) -> dict[str, Any]:
+    """What a `torch.profiler.profile` of `wall_s` seconds says about where the time went: the device's
+    kernel seconds and copy seconds (its own events, each counted once), the kernels' fraction of the wall
+    (below 1: the device waited for the host), the host-side synchronizing calls and their seconds, the
+    kernels launched, and the top ops by device and by host time (tables)."""
+    from torch.autograd import DeviceType
+
+    device = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    copy_s = sum(e.device_time_total for e in device if e.name.startswith(("Memcpy", "Memset"))) / 1e6
+    kernel_s = sum(e.device_time_total for e in device) / 1e6 - copy_s
+    averages = prof.key_averages()
+    syncs = {e.key: {"calls": e.count, "host_s": e.cpu_time_total / 1e6} for e in averages if e.key in SYNC_CALLS}
+    launches = sum(e.count for e in averages if e.key in ("cudaLaunchKernel", "cudaLaunchKernelExC"))
+    return {"wall_s": wall_s, "kernel_s": kernel_s, "copy_s": copy_s,
+            "kernel_fraction": kernel_s / wall_s if wall_s else None, "kernel_launches": launches,
+            "sync_calls": syncs,
+            "by_device_time": averages.table(sort_by="self_cuda_time_total", row_limit=rows),
+            "by_host_time": averages.table(sort_by="self_cpu_time_total", row_limit=rows)}
+
+
+def with_layers(loaded: Any, layers: int) -> Any:
+    """A dummy preset's model cut to its first `layers` decoder layers (the same shapes and weights per
+    layer): per-layer costs measured at a fraction of the full model's placement time."""
+    import dataclasses
+
+    from engine.models.registry import build_family
+
+    config = dataclasses.replace(loaded.config, num_hidden_layers=layers)
+    return dataclasses.replace(loaded, config=config, family=build_family(config),
+                               fingerprint=f"{loaded.fingerprint}-{layers}L")

@@ -18,7 +18,9 @@ Every record (one JSONL line per system and configuration in results_path("throu
 gen_len, num_prompts, gpu_memory_gib, tokens_per_s (generated tokens over prefill + decode wall time),
 rows_per_h (wrangle; and rows_1m_h), roofline (the policy's floors, `roofline.py`), roofline_fraction
 (floor time / measured time), peak_device_gib (torch's max allocated; None on a CPU), device, commit,
-command; with --profile also `profile` (`engine.runtime.step_profile`: per layer, prefill and decode).
+command, num_layers (--layers cuts the preset), prefill_chunk_tokens; with --profile also `profile`
+(`engine.runtime.step_profile`: per layer, prefill and decode); with --trace also `trace`
+(`bench_common.trace_summary`: torch.profiler's kernel and copy seconds against the wall, syncs, top ops).
 Several GPUs (`--gpus N`, repeatable; `throughput_multi.py`): each llmops configuration runs once per N on
 the same rows (default: one block per GPU of the largest N), and every record holds `num_gpus`, `parallel`
 (pipeline / data), `micro_batches` (pipeline: blocks in flight), `tokens_digest` (sha256 of every row's greedy
@@ -40,6 +42,7 @@ the N > 1 runs' stages on cuda:0 (the same code on one GPU: tokens must match, n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -48,7 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
 from bench_common import (GIB, Timer, add_record_args, close_and_release, failure_fields, new_record,  # noqa: E402
                           new_run_id, peak_gib, reset_peak, results_path, rewrite_jsonl, rows_per_hour, size_gib,
-                          torch_device)
+                          torch_device, trace_summary, with_layers)
 from roofline import roofline  # noqa: E402
 from throughput_multi import WARMUP_TOKENS, TokenRecorder, run_multi, tokens_digest  # noqa: E402
 from throughput_peers import run_accelerate, run_flexgen  # noqa: E402
@@ -62,6 +65,7 @@ from engine.models.presets import PRESETS  # noqa: E402
 from engine.policy.cost_model import Workload  # noqa: E402
 from engine.policy.hardware import reference_profile  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
+from engine.policy.working import PREFILL_CHUNK_TOKENS  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
 from engine.runtime.step_profile import StepProfile  # noqa: E402
 from engine.storage import device_cap  # noqa: E402
@@ -150,6 +154,14 @@ def choose(args, config, device, dtype, profile, rows: int | None,
 _START = time.perf_counter()
 
 
+def device_tracer(on: bool):
+    """torch.profiler over the measured blocks when `on` (CPU and CUDA activities), else a no-op context."""
+    if not on:
+        return contextlib.nullcontext()
+    from torch.profiler import ProfilerActivity, profile
+    return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+
+
 def progress(message: str) -> None:
     """One line on stderr with the seconds since the harness started: a run cut by a time limit still says
     how far it got (the records are written only as each configuration ends)."""
@@ -168,7 +180,8 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
         progress(f"placing weights for {policy.gpu_batch_size}x{policy.num_gpu_batches} ({len(prompts)} rows)")
         with Timer() as init:
             ex = Executor(loaded, policy, device=device, dtype=dtype, gpu_memory=args.gpu_memory,
-                          cpu_memory=args.cpu_memory, disk_dir=args.disk_dir)
+                          cpu_memory=args.cpu_memory, disk_dir=args.disk_dir,
+                          prefill_chunk_tokens=args.prefill_chunk_tokens)
         out["init_s"] = init.seconds
         ex.timing = True
         n = policy.block_size
@@ -180,12 +193,15 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
         ex.profiler = prof
         reset_peak()
         recorders, prefill, decode, steps = [TokenRecorder() for _ in blocks], 0.0, 0.0, 0
-        with Timer() as run:
+        tracer = device_tracer(args.trace and cuda)
+        with Timer() as run, tracer:
             for block, rec in zip(blocks, recorders):
                 progress(f"block {steps + 1}/{len(blocks)}: {len(block)} rows x {args.gen_len} new tokens")
                 ex.generate_block(block, [args.gen_len] * len(block), rec)
                 prefill, decode, steps = prefill + ex.stats["prefill_s"], decode + ex.stats["decode_s"], steps + 1
                 progress(f"block {steps} done: prefill {ex.stats['prefill_s']:.1f} s, decode {ex.stats['decode_s']:.1f} s")
+        if args.trace and cuda:
+            out["trace"] = trace_summary(tracer, run.seconds)
         out.update(ok=True, total_s=run.seconds, prefill_s=prefill, decode_s=decode, blocks=steps,
                    generated_tokens=sum(r.tokens for r in recorders), tokens_digest=tokens_digest(recorders),
                    executor_memory=ex.memory_report(), **peak_gib())
@@ -238,6 +254,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--trials", type=int, default=4,
                     help='measured trials of the best candidates for "auto" on CUDA (LLM\'s default: 4)')
     ap.add_argument("--profile", action="store_true", help="write the per-layer step profile (serializes overlap)")
+    ap.add_argument("--trace", action="store_true",
+                    help="torch.profiler over the measured blocks (CUDA): kernel vs wall seconds, syncs, top ops")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="the preset cut to its first N decoder layers (per-layer costs, a fraction of the init)")
+    ap.add_argument("--prefill-chunk-tokens", type=int, default=PREFILL_CHUNK_TOKENS,
+                    help="tokens per prefill row chunk (the executor's; auto plans with the default)")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false")
     ap.add_argument("--gpus", type=int, action="append",
                     help="GPUs of this host (repeatable, e.g. --gpus 1 --gpus 2: both on the same rows, whose "
@@ -267,6 +289,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     run_id, wrangle = new_run_id(), args.workload == "wrangle"
     progress(f"loading {args.model}")
     loaded = load_model(args.model, dtype=dtype)
+    if args.layers:
+        loaded = with_layers(loaded, args.layers)
     config = loaded.config
     rows_arg = args.rows if args.rows is not None else w["rows"]
     records = []
@@ -277,7 +301,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rec = new_record("throughput", args.workload, args.model, system=system, gpu_memory=gpu_text,
                          commit=args.commit, run_id=run_id)
         rec.update(prompt_len=args.prompt_len, gen_len=args.gen_len, num_prompts=rows, prefix_len=prefix_len,
-                   config_name=name, roofline_fraction=None, num_gpus=num_gpus)
+                   config_name=name, roofline_fraction=None, num_gpus=num_gpus, num_layers=config.num_hidden_layers,
+                   prefill_chunk_tokens=args.prefill_chunk_tokens)
         rec = finish(rec, res, rows, floor, wrangle)
         rewrite_jsonl(out, rec, ("run_id", "system", "config_name", "num_gpus"))
         records.append(rec)
