@@ -161,26 +161,55 @@ def chunked_decode_attention(q: torch.Tensor, dense_kv: DenseKV, key_valid: torc
     return out if rotation is None else unrotate_last(out, rotation, hd)   # [b, nh, 1, hd]
 
 
+def dense_keys(x: torch.Tensor | QTensor, t: int, rotation: QuantConfig | None = None,
+               prefix: torch.Tensor | None = None, new: torch.Tensor | None = None) -> torch.Tensor:
+    """Positions [0, t) of a cache tensor x [c, h, S, hd] dense, after a shared `prefix` [1, h, L, w] (the same
+    for every row) and before `new` [c, h, 1, hd] (a decode step's key or value): [c, h, L + t (+ 1), w].
+    w is hd, or with `rotation` (x a rotated 4-bit tensor) G, its stored basis (`prefix` already in it,
+    `new` rotated here). Without a prefix or a new position a dense x is returned as a view; otherwise one
+    fresh buffer is written part by part (a 4-bit x dequantized straight into it, never concatenated)."""
+    part = x[:, :, :t]
+    if prefix is None and new is None:
+        return dequantize(part, unrotate=rotation is None) if isinstance(part, QTensor) else part
+    c, h, _, hd = x.shape
+    width = hd if rotation is None else x.data.shape[-2] * rotation.group_size
+    L = 0 if prefix is None else prefix.shape[2]
+    device = (new if new is not None else prefix).device
+    dense = torch.empty((c, h, L + t + (new is not None), width), dtype=x.dtype, device=device)  # [c, h, L+t(+1), w]
+    if prefix is not None:
+        dense[:, :, :L].copy_(prefix.expand(c, -1, -1, -1))
+    if isinstance(part, QTensor):
+        dequantize(part, out=dense[:, :, L:L + t], unrotate=rotation is None)
+    else:
+        dense[:, :, L:L + t].copy_(part)
+    if new is not None:
+        dense[:, :, L + t:].copy_(new if rotation is None else rotate_last(new, rotation))
+    return dense
+
+
 def cpu_decode_attention(q: torch.Tensor, k: torch.Tensor | QTensor, v: torch.Tensor | QTensor,
                          key_valid: torch.Tensor, scale: float, softcap: float | None = None,
-                         chunk_bytes: int = CPU_CHUNK_BYTES) -> torch.Tensor:
+                         chunk_bytes: int = CPU_CHUNK_BYTES,
+                         prefix: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """`decode_attention` on host tensors, chunked over the batch so a compressed cache is dequantized
     one chunk (about `chunk_bytes` of dense keys+values) at a time; each chunk runs torch's multi-threaded
     SDPA kernel (threads across rows and heads) in the cache's own dtype. A rotated 4-bit cache is only
     affine-dequantized and attended in its rotated basis (`chunked_decode_attention`). k/v may be
-    memory-mapped (disk tier): pages are read as chunks are touched. benchmarks/cpu_attention_speed.py
-    measures the chunk sizes."""
+    memory-mapped (disk tier): pages are read as chunks are touched. `prefix`: a shared prefix's dense
+    keys and values [1, nkv, L, hd] every row attends to before its own k/v (key_valid [b, L + t] covers
+    both). benchmarks/cpu_attention_speed.py measures the chunk sizes."""
     b, nh, _, hd = q.shape
     nkv, t = k.shape[1], k.shape[2]
-    row_bytes = 2 * nkv * t * hd * q.element_size()
+    L = 0 if prefix is None else prefix[0].shape[2]
+    row_bytes = 2 * nkv * (L + t) * hd * q.element_size()
     chunk = max(1, min(b, chunk_bytes // max(1, row_bytes)))
     rotation = stored_rotation(k, v)
+    pk, pv = (None, None) if prefix is None else (
+        prefix if rotation is None else tuple(rotate_last(x, rotation) for x in prefix))
 
-    def dense(x: torch.Tensor | QTensor) -> torch.Tensor:                  # [c, nkv, t, hd|G]
-        return dequantize(x, unrotate=rotation is None) if isinstance(x, QTensor) else x
-
-    return chunked_decode_attention(q, lambda r0, r1: (dense(k[r0:r1]), dense(v[r0:r1])), key_valid, scale,
-                                    chunk, softcap, rotation)
+    return chunked_decode_attention(
+        q, lambda r0, r1: (dense_keys(k[r0:r1], t, rotation, pk), dense_keys(v[r0:r1], t, rotation, pv)),
+        key_valid, scale, chunk, softcap, rotation)
 
 
 class CacheAttention(Protocol):

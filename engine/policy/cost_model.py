@@ -26,8 +26,10 @@ On a CPU device the host is the device: host time adds to compute.
 A block of bls = gpu_batch_size x num_gpu_batches sequences takes
     T = L * T_pre + L * (n - 1) * T_gen,   throughput = bls * n / T   (generated tokens per second).
 With a shared prompt prefix of p tokens (`Workload.shared_prefix_len`, `prefix.batch_prefix_len`) a GPU
-batch's prefill computes the prefix once and each row's own s - p tokens after it; the KV cache, its stores
-and its quantization stay per row and per prompt token, and the prefill's hidden state is not parked.
+batch's prefill computes the prefix once and each row's own s - p tokens after it; the prefix's keys and
+values are held once per GPU batch, dense on the device, so the KV cache, its stores, its quantization and
+the decode's cache traffic count each row's own positions (s - p + n / 2 on average), while attention still
+reads the mean context ctx; the prefill's hidden state is not parked.
 Symbols: L layers, b = bls, g = gpu_batch_size, k = num_gpu_batches, s prompt length, n tokens generated,
 ctx = s + n / 2 the mean decode context (the KV cache grows from s to s + n), W a layer's stored weight
 bytes as the executor stores them (embed and head spread over the L layers), kv / kv16 the KV bytes per
@@ -60,8 +62,9 @@ class Workload:
 
     `shared_prefix_len`: leading tokens every prompt of the run shares (a system prompt, few-shot examples;
     included in prompt_len). The executor computes them once per GPU batch at prefill when there are at least
-    `prefix.MIN_SHARED_PREFIX` and the batch has more than one row (`prefix.batch_prefix_len`); the KV cache
-    still holds them in every row, and the prefill's hidden state stays on the device (see `prefix`)."""
+    `prefix.MIN_SHARED_PREFIX` and the batch has more than one row (`prefix.batch_prefix_len`); their keys and
+    values are then held once per GPU batch (dense, on the device), the rows' caches hold their own
+    positions only, and the prefill's hidden state stays on the device (see `prefix`)."""
 
     prompt_len: int
     gen_len: int
@@ -230,6 +233,7 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     # a shared prefix: computed once per GPU batch, each row's own sx tokens after it (`prefix`)
     p = batch_prefix_len(workload.shared_prefix_len, g)
     sx = s - p
+    ctx_own = ctx - p                      # the mean positions a row's own cache holds (the prefix is shared)
     hs = 0.0 if p else b * s * hb          # prefill hidden bytes parked off the gpu (a prefix pair stays on it)
 
     def matmuls(tokens: int) -> float:
@@ -247,37 +251,37 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     prefill = {
         # weights not on gpu (cpu + disk) + hidden states of the block not on gpu
         "cpu->gpu": (W * w_off + hs * h_off) / h2d,
-        # the new KV cache not homed on gpu (every row's s positions, prefix included) + hidden stored off gpu
-        "gpu->cpu": (b * s * kv * c_off + hs * h_off) / d2h,
+        # the new KV cache not homed on gpu (every row's own sx positions) + hidden stored off gpu
+        "gpu->cpu": (b * sx * kv * c_off + hs * h_off) / d2h,
         # disk weights and disk hidden states, read into cpu relay buffers
         "disk->cpu": (W * w_disk + hs * h_disk) / d_read,
         # disk share of the new cache and of the hidden states
-        "cpu->disk": (b * s * kv * c_disk + hs * h_disk) / d_write,
+        "cpu->disk": (b * sx * kv * c_disk + hs * h_disk) / d_write,
         # matmuls per GPU batch: the prefix's p tokens once, the rows' g * sx (roofline over weight reads;
         # a MoE prefix's tokens reach the experts once); causal attention (mean context: the prefix p / 2,
         # a row's own tokens p + sx / 2 over the prefix keys and their own); dequantizing weights;
-        # quantizing the new cache (all b * s positions)
+        # quantizing the new cache (the rows' own b * sx positions)
         "gpu compute": const(
             k * (matmuls(p) + matmuls(g * sx))
             + (k * p * ms.attention_flops_per_token(config, p / 2)
                + b * sx * ms.attention_flops_per_token(config, p + sx / 2)) / gpu_flops
-            + dequant_w + (b * s * kv16 / dq_bw if cc else 0.0)
+            + dequant_w + (b * sx * kv16 / dq_bw if cc else 0.0)
         ),
     }
 
     # ---- decode, one layer, one step averaged over the n - 1 steps ----
     attn_gpu_s = b * ctx * max(kv16 / gpu_bw, ms.attention_flops_per_token(config, 1.0) / gpu_flops)
     attn_cpu_s = b * ctx * max(kv16 / cpu_att_bw, ms.attention_flops_per_token(config, 1.0) / cpu_flops)
-    dequant_cache_s = b * ctx * kv16 / dq_bw if cc else 0.0          # a compressed cache read on the device
+    dequant_cache_s = b * ctx_own * kv16 / dq_bw if cc else 0.0      # a compressed cache read on the device
     kv_to_cpu = (q_bytes + kv) if cpu_att else kv                    # cpu attention ships q with new k/v
     decode = {
         # offloaded weights + (gpu attention) the offloaded cache over mean context, (cpu attention) the
         # attention output back + offloaded hidden states
-        "cpu->gpu": (W * w_off + (b * q_bytes if cpu_att else b * ctx * kv) * c_off + b * hb * h_off) / h2d,
+        "cpu->gpu": (W * w_off + (b * q_bytes if cpu_att else b * ctx_own * kv) * c_off + b * hb * h_off) / h2d,
         # the new token's k/v (and q with cpu attention) for the offloaded cache + offloaded hidden
         "gpu->cpu": (b * kv_to_cpu * c_off + b * hb * h_off) / d2h,
         # disk weights, disk cache over mean context, disk hidden
-        "disk->cpu": (W * w_disk + b * ctx * kv * c_disk + b * hb * h_disk) / d_read,
+        "disk->cpu": (W * w_disk + b * ctx_own * kv * c_disk + b * hb * h_disk) / d_read,
         # the new token's k/v and hidden states homed on disk
         "cpu->disk": (b * kv * c_disk + b * hb * h_disk) / d_write,
     }

@@ -11,8 +11,11 @@ cache positions):
     (slot = (i * J + j) % 2); `wdq{slot}...`: a dense device buffer per compressed tensor; `wrelay` pinned
     relay buffers for disk tensors (CUDA only);
   - the working memory of one GPU batch (`working_bytes`);
-  - KV homes `kv.{j}.{k}.s{n}`: [g, heads of segment n, S, hd] keys and values per attention layer and GPU
-    batch, segments cut along kv heads by `split_ranges`; `kvbuf{slot}` device copies of non-gpu segments
+  - KV homes `kv.{j}.{k}.s{n}`: [g, heads of segment n, S - p, hd] keys and values per attention layer and GPU
+    batch (p: the batch's shared prefix, `prefix.batch_prefix_len`, whose keys and values
+    `kv.{j}.{k}.prefix` [1, nkv, p, hd] are held once, dense, on the device; with CPU attention a host copy
+    `prefix_host.s{n}` of each off-gpu segment's heads), segments cut along kv heads by `split_ranges`;
+    `kvbuf{slot}` device copies of non-gpu segments
     (decode without CPU attention), `kvrelay{slot}` for disk segments, `kvstage{slot}.s{n}.r{c}` pinned staging
     of the new positions, one per prefill row chunk c (CUDA; slot = the store's count in the block % 2);
   - hidden-state homes `act.{k}.{n}` of the non-gpu hidden parts (with a shared prefix computed once, only
@@ -150,10 +153,11 @@ def _stage_bytes(rows: int, heads: int, prompt_len: int, head_dim: int, dtype: t
                  prefix_len: int = 0) -> int:
     """Bytes of one set of staging buffers (keys + values) `kvstage{slot}.s{n}.r{c}`: one per prefill row chunk
     (`row_chunks` by the rows' own tokens past a prefix of `prefix_len` computed once; each chunk's keys hold
-    the whole prompt), the first also holding the decode stores [rows, heads, 1, hd]."""
+    the rows' own prompt positions, the prefix being kept once on the device), the first also holding the
+    decode stores [rows, heads, 1, hd]."""
     total = 0
     for c, (r0, r1) in enumerate(row_chunks(rows, prompt_len - prefix_len)):
-        size = _kv_bytes(r1 - r0, heads, prompt_len, head_dim, dtype, compressed)
+        size = _kv_bytes(r1 - r0, heads, prompt_len - prefix_len, head_dim, dtype, compressed)
         if c == 0:
             size = max(size, _kv_bytes(rows, heads, 1, head_dim, dtype, compressed))
         total += 2 * size
@@ -170,6 +174,11 @@ def _host_stage_bytes(config: ModelConfig, rows: int, heads: int, bytes_per_elem
     k and v [rows, heads, 1, hd]."""
     group = config.num_attention_heads // config.num_key_value_heads
     return rows * config.head_dim * bytes_per_element * (2 * group * heads + 2 * heads)
+
+
+def _prefix_kv_bytes(heads: int, prefix_len: int, head_dim: int, bytes_per_element: int) -> int:
+    """Bytes of one (layer, GPU batch)'s shared-prefix keys + values [1, heads, L, hd], dense (`KVHome.prefix`)."""
+    return 2 * heads * prefix_len * head_dim * bytes_per_element
 
 
 def _decode_steps(gen_len: int) -> tuple[int, ...]:
@@ -210,11 +219,14 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
     mem["gpu"] += working_bytes(config, g, P, S, dtype, cc, staged, prefix_len=prefix)
     decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
     stage_slots = _stage_slots(layout, policy)
+    mem["gpu"] += L * K * _prefix_kv_bytes(config.num_key_value_heads, prefix, hd, e)      # prefix k/v
     for tier, h0, h1 in split_ranges(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu):
-        home = 2 * _kv_bytes(g, h1 - h0, S, hd, dtype, cc)
+        home = 2 * _kv_bytes(g, h1 - h0, S - prefix, hd, dtype, cc)           # the rows' own positions
         mem[tier.value] += L * K * home
         if tier is Tier.GPU:
             continue
+        if policy.cpu_attention:
+            mem["cpu"] += L * K * _prefix_kv_bytes(h1 - h0, prefix, hd, e)    # prefix_host
         aliased = tier is Tier.CPU and not cuda and not cc
         if not policy.cpu_attention and not aliased:
             mem["gpu"] += decode_slots * home                               # kvbuf
@@ -275,8 +287,9 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
     cc = policy.compress_cache
     buffers = _buffer_bytes(layout, lambda kl, n: kl.stored[n])             # every tensor off the gpu
     dequant = _buffer_bytes(layout, lambda kl, n: kl.dense[n] * kl.packed[n])
-    home = 2 * _kv_bytes(g, nkv, S, hd, dtype, cc)                           # one (layer, batch) cache
     prefix = batch_prefix_len(shared_prefix_len, g)
+    home = 2 * _kv_bytes(g, nkv, S - prefix, hd, dtype, cc)                  # one (layer, batch) cache, own positions
+    prefix_kv = L * K * _prefix_kv_bytes(nkv, prefix, hd, e)                # the shared prefix's k/v, dense
     stage = _stage_bytes(g, nkv, P, hd, dtype, cc, prefix)
     staged = 2 * g * nkv * P * hd * e                                       # prefill k/v awaiting store_cache
     decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
@@ -290,8 +303,10 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
            + (c_loaded * (decode_slots * home) if not policy.cpu_attention else const(0.0))
            + const(working_bytes(config, g, P, S, dtype, cc, prefix_len=prefix))
            + c_loaded * staged
-           + share("act", "gpu") * placed + const(kept))
+           + share("act", "gpu") * placed + const(kept) + const(prefix_kv))
     cpu = share("w", "cpu") * layout.total_bytes + share("cache", "cpu") * (L * K * home)
+    if policy.cpu_attention:
+        cpu = cpu + share("cache", "off") * prefix_kv                       # host copies for host attention
     if cuda:
         if pipelines_host_attention(config, policy):
             cpu = cpu + share("cache", "off") * (K * _host_stage_bytes(config, g, nkv, e))

@@ -3,12 +3,15 @@
 A GPU batch of more than one row whose prompts share at least `MIN_SHARED_PREFIX` leading tokens runs its
 prefill as one prefix [1, L] (embedding, q/k/v, attention and MLP computed once for the batch) and the
 rows' suffixes [g, s - L], which attend to the prefix's keys (`engine.runtime.batch.GpuBatch`,
-`engine.runtime.prefill_chunks`, `engine.models.attention.prefix_attention` / `suffix_attention`). What
-does not shrink: every row's KV cache still holds all L + (s - L) prompt positions (the prefix's keys are
-written into each row), so cache bytes, cache stores and the 4-bit quantization of the new cache are per
-row and per prompt token as without a prefix. The prefill's hidden state is a (prefix, rows) pair, which
-`engine.runtime.act_homes.ActHomes` never parks off the device: it stays on the gpu between layers whatever
-the policy's activation placement says, and only the decode steps' hidden states [g, 1, h] are parked.
+`engine.runtime.prefill_chunks`, `engine.models.attention.prefix_attention` / `suffix_attention`). The
+prefix's keys and values are then held once for the batch, dense on the compute device
+(`engine.runtime.kv_cache.KVHome.prefix`, [1, nkv, L, hd] per attention layer; with CPU attention a host
+copy of the off-device heads), and every row's KV cache holds its own S - L positions only: cache bytes,
+cache stores, the 4-bit quantization of the new cache and the decode's cache loads shrink by the prefix,
+while attention still reads L + own keys (decode assembles them per chunk of rows on the device). The
+prefill's hidden state is a (prefix, rows) pair, which `engine.runtime.act_homes.ActHomes` never parks off
+the device: it stays on the gpu between layers whatever the policy's activation placement says, and only
+the decode steps' hidden states [g, 1, h] are parked.
 """
 from __future__ import annotations
 

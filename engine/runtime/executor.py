@@ -155,7 +155,8 @@ class Executor:
             (j, k): KVHome(self.arena, f"kv{tag}.{j}.{k}", rows=b.size, length=b.length,
                            num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, dtype=self.dtype,
                            cache_gpu=p.cache_gpu, cache_cpu=p.cache_cpu, quant=self.cquant,
-                           cpu_attention=p.cpu_attention, decode_chunk_bytes=self.decode_chunk_bytes)
+                           cpu_attention=p.cpu_attention, decode_chunk_bytes=self.decode_chunk_bytes,
+                           prefix_len=b.prefix_len)
             for j, spec in enumerate(self.specs) if spec.kind == "attention"
             for k, b in enumerate(batches)
         }

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.models.attention import (chunked_decode_attention, cpu_decode_attention, decode_attention,
+from engine.models.attention import (chunked_decode_attention, cpu_decode_attention, decode_attention, dense_keys,
                                      prefill_attention, stored_rotation)
 from engine.policy.working import DECODE_CHUNK_BYTES, decode_chunk_rows
 from engine.quant.config import QuantConfig
-from engine.quant.group import dequantize, quantize, rotate_last
+from engine.quant.group import quantize, rotate_last
 from engine.quant.qtensor import QTensor
 from engine.runtime.arena import Arena
 from engine.runtime.host_attention import HostAttention, HostJob
@@ -65,24 +65,6 @@ def _write(dst: Stored, src: torch.Tensor, t0: int, quant: QuantConfig | None, r
         dst[index].copy_(src)
 
 
-def _dense(x: Stored, t: int, rotation: QuantConfig | None = None) -> torch.Tensor:
-    """Positions [0, t) of x dense: [b, h, t, hd], or [b, h, t, G] in `rotation`'s stored basis when given."""
-    part = x[(_ALL, _ALL, slice(0, t))]
-    return dequantize(part, unrotate=rotation is None) if isinstance(part, QTensor) else part
-
-
-def _dense_with_new(x: QTensor, new: torch.Tensor, t: int, rotation: QuantConfig | None = None) -> torch.Tensor:
-    """Positions [0, t) of x dequantized and `new` [b, h, 1, hd] at position t, in one fresh buffer
-    [b, h, t+1, hd] (no torch.cat: the dequantization writes straight into the buffer's first t positions);
-    with `rotation`, [b, h, t+1, G] in its stored basis (`new` rotated to join it)."""
-    b, h, _, hd = x.shape
-    width = hd if rotation is None else x.data.shape[-2] * rotation.group_size
-    dense = torch.empty((b, h, t + 1, width), dtype=x.dtype, device=new.device)   # [b, h, t+1, hd|G]
-    dequantize(x[(_ALL, _ALL, slice(0, t))], out=dense[:, :, :t], unrotate=rotation is None)
-    dense[:, :, t:].copy_(new if rotation is None else rotate_last(new, rotation))
-    return dense
-
-
 class StagingClaims:
     """Which store last used each (shared, slot-keyed) staging buffer: a new store waits for it first."""
 
@@ -99,22 +81,61 @@ class StagingClaims:
 
 
 class KVHome:
-    """Owner of the cache homes of (layer j, GPU batch k). `rows` shrinks on `compact`."""
+    """Owner of the cache homes of (layer j, GPU batch k). `rows` shrinks on `compact`.
+
+    `length` is the batch's cache positions S; with a shared prefix of `prefix_len` L (the batch's
+    `GpuBatch.prefix_len`) the prefix's keys/values are held once for the batch, dense on the compute device
+    (`prefix`, [1, nkv, L, hd]; a host copy of a host segment's heads for host attention), and the homes hold
+    each row's own positions only: cache position x lives at home position x - L. Attention sees the prefix
+    before the row's own keys, so its results are those of a cache holding the prefix in every row, with
+    the prefix's keys exactly as the prefill computed them (dense, never quantized)."""
 
     def __init__(self, arena: Arena, key: str, *, rows: int, length: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, cache_gpu: float, cache_cpu: float, quant: QuantConfig | None,
-                 cpu_attention: bool, decode_chunk_bytes: int = DECODE_CHUNK_BYTES):
+                 cpu_attention: bool, decode_chunk_bytes: int = DECODE_CHUNK_BYTES, prefix_len: int = 0):
+        if not 0 <= prefix_len < length:
+            raise ValueError(f"KVHome {key}: prefix_len {prefix_len} must be in [0, length {length})")
         self.arena, self.key, self.rows, self.length = arena, key, rows, length
         self.num_kv_heads, self.head_dim, self.decode_chunk_bytes = num_kv_heads, head_dim, decode_chunk_bytes
         self.dtype, self.quant, self.cpu_attention = dtype, quant, cpu_attention
         self.device = arena.device
+        self.prefix_len = prefix_len
+        self.prefix: tuple[torch.Tensor, torch.Tensor] | None = None
+        if prefix_len:
+            shape = (1, num_kv_heads, prefix_len, head_dim)
+            self.prefix = (arena.get(f"{key}.prefix.k", Tier.GPU, shape, dtype),
+                           arena.get(f"{key}.prefix.v", Tier.GPU, shape, dtype))
+        self._prefix_parts: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
         self.pending: list[Pending] = []            # this home's stores not yet complete on the host
         self.segments: list[KVSegment] = []
         for n, (tier, h0, h1) in enumerate(split_ranges(num_kv_heads, cache_gpu, cache_cpu)):
-            shape = (rows, h1 - h0, length, head_dim)
+            shape = (rows, h1 - h0, length - prefix_len, head_dim)
             k = arena.get(f"{key}.s{n}.k", tier, shape, dtype, quant)
             v = arena.get(f"{key}.s{n}.v", tier, shape, dtype, quant)
             self.segments.append(KVSegment(tier, h0, h1, k, v))
+
+    def _prefix_of(self, n: int, rotation: QuantConfig | None = None,
+                   host: bool = False) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
+        """Segment n's heads of the shared prefix [1, h1-h0, L, hd]: on the compute device, in `rotation`'s
+        stored basis when given (made once per segment), or (`host`) a copy in host memory for host
+        attention (its own arena buffers, made once; rotated by `cpu_decode_attention` itself)."""
+        if self.prefix is None:
+            return None, None
+        key = (n, rotation is not None, host)
+        if key not in self._prefix_parts:
+            seg = self.segments[n]
+            pk, pv = (x[:, seg.h0:seg.h1] for x in self.prefix)
+            if host:
+                shape = tuple(pk.shape)
+                hk = self.arena.get(f"{self.key}.prefix_host.s{n}.k", Tier.CPU, shape, self.dtype)
+                hv = self.arena.get(f"{self.key}.prefix_host.s{n}.v", Tier.CPU, shape, self.dtype)
+                hk.copy_(pk)
+                hv.copy_(pv)
+                pk, pv = hk, hv
+            elif rotation is not None:
+                pk, pv = rotate_last(pk, rotation), rotate_last(pv, rotation)     # [1, h, L, G]
+            self._prefix_parts[key] = (pk, pv)
+        return self._prefix_parts[key]
 
     def _aliased(self, seg: KVSegment) -> bool:
         """True when the segment's home is directly usable by compute (same memory, dense)."""
@@ -192,11 +213,18 @@ class KVHome:
     # ---- compute --------------------------------------------------------------------------------------
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                 scale: float, softcap: float | None = None, row0: int = 0) -> torch.Tensor:
-        """Attention of the prompt's s new queries (q [b, nh, s, hd]) over its t keys (k/v [b, nkv, t, hd], a
-        shared prefix first when there is one), mask [b, 1, s, t]; the cache homes' rows [row0, row0 + b) get
-        positions [0, t) (gpu homes now, the others on `store`). `softcap`: attention-logit soft-capping
-        (Gemma2). Returns [b, nh, s, hd]."""
+        """Attention of the prompt's s new queries (q [b, nh, s, hd]) over its t keys (k/v [b, nkv, t, hd], the
+        home's shared prefix of `prefix_len` positions first when it has one), mask [b, 1, s, t]; the cache
+        homes' rows [row0, row0 + b) get their own positions [L, t) (gpu homes now, the others on `store`),
+        and the prefix's keys/values are kept once (from the chunk of row 0). `softcap`: attention-logit
+        soft-capping (Gemma2). Returns [b, nh, s, hd]."""
         out = prefill_attention(q, k, v, mask, scale, softcap)
+        L = self.prefix_len
+        if L:
+            if row0 == 0:
+                self.prefix[0].copy_(k[:1, :, :L])
+                self.prefix[1].copy_(v[:1, :, :L])
+            k, v = k[:, :, L:], v[:, :, L:]                                      # [b, nkv, t - L, hd]
         for seg in self.segments:
             ks, vs = k[:, seg.h0:seg.h1], v[:, seg.h0:seg.h1]
             if seg.tier is Tier.GPU or self._aliased(seg):
@@ -222,19 +250,19 @@ class KVHome:
                key_valid_host: torch.Tensor, scale: float, softcap: float | None = None) -> torch.Tensor:
         """One new token per row at cache position t: q [b, nh, 1, hd], k/v [b, nkv, 1, hd],
         key_valid [b, t+1] bool on the device (key_valid_host: the same on the host; both already exclude
-        keys outside a sliding window). Returns [b, nh, 1, hd]."""
+        keys outside a sliding window; positions [0, L) are the shared prefix's). Returns [b, nh, 1, hd]."""
         g = q.shape[1] // k.shape[1]
         if self.cpu_attention:
             self.settle()                       # the host reads the homes the prefill's stores fill
         outs = []
-        for seg in self.segments:
+        for n, seg in enumerate(self.segments):
             qs, ks, vs = q[:, seg.h0 * g:seg.h1 * g], k[:, seg.h0:seg.h1], v[:, seg.h0:seg.h1]
             if self._host_side(seg, True):
-                out = self._host_decode(seg, qs.to("cpu"), ks.to("cpu"), vs.to("cpu"), t, key_valid_host, scale,
+                out = self._host_decode(n, qs.to("cpu"), ks.to("cpu"), vs.to("cpu"), t, key_valid_host, scale,
                                         softcap)
                 outs.append(out.to(q.device, non_blocking=True))
             else:
-                outs.append(self._device_decode(seg, qs, ks, vs, t, key_valid, scale, softcap))
+                outs.append(self._device_decode(n, qs, ks, vs, t, key_valid, scale, softcap))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)            # [b, nh, 1, hd]
 
     def decode_start(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, key_valid: torch.Tensor,
@@ -249,46 +277,61 @@ class KVHome:
         for n, seg in enumerate(self.segments):
             qs, ks, vs = q[:, seg.h0 * g:seg.h1 * g], k[:, seg.h0:seg.h1], v[:, seg.h0:seg.h1]
             if self._host_side(seg, True):
-                def work(qh, kh, vh, seg=seg):
-                    return self._host_decode(seg, qh, kh, vh, t, key_valid_host, scale, softcap)
+                self._prefix_of(n, host=True)           # the host copy made here, before the thread reads it
+
+                def work(qh, kh, vh, n=n):
+                    return self._host_decode(n, qh, kh, vh, t, key_valid_host, scale, softcap)
                 parts.append(host.start(f"{stage_key}.s{n}", qs, ks, vs, work))
             else:
-                parts.append(self._device_decode(seg, qs, ks, vs, t, key_valid, scale, softcap))
+                parts.append(self._device_decode(n, qs, ks, vs, t, key_valid, scale, softcap))
         return DecodeJoin(parts)
 
-    def _host_decode(self, seg: KVSegment, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int,
+    def _host_decode(self, n: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int,
                      key_valid_host: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
-        """A host segment's decode on host tensors: the new k/v into the home at t, attention over [0, t]."""
-        _write(seg.k, k, t, self.quant)
-        _write(seg.v, v, t, self.quant)
-        index = (_ALL, _ALL, slice(0, t + 1))
-        return cpu_decode_attention(q, seg.k[index], seg.v[index], key_valid_host, scale, softcap)
+        """Host segment n's decode on host tensors: the new k/v into the home at t, attention over the
+        shared prefix (if any) and [0, t]."""
+        seg, tp = self.segments[n], t - self.prefix_len                         # tp: the home position of t
+        _write(seg.k, k, tp, self.quant)
+        _write(seg.v, v, tp, self.quant)
+        index = (_ALL, _ALL, slice(0, tp + 1))
+        pk, pv = self._prefix_of(n, host=True)
+        return cpu_decode_attention(q, seg.k[index], seg.v[index], key_valid_host, scale, softcap,
+                                    prefix=None if pk is None else (pk, pv))
 
-    def _device_decode(self, seg: KVSegment, qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, t: int,
+    def _device_decode(self, n: int, qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, t: int,
                        key_valid: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
-        """A segment's decode on the compute device: a gpu home in place, or the buffer `load` filled."""
+        """Segment n's decode on the compute device: a gpu home in place, or the buffer `load` filled; the
+        keys attended are the shared prefix's (if any) then the home's [0, t - L] (`dense_keys`)."""
+        seg, tp = self.segments[n], t - self.prefix_len                         # tp: the home position of t
         if seg.tier is Tier.GPU:
-            _write(seg.k, ks, t, self.quant)
-            _write(seg.v, vs, t, self.quant)
+            _write(seg.k, ks, tp, self.quant)
+            _write(seg.v, vs, tp, self.quant)
             if isinstance(seg.k, QTensor):
                 rot = stored_rotation(seg.k, seg.v)
+                pk, pv = self._prefix_of(n, rot)
                 return self._chunked_decode(                                     # [c, hs, t+1, hd|G] chunks
-                    qs, lambda r0, r1: (_dense(seg.k[r0:r1], t + 1, rot), _dense(seg.v[r0:r1], t + 1, rot)),
+                    qs, lambda r0, r1: (dense_keys(seg.k[r0:r1], tp + 1, rot, pk),
+                                        dense_keys(seg.v[r0:r1], tp + 1, rot, pv)),
                     key_valid, scale, softcap, rot)
-            return decode_attention(qs, _dense(seg.k, t + 1), _dense(seg.v, t + 1), key_valid, scale, softcap)
+            pk, pv = self._prefix_of(n)
+            return decode_attention(qs, dense_keys(seg.k, tp + 1, None, pk), dense_keys(seg.v, tp + 1, None, pv),
+                                    key_valid, scale, softcap)
         bk, bv = seg.buf
         if isinstance(bk, QTensor):
             rot = stored_rotation(bk, bv)
+            pk, pv = self._prefix_of(n, rot)
             out = self._chunked_decode(                                          # [c, hs, t+1, hd|G] chunks
-                qs, lambda r0, r1: (_dense_with_new(bk[r0:r1], ks[r0:r1], t, rot),
-                                    _dense_with_new(bv[r0:r1], vs[r0:r1], t, rot)),
+                qs, lambda r0, r1: (dense_keys(bk[r0:r1], tp, rot, pk, ks[r0:r1]),
+                                    dense_keys(bv[r0:r1], tp, rot, pv, vs[r0:r1])),
                 key_valid, scale, softcap, rot)
         else:
-            _write(bk, ks, t, None)
-            _write(bv, vs, t, None)
-            out = decode_attention(qs, bk[:, :, :t + 1], bv[:, :, :t + 1], key_valid, scale, softcap)
+            _write(bk, ks, tp, None)
+            _write(bv, vs, tp, None)
+            pk, pv = self._prefix_of(n)
+            out = decode_attention(qs, dense_keys(bk, tp + 1, None, pk), dense_keys(bv, tp + 1, None, pv),
+                                   key_valid, scale, softcap)
         if not self._aliased(seg):
-            seg.staged.append((ks, vs, t, 0))
+            seg.staged.append((ks, vs, tp, 0))
         seg.buf = None
         return out
 
