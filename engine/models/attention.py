@@ -91,8 +91,25 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
         return softcapped_attention(q, k, v, mask, scale, softcap)
     if not q.is_cuda:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
+    if enable_gqa and mask is not None and mask.shape[1] == 1:
+        return _folded_sdpa(q, k, v, mask, scale)
     with sdpa_kernel(_NO_CUDNN):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
+
+
+def _folded_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Grouped-query SDPA with a mask on CUDA as plain SDPA: each kv head's g query heads folded into its
+    query length, q [b, nh, s, hd] -> [b, nkv, g*s, hd], mask [b, 1, s, t] -> [b, 1, g*s, t] (the same maths:
+    query head kv*g + j is kv head kv's j-th group). torch's fused kernels take no GQA with a mask, so unfolded
+    it ran the math path (its score matrices and ~10 kernels per call). -> [b, nh, s, hd]"""
+    b, nh, s, hd = q.shape
+    nkv, t = k.shape[1], k.shape[2]
+    g = nh // nkv
+    qf = q.reshape(b, nkv, g * s, hd)                                          # [b, nkv, g*s, hd]
+    mf = mask.unsqueeze(2).expand(mask.shape[0], 1, g, s, t).reshape(mask.shape[0], 1, g * s, t)  # [b, 1, g*s, t]
+    with sdpa_kernel(_NO_CUDNN):
+        out = F.scaled_dot_product_attention(qf, k, v, attn_mask=mf, scale=scale)   # [b, nkv, g*s, hd]
+    return out.view(b, nh, s, hd)
 
 
 def attention(

@@ -109,7 +109,8 @@ def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtyp
     With a prefix L the prefill holds the prefix [1, L, h] and the rows' own tokens [b, s - L, h], computes
     the prefix's layer (L tokens' intermediates and its causal mask) before the row chunks, keeps the
     prefix's keys/values [1, nkv, L, hd] for them, and a chunk's intermediates span its rows' s - L own
-    tokens plus the prefix keys/values concatenated to theirs [c, nkv, s, hd] and the masks [c, 1, s - L, s]."""
+    tokens plus the prefix keys/values concatenated to theirs [c, nkv, s, hd] and the masks [c, 1, s - L, s].
+    Grouped-query attention adds its fold (`attention._folded_sdpa`: q's copy and the g-fold mask)."""
     e = torch.empty((), dtype=dtype).element_size()
     qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
     attn = (4 * c.hidden_size + 3 * qkv + 2 * c.num_attention_heads * c.head_dim) * e
@@ -124,6 +125,10 @@ def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtyp
     soft = c.attn_logit_softcapping is not None
     L, own = prefix_len, s - prefix_len                                                  # own tokens per row
     cb = chunk_rows(b, own, chunk_tokens)                                                # rows per chunk
+    g = c.num_attention_heads // c.num_key_value_heads
+    # grouped-query attention on CUDA folds the groups into the query length (`attention._folded_sdpa`): a
+    # copy of q and the mask repeated g times, as bool and as the kernel's additive bias (2 bytes)
+    fold = (cb * own * c.num_attention_heads * c.head_dim * e + 3 * g * cb * own * length) if g > 1 else 0
     hidden = (b * own + L) * c.hidden_size * e                                           # [b, s-L, h] (+ [1, L, h])
     staged = 2 * b * staged_heads * s * c.head_dim * e                                   # k, v [b, heads, s, hd]
     ids = (b * own + L) * 8 * 2 + b * length                                             # ids, positions, key_valid
@@ -131,11 +136,12 @@ def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtyp
     if L:
         kv_cat = 2 * cb * c.num_key_value_heads * s * c.head_dim * e                     # k, v [c, nkv, s, hd]
         prefix_kv = 2 * L * c.num_key_value_heads * c.head_dim * e                       # [1, nkv, L, hd]
-        prefix_layer = layer(L) + L * L + (3 * c.num_attention_heads * L * L * 4 if soft else 0)
-        chunk = layer(cb * own) + kv_cat + 2 * cb * own * length + scores
+        prefix_fold = (L * c.num_attention_heads * c.head_dim * e + 3 * g * L * L) if g > 1 else 0
+        prefix_layer = layer(L) + L * L + (3 * c.num_attention_heads * L * L * 4 if soft else 0) + prefix_fold
+        chunk = layer(cb * own) + kv_cat + 2 * cb * own * length + scores + fold
         prefill = hidden + ids + prefix_kv + max(prefix_layer, chunk)
     else:
-        prefill = hidden + ids + layer(cb * s) + cb * s * length + scores
+        prefill = hidden + ids + layer(cb * s) + cb * s * length + scores + fold
     cd = decode_chunk_rows(b, c.num_key_value_heads, length, c.head_dim, dtype, decode_chunk_bytes)
     dense_cache = 4 * cd * c.num_key_value_heads * length * c.head_dim * e if compressed_cache else 0
     decode_scores = 3 * b * c.num_attention_heads * length * 4 if soft else 0

@@ -1,0 +1,48 @@
+"""The attention cores' building blocks against their plain definitions: grouped-query SDPA folded into the
+query length (the CUDA path, `_folded_sdpa`) equals SDPA's own GQA, and `dense_keys` (a shared prefix, a
+cache's positions and a new one, dense or 4-bit rotated) equals the concatenation it replaces."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.models.attention import _folded_sdpa, causal_mask, dense_keys
+from engine.quant.config import CACHE_QUANT
+from engine.quant.group import dequantize, quantize, rotate_last
+
+
+@pytest.mark.parametrize("b, nh, nkv, s, t", [(3, 8, 2, 5, 9), (1, 4, 4, 7, 7), (2, 6, 3, 1, 4)])
+def test_folded_gqa_equals_sdpa_gqa(b, nh, nkv, s, t):
+    g = torch.Generator().manual_seed(b * 100 + s)
+    q = torch.randn(b, nh, s, 16, generator=g)                                     # [b, nh, s, hd]
+    k, v = (torch.randn(b, nkv, t, 16, generator=g) for _ in range(2))             # [b, nkv, t, hd]
+    valid = torch.ones(b, t, dtype=torch.bool)
+    valid[0, :2] = False                                                           # row 0 left-padded
+    mask = causal_mask(valid, s)                                                   # [b, 1, s, t]
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25, enable_gqa=nh != nkv)
+    got = _folded_sdpa(q, k, v, mask, 0.25)
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["dense", "rotated-4bit"])
+@pytest.mark.parametrize("with_new", [False, True])
+def test_dense_keys_is_prefix_then_positions_then_new(quantized, with_new):
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 2, 10, 128, generator=g)                                    # [c, h, S, hd]
+    prefix = torch.randn(1, 2, 4, 128, generator=g)                                # [1, h, L, hd]
+    new = torch.randn(3, 2, 1, 128, generator=g) if with_new else None             # [c, h, 1, hd]
+    t = 6
+    if quantized:
+        stored = quantize(x, CACHE_QUANT)
+        own = dequantize(stored[:, :, :t], unrotate=False)                         # [c, h, t, G] stored basis
+        pre, rot = rotate_last(prefix, CACHE_QUANT), CACHE_QUANT
+        tail = rotate_last(new, CACHE_QUANT) if with_new else None
+    else:
+        stored, own, pre, rot, tail = x, x[:, :, :t], prefix, None, new
+    parts = [pre.expand(3, -1, -1, -1), own] + ([tail] if with_new else [])
+    want = torch.cat(parts, dim=2)
+    got = dense_keys(stored, t, rot, pre, new)
+    assert got.shape == want.shape == (3, 2, 4 + t + with_new, 128)
+    assert torch.equal(got, want)
+    plain = dense_keys(stored, t, rot)                                              # no prefix, no new: as stored
+    assert torch.equal(plain, own)
