@@ -78,7 +78,7 @@ def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
         scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)  # [b, nkv, g, s, t]
     out = torch.matmul(probs.view(b, nkv, -1, probs.shape[-1]), v)  # [b, nkv, g*s, hd]
-    return out.view(b, nh, s, hd)
+    return out.reshape(b, nh, s, hd)                                            # (fused kernels return it strided)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
@@ -109,7 +109,7 @@ def _folded_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
     mf = mask.unsqueeze(2).expand(mask.shape[0], 1, g, s, t).reshape(mask.shape[0], 1, g * s, t)  # [b, 1, g*s, t]
     with sdpa_kernel(_NO_CUDNN):
         out = F.scaled_dot_product_attention(qf, k, v, attn_mask=mf, scale=scale)   # [b, nkv, g*s, hd]
-    return out.view(b, nh, s, hd)
+    return out.reshape(b, nh, s, hd)                                            # (fused kernels return it strided)
 
 
 def attention(
