@@ -78,7 +78,7 @@ def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
         scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)  # [b, nkv, g, s, t]
     out = torch.matmul(probs.view(b, nkv, -1, probs.shape[-1]), v)  # [b, nkv, g*s, hd]
-    return out.reshape(b, nh, s, hd)                                            # (fused kernels return it strided)
+    return out.view(b, nh, s, hd)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
