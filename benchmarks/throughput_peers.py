@@ -75,7 +75,10 @@ def run_accelerate(model: str, prompts: list[list[int]], gen_len: int, gpu_memor
     import transformers  # optional peer
     from accelerate import dispatch_model, infer_auto_device_map  # optional peer
 
-    cfg = transformers.AutoConfig.for_model(**{k: v for k, v in hf_config.items() if k != "architectures"})
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = {cls: name for name, cls in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()}[hf_config["architectures"][0]]
+    cfg = transformers.AutoConfig.for_model(model_type, **{k: v for k, v in hf_config.items() if k != "architectures"})
     with torch.device("cpu"):
         lm = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float16)
     device_map = infer_auto_device_map(lm, max_memory={0: int(gpu_memory * 0.8), "cpu": "1000GiB"},
