@@ -46,3 +46,26 @@ def test_dense_keys_is_prefix_then_positions_then_new(quantized, with_new):
     assert torch.equal(got, want)
     plain = dense_keys(stored, t, rot)                                              # no prefix, no new: as stored
     assert torch.equal(plain, own)
+
+
+def test_reserved_rope_table_is_the_same_table_without_reading_positions():
+    """A reservation (the executor's cache length) grows the table once; lookups below it give the values
+    an unreserved lookup gives, and a position past it is the caller's error (out of the table)."""
+    from engine.models.layers import RopeTable, reserve_positions, rope_cos_sin
+
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
+    free, reserved = RopeTable(inv_freq), RopeTable(inv_freq)
+
+    class Family:                                   # a family holds its tables as instance attributes
+        def __init__(self) -> None:
+            self.rope = reserved
+
+    reserve_positions(Family(), 300, torch.device("cpu"), torch.float32)
+    positions = torch.tensor([[0, 5, 299], [7, 8, 9]])
+    for got, want, direct in zip(reserved.lookup(positions, torch.float32), free.lookup(positions, torch.float32),
+                                 rope_cos_sin(inv_freq, positions, torch.float32)):
+        assert torch.equal(got, want) and torch.equal(got, direct)
+    table = reserved._tables[(torch.device("cpu"), torch.float32)][0]
+    assert table.shape[0] >= 300
+    with pytest.raises(IndexError):
+        reserved.lookup(torch.tensor([[table.shape[0]]]), torch.float32)

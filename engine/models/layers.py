@@ -182,22 +182,45 @@ class RopeTable:
         self.inv_freq = inv_freq  # [hd/2] float32
         self.long_inv_freq, self.switch, self.mscale = long_inv_freq, switch, mscale
         self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._reserved: dict[tuple[torch.device, torch.dtype], int] = {}
 
-    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [b, s] int64 -> cos, sin [b, s, hd] in `dtype`."""
-        key = (positions.device, dtype)
+    def reserve(self, n: int, device: torch.device, dtype: torch.dtype) -> None:
+        """Promise that lookups on (device, dtype) see positions below n (the executor's cache length): the
+        table is grown to n now, and those lookups skip reading positions.max(), a host-device sync per
+        attention layer that kept the host from running ahead of the GPU (one per layer, chunk and step)."""
+        key = (torch.empty(0, device=device).device, dtype)      # canonical: "cuda" -> "cuda:0", as tensors say
+        self._grow(key, n)
+        self._reserved[key] = max(n, self._reserved.get(key, 0))
+
+    def _grow(self, key: tuple[torch.device, torch.dtype], needed: int) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self._tables.get(key, (None, None))
-        needed = int(positions.max()) + 1 if positions.numel() else 1
         if cos is None or cos.shape[0] < needed:
+            device, dtype = key
             size = max(needed, 2 * (0 if cos is None else cos.shape[0]), 256)
-            grid = torch.arange(size, device=positions.device)[None, :]  # [1, n]
+            grid = torch.arange(size, device=device)[None, :]  # [1, n]
             cos, sin = rope_cos_sin(self.inv_freq, grid, dtype, self.mscale)  # [1, n, hd]
             cos, sin = cos[0], sin[0]  # [n, hd]
             if self.long_inv_freq is not None and size > self.switch:
                 lcos, lsin = rope_cos_sin(self.long_inv_freq, grid[:, self.switch:], dtype, self.mscale)
                 cos, sin = torch.cat((cos[:self.switch], lcos[0])), torch.cat((sin[:self.switch], lsin[0]))
             self._tables[key] = (cos, sin)
+        return cos, sin
+
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [b, s] int64 -> cos, sin [b, s, hd] in `dtype` (below a `reserve`d bound without a sync)."""
+        key = (positions.device, dtype)
+        if key in self._reserved:
+            cos, sin = self._tables[key]
+        else:
+            cos, sin = self._grow(key, int(positions.max()) + 1 if positions.numel() else 1)
         return F.embedding(positions, cos), F.embedding(positions, sin)  # [b, s, hd]
+
+
+def reserve_positions(family: object, n: int, device: torch.device, dtype: torch.dtype) -> None:
+    """`RopeTable.reserve` for every RoPE table a family holds (as attributes; none for learned positions)."""
+    for table in vars(family).values():
+        if isinstance(table, RopeTable):
+            table.reserve(n, device, dtype)
 
 
 def rope_table(config: ModelConfig) -> RopeTable:

@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 import torch
 
 from engine.models.attention import attention_layer, attention_output, decode_inputs
+from engine.models.layers import reserve_positions
 from engine.policy.memory import pipelines_host_attention
 from engine.policy.partition import Stage
 from engine.policy.policy import Policy
@@ -116,6 +117,7 @@ class Executor:
 
     def _run_block(self, prompts, max_new_tokens, select) -> None:
         batches = self._batches(prompts, max_new_tokens)
+        reserve_positions(self.family, max(b.length for b in batches), self.device, self.dtype)
         work = self._working_bytes(batches)
         self.budget.reserve(Tier.GPU, work, "working memory of one GPU batch")
         try:
