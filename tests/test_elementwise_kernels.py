@@ -97,6 +97,27 @@ def test_fused_kernels_in_interpreter():
     assert res.returncode == 0, res.stderr[-3000:]
 
 
+@pytest.mark.parametrize("xdt", ["*fp16", "*bf16", "*fp32"])
+def test_kernels_compile_for_sm90(xdt):
+    pytest.importorskip("triton")
+    import triton.language as tl
+
+    from engine.models._elementwise_triton import _rms_norm_kernel, _silu_mul_kernel
+    from triton_compile import compile_for_sm90
+
+    out = {"*fp16": tl.float16, "*bf16": tl.bfloat16, "*fp32": tl.float32}[xdt]
+    sig = {"x_ptr": xdt, "w_ptr": xdt, "out_ptr": xdt, "n_rows": "i32", "n_cols": "i32", "x_row": "i64",
+           "eps": "fp32", "ROWS": "constexpr", "BLOCK": "constexpr", "OUT": "constexpr"}
+    for block, rows in ((8192, 1), (128, 32)):
+        ptx = compile_for_sm90(_rms_norm_kernel, sig, {"ROWS": rows, "BLOCK": block, "OUT": out},
+                               num_warps=8 if block >= 4096 else 4, enable_fp_fusion=False)
+        assert "rsqrt" in ptx and "fma.rn" not in ptx
+    sig = {"gate_ptr": xdt, "up_ptr": xdt, "out_ptr": xdt, "n_cols": "i32", "gate_row": "i64", "up_row": "i64",
+           "OUT": "constexpr", "BLOCK": "constexpr"}
+    ptx = compile_for_sm90(_silu_mul_kernel, sig, {"OUT": out, "BLOCK": 1024}, enable_fp_fusion=False)
+    assert "ex2.approx" in ptx and "div.rn.f32" in ptx
+
+
 CUDA_SHAPES = [(1, 1, 8192), (4096, 8192), (3, 17, 1000), (2, 3, 300), (1, 129), (5,)]
 
 
@@ -148,5 +169,5 @@ def test_first_call_self_check_passes_on_cuda():
 
     elementwise._triton_ready.cache_clear()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error", RuntimeWarning)     # the fallback's warning
         assert elementwise._triton_ready(torch.cuda.current_device())

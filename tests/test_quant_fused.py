@@ -96,6 +96,27 @@ def test_fused_quantize_in_interpreter():
     assert res.returncode == 0, res.stderr[-3000:]
 
 
+@pytest.mark.parametrize("xdt, sdt", [("*bf16", "*fp16"), ("*fp32", "*fp32")])
+def test_kernel_compiles_for_sm90(xdt, sdt):
+    """The GPU compile on the CPU; the rounding step survives as written (no FMA, the 1.5 * 2^23 add)."""
+    pytest.importorskip("triton")
+    import triton.language as tl
+
+    from engine.quant._quant_triton import _quantize_kernel
+    from triton_compile import compile_for_sm90
+
+    sig = {"x_ptr": xdt, "data_ptr": "*u8", "mn_ptr": sdt, "scale_ptr": sdt, "n_groups": "i64", "groups": "i32",
+           "d": "i32", "size1": "i32", "size2": "i32", "size3": "i32", "stride0": "i64", "stride1": "i64",
+           "stride2": "i64", "stride3": "i64", "inv_sqrt": "fp32", "GS": "constexpr", "LEVELS": "constexpr",
+           "ROTATE": "constexpr", "SCALE": "constexpr", "BLOCK_G": "constexpr"}
+    for gs, rotate in ((64, True), (128, False)):
+        ptx = compile_for_sm90(_quantize_kernel, sig, {"GS": gs, "LEVELS": 15, "ROTATE": rotate,
+                                                       "SCALE": tl.float16 if sdt == "*fp16" else tl.float32,
+                                                       "BLOCK_G": max(2048 // gs, 16)}, enable_fp_fusion=False)
+        assert "0f4B400000" in ptx and "div.rn.f32" in ptx
+        assert ("fma.rn.f32" in ptx) == rotate                                  # only the rotation's dot
+
+
 def test_engine_models_and_quant_import_without_triton():
     code = ("import sys, torch; pre = 'triton' in sys.modules; "
             "import engine.quant.group, engine.models.layers, engine.models.llama, engine.models.elementwise; "
@@ -148,5 +169,5 @@ def test_first_call_self_check_passes_on_cuda():
 
     group._triton_ready.cache_clear()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error", RuntimeWarning)     # the fallback's warning
         assert group._triton_ready(torch.cuda.current_device())

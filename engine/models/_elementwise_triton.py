@@ -6,7 +6,8 @@
   - `silu_mul_triton`: silu(gate) * up over [R, n] views (gate/up may be the two halves of one projection):
     silu in float32 rounded to the input dtype, then the product in float32 rounded again, as torch's
     F.silu(gate) * up does.
-The outputs are new contiguous tensors. Launches are asynchronous on the current CUDA stream.
+No FMA contraction (`enable_fp_fusion=False`): each product and sum rounds as written. The outputs are new
+contiguous tensors. Launches are asynchronous on the current CUDA stream.
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
         with _on(x.device):
             _rms_norm_kernel[(triton.cdiv(rows.shape[0], per_program),)](
                 rows, weight, out, rows.shape[0], h, rows.stride(0), eps, ROWS=per_program, BLOCK=block,
-                OUT=TL_DTYPES[x.dtype], num_warps=8 if block >= 4096 else 4)
+                OUT=TL_DTYPES[x.dtype], num_warps=8 if block >= 4096 else 4, enable_fp_fusion=False)
     return out
 
 
@@ -82,5 +83,6 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if g.numel():
         with _on(gate.device):
             _silu_mul_kernel[(g.shape[0], triton.cdiv(g.shape[1], _SILU_BLOCK))](
-                g, u, out, g.shape[1], g.stride(0), u.stride(0), OUT=TL_DTYPES[gate.dtype], BLOCK=_SILU_BLOCK)
+                g, u, out, g.shape[1], g.stride(0), u.stride(0), OUT=TL_DTYPES[gate.dtype], BLOCK=_SILU_BLOCK,
+                enable_fp_fusion=False)
     return out

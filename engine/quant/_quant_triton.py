@@ -34,7 +34,7 @@ from engine.util._triton_cast import TL_DTYPES, round_to
 
 _ELEMENTS = 2048        # elements per program (BLOCK_G = _ELEMENTS // gs groups)
 _MAX_LEAD = 4
-_RINT = 12582912.0      # 1.5 * 2^23
+_RINT = tl.constexpr(12582912.0)      # 1.5 * 2^23
 
 
 @triton.jit

@@ -17,9 +17,10 @@ def round_to(x, OUT: tl.constexpr):
     """float32 x -> OUT, round-to-nearest-even (NaN stays NaN, overflow gives inf)."""
     if OUT == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000                # rtne to 8 mantissa bits
+        y = bits.to(tl.float32, bitcast=True).to(tl.bfloat16)                      # exact: already bfloat16
     elif OUT == tl.float16:
-        return x.to(tl.float16, fp_downcast_rounding="rtne")
+        y = x.to(tl.float16, fp_downcast_rounding="rtne")
     else:
-        return x
+        y = x
+    return y
