@@ -4,20 +4,15 @@ within one ulp of them where the second factor is 1 and within two ulps, one for
 elements, otherwise (the module docstring says why); float32 within 2^-20."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from conftest import requires_cuda
+from triton_helpers import assert_self_check_passes, run_interpreted
 from engine.models.elementwise import close_to_torch, rms_norm, rms_norm_torch, silu_mul, silu_mul_torch
 from engine.models.layers import gated_activation
 
-ROOT = Path(__file__).resolve().parents[1]
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
 
@@ -91,10 +86,7 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32):
 
 def test_fused_kernels_in_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
-    res = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
+    run_interpreted(_INTERPRETED)
 
 
 @pytest.mark.parametrize("xdt", ["*fp16", "*bf16", "*fp32"])
@@ -103,7 +95,7 @@ def test_kernels_compile_for_sm90(xdt):
     import triton.language as tl
 
     from engine.models._elementwise_triton import _rms_norm_kernel, _silu_mul_kernel
-    from triton_compile import compile_for_sm90
+    from triton_helpers import compile_for_sm90
 
     out = {"*fp16": tl.float16, "*bf16": tl.bfloat16, "*fp32": tl.float32}[xdt]
     sig = {"x_ptr": xdt, "w_ptr": xdt, "out_ptr": xdt, "n_rows": "i32", "n_cols": "i32", "x_row": "i64",
@@ -163,11 +155,6 @@ def test_mixed_dtypes_take_the_torch_ops_on_cuda():
 @requires_cuda
 def test_first_call_self_check_passes_on_cuda():
     pytest.importorskip("triton")
-    import warnings
-
     from engine.models import elementwise
 
-    elementwise._triton_ready.cache_clear()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)     # the fallback's warning
-        assert elementwise._triton_ready(torch.cuda.current_device())
+    assert_self_check_passes(elementwise._triton_ready)

@@ -4,21 +4,16 @@ one in under 0.1% of the elements, dequantized values within one quantization st
 interpreter where Triton is installed, on CUDA where there is a GPU; the CPU dispatch stays the torch ops."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from conftest import requires_cuda
+from triton_helpers import assert_self_check_passes, run_interpreted
 from engine.quant import QuantConfig, dequantize, quantize
 from engine.quant.config import CACHE_QUANT
 from engine.quant.group import FUSED_GROUP_SIZES, quantize_mismatch, quantize_torch
 from engine.quant.qtensor import QTensor
 
-ROOT = Path(__file__).resolve().parents[1]
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
 
@@ -90,10 +85,7 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32):
 
 def test_fused_quantize_in_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
-    res = subprocess.run([sys.executable, "-c", _INTERPRETED], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
+    run_interpreted(_INTERPRETED)
 
 
 @pytest.mark.parametrize("xdt, sdt", [("*bf16", "*fp16"), ("*fp32", "*fp32")])
@@ -103,7 +95,7 @@ def test_kernel_compiles_for_sm90(xdt, sdt):
     import triton.language as tl
 
     from engine.quant._quant_triton import _quantize_kernel
-    from triton_compile import compile_for_sm90
+    from triton_helpers import compile_for_sm90
 
     sig = {"x_ptr": xdt, "data_ptr": "*u8", "mn_ptr": sdt, "scale_ptr": sdt, "n_groups": "i64", "groups": "i32",
            "d": "i32", "size1": "i32", "size2": "i32", "size3": "i32", "stride0": "i64", "stride1": "i64",
@@ -115,14 +107,6 @@ def test_kernel_compiles_for_sm90(xdt, sdt):
                                                        "BLOCK_G": max(2048 // gs, 16)}, enable_fp_fusion=False)
         assert "0f4B400000" in ptx and "div.rn.f32" in ptx
         assert ("fma.rn.f32" in ptx) == rotate                                  # only the rotation's dot
-
-
-def test_engine_models_and_quant_import_without_triton():
-    code = ("import sys, torch; pre = 'triton' in sys.modules; "
-            "import engine.quant.group, engine.models.layers, engine.models.llama, engine.models.elementwise; "
-            "assert pre or 'triton' not in sys.modules, 'engine imported triton'")
-    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
 
 
 @requires_cuda
@@ -163,11 +147,6 @@ def test_fused_quantize_cache_shapes_on_cuda(shape, dtype):
 @requires_cuda
 def test_first_call_self_check_passes_on_cuda():
     pytest.importorskip("triton")
-    import warnings
-
     from engine.quant import group
 
-    group._triton_ready.cache_clear()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)     # the fallback's warning
-        assert group._triton_ready(torch.cuda.current_device())
+    assert_self_check_passes(group._triton_ready)
