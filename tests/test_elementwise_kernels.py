@@ -66,7 +66,7 @@ def test_close_to_torch_counts_ulps():
 _INTERPRETED = """
 import torch
 from engine.models._elementwise_triton import rms_norm_triton, silu_mul_triton
-from engine.models.elementwise import rms_norm_torch, silu_mul_torch
+from engine.models.elementwise import _self_check, rms_norm_torch, silu_mul_torch
 from test_elementwise_kernels import check_close
 
 torch.manual_seed(0)
@@ -81,6 +81,7 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32):
     q = torch.randn(2, 5, 4, 64).to(dtype).transpose(1, 2)              # [b, nh, s, hd] per-head norm (Qwen3)
     w = (1 + 0.3 * torch.randn(64)).to(dtype)
     check_close(rms_norm_triton(q, w, 1e-6), rms_norm_torch(q, w, 1e-6), exact_factor=False)
+    assert _self_check(torch.device("cpu"), dtype)                       # the first-call check's body
 """
 
 
@@ -153,8 +154,9 @@ def test_mixed_dtypes_take_the_torch_ops_on_cuda():
 
 
 @requires_cuda
-def test_first_call_self_check_passes_on_cuda():
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_first_call_self_check_passes_on_cuda(dtype):
     pytest.importorskip("triton")
     from engine.models import elementwise
 
-    assert_self_check_passes(elementwise._triton_ready)
+    assert_self_check_passes(elementwise._triton_ready, dtype)

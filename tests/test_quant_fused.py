@@ -68,6 +68,7 @@ _INTERPRETED = """
 import torch
 from engine.quant import QuantConfig
 from engine.quant._quant_triton import quantize_triton
+from engine.quant.group import _self_check
 from test_quant_fused import _check_against_torch, _x
 
 shapes = [((1, 1, 1, 200), None), ((3, 7, 5, 96), (1, 2)), ((2, 1, 3, 1, 2, 2, 64), None),
@@ -80,6 +81,7 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32):
                 x = _x(shape, dtype, seed=i)
                 x = x.transpose(*swap) if swap else x          # strided lead dims (5 after merging: copied)
                 _check_against_torch(quantize_triton(x, config), x, config)
+            assert _self_check(torch.device("cpu"), dtype, config)     # the first-call check's body
 """
 
 
@@ -145,8 +147,10 @@ def test_fused_quantize_cache_shapes_on_cuda(shape, dtype):
 
 
 @requires_cuda
-def test_first_call_self_check_passes_on_cuda():
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("config", [CACHE_QUANT, QuantConfig(group_size=32), QuantConfig(group_size=128, rotate=True)])
+def test_first_call_self_check_passes_on_cuda(dtype, config):
     pytest.importorskip("triton")
     from engine.quant import group
 
-    assert_self_check_passes(group._triton_ready)
+    assert_self_check_passes(group._triton_ready, dtype, config)

@@ -38,10 +38,10 @@ def run_interpreted(code: str) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
 
 
-def assert_self_check_passes(ready: Callable[[int], bool]) -> None:
-    """`ready` (an lru_cached `_triton_ready(device_index)`) cleared and called on the current GPU: True,
-    and no RuntimeWarning (the fallback's)."""
+def assert_self_check_passes(ready: Callable[..., bool], *args: Any) -> None:
+    """`ready` (an lru_cached `_triton_ready(device_index, *args)`) cleared and called on the current GPU:
+    True, and no RuntimeWarning (the fallback's)."""
     ready.cache_clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        assert ready(torch.cuda.current_device())
+        assert ready(torch.cuda.current_device(), *args)

@@ -5,7 +5,7 @@ Two paths, the same contract:
     one read of the inputs and one write of the result instead of torch's ~7 passes over a float32 copy
     (RMSNorm) or 3 passes (silu, product). Triton is imported on the first such call only (`engine` imports
     without Triton); that call checks the kernels against the torch ops on small inputs (one synchronize)
-    and, on a mismatch, warns and keeps the torch ops for that device.
+    and, on a mismatch, warns and keeps the torch ops (per device and dtype).
 Values: the kernels round where torch rounds (the normalized row, silu(gate), to the dtype, then the product
 with the weight / up), so they differ only where float32 statistics summed in another order or Triton's
 exp/rsqrt move that intermediate across a rounding boundary: one unit in the last place (ulp) of the
@@ -33,7 +33,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x [*lead, h], weight [h] -> [*lead, h]; one fused kernel on CUDA when weight has x's dtype."""
     if (x.is_cuda and x.dtype in _FUSED_DTYPES and weight.dtype == x.dtype and weight.device == x.device
             and weight.dim() == 1 and weight.is_contiguous() and 0 < x.shape[-1] == weight.shape[0] <= _MAX_NORM_WIDTH
-            and _triton_ready(x.get_device())):
+            and _triton_ready(x.get_device(), x.dtype)):
         from engine.models import _elementwise_triton    # optional dependency: Triton, imported on CUDA only
 
         return _elementwise_triton.rms_norm_triton(x, weight, eps)
@@ -52,7 +52,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """F.silu(gate) * up (SwiGLU's gated activation) in the inputs' dtype: gate, up [*lead, n] -> [*lead, n];
     one fused kernel on CUDA when both have one shape and dtype."""
     if (gate.is_cuda and gate.dtype in _FUSED_DTYPES and up.dtype == gate.dtype and up.shape == gate.shape
-            and up.device == gate.device and gate.dim() >= 1 and _triton_ready(gate.get_device())):
+            and up.device == gate.device and gate.dim() >= 1 and _triton_ready(gate.get_device(), gate.dtype)):
         from engine.models import _elementwise_triton    # optional dependency: Triton, imported on CUDA only
 
         return _elementwise_triton.silu_mul_triton(gate, up)
@@ -65,30 +65,31 @@ def silu_mul_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _triton_ready(device_index: int) -> bool:
-    """True when Triton imports and both kernels agree with the torch ops (on the CPU) within two units in
-    the last place (`close_to_torch`; see the module docstring for why two) on small strided inputs of each
-    dtype on cuda:device_index (checked once per device; synchronizes that once). Otherwise warns once and
-    the torch ops are used."""
+def _triton_ready(device_index: int, dtype: torch.dtype) -> bool:
+    """True when Triton imports and `_self_check` passes on cuda:device_index for `dtype` (checked once per
+    device and dtype; synchronizes that once). Otherwise warns once and the torch ops are used for that
+    dtype."""
     device = torch.device("cuda", device_index)
+    return first_use_check("engine.models.elementwise", str(device), lambda: _self_check(device, dtype))
 
-    def check() -> bool:
-        from engine.models import _elementwise_triton    # optional dependency: Triton (absent: torch path)
 
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        for dtype in _FUSED_DTYPES:
-            x = torch.randn(3, 5, 2 * 300, generator=gen).to(dtype)[..., :300]          # row stride 600
-            w = (1 + 0.1 * torch.randn(300, generator=gen)).to(dtype)
-            cases = (("rms_norm", _elementwise_triton.rms_norm_triton(x.to(device), w.to(device), 1e-5),
-                      rms_norm_torch(x, w, 1e-5)),
-                     ("silu_mul", _elementwise_triton.silu_mul_triton(*x.to(device).chunk(2, dim=-1)),
-                      silu_mul_torch(*x.chunk(2, dim=-1))))
-            for name, got, want in cases:
-                if not close_to_torch(got.cpu(), want, ulps=2):
-                    raise RuntimeError(f"the Triton {name} kernel differs from the torch ops for {dtype}")
-        return True
+def _self_check(device: torch.device, dtype: torch.dtype) -> bool:
+    """Both kernels on `device` (the CPU: Triton's interpreter) against the torch ops on the CPU, within two
+    units in the last place (`close_to_torch`; the module docstring says why two), on small strided inputs;
+    True, or RuntimeError naming the kernel (ImportError without Triton)."""
+    from engine.models import _elementwise_triton    # optional dependency: Triton (absent: torch path)
 
-    return first_use_check("engine.models.elementwise", str(device), check)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(3, 5, 2 * 300, generator=gen).to(dtype)[..., :300]                  # row stride 600
+    w = (1 + 0.1 * torch.randn(300, generator=gen)).to(dtype)
+    cases = (("rms_norm", _elementwise_triton.rms_norm_triton(x.to(device), w.to(device), 1e-5),
+              rms_norm_torch(x, w, 1e-5)),
+             ("silu_mul", _elementwise_triton.silu_mul_triton(*x.to(device).chunk(2, dim=-1)),
+              silu_mul_torch(*x.chunk(2, dim=-1))))
+    for name, got, want in cases:
+        if not close_to_torch(got.cpu(), want, ulps=2):
+            raise RuntimeError(f"the Triton {name} kernel differs from the torch ops for {dtype}")
+    return True
 
 
 def close_to_torch(got: torch.Tensor, want: torch.Tensor, ulps: int = 1) -> bool:

@@ -68,7 +68,7 @@ def quantize(x: torch.Tensor, config: QuantConfig = QuantConfig()) -> QTensor:
     one fused kernel (engine.quant._quant_triton; its codes may differ by one from the torch ops' where
     float32 summation order moves a value across a code boundary); everything else: the torch ops."""
     if x.is_cuda and x.dtype in _FUSED_DTYPES and config.group_size in FUSED_GROUP_SIZES \
-            and _triton_ready(x.get_device()):
+            and _triton_ready(x.get_device(), x.dtype, config):
         from engine.quant import _quant_triton    # optional dependency: Triton, imported on CUDA only
 
         return _quant_triton.quantize_triton(x, config)
@@ -90,29 +90,27 @@ def quantize_torch(x: torch.Tensor, config: QuantConfig = QuantConfig()) -> QTen
 
 
 @functools.lru_cache(maxsize=None)
-def _triton_ready(device_index: int) -> bool:
-    """True when Triton imports and the fused quantize agrees with `quantize_torch` (on the CPU) on small
-    strided inputs on cuda:device_index, per dtype and group size, rotated or not (checked once per device;
-    synchronizes that once). Otherwise warns once and the torch ops are used."""
+def _triton_ready(device_index: int, dtype: torch.dtype, config: QuantConfig) -> bool:
+    """True when Triton imports and `_self_check` passes on cuda:device_index for `dtype` and `config`
+    (checked once per device, dtype and config, so only the kernels in use compile; synchronizes that
+    once). Otherwise warns once and the torch ops are used for them."""
     device = torch.device("cuda", device_index)
+    return first_use_check("quantize", str(device), lambda: _self_check(device, dtype, config))
 
-    def check() -> bool:
-        from engine.quant import _quant_triton    # optional dependency: Triton (absent: torch path)
 
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        for dtype in _FUSED_DTYPES:
-            for gs in FUSED_GROUP_SIZES:
-                x = (torch.randn(2, 7, 3, gs + gs // 2 + 2, generator=gen) * 3).to(dtype)   # padded last group
-                for rotate in (False, True):
-                    config = QuantConfig(group_size=gs, rotate=rotate)
-                    got = _quant_triton.quantize_triton(x.to(device).transpose(1, 2), config)
-                    problem = quantize_mismatch(got, quantize_torch(x.transpose(1, 2), config))
-                    if problem:
-                        raise RuntimeError(f"the Triton quantize kernel differs from the torch ops for {dtype}, "
-                                           f"{config}: {problem}")
-        return True
+def _self_check(device: torch.device, dtype: torch.dtype, config: QuantConfig) -> bool:
+    """The fused quantize on `device` (the CPU: Triton's interpreter) against `quantize_torch` on the CPU, by
+    `quantize_mismatch`, on a small strided input with a padded last group; True, or RuntimeError saying
+    what differs (ImportError without Triton)."""
+    from engine.quant import _quant_triton    # optional dependency: Triton (absent: torch path)
 
-    return first_use_check("quantize", str(device), check)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    gs = config.group_size
+    x = (torch.randn(2, 7, 3, gs + gs // 2 + 2, generator=gen) * 3).to(dtype).transpose(1, 2)   # [2, 3, 7, d]
+    problem = quantize_mismatch(_quant_triton.quantize_triton(x.to(device), config), quantize_torch(x, config))
+    if problem:
+        raise RuntimeError(f"the Triton quantize kernel differs from the torch ops for {dtype}, {config}: {problem}")
+    return True
 
 
 def quantize_mismatch(got: QTensor, want: QTensor, max_code_share: float = 1e-3) -> str | None:
