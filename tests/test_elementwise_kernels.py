@@ -95,15 +95,15 @@ def test_kernels_compile_for_sm90(xdt):
     pytest.importorskip("triton")
     import triton.language as tl
 
-    from engine.models._elementwise_triton import _rms_norm_kernel, _silu_mul_kernel
+    from engine.models._elementwise_triton import _norm_warps, _rms_norm_kernel, _silu_mul_kernel
     from triton_helpers import compile_for_sm90
 
     out = {"*fp16": tl.float16, "*bf16": tl.bfloat16, "*fp32": tl.float32}[xdt]
     sig = {"x_ptr": xdt, "w_ptr": xdt, "out_ptr": xdt, "n_rows": "i32", "n_cols": "i32", "x_row": "i64",
            "eps": "fp32", "ROWS": "constexpr", "BLOCK": "constexpr", "OUT": "constexpr"}
-    for block, rows in ((8192, 1), (128, 32)):
+    for block, rows in ((16384, 1), (8192, 1), (128, 32)):
         ptx = compile_for_sm90(_rms_norm_kernel, sig, {"ROWS": rows, "BLOCK": block, "OUT": out},
-                               num_warps=8 if block >= 4096 else 4, enable_fp_fusion=False)
+                               num_warps=_norm_warps(block), enable_fp_fusion=False)
         assert "rsqrt" in ptx and "fma.rn" not in ptx
     sig = {"gate_ptr": xdt, "up_ptr": xdt, "out_ptr": xdt, "n_cols": "i32", "gate_row": "i64", "up_row": "i64",
            "OUT": "constexpr", "BLOCK": "constexpr"}
@@ -111,7 +111,7 @@ def test_kernels_compile_for_sm90(xdt):
     assert "ex2.approx" in ptx and "div.rn.f32" in ptx
 
 
-CUDA_SHAPES = [(1, 1, 8192), (4096, 8192), (3, 17, 1000), (2, 3, 300), (1, 129), (5,)]
+CUDA_SHAPES = [(1, 1, 8192), (4096, 8192), (3, 17, 1000), (2, 3, 300), (1, 129), (5,), (7, 16384)]
 
 
 @requires_cuda

@@ -19,7 +19,6 @@ import triton.language as tl
 
 from engine.util._triton_cast import TL_DTYPES, round_to
 
-MAX_NORM_WIDTH = 65536       # widest row rms_norm_triton holds in one program
 _NORM_ELEMENTS = 4096        # elements per program when rows are narrow
 _SILU_BLOCK = 1024           # elements of one row per program
 
@@ -59,9 +58,15 @@ def _on(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()  # cpu: interpreter
 
 
+def _norm_warps(block: int) -> int:
+    """Warps for rows of `block` elements: at most 32 float32 values of the row per thread (4 to 16)."""
+    return min(16, max(4, block // (32 * 32)))
+
+
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`elementwise.rms_norm_torch(x, weight, eps)` in one launch: x [*lead, h] float16/bfloat16/float32,
-    weight [h] contiguous of x's dtype, h <= MAX_NORM_WIDTH (checked by the caller) -> [*lead, h] contiguous."""
+    weight [h] contiguous of x's dtype, h at most `elementwise.MAX_NORM_WIDTH` (one row per program, in
+    registers; checked by the caller) -> [*lead, h] contiguous."""
     h = x.shape[-1]
     rows = _rows(x)                                                             # [R, h]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -71,7 +76,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
         with _on(x.device):
             _rms_norm_kernel[(triton.cdiv(rows.shape[0], per_program),)](
                 rows, weight, out, rows.shape[0], h, rows.stride(0), eps, ROWS=per_program, BLOCK=block,
-                OUT=TL_DTYPES[x.dtype], num_warps=8 if block >= 4096 else 4, enable_fp_fusion=False)
+                OUT=TL_DTYPES[x.dtype], num_warps=_norm_warps(block), enable_fp_fusion=False)
     return out
 
 

@@ -25,14 +25,14 @@ import torch.nn.functional as F
 from engine.util.kernel_check import first_use_check
 
 _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_MAX_NORM_WIDTH = 65536      # = _elementwise_triton.MAX_NORM_WIDTH (that module imports Triton)
+MAX_NORM_WIDTH = 16384       # widest row the fused RMSNorm takes (a whole row per program, in registers)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm as Hugging Face Llama computes it: statistics in float32, weight applied in x's dtype.
     x [*lead, h], weight [h] -> [*lead, h]; one fused kernel on CUDA when weight has x's dtype."""
     if (x.is_cuda and x.dtype in _FUSED_DTYPES and weight.dtype == x.dtype and weight.device == x.device
-            and weight.dim() == 1 and weight.is_contiguous() and 0 < x.shape[-1] == weight.shape[0] <= _MAX_NORM_WIDTH
+            and weight.dim() == 1 and weight.is_contiguous() and 0 < x.shape[-1] == weight.shape[0] <= MAX_NORM_WIDTH
             and _triton_ready(x.get_device(), x.dtype)):
         from engine.models import _elementwise_triton    # optional dependency: Triton, imported on CUDA only
 

@@ -59,7 +59,7 @@ def _quantize_kernel(x_ptr, data_ptr, mn_ptr, scale_ptr, n_groups, groups, d,
         bits = j[:, None] & j[None, :]                                          # [GS, GS]
         bits = bits ^ (bits >> 4)
         bits = bits ^ (bits >> 2)
-        bits = bits ^ (bits >> 1)                                               # bit 0: parity (GS <= 256)
+        bits = bits ^ (bits >> 1)                                               # bit 0: parity (GS <= 128)
         h = tl.where((bits & 1) == 1, -inv_sqrt, inv_sqrt)                      # [GS, GS] float32
         xf = tl.dot(xf, h, input_precision="ieee")                             # [BG, GS] rotated basis
     mn = tl.min(xf, axis=1)                                                     # [BG]
@@ -98,12 +98,12 @@ def _lead_layout(x: torch.Tensor) -> tuple[list[int], list[int]] | None:
 
 def quantize_triton(x: torch.Tensor, config: QuantConfig) -> QTensor:
     """`quantize(x, config)` by one kernel launch on the current CUDA stream (asynchronous; on the CPU under
-    TRITON_INTERPRET=1). x: float16/bfloat16/float32 [*lead, d]; config.group_size a power of two in
-    [16, 256] (checked by the caller)."""
+    TRITON_INTERPRET=1). x: float16/bfloat16/float32 [*lead, d]; config.group_size one of
+    `group.FUSED_GROUP_SIZES` (checked by the caller)."""
     *lead, d = x.shape
     gs = config.group_size
     groups = -(-d // gs)
-    if x.dim() == 0 or (x.stride(-1) != 1 and d > 1) or _lead_layout(x) is None:
+    if (x.stride(-1) != 1 and d > 1) or _lead_layout(x) is None:
         x = x.contiguous()
     sizes, strides = _lead_layout(x)
     sdt = scale_dtype(x.dtype)
