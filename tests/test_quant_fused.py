@@ -96,7 +96,7 @@ def test_kernel_compiles_for_sm90(xdt, sdt):
     pytest.importorskip("triton")
     import triton.language as tl
 
-    from engine.quant._quant_triton import _quantize_kernel
+    from engine.quant._quant_triton import _WARPS, _quantize_kernel, launch_block
     from triton_helpers import compile_for_sm90
 
     sig = {"x_ptr": xdt, "data_ptr": "*u8", "mn_ptr": sdt, "scale_ptr": sdt, "n_groups": "i64", "groups": "i32",
@@ -106,7 +106,8 @@ def test_kernel_compiles_for_sm90(xdt, sdt):
     for gs, rotate in ((64, True), (128, False)):
         ptx = compile_for_sm90(_quantize_kernel, sig, {"GS": gs, "LEVELS": 15, "ROTATE": rotate,
                                                        "SCALE": tl.float16 if sdt == "*fp16" else tl.float32,
-                                                       "BLOCK_G": max(2048 // gs, 16)}, enable_fp_fusion=False)
+                                                       "BLOCK_G": launch_block(gs)}, num_warps=_WARPS,
+                               enable_fp_fusion=False)
         assert "0f4B400000" in ptx and "div.rn.f32" in ptx
         assert ("fma.rn.f32" in ptx) == rotate                                  # only the rotation's dot
 

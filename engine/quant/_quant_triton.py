@@ -32,7 +32,8 @@ from engine.quant.config import QuantConfig
 from engine.quant.qtensor import QTensor, scale_dtype
 from engine.util._triton_cast import TL_DTYPES, round_to
 
-_ELEMENTS = 2048        # elements per program (BLOCK_G = _ELEMENTS // gs groups)
+_ELEMENTS = 1024        # elements per program (BLOCK_G = _ELEMENTS // gs groups, at least 16 for tl.dot)
+_WARPS = 8              # sm_90, ptxas: 96-100 registers per thread at gs 32/64, no spills (4 warps: 150-255)
 _MAX_LEAD = 4
 _RINT = tl.constexpr(12582912.0)      # 1.5 * 2^23
 
@@ -96,6 +97,11 @@ def _lead_layout(x: torch.Tensor) -> tuple[list[int], list[int]] | None:
     return [s for s, _ in merged], [st for _, st in merged]
 
 
+def launch_block(group_size: int) -> int:
+    """BLOCK_G, the groups one program quantizes."""
+    return max(_ELEMENTS // group_size, 16)
+
+
 def quantize_triton(x: torch.Tensor, config: QuantConfig) -> QTensor:
     """`quantize(x, config)` by one kernel launch on the current CUDA stream (asynchronous; on the CPU under
     TRITON_INTERPRET=1). x: float16/bfloat16/float32 [*lead, d]; config.group_size one of
@@ -112,11 +118,11 @@ def quantize_triton(x: torch.Tensor, config: QuantConfig) -> QTensor:
     scale = torch.empty((*lead, groups, 1), dtype=sdt, device=x.device)
     n_groups = math.prod(lead) * groups
     if n_groups:
-        block_g = max(_ELEMENTS // gs, 16)
+        block_g = launch_block(gs)
         on_device = torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()  # cpu: interpreter
         with on_device:
             _quantize_kernel[(triton.cdiv(n_groups, block_g),)](
                 x, data, mn, scale, n_groups, groups, d, sizes[1], sizes[2], sizes[3], *strides,
                 1.0 / math.sqrt(gs), GS=gs, LEVELS=config.levels, ROTATE=config.rotate, SCALE=TL_DTYPES[sdt],
-                BLOCK_G=block_g, enable_fp_fusion=False)
+                BLOCK_G=block_g, num_warps=_WARPS, enable_fp_fusion=False)
     return QTensor(data, mn, scale, torch.Size(x.shape), config, x.dtype)
