@@ -85,6 +85,32 @@ class Timer:
             self.first = time.perf_counter() - self.start
 
 
+def median_ms(fn: Any, device: Any, repeat: int, warmup: int = 2) -> float:
+    """Median milliseconds of fn() over `repeat` runs after `warmup` runs (which compile Triton kernels):
+    CUDA events on the current stream for a CUDA `device` (each run synced at its end), perf_counter
+    elsewhere."""
+    import statistics
+
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            with Timer() as t:
+                fn()
+            times.append(t.seconds * 1e3)
+    return statistics.median(times)
+
+
 # ---- ids, commands, timestamps
 def new_run_id() -> str:
     """A run id shared by the records of one invocation: UTC time + 6 random hex digits."""

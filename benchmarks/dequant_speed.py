@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Callable
@@ -27,7 +26,7 @@ from typing import Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
-from bench_common import Timer, add_record_args, new_record, results_path, save_record, torch_device  # noqa: E402
+from bench_common import add_record_args, median_ms, new_record, results_path, save_record, torch_device  # noqa: E402
 from engine.quant import QuantConfig, quantize  # noqa: E402
 from engine.quant.kernels import affine_dequant, affine_dequant_torch  # noqa: E402
 from engine.quant.qtensor import QTensor  # noqa: E402
@@ -54,26 +53,6 @@ def new_dequantize(q: QTensor, out: torch.Tensor | None = None, fn: Callable = a
     if out is None or direct is not None:
         return dense if out is None else out
     return out.copy_(dense)
-
-
-def _timed(fn: Callable[[], object], device: torch.device, repeat: int) -> float:
-    """Median milliseconds of fn() over `repeat` runs after two warm-up runs (compiles Triton)."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeat):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            with Timer() as t:
-                fn()
-            times.append(t.seconds * 1e3)
-    return statistics.median(times)
 
 
 def _qtensor(shape: tuple[int, ...], device: torch.device) -> QTensor:
@@ -147,7 +126,7 @@ def main() -> None:
         moved = n * 2 + n // 2 + 4 * (n // 64)        # dense fp16 written, packed codes and fp16 min/scale read
         row = {"shape": list(shapes[name])}
         for variant, fn in variants.items():
-            ms = _timed(fn, device, args.repeat)
+            ms = median_ms(fn, device, args.repeat)
             row[f"{variant}_ms"] = round(ms, 4)
             row[f"{variant}_GBps"] = round(moved / ms / 1e6, 1)
         row["speedup"] = round(row["old_ms"] / row["new_ms"], 2)

@@ -25,8 +25,10 @@ if [[ $what == tests || $what == all ]]; then
   python3 -m pytest -q -p no:cacheprovider tests/test_gpu_runtime.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 fi
 if [[ $what == kernels || $what == all ]]; then
-  { python3 -m pytest -q -p no:cacheprovider tests/test_quant_kernels.py tests/test_quant.py tests/test_policy_trial.py
+  { python3 -m pytest -q -p no:cacheprovider tests/test_quant_kernels.py tests/test_quant.py tests/test_policy_trial.py \
+      tests/test_quant_fused.py tests/test_elementwise_kernels.py
     python3 benchmarks/dequant_speed.py --repeat 50              # $OUT/dequant_speed_opt-6.7b.json
+    python3 benchmarks/fused_kernels_speed.py --repeat 50        # $OUT/fused_kernels_speed_llama-3-70b-prefill.json
     python3 benchmarks/cpu_attention_speed.py                    # $OUT/cpu_attention_speed_opt-30b.json
   } 2>&1 | tee "$OUT/kernels.log" | tail -30
 fi

@@ -19,10 +19,12 @@ from typing import Any
 
 import torch
 
-NUMERICS_VERSION = 4   # 1: the first versioned numerics (2026-12); 2: pattern/enum strings close in budget;
+NUMERICS_VERSION = 5   # 1: the first versioned numerics (2026-12); 2: pattern/enum strings close in budget;
 #                        3: prefill in row chunks (another summation order for large batches), sliding windows;
 #                        4: decode attention over a rotated 4-bit cache in the rotated basis (rotated q, output
-#                           un-rotated once: another summation order than un-rotating every cached row)
+#                           un-rotated once: another summation order than un-rotating every cached row);
+#                        5: fused Triton RMSNorm, silu(gate) * up and quantize on CUDA (another summation order
+#                           for the norm's statistics and the cache's Hadamard rotation, Triton's exp/rsqrt)
 
 
 def tokenizer_digest(tokenizer: Any) -> str:

@@ -18,7 +18,8 @@ from importlinter.cli import lint_imports
 ROOT = Path(__file__).resolve().parents[1]
 # What a function may import: optional dependencies (imported where first needed), each line commented.
 OPTIONAL = ("polars", "duckdb", "triton", "llguidance", "gguf", "transformers",
-            "engine.quant._dequant_triton", "llmops.polars", "llmops.pipeline.ray_runner", "llmops.ray",
+            "engine.quant._dequant_triton", "engine.quant._quant_triton", "engine.models._elementwise_triton",
+            "llmops.polars", "llmops.pipeline.ray_runner", "llmops.ray",
             "llmops.semantic.polars", "llmops.report_html")
 
 

@@ -92,7 +92,8 @@ def test_bad_arguments_name_the_argument():
 
 def test_engine_imports_without_triton():
     code = ("import sys, torch; pre = 'triton' in sys.modules; "
-            "import engine, engine.quant, engine.quant.kernels, engine.runtime.kv_cache; "
+            "import engine, engine.quant, engine.quant.kernels, engine.quant.group, engine.runtime.kv_cache, "
+            "engine.models.llama, engine.models.elementwise; "
             "assert pre or 'triton' not in sys.modules, 'engine imported triton'")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]

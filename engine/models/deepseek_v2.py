@@ -160,4 +160,4 @@ class DeepseekV2Family(Qwen2MoeFamily):
         if "shared_experts.down_proj.weight" not in w:
             return None
         gate, up = linear(x, w["shared_experts.gate_up_proj.weight"]).chunk(2, dim=-1)  # 2 x [n, si]
-        return linear(self.act(gate) * up, w["shared_experts.down_proj.weight"])       # [n, h]
+        return linear(self.act_mul(gate, up), w["shared_experts.down_proj.weight"])       # [n, h]

@@ -1,6 +1,7 @@
 """Pure tensor functions shared by the model families: norms, linear, RoPE, activations.
 
-The attention core and masks are in `engine.models.attention`.
+The attention core and masks are in `engine.models.attention`; RMSNorm and the fused silu(gate) * up (one
+Triton kernel each on CUDA) in `engine.models.elementwise` (`rms_norm` is re-exported here).
 
 Nothing here owns state or placement: every function computes on the device and dtype of its inputs.
 Shapes: b batch, s new tokens, t total (past + new) tokens, h hidden, n heads, nkv key/value heads,
@@ -16,16 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.config import ModelConfig
+from engine.models.elementwise import rms_norm, silu_mul  # noqa: F401  (rms_norm: re-exported for the families)
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "freq_factors", "yarn")
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as Hugging Face Llama computes it: statistics in float32, weight applied in x's dtype."""
-    dtype = x.dtype
-    xf = x.to(torch.float32)
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(dtype)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -54,6 +48,15 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         return _ACTIVATIONS[name]
     except KeyError:
         raise ValueError(f"unsupported activation {name!r}; supported: {sorted(_ACTIVATIONS)}") from None
+
+
+def gated_activation(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """(gate, up) -> act(gate) * up for the activation called `name` (a GLU MLP's middle): SiLU by
+    `elementwise.silu_mul` (one fused pass on CUDA), any other activation by its function and a product."""
+    if _ACTIVATIONS.get(name) is F.silu:
+        return silu_mul
+    act = activation(name)
+    return lambda gate, up: act(gate) * up
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from engine.models.base import LayerSpec, Weights, WeightSpec
 from engine.models.config import ModelConfig
-from engine.models.layers import activation, apply_rope, linear, rms_norm, rope_table
+from engine.models.layers import activation, apply_rope, gated_activation, linear, rms_norm, rope_table
 
 
 class LlamaFamily:
@@ -27,6 +27,7 @@ class LlamaFamily:
         self.config = config
         self.rope = rope_table(config)
         self.act = activation(config.hidden_act)
+        self.act_mul = gated_activation(config.hidden_act)  # (gate, up) -> act(gate) * up, fused for SiLU
 
     # ---- specs -------------------------------------------------------------------------------------
     def layer_specs(self) -> list[LayerSpec]:
@@ -112,7 +113,7 @@ class LlamaFamily:
     def mlp(self, w: Weights, hidden: torch.Tensor) -> torch.Tensor:
         x = rms_norm(hidden, w["post_attention_layernorm.weight"], self.config.rms_norm_eps)  # [b, s, h]
         gate, up = linear(x, w["gate_up_proj.weight"]).chunk(2, dim=-1)  # 2 x [b, s, i]
-        return hidden + linear(self.act(gate) * up, w["down_proj.weight"])  # [b, s, h]
+        return hidden + linear(self.act_mul(gate, up), w["down_proj.weight"])  # [b, s, h]
 
     def head(self, w: Weights, hidden: torch.Tensor) -> torch.Tensor:
         x = rms_norm(hidden, w["norm.weight"], self.config.rms_norm_eps)  # [b, h]

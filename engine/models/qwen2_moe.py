@@ -77,5 +77,5 @@ class Qwen2MoeFamily(LlamaFamily):
         if "shared_expert_gate.weight" not in w:
             return None
         gate, up = linear(x, w["shared_expert.gate_up_proj.weight"]).chunk(2, dim=-1)  # 2 x [n, si]
-        shared = linear(self.act(gate) * up, w["shared_expert.down_proj.weight"])  # [n, h]
+        shared = linear(self.act_mul(gate, up), w["shared_expert.down_proj.weight"])  # [n, h]
         return torch.sigmoid(linear(x, w["shared_expert_gate.weight"])) * shared

@@ -21,11 +21,11 @@ All ops are asynchronous on CUDA (enqueued on the current stream), synchronous o
 from __future__ import annotations
 
 import functools
-import warnings
 
 import torch
 
 from engine.quant.affine_torch import affine_dequant_torch
+from engine.util.kernel_check import first_use_check
 
 _SCALE_DTYPES = (torch.float16, torch.float32)
 
@@ -72,13 +72,9 @@ def _check(data: torch.Tensor, mn: torch.Tensor, scale: torch.Tensor, out_dtype:
 def _triton_ready(device_index: int) -> bool:
     """True when Triton imports and its kernel matches the torch path on a small input on cuda:device_index
     (checked once per device; synchronizes that once). Otherwise warns once and the torch path is used."""
-    try:
+    def check() -> bool:
         from engine.quant import _dequant_triton    # optional dependency: Triton (absent: torch path)
 
         return _dequant_triton.self_check(torch.device("cuda", device_index))
-    except ImportError:
-        return False
-    except Exception as exc:  # a broken toolchain must not stop inference: fall back, loudly
-        warnings.warn(f"affine_dequant: the Triton kernel failed on cuda:{device_index} ({exc!r}); "
-                      f"using torch ops", RuntimeWarning, stacklevel=3)
-        return False
+
+    return first_use_check("affine_dequant", f"cuda:{device_index}", check)

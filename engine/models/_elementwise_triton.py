@@ -1,0 +1,93 @@
+"""The fused Triton kernels behind `engine.models.elementwise` on CUDA (imports Triton: load lazily).
+
+  - `rms_norm_triton`: one pass over x [R, h] (rows with a row stride, the last dim contiguous): float32
+    sum of squares, mean, rsqrt, the normalized row rounded to x's dtype, times the weight in float32 and
+    rounded again, as the torch ops do; ROWS rows per program when h is small.
+  - `silu_mul_triton`: silu(gate) * up over [R, n] views (gate/up may be the two halves of one projection):
+    silu in float32 rounded to the input dtype, then the product in float32 rounded again, as torch's
+    F.silu(gate) * up does.
+No FMA contraction (`enable_fp_fusion=False`): each product and sum rounds as written. The outputs are new
+contiguous tensors. Launches are asynchronous on the current CUDA stream.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.util._triton_cast import TL_DTYPES, round_to
+
+_NORM_ELEMENTS = 4096        # elements per program when rows are narrow
+_SILU_BLOCK = 1024           # elements of one row per program
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_rows, n_cols, x_row, eps,
+                     ROWS: tl.constexpr, BLOCK: tl.constexpr, OUT: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)              # [ROWS]
+    c = tl.arange(0, BLOCK)                                                     # [BLOCK]
+    mask = (r < n_rows)[:, None] & (c < n_cols)[None, :]
+    x = tl.load(x_ptr + r[:, None] * x_row + c[None, :], mask=mask, other=0.0).to(tl.float32)  # [ROWS, BLOCK]
+    mean = tl.math.div_rn(tl.sum(x * x, axis=1), n_cols * 1.0)                 # [ROWS]
+    normed = round_to(x * tl.math.rsqrt(mean + eps)[:, None], OUT).to(tl.float32)
+    w = tl.load(w_ptr + c, mask=c < n_cols, other=0.0).to(tl.float32)         # [BLOCK]
+    tl.store(out_ptr + r[:, None] * n_cols + c[None, :], round_to(w[None, :] * normed, OUT), mask=mask)
+
+
+@triton.jit
+def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n_cols, gate_row, up_row, OUT: tl.constexpr, BLOCK: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)             # [BLOCK]
+    mask = c < n_cols
+    g = tl.load(gate_ptr + r * gate_row + c, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + r * up_row + c, mask=mask, other=0.0).to(tl.float32)
+    silu = round_to(tl.math.div_rn(g, 1.0 + tl.exp(-g)), OUT).to(tl.float32)   # F.silu in the input dtype
+    tl.store(out_ptr + r * n_cols + c, round_to(silu * u, OUT), mask=mask)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t [*lead, n] as [R, n] with a row stride and a contiguous last dim (a view when the lead dims fold,
+    else a contiguous copy)."""
+    flat = t.reshape(-1, t.shape[-1]) if t.dim() != 1 else t.reshape(1, -1)
+    return flat if flat.stride(-1) == 1 or flat.shape[-1] == 1 else flat.contiguous()
+
+
+def _on(device: torch.device):
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()  # cpu: interpreter
+
+
+def _norm_warps(block: int) -> int:
+    """Warps for rows of `block` elements: at most 32 float32 values of the row per thread (4 to 16)."""
+    return min(16, max(4, block // (32 * 32)))
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`elementwise.rms_norm_torch(x, weight, eps)` in one launch: x [*lead, h] float16/bfloat16/float32,
+    weight [h] contiguous of x's dtype, h at most `elementwise.MAX_NORM_WIDTH` (one row per program, in
+    registers; checked by the caller) -> [*lead, h] contiguous."""
+    h = x.shape[-1]
+    rows = _rows(x)                                                             # [R, h]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    block = triton.next_power_of_2(h)
+    per_program = max(1, _NORM_ELEMENTS // block)
+    if rows.numel():
+        with _on(x.device):
+            _rms_norm_kernel[(triton.cdiv(rows.shape[0], per_program),)](
+                rows, weight, out, rows.shape[0], h, rows.stride(0), eps, ROWS=per_program, BLOCK=block,
+                OUT=TL_DTYPES[x.dtype], num_warps=_norm_warps(block), enable_fp_fusion=False)
+    return out
+
+
+def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """`F.silu(gate) * up` in one launch: gate, up [*lead, n] of one float16/bfloat16/float32 dtype
+    (checked by the caller) -> [*lead, n] contiguous."""
+    g, u = _rows(gate), _rows(up)                                               # [R, n] x 2
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if g.numel():
+        with _on(gate.device):
+            _silu_mul_kernel[(g.shape[0], triton.cdiv(g.shape[1], _SILU_BLOCK))](
+                g, u, out, g.shape[1], g.stride(0), u.stride(0), OUT=TL_DTYPES[gate.dtype], BLOCK=_SILU_BLOCK,
+                enable_fp_fusion=False)
+    return out

@@ -1,0 +1,106 @@
+"""The decoder layers' elementwise work: RMSNorm and SwiGLU's silu(gate) * up.
+
+Two paths, the same contract:
+  - CUDA tensors with Triton importable: one fused Triton kernel each (`engine.models._elementwise_triton`),
+    one read of the inputs and one write of the result instead of torch's ~7 passes over a float32 copy
+    (RMSNorm) or 3 passes (silu, product). Triton is imported on the first such call only (`engine` imports
+    without Triton); that call checks the kernels against the torch ops on small inputs (one synchronize)
+    and, on a mismatch, warns and keeps the torch ops (per device and dtype).
+Values: the kernels round where torch rounds (the normalized row, silu(gate), to the dtype, then the product
+with the weight / up), so they differ only where float32 statistics summed in another order or Triton's
+exp/rsqrt move that intermediate across a rounding boundary: one unit in the last place (ulp) of the
+intermediate, which the second product can turn into two ulps of the result when the other factor is not
+a power of two (weights of exactly 1, as dummy and freshly initialized models have: at most one ulp).
+  - everywhere else (and for layouts or dtypes the kernels do not take): the torch ops, `rms_norm_torch`
+    and `silu_mul_torch`, exactly as Hugging Face computes them.
+All ops are asynchronous on CUDA (enqueued on the current stream), synchronous on the CPU.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from engine.util.kernel_check import first_use_check
+
+_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_NORM_WIDTH = 16384       # widest row the fused RMSNorm takes (a whole row per program, in registers)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as Hugging Face Llama computes it: statistics in float32, weight applied in x's dtype.
+    x [*lead, h], weight [h] -> [*lead, h]; one fused kernel on CUDA when weight has x's dtype."""
+    if (x.is_cuda and x.dtype in _FUSED_DTYPES and weight.dtype == x.dtype and weight.device == x.device
+            and weight.dim() == 1 and weight.is_contiguous() and 0 < x.shape[-1] == weight.shape[0] <= MAX_NORM_WIDTH
+            and _triton_ready(x.get_device(), x.dtype)):
+        from engine.models import _elementwise_triton    # optional dependency: Triton, imported on CUDA only
+
+        return _elementwise_triton.rms_norm_triton(x, weight, eps)
+    return rms_norm_torch(x, weight, eps)
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`rms_norm` by torch ops (any device; the reference the kernel is checked against)."""
+    dtype = x.dtype
+    xf = x.to(torch.float32)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dtype)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """F.silu(gate) * up (SwiGLU's gated activation) in the inputs' dtype: gate, up [*lead, n] -> [*lead, n];
+    one fused kernel on CUDA when both have one shape and dtype."""
+    if (gate.is_cuda and gate.dtype in _FUSED_DTYPES and up.dtype == gate.dtype and up.shape == gate.shape
+            and up.device == gate.device and gate.dim() >= 1 and _triton_ready(gate.get_device(), gate.dtype)):
+        from engine.models import _elementwise_triton    # optional dependency: Triton, imported on CUDA only
+
+        return _elementwise_triton.silu_mul_triton(gate, up)
+    return silu_mul_torch(gate, up)
+
+
+def silu_mul_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """`silu_mul` by torch ops (any device; the reference)."""
+    return F.silu(gate) * up
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_ready(device_index: int, dtype: torch.dtype) -> bool:
+    """True when Triton imports and `_self_check` passes on cuda:device_index for `dtype` (checked once per
+    device and dtype; synchronizes that once). Otherwise warns once and the torch ops are used for that
+    dtype."""
+    device = torch.device("cuda", device_index)
+    return first_use_check("engine.models.elementwise", str(device), lambda: _self_check(device, dtype))
+
+
+def _self_check(device: torch.device, dtype: torch.dtype) -> bool:
+    """Both kernels on `device` (the CPU: Triton's interpreter) against the torch ops on the CPU, within two
+    units in the last place (`close_to_torch`; the module docstring says why two), on small strided inputs;
+    True, or RuntimeError naming the kernel (ImportError without Triton)."""
+    from engine.models import _elementwise_triton    # optional dependency: Triton (absent: torch path)
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(3, 5, 2 * 300, generator=gen).to(dtype)[..., :300]                  # row stride 600
+    w = (1 + 0.1 * torch.randn(300, generator=gen)).to(dtype)
+    cases = (("rms_norm", _elementwise_triton.rms_norm_triton(x.to(device), w.to(device), 1e-5),
+              rms_norm_torch(x, w, 1e-5)),
+             ("silu_mul", _elementwise_triton.silu_mul_triton(*x.to(device).chunk(2, dim=-1)),
+              silu_mul_torch(*x.chunk(2, dim=-1))))
+    for name, got, want in cases:
+        if not close_to_torch(got.cpu(), want, ulps=2):
+            raise RuntimeError(f"the Triton {name} kernel differs from the torch ops for {dtype}")
+    return True
+
+
+def close_to_torch(got: torch.Tensor, want: torch.Tensor, ulps: int = 1) -> bool:
+    """Same shape and dtype, and float16/bfloat16 elements within `ulps` units in the last place of `want`
+    (the spacing at its magnitude); float32 within 2^-20 relative plus 2^-20 of want's largest magnitude
+    (Triton's exp/rsqrt are approximations)."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    a, b = got.double(), want.double()
+    if want.dtype == torch.float32:
+        return bool(torch.allclose(a, b, rtol=2 ** -20, atol=2 ** -20 * float(b.abs().max()) if b.numel() else 0.0))
+    finfo = torch.finfo(want.dtype)
+    ulp = torch.exp2(torch.floor(torch.log2(b.abs().clamp_min(finfo.tiny)))) * finfo.eps     # spacing at |b|
+    return bool(((a - b).abs() <= ulps * ulp).all())

@@ -1,0 +1,162 @@
+"""`engine.models.elementwise`: RMSNorm and silu(gate) * up. Off CUDA the torch ops, exactly as before; the
+fused Triton kernels (in Triton's CPU interpreter where Triton is installed, on CUDA where there is a GPU)
+within one ulp of them where the second factor is 1 and within two ulps, one for at least 99.9% of the
+elements, otherwise (the module docstring says why); float32 within 2^-20."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import requires_cuda
+from triton_helpers import assert_self_check_passes, run_interpreted
+from engine.models.elementwise import close_to_torch, rms_norm, rms_norm_torch, silu_mul, silu_mul_torch
+from engine.models.layers import gated_activation
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+def _one_ulp_share(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Share of the elements of `got` within one ulp of `want`."""
+    finfo = torch.finfo(want.dtype)
+    a, b = got.double(), want.double()
+    ulp = torch.exp2(torch.floor(torch.log2(b.abs().clamp_min(finfo.tiny)))) * finfo.eps
+    return float(((a - b).abs() <= ulp).double().mean()) if b.numel() else 1.0
+
+
+def check_close(got: torch.Tensor, want: torch.Tensor, exact_factor: bool) -> None:
+    """The kernels' parity rule (see the module docstring); the 99.9% share on 10,000 elements or more."""
+    if want.dtype == torch.float32 or exact_factor:
+        assert close_to_torch(got, want), float((got.double() - want.double()).abs().max())
+    else:
+        assert close_to_torch(got, want, ulps=2)
+        assert want.numel() < 10_000 or _one_ulp_share(got, want) >= 0.999
+
+
+def test_rms_norm_off_cuda_is_the_hugging_face_formula():
+    torch.manual_seed(0)
+    for dtype in DTYPES:
+        x, w = torch.randn(3, 5, 64).to(dtype), torch.randn(64).to(dtype)
+        xf = x.float()
+        want = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+        assert torch.equal(rms_norm(x, w, 1e-6), want) and torch.equal(rms_norm_torch(x, w, 1e-6), want)
+
+
+def test_gated_activation_fuses_silu_only():
+    torch.manual_seed(0)
+    gate, up = torch.randn(4, 32).chunk(2, dim=-1)
+    assert gated_activation("silu") is silu_mul and gated_activation("swish") is silu_mul
+    assert torch.equal(silu_mul(gate, up), F.silu(gate) * up)
+    gelu = gated_activation("gelu_pytorch_tanh")
+    assert torch.equal(gelu(gate, up), F.gelu(gate, approximate="tanh") * up)
+    with pytest.raises(ValueError, match="unsupported activation 'nope'"):
+        gated_activation("nope")
+
+
+def test_close_to_torch_counts_ulps():
+    want = torch.tensor([1.0, -2.0, 1e-3], dtype=torch.float16)
+    one_up = torch.nextafter(want.float(), torch.tensor(9.0)).to(torch.float16)     # float16 rounds up to next
+    eps = torch.finfo(torch.float16).eps
+    two_up = (want.float() + torch.tensor([2 * eps, 4 * eps, 2 * eps * 2 ** -10])).to(torch.float16)
+    assert close_to_torch(want, want) and close_to_torch(one_up, want)
+    assert not close_to_torch(two_up, want) and close_to_torch(two_up, want, ulps=2)
+    assert not close_to_torch(want.float(), want)                                    # dtype differs
+
+
+_INTERPRETED = """
+import torch
+from engine.models._elementwise_triton import rms_norm_triton, silu_mul_triton
+from engine.models.elementwise import _self_check, rms_norm_torch, silu_mul_torch
+from test_elementwise_kernels import check_close
+
+torch.manual_seed(0)
+for dtype in (torch.float16, torch.bfloat16, torch.float32):
+    for shape in ((1, 1, 4096), (12, 1000), (2, 3, 300), (5,), (3, 0, 64)):
+        h = shape[-1]
+        both = (torch.randn(*shape[:-1], 2 * h) * 2).to(dtype)         # [*lead, 2h]: gate and up halves
+        gate, up = both.chunk(2, dim=-1)
+        check_close(silu_mul_triton(gate, up), silu_mul_torch(gate, up), exact_factor=False)
+        for w, exact in ((torch.ones(h, dtype=dtype), True), ((1 + 0.3 * torch.randn(h)).to(dtype), False)):
+            check_close(rms_norm_triton(gate, w, 1e-5), rms_norm_torch(gate, w, 1e-5), exact)
+    q = torch.randn(2, 5, 4, 64).to(dtype).transpose(1, 2)              # [b, nh, s, hd] per-head norm (Qwen3)
+    w = (1 + 0.3 * torch.randn(64)).to(dtype)
+    check_close(rms_norm_triton(q, w, 1e-6), rms_norm_torch(q, w, 1e-6), exact_factor=False)
+    assert _self_check(torch.device("cpu"), dtype)                       # the first-call check's body
+"""
+
+
+def test_fused_kernels_in_interpreter():
+    pytest.importorskip("triton")
+    run_interpreted(_INTERPRETED)
+
+
+@pytest.mark.parametrize("xdt", ["*fp16", "*bf16", "*fp32"])
+def test_kernels_compile_for_sm90(xdt):
+    pytest.importorskip("triton")
+    import triton.language as tl
+
+    from engine.models._elementwise_triton import _norm_warps, _rms_norm_kernel, _silu_mul_kernel
+    from triton_helpers import compile_for_sm90
+
+    out = {"*fp16": tl.float16, "*bf16": tl.bfloat16, "*fp32": tl.float32}[xdt]
+    sig = {"x_ptr": xdt, "w_ptr": xdt, "out_ptr": xdt, "n_rows": "i32", "n_cols": "i32", "x_row": "i64",
+           "eps": "fp32", "ROWS": "constexpr", "BLOCK": "constexpr", "OUT": "constexpr"}
+    for block, rows in ((16384, 1), (8192, 1), (128, 32)):
+        ptx = compile_for_sm90(_rms_norm_kernel, sig, {"ROWS": rows, "BLOCK": block, "OUT": out},
+                               num_warps=_norm_warps(block), enable_fp_fusion=False)
+        assert "rsqrt" in ptx and "fma.rn" not in ptx
+    sig = {"gate_ptr": xdt, "up_ptr": xdt, "out_ptr": xdt, "n_cols": "i32", "gate_row": "i64", "up_row": "i64",
+           "OUT": "constexpr", "BLOCK": "constexpr"}
+    ptx = compile_for_sm90(_silu_mul_kernel, sig, {"OUT": out, "BLOCK": 1024}, enable_fp_fusion=False)
+    assert "ex2.approx" in ptx and "div.rn.f32" in ptx
+
+
+CUDA_SHAPES = [(1, 1, 8192), (4096, 8192), (3, 17, 1000), (2, 3, 300), (1, 129), (5,), (7, 16384)]
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", CUDA_SHAPES)
+def test_rms_norm_kernel_on_cuda(dtype, shape):
+    pytest.importorskip("triton")
+    from engine.models._elementwise_triton import rms_norm_triton
+
+    torch.manual_seed(1)
+    x = (torch.randn(*shape[:-1], 2 * shape[-1], device="cuda") * 2).to(dtype)[..., :shape[-1]]   # row stride 2h
+    for w, exact in ((torch.ones(shape[-1], dtype=dtype, device="cuda"), True),
+                     ((1 + 0.3 * torch.randn(shape[-1], device="cuda")).to(dtype), False)):
+        got = rms_norm_triton(x, w, 1e-5)
+        check_close(got, rms_norm_torch(x, w, 1e-5), exact)                       # torch on the GPU
+        check_close(got.cpu(), rms_norm_torch(x.cpu(), w.cpu(), 1e-5), exact)      # and on the CPU
+        assert torch.equal(rms_norm(x, w, 1e-5), got)                              # the dispatch takes the kernel
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", CUDA_SHAPES + [(4096, 28672)])
+def test_silu_mul_kernel_on_cuda(dtype, shape):
+    pytest.importorskip("triton")
+    from engine.models._elementwise_triton import silu_mul_triton
+
+    torch.manual_seed(2)
+    gate, up = (torch.randn(*shape[:-1], 2 * shape[-1], device="cuda") * 3).to(dtype).chunk(2, dim=-1)
+    got = silu_mul_triton(gate, up)
+    check_close(got, silu_mul_torch(gate, up), exact_factor=False)
+    assert torch.equal(silu_mul(gate, up), got)
+
+
+@requires_cuda
+def test_mixed_dtypes_take_the_torch_ops_on_cuda():
+    x = torch.randn(4, 64, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(64, device="cuda")                                             # float32 weight: promotes
+    assert rms_norm(x, w, 1e-6).dtype == torch.float32
+    assert torch.equal(rms_norm(x, w, 1e-6), rms_norm_torch(x, w, 1e-6))
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_first_call_self_check_passes_on_cuda(dtype):
+    pytest.importorskip("triton")
+    from engine.models import elementwise
+
+    assert_self_check_passes(elementwise._triton_ready, dtype)

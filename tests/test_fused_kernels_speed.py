@@ -1,0 +1,23 @@
+"""benchmarks/fused_kernels_speed.py on the CPU at a small scale: one record with every case per dtype, the
+kernels' results at parity with the torch ops (both paths are the torch ops here)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import fused_kernels_speed  # noqa: E402
+
+
+def test_cpu_smoke_run_writes_a_record(tmp_path):
+    out = tmp_path / "fused.json"
+    fused_kernels_speed.main(["--device", "cpu", "--scale", "256", "--repeat", "1", "--dtype", "bfloat16",
+                              "--out", str(out)])
+    rec = json.loads(out.read_text())
+    assert rec["benchmark"] == "fused_kernels_speed" and rec["workload"] == "llama-3-70b-prefill-div256"
+    cases = rec["results"]["bfloat16"]
+    assert sorted(cases) == ["quantize_decode", "quantize_k", "rms_norm", "silu_mul"]
+    assert cases["rms_norm"]["shape"] == [16, 8192] and cases["quantize_k"]["shape"] == [1, 8, 50, 128]
+    assert all(c["parity"] in ("ok", "within 1 ulp") for c in cases.values())
+    assert all(c["torch_ms"] > 0 and c["fused_ms"] > 0 for c in cases.values())
