@@ -69,3 +69,15 @@ def test_reserved_rope_table_is_the_same_table_without_reading_positions():
     assert table.shape[0] >= 300
     with pytest.raises(IndexError):
         reserved.lookup(torch.tensor([[table.shape[0]]]), torch.float32)
+
+
+def test_dense_keys_takes_a_quantized_new_position_as_the_cache_holds_it():
+    """A 4-bit cache's new decode position given quantized (as the home will store it) lands dequantized in
+    the stored basis: the same values the home yields once that position is written into it."""
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 2, 6, 128, generator=g)                                     # [c, h, S, hd]
+    new = torch.randn(2, 2, 1, 128, generator=g)                                   # [c, h, 1, hd]
+    home = quantize(x, CACHE_QUANT)
+    home[:, :, 4:5].copy_(quantize(new, CACHE_QUANT))                              # position 4 written
+    got = dense_keys(home, 4, CACHE_QUANT, None, quantize(new, CACHE_QUANT))
+    assert torch.equal(got, dense_keys(home, 5, CACHE_QUANT))

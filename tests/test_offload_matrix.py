@@ -86,12 +86,22 @@ def test_smollm2_offloaded_matches():
     assert got == ref
 
 
-@pytest.mark.parametrize("name", ["cache_disk", "cache_cpu_attn", "cache_split", "no_overlap_all_off"])
-def test_shared_prefix_policies_match(tiny_checkpoints, name, tmp_path):
-    loaded = load_model(tiny_checkpoints["llama"], dtype=torch.float32)
+PREFIX_CASES = [("llama", "cache_disk"), ("llama", "cache_cpu_attn"), ("llama", "cache_split"),
+                ("llama", "no_overlap_all_off"), ("llama", "cache_disk_attn"), ("opt", "cache_cpu"),
+                ("mixtral", "cache_cpu_attn"), ("mixtral", "one_batch_all_off")]
+
+
+@pytest.mark.parametrize("kind, name", PREFIX_CASES)
+@pytest.mark.parametrize("compress", [False, True], ids=["dense", "4bit-cache"])
+def test_shared_prefix_policies_match(tiny_checkpoints, kind, name, compress, tmp_path):
+    """Rows sharing a prefix (held once per GPU batch, the rows' caches their own positions, rows finishing
+    at different steps): every placement, host attention (Mixtral's pipelined too) and a 4-bit cache give
+    the in-memory run's tokens."""
+    loaded = load_model(tiny_checkpoints[kind], dtype=torch.float32)
     prefix = make_prompts(1, loaded.config.vocab_size, seed=21, lo=8, hi=9)[0]
     prompts = [prefix + p for p in make_prompts(9, loaded.config.vocab_size, seed=22, lo=1, hi=10)]
     max_new = [5, 2, 5, 4, 5, 5, 1, 5, 3]
-    ref, _ = run_policy(loaded, Policy(**BASE), prompts, max_new)
-    got, _ = run_policy(loaded, Policy(**{**BASE, **MATRIX[name]}), prompts, max_new, disk_dir=tmp_path)
+    base = {**BASE, "compress_cache": compress}
+    ref, _ = run_policy(loaded, Policy(**base), prompts, max_new)
+    got, _ = run_policy(loaded, Policy(**{**base, **MATRIX[name]}), prompts, max_new, disk_dir=tmp_path)
     assert got == ref

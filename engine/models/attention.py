@@ -179,12 +179,13 @@ def chunked_decode_attention(q: torch.Tensor, dense_kv: DenseKV, key_valid: torc
 
 
 def dense_keys(x: torch.Tensor | QTensor, t: int, rotation: QuantConfig | None = None,
-               prefix: torch.Tensor | None = None, new: torch.Tensor | None = None) -> torch.Tensor:
+               prefix: torch.Tensor | None = None, new: torch.Tensor | QTensor | None = None) -> torch.Tensor:
     """Positions [0, t) of a cache tensor x [c, h, S, hd] dense, after a shared `prefix` [1, h, L, w] (the same
-    for every row) and before `new` [c, h, 1, hd] (a decode step's key or value): [c, h, L + t (+ 1), w].
-    w is hd, or with `rotation` (x a rotated 4-bit tensor) G, its stored basis (`prefix` already in it,
-    `new` rotated here). Without a prefix or a new position a dense x is returned as a view; otherwise one
-    fresh buffer is written part by part (a 4-bit x dequantized straight into it, never concatenated)."""
+    for every row) and before `new` [c, h, 1, hd] (a decode step's key or value; a QTensor when x is 4-bit:
+    the position as the cache will hold it): [c, h, L + t (+ 1), w]. w is hd, or with `rotation` (x a
+    rotated 4-bit tensor) G, its stored basis (`prefix` already in it, `new` dequantized into it, or rotated
+    when dense). Without a prefix or a new position a dense x is returned as a view; otherwise one fresh
+    buffer is written part by part (4-bit parts dequantized straight into it, never concatenated)."""
     part = x[:, :, :t]
     if prefix is None and new is None:
         return dequantize(part, unrotate=rotation is None) if isinstance(part, QTensor) else part
@@ -199,7 +200,9 @@ def dense_keys(x: torch.Tensor | QTensor, t: int, rotation: QuantConfig | None =
         dequantize(part, out=dense[:, :, L:L + t], unrotate=rotation is None)
     else:
         dense[:, :, L:L + t].copy_(part)
-    if new is not None:
+    if isinstance(new, QTensor):
+        dequantize(new, out=dense[:, :, L + t:], unrotate=rotation is None)
+    elif new is not None:
         dense[:, :, L + t:].copy_(new if rotation is None else rotate_last(new, rotation))
     return dense
 

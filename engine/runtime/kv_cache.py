@@ -57,10 +57,10 @@ class KVSegment:
 
 
 def _write(dst: Stored, src: torch.Tensor, t0: int, quant: QuantConfig | None, r0: int = 0) -> None:
-    """dst[r0:r0+b, :, t0:t0+s] = src [b, h, s, hd] (quantized first when dst is a QTensor)."""
+    """dst[r0:r0+b, :, t0:t0+s] = src [b, h, s, hd] (quantized first when dst is a QTensor and src is not)."""
     index = (slice(r0, r0 + src.shape[0]), _ALL, slice(t0, t0 + src.shape[2]))
     if isinstance(dst, QTensor):
-        dst[index].copy_(quantize(src, quant))
+        dst[index].copy_(src if isinstance(src, QTensor) else quantize(src, quant))
     else:
         dst[index].copy_(src)
 
@@ -190,8 +190,8 @@ class KVHome:
                     _write(seg.k, kn, t0, quant, r0)
                     _write(seg.v, vn, t0, quant, r0)
                     continue
-                src_k = quantize(kn, quant) if quant else kn
-                src_v = quantize(vn, quant) if quant else vn
+                src_k = quantize(kn, quant) if quant and not isinstance(kn, QTensor) else kn
+                src_v = quantize(vn, quant) if quant and not isinstance(vn, QTensor) else vn
                 shape, key = tuple(kn.shape), f"kvstage{slot}.s{n}.r{c}"
                 claims.claim(key)
                 sk = self.arena.get(f"{key}.k", Tier.CPU, shape, self.dtype, quant)
@@ -320,6 +320,9 @@ class KVHome:
         if isinstance(bk, QTensor):
             rot = stored_rotation(bk, bv)
             pk, pv = self._prefix_of(n, rot)
+            # the new position quantized once, as the home will hold it: attended so (as a gpu home's own
+            # decode does, so every placement gives the same tokens) and staged for `store` as it is
+            ks, vs = quantize(ks, bk.config), quantize(vs, bv.config)
             out = self._chunked_decode(                                          # [c, hs, t+1, hd|G] chunks
                 qs, lambda r0, r1: (dense_keys(bk[r0:r1], tp, rot, pk, ks[r0:r1]),
                                     dense_keys(bv[r0:r1], tp, rot, pv, vs[r0:r1])),
