@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|multigpu|multigpu-wrangle|multigpu-one]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|wrangle|multigpu|multigpu-wrangle|multigpu-one]
 # models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
 # wrangling workload on the qwen3-30b-a3b and qwen3-32b dummies (auto from the reference profile, no trials).
-# moe / moe-peers (not in all; moe ~9 min, moe-peers ~6): issue 17's MoE tests and Mixtral-8x7B runs / HF Accelerate on it.
+# moe / moe-peers (not in all; moe ~9 min, moe-peers ~6): issue 17's MoE tests and Mixtral-8x7B runs / HF Accelerate on it;
+# moe-pair (~9 min): ours and Accelerate in one call (the ratio). wrangle (~7 min): Llama-3-70B's wrangle, auto and 768x2.
 # Several GPUs (not in all): bash benchmarks/gpu_suite.sh multigpu (GPU tests of several devices, OPT-30B pipeline and
 # OPT-6.7B data-parallel on 1 and N GPUs), multigpu-wrangle (Llama-3-70B on 1 and N GPUs); N = every visible GPU (GPUS=N to pick fewer).
 # multigpu-one: the same code on a machine of one GPU (two stages on cuda:0; tokens must match, no speed-up).
@@ -95,6 +96,21 @@ if [[ $what == moe ]]; then
     python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --out-dir "$OUT" \
       ${MOE_PLAN:---plan-profile reference --trials 0} --policy auto --rows 1024
   } 2>&1 | tee "$OUT/moe.log" | tail -40
+fi
+if [[ $what == wrangle ]]; then
+  # issue 16's 200k rows/h target (stop 27: auto 1536x1, 188,538 rows/h) and the plan auto passed over, in one call
+  for policy in auto '{"gpu_batch_size": 768, "num_gpu_batches": 2, "w_gpu": 0.2779, "w_cpu": 0.7221, "cache_gpu": 0.0, "cache_cpu": 1.0, "compress_weights": true, "compress_cache": true}'; do
+    python3 benchmarks/throughput.py --workload wrangle --model llama-3-70b --gpu-memory 16GiB \
+      --plan-profile reference --trials 0 --policy "$policy" --out "$OUT/throughput_wrangle-llama-3-70b.jsonl"
+  done 2>&1 | tee "$OUT/wrangle.log" | tail -10
+fi
+if [[ $what == moe-pair ]]; then
+  # issue 17's Accelerate ratio in one call: ours (1,024 rows, auto) first, then Accelerate on 256 rows
+  { python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --rows 1024 \
+      --plan-profile reference --trials 0 --policy auto --out "$OUT/throughput_moe-accelerate.jsonl"
+    python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --system accelerate \
+      --peer-rows 256 --peer-gen-len "${MOE_PEER_GEN:-4}" --out "$OUT/throughput_moe-accelerate.jsonl"
+  } 2>&1 | tee "$OUT/moe_pair.log" | tail -10
 fi
 if [[ $what == moe-peers ]]; then
   # Accelerate streams 93 GB of fp16 from pageable RAM: ~16 s per step at batch 256 (ENVIRONMENT.md), so a few steps
