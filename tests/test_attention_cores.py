@@ -81,3 +81,32 @@ def test_dense_keys_takes_a_quantized_new_position_as_the_cache_holds_it():
     home[:, :, 4:5].copy_(quantize(new, CACHE_QUANT))                              # position 4 written
     got = dense_keys(home, 4, CACHE_QUANT, None, quantize(new, CACHE_QUANT))
     assert torch.equal(got, dense_keys(home, 5, CACHE_QUANT))
+
+
+def test_an_executor_block_reads_no_position_on_the_host(tiny_checkpoints, monkeypatch):
+    """The executor reserves its cache length before a block, so no RoPE lookup of the block reads
+    positions.max() (on CUDA a host-device sync per attention layer, chunk and step): the tables grow only
+    in `reserve`, and the tokens are those of a run that grows them on demand."""
+    from engine.models import layers
+    from engine.models.loader import load_model
+    from engine.policy.policy import Policy
+    from test_executor import make_prompts, run_policy
+
+    loaded = load_model(tiny_checkpoints["llama"], dtype=torch.float32)
+    prompts = make_prompts(6, loaded.config.vocab_size, seed=5)
+    grown_on_demand: list[int] = []
+    real_lookup = layers.RopeTable.lookup
+
+    def lookup(self, positions, dtype):
+        if (positions.device, dtype) not in self._reserved:
+            grown_on_demand.append(positions.shape[1])
+        return real_lookup(self, positions, dtype)
+
+    monkeypatch.setattr(layers.RopeTable, "lookup", lookup)
+    tokens, _ = run_policy(loaded, Policy(gpu_batch_size=3, num_gpu_batches=2), prompts, [4] * 6)
+    assert grown_on_demand == []
+    monkeypatch.setattr(layers, "reserve_positions", lambda *a: None)
+    monkeypatch.setattr("engine.runtime.executor.reserve_positions", lambda *a: None)
+    fresh = load_model(tiny_checkpoints["llama"], dtype=torch.float32)       # its own, unreserved tables
+    unreserved, _ = run_policy(fresh, Policy(gpu_batch_size=3, num_gpu_batches=2), prompts, [4] * 6)
+    assert grown_on_demand and unreserved == tokens

@@ -20,6 +20,7 @@ from typing import ContextManager, Iterator
 
 import torch
 
+from engine.models.layers import reserve_positions
 from engine.policy.partition import Stage
 from engine.policy.policy import Policy
 from engine.runtime.block_state import BlockState, Hidden, StepResult
@@ -82,6 +83,7 @@ class StageExecutor(Executor):
                 raise ValueError(f"StageExecutor.open: micro-batch {n} has {len(prompts)} prompts and "
                                  f"{len(max_new)} max_new_tokens (block size {self.policy.block_size})")
         batches = [self._batches(prompts, max_new) for prompts, max_new, _ in blocks]
+        reserve_positions(self.family, max(b.length for group in batches for b in group), self.device, self.dtype)
         work = max(self._working_bytes(b) for b in batches)
         self.budget.reserve(Tier.GPU, work, "working memory of one GPU batch")
         self._work = work
