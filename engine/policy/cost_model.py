@@ -26,10 +26,11 @@ On a CPU device the host is the device: host time adds to compute.
 A block of bls = gpu_batch_size x num_gpu_batches sequences takes
     T = L * T_pre + L * (n - 1) * T_gen,   throughput = bls * n / T   (generated tokens per second).
 With a shared prompt prefix of p tokens (`Workload.shared_prefix_len`, `prefix.batch_prefix_len`) a GPU
-batch's prefill computes the prefix once and each row's own s - p tokens after it; the prefix's keys and
-values are held once per GPU batch, dense on the device, so the KV cache, its stores, its quantization and
-the decode's cache traffic count each row's own positions (s - p + n / 2 on average), while attention still
-reads the mean context ctx; the prefill's hidden state is not parked.
+batch's prefill computes the prefix once and each row's own s - p tokens after it; where the prefix's keys
+and values are held once per GPU batch (`prefix.prefix_held_once`: an accelerator or a 4-bit cache), the KV
+cache, its stores, its quantization and the decode's cache traffic count each row's own positions
+(s - p + n / 2 on average), while attention still reads the mean context ctx; the prefill's hidden state is
+not parked.
 Symbols: L layers, b = bls, g = gpu_batch_size, k = num_gpu_batches, s prompt length, n tokens generated,
 ctx = s + n / 2 the mean decode context (the KV cache grows from s to s + n), W a layer's stored weight
 bytes as the executor stores them (embed and head spread over the L layers), kv / kv16 the KV bytes per
@@ -51,7 +52,7 @@ from engine.policy.memory import (
     TIERS, ModelLayout, memory_terms, model_layout, peak_memory, pipelines_host_attention, realized_placement,
 )
 from engine.policy.policy import Policy
-from engine.policy.prefix import batch_prefix_len
+from engine.policy.prefix import batch_prefix_len, prefix_held_once
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,8 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     # a shared prefix: computed once per GPU batch, each row's own sx tokens after it (`prefix`)
     p = batch_prefix_len(workload.shared_prefix_len, g)
     sx = s - p
-    ctx_own = ctx - p                      # the mean positions a row's own cache holds (the prefix is shared)
+    held = p if prefix_held_once(profile.device_type, cc) else 0   # prefix positions held once, not per row
+    sx_own, ctx_own = s - held, ctx - held   # the positions a row's own cache stores / holds on average
     hs = 0.0 if p else b * s * hb          # prefill hidden bytes parked off the gpu (a prefix pair stays on it)
 
     def matmuls(tokens: int) -> float:
@@ -251,21 +253,21 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     prefill = {
         # weights not on gpu (cpu + disk) + hidden states of the block not on gpu
         "cpu->gpu": (W * w_off + hs * h_off) / h2d,
-        # the new KV cache not homed on gpu (every row's own sx positions) + hidden stored off gpu
-        "gpu->cpu": (b * sx * kv * c_off + hs * h_off) / d2h,
+        # the new KV cache not homed on gpu (the positions each row stores, sx_own) + hidden stored off gpu
+        "gpu->cpu": (b * sx_own * kv * c_off + hs * h_off) / d2h,
         # disk weights and disk hidden states, read into cpu relay buffers
         "disk->cpu": (W * w_disk + hs * h_disk) / d_read,
         # disk share of the new cache and of the hidden states
-        "cpu->disk": (b * sx * kv * c_disk + hs * h_disk) / d_write,
+        "cpu->disk": (b * sx_own * kv * c_disk + hs * h_disk) / d_write,
         # matmuls per GPU batch: the prefix's p tokens once, the rows' g * sx (roofline over weight reads;
         # a MoE prefix's tokens reach the experts once); causal attention (mean context: the prefix p / 2,
         # a row's own tokens p + sx / 2 over the prefix keys and their own); dequantizing weights;
-        # quantizing the new cache (the rows' own b * sx positions)
+        # quantizing the new cache (the positions each row stores: sx_own)
         "gpu compute": const(
             k * (matmuls(p) + matmuls(g * sx))
             + (k * p * ms.attention_flops_per_token(config, p / 2)
                + b * sx * ms.attention_flops_per_token(config, p + sx / 2)) / gpu_flops
-            + dequant_w + (b * sx * kv16 / dq_bw if cc else 0.0)
+            + dequant_w + (b * sx_own * kv16 / dq_bw if cc else 0.0)
         ),
     }
 

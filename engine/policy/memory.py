@@ -38,7 +38,7 @@ from engine.models.registry import build_family
 from engine.models.weights import stored_quant
 from engine.policy.affine import const, share
 from engine.policy.policy import Policy
-from engine.policy.prefix import batch_prefix_len
+from engine.policy.prefix import batch_prefix_len, prefix_held_once
 from engine.policy.working import chunk_rows, row_chunks, staged_kv_heads, working_bytes
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT
 from engine.quant.qtensor import qtensor_nbytes
@@ -150,14 +150,14 @@ def _stage_slots(layout: ModelLayout, policy: Policy) -> int:
 
 
 def _stage_bytes(rows: int, heads: int, prompt_len: int, head_dim: int, dtype: torch.dtype, compressed: bool,
-                 prefix_len: int = 0) -> int:
+                 prefix_len: int = 0, held_once: bool = True) -> int:
     """Bytes of one set of staging buffers (keys + values) `kvstage{slot}.s{n}.r{c}`: one per prefill row chunk
     (`row_chunks` by the rows' own tokens past a prefix of `prefix_len` computed once; each chunk's keys hold
-    the rows' own prompt positions, the prefix being kept once on the device), the first also holding the
-    decode stores [rows, heads, 1, hd]."""
-    total = 0
+    the rows' own prompt positions when the prefix is `held_once` on the device, else the whole prompt), the
+    first also holding the decode stores [rows, heads, 1, hd]."""
+    total, stored = 0, prompt_len - (prefix_len if held_once else 0)
     for c, (r0, r1) in enumerate(row_chunks(rows, prompt_len - prefix_len)):
-        size = _kv_bytes(r1 - r0, heads, prompt_len - prefix_len, head_dim, dtype, compressed)
+        size = _kv_bytes(r1 - r0, heads, stored, head_dim, dtype, compressed)
         if c == 0:
             size = max(size, _kv_bytes(rows, heads, 1, head_dim, dtype, compressed))
         total += 2 * size
@@ -216,24 +216,26 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
     cc = policy.compress_cache
     staged = staged_kv_heads(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu, device_type, cc)
     prefix = batch_prefix_len(shared_prefix_len, g)
+    once = prefix_held_once(device_type, cc)
+    held = prefix if once else 0                                            # prefix positions held once
     mem["gpu"] += working_bytes(config, g, P, S, dtype, cc, staged, prefix_len=prefix)
     decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
     stage_slots = _stage_slots(layout, policy)
-    mem["gpu"] += L * K * _prefix_kv_bytes(config.num_key_value_heads, prefix, hd, e)      # prefix k/v
+    mem["gpu"] += L * K * _prefix_kv_bytes(config.num_key_value_heads, held, hd, e)        # prefix k/v
     for tier, h0, h1 in split_ranges(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu):
-        home = 2 * _kv_bytes(g, h1 - h0, S - prefix, hd, dtype, cc)           # the rows' own positions
+        home = 2 * _kv_bytes(g, h1 - h0, S - held, hd, dtype, cc)             # the rows' own positions
         mem[tier.value] += L * K * home
         if tier is Tier.GPU:
             continue
         if policy.cpu_attention:
-            mem["cpu"] += L * K * _prefix_kv_bytes(h1 - h0, prefix, hd, e)    # prefix_host
+            mem["cpu"] += L * K * _prefix_kv_bytes(h1 - h0, held, hd, e)      # prefix_host
         aliased = tier is Tier.CPU and not cuda and not cc
         if not policy.cpu_attention and not aliased:
             mem["gpu"] += decode_slots * home                               # kvbuf
             if tier is Tier.DISK and cuda:
                 mem["cpu"] += decode_slots * home                           # kvrelay
         if cuda:
-            mem["cpu"] += stage_slots * _stage_bytes(g, h1 - h0, P, hd, dtype, cc, prefix)   # kvstage
+            mem["cpu"] += stage_slots * _stage_bytes(g, h1 - h0, P, hd, dtype, cc, prefix, once)   # kvstage
             if pipelines_host_attention(config, policy):
                 mem["cpu"] += K * _host_stage_bytes(config, g, h1 - h0, e)         # hattn
     act_len = _act_home_len(P, gen_len, prefix)
@@ -288,9 +290,11 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
     buffers = _buffer_bytes(layout, lambda kl, n: kl.stored[n])             # every tensor off the gpu
     dequant = _buffer_bytes(layout, lambda kl, n: kl.dense[n] * kl.packed[n])
     prefix = batch_prefix_len(shared_prefix_len, g)
-    home = 2 * _kv_bytes(g, nkv, S - prefix, hd, dtype, cc)                  # one (layer, batch) cache, own positions
-    prefix_kv = L * K * _prefix_kv_bytes(nkv, prefix, hd, e)                # the shared prefix's k/v, dense
-    stage = _stage_bytes(g, nkv, P, hd, dtype, cc, prefix)
+    once = prefix_held_once(device_type, cc)
+    held = prefix if once else 0                                            # prefix positions held once
+    home = 2 * _kv_bytes(g, nkv, S - held, hd, dtype, cc)                    # one (layer, batch) cache, own positions
+    prefix_kv = L * K * _prefix_kv_bytes(nkv, held, hd, e)                  # the shared prefix's k/v, dense
+    stage = _stage_bytes(g, nkv, P, hd, dtype, cc, prefix, once)
     staged = 2 * g * nkv * P * hd * e                                       # prefill k/v awaiting store_cache
     decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
     stage_slots = _stage_slots(layout, policy)

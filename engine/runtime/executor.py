@@ -22,7 +22,7 @@ from engine.models.layers import reserve_positions
 from engine.policy.memory import pipelines_host_attention
 from engine.policy.partition import Stage
 from engine.policy.policy import Policy
-from engine.policy.prefix import MIN_SHARED_PREFIX
+from engine.policy.prefix import MIN_SHARED_PREFIX, prefix_held_once
 from engine.policy.working import (
     DECODE_CHUNK_BYTES, PREFILL_CHUNK_TOKENS, row_chunks, staged_kv_heads, working_bytes,
 )
@@ -153,12 +153,13 @@ class Executor:
     def _block_state(self, batches: list[GpuBatch], select: TokenSelector, tag: str = "") -> BlockState:
         """A block's state: its cache homes (named `kv{tag}.{j}.{k}` in the arena) and activation homes."""
         p, c = self.policy, self.config
+        once = prefix_held_once(self.device.type, self.cquant is not None)
         kv = {
             (j, k): KVHome(self.arena, f"kv{tag}.{j}.{k}", rows=b.size, length=b.length,
                            num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, dtype=self.dtype,
                            cache_gpu=p.cache_gpu, cache_cpu=p.cache_cpu, quant=self.cquant,
                            cpu_attention=p.cpu_attention, decode_chunk_bytes=self.decode_chunk_bytes,
-                           prefix_len=b.prefix_len)
+                           prefix_len=b.prefix_len if once else 0)
             for j, spec in enumerate(self.specs) if spec.kind == "attention"
             for k, b in enumerate(batches)
         }

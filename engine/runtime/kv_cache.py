@@ -84,7 +84,8 @@ class KVHome:
     """Owner of the cache homes of (layer j, GPU batch k). `rows` shrinks on `compact`.
 
     `length` is the batch's cache positions S; with a shared prefix of `prefix_len` L (the batch's
-    `GpuBatch.prefix_len`) the prefix's keys/values are held once for the batch, dense on the compute device
+    `GpuBatch.prefix_len` where `engine.policy.prefix.prefix_held_once` says, else 0: then the prefix's
+    positions are the rows' own) the prefix's keys/values are held once for the batch, dense on the compute device
     (`prefix`, [1, nkv, L, hd]; a host copy of a host segment's heads for host attention), and the homes hold
     each row's own positions only: cache position x lives at home position x - L. Attention sees the prefix
     before the row's own keys, so its results are those of a cache holding the prefix in every row, with
