@@ -194,7 +194,7 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
         reset_peak()
         recorders, prefill, decode, steps = [TokenRecorder() for _ in blocks], 0.0, 0.0, 0
         tracer = device_tracer(args.trace and cuda)
-        with Timer() as run, tracer:
+        with tracer, Timer() as run:              # the timer stops before the profiler's teardown
             for block, rec in zip(blocks, recorders):
                 progress(f"block {steps + 1}/{len(blocks)}: {len(block)} rows x {args.gen_len} new tokens")
                 ex.generate_block(block, [args.gen_len] * len(block), rec)

@@ -105,7 +105,6 @@ def test_an_executor_block_reads_no_position_on_the_host(tiny_checkpoints, monke
     monkeypatch.setattr(layers.RopeTable, "lookup", lookup)
     tokens, _ = run_policy(loaded, Policy(gpu_batch_size=3, num_gpu_batches=2), prompts, [4] * 6)
     assert grown_on_demand == []
-    monkeypatch.setattr(layers, "reserve_positions", lambda *a: None)
     monkeypatch.setattr("engine.runtime.executor.reserve_positions", lambda *a: None)
     fresh = load_model(tiny_checkpoints["llama"], dtype=torch.float32)       # its own, unreserved tables
     unreserved, _ = run_policy(fresh, Policy(gpu_batch_size=3, num_gpu_batches=2), prompts, [4] * 6)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from conftest import requires_cuda
 from triton_helpers import assert_self_check_passes, run_interpreted
-from engine.models.elementwise import close_to_torch, rms_norm, rms_norm_torch, silu_mul, silu_mul_torch
+from engine.models.elementwise import close_to_torch, rms_norm, rms_norm_torch, silu_mul, silu_mul_torch, ulp_spacing
 from engine.models.layers import gated_activation
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -18,10 +18,8 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
 def _one_ulp_share(got: torch.Tensor, want: torch.Tensor) -> float:
     """Share of the elements of `got` within one ulp of `want`."""
-    finfo = torch.finfo(want.dtype)
     a, b = got.double(), want.double()
-    ulp = torch.exp2(torch.floor(torch.log2(b.abs().clamp_min(finfo.tiny)))) * finfo.eps
-    return float(((a - b).abs() <= ulp).double().mean()) if b.numel() else 1.0
+    return float(((a - b).abs() <= ulp_spacing(b, want.dtype)).double().mean()) if b.numel() else 1.0
 
 
 def check_close(got: torch.Tensor, want: torch.Tensor, exact_factor: bool) -> None:

@@ -101,6 +101,11 @@ def close_to_torch(got: torch.Tensor, want: torch.Tensor, ulps: int = 1) -> bool
     a, b = got.double(), want.double()
     if want.dtype == torch.float32:
         return bool(torch.allclose(a, b, rtol=2 ** -20, atol=2 ** -20 * float(b.abs().max()) if b.numel() else 0.0))
-    finfo = torch.finfo(want.dtype)
-    ulp = torch.exp2(torch.floor(torch.log2(b.abs().clamp_min(finfo.tiny)))) * finfo.eps     # spacing at |b|
-    return bool(((a - b).abs() <= ulps * ulp).all())
+    return bool(((a - b).abs() <= ulps * ulp_spacing(b, want.dtype)).all())
+
+
+def ulp_spacing(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of `dtype`'s values at each of `values`' magnitudes (one unit in the last place), in
+    values' own (wider) dtype; subnormal magnitudes count as the smallest normal."""
+    finfo = torch.finfo(dtype)
+    return torch.exp2(torch.floor(torch.log2(values.abs().clamp_min(finfo.tiny)))) * finfo.eps

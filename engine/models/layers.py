@@ -185,7 +185,7 @@ class RopeTable:
         self.inv_freq = inv_freq  # [hd/2] float32
         self.long_inv_freq, self.switch, self.mscale = long_inv_freq, switch, mscale
         self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._reserved: dict[tuple[torch.device, torch.dtype], int] = {}
+        self._reserved: set[tuple[torch.device, torch.dtype]] = set()   # keys whose lookups skip the check
 
     def reserve(self, n: int, device: torch.device, dtype: torch.dtype) -> None:
         """Promise that lookups on (device, dtype) see positions below n (the executor's cache length): the
@@ -193,7 +193,7 @@ class RopeTable:
         attention layer that kept the host from running ahead of the GPU (one per layer, chunk and step)."""
         key = (torch.empty(0, device=device).device, dtype)      # canonical: "cuda" -> "cuda:0", as tensors say
         self._grow(key, n)
-        self._reserved[key] = max(n, self._reserved.get(key, 0))
+        self._reserved.add(key)
 
     def _grow(self, key: tuple[torch.device, torch.dtype], needed: int) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self._tables.get(key, (None, None))

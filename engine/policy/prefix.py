@@ -10,8 +10,8 @@ per attention layer; with CPU attention a host copy of the off-device heads), an
 holds its own S - L positions only: cache bytes, cache stores, the 4-bit quantization of the new cache and
 the decode's cache loads shrink by the prefix, while attention still reads L + own keys (decode assembles
 them per chunk of rows). Otherwise (a dense cache on a CPU device, which is compute memory: sharing would
-save memory only, and the per-step assembly costs copies: +2.0 s of aten::copy_ in a 24-row SmolLM2 job of
-31 s on the dev CPU) the prefix's keys are written into every row as the rows' own. The
+save memory only, and the per-step assembly of prefix + own keys costs copies that attending a row's whole
+cache in place does not) the prefix's keys are written into every row as the rows' own. The
 prefill's hidden state is a (prefix, rows) pair, which `engine.runtime.act_homes.ActHomes` never parks off
 the device: it stays on the gpu between layers whatever the policy's activation placement says, and only
 the decode steps' hidden states [g, 1, h] are parked.

@@ -106,7 +106,7 @@ class KVHome:
             shape = (1, num_kv_heads, prefix_len, head_dim)
             self.prefix = (arena.get(f"{key}.prefix.k", Tier.GPU, shape, dtype),
                            arena.get(f"{key}.prefix.v", Tier.GPU, shape, dtype))
-        self._prefix_parts: dict[tuple[int, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._prefix_parts: dict[tuple[int, bool, bool], tuple[torch.Tensor, torch.Tensor]] = {}
         self.pending: list[Pending] = []            # this home's stores not yet complete on the host
         self.segments: list[KVSegment] = []
         for n, (tier, h0, h1) in enumerate(split_ranges(num_kv_heads, cache_gpu, cache_cpu)):
@@ -314,9 +314,7 @@ class KVHome:
                     qs, lambda r0, r1: (dense_keys(seg.k[r0:r1], tp + 1, rot, pk),
                                         dense_keys(seg.v[r0:r1], tp + 1, rot, pv)),
                     key_valid, scale, softcap, rot)
-            pk, pv = self._prefix_of(n)
-            return decode_attention(qs, dense_keys(seg.k, tp + 1, None, pk), dense_keys(seg.v, tp + 1, None, pv),
-                                    key_valid, scale, softcap)
+            return self._dense_decode(n, qs, seg.k, seg.v, tp, key_valid, scale, softcap)
         bk, bv = seg.buf
         if isinstance(bk, QTensor):
             rot = stored_rotation(bk, bv)
@@ -331,13 +329,19 @@ class KVHome:
         else:
             _write(bk, ks, tp, None)
             _write(bv, vs, tp, None)
-            pk, pv = self._prefix_of(n)
-            out = decode_attention(qs, dense_keys(bk, tp + 1, None, pk), dense_keys(bv, tp + 1, None, pv),
-                                   key_valid, scale, softcap)
+            out = self._dense_decode(n, qs, bk, bv, tp, key_valid, scale, softcap)
         if not self._aliased(seg):
             seg.staged.append((ks, vs, tp, 0))
         seg.buf = None
         return out
+
+    def _dense_decode(self, n: int, qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tp: int,
+                      key_valid: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
+        """Decode attention of segment n over dense device keys/values k, v (home positions [0, tp], the new
+        one written), after the shared prefix if any -> [b, hs*g, 1, hd]."""
+        pk, pv = self._prefix_of(n)
+        return decode_attention(qs, dense_keys(k, tp + 1, None, pk), dense_keys(v, tp + 1, None, pv),
+                                key_valid, scale, softcap)
 
     def compact(self, keep: torch.Tensor) -> None:
         """Keep only rows `keep` (ascending indices into the current rows), in place in every home."""
