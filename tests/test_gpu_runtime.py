@@ -33,6 +33,18 @@ def test_cuda_policy_matches_reference(cuda_reference, kind, name, tmp_path):
     assert got == tokens
 
 
+@pytest.mark.parametrize("kind", ["llama", "opt", "mixtral"])
+def test_cuda_streamed_4bit_weights_match_resident(cuda_reference, kind, tmp_path):
+    """4-bit weights streamed from the host and the disk (a layer's copy waits only for its buffer's last
+    dequantization, `engine.runtime.weight_homes`) give the tokens of the same 4-bit weights resident."""
+    loaded, prompts, max_new, _ = cuda_reference[kind]
+    runs = [run_policy(loaded, Policy(**{**BASE, **place}, compress_weights=True), prompts, max_new,
+                       device="cuda", disk_dir=tmp_path)[0]
+            for place in (dict(w_gpu=1.0), dict(w_gpu=0.0, w_cpu=1.0), dict(w_gpu=0.0, w_cpu=0.5),
+                          dict(gpu_batch_size=9, num_gpu_batches=1, w_gpu=0.0, w_cpu=1.0))]
+    assert all(r == runs[0] for r in runs[1:])
+
+
 def test_cuda_matches_cpu(cuda_reference):
     loaded, prompts, max_new, tokens = cuda_reference["llama"]
     cpu, _ = run_policy(loaded, Policy(**BASE), prompts, max_new)

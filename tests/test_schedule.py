@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.policy.weight_slots import WeightSlots
 from engine.runtime.schedule import block_schedule, slots
 
 
@@ -59,3 +60,37 @@ def test_weight_pages_spread_over_batches():
 
 def test_empty_schedule():
     assert list(block_schedule(0, 4, 2)) == []
+
+
+def _decoder(layers: int) -> list[str]:
+    return ["embed", *["attention", "mlp"] * layers, "head"]
+
+
+@pytest.mark.parametrize("kinds", [_decoder(1), _decoder(3), ["embed", "head"], ["mlp"], ["attention", "mlp"],
+                                   ["mlp", "attention", "mlp", "head"], ["attention", "mlp", "mlp", "attention"]])
+@pytest.mark.parametrize("batches,paged", [(1, False), (2, True), (3, True), (3, False)])
+def test_weight_loads_never_overwrite_a_buffer_in_use(kinds, batches, paged):
+    """A load into (kind, slot) is issued only after every compute of the layer loaded there before it has been
+    issued (a dense copy waits for the computes issued before it, a 4-bit one for its predecessor's
+    dequantization, done by the first of them: `engine.runtime.weight_homes`), and before its own compute."""
+    rule = WeightSlots(kinds)
+    loaded: dict[tuple[str, int], tuple[int, int]] = {}
+    computes: dict[tuple[int, int], int] = {}
+    for a in block_schedule(3, len(kinds), batches, paged=paged):
+        layer, buffer = (a.i, a.j), (kinds[a.j], rule.slot(a.i, a.j))
+        if a.verb == "compute":
+            assert loaded.get(buffer) == layer                           # its own weights, not a later layer's
+            computes[layer] = computes.get(layer, 0) + 1
+        elif a.verb == "load_weight":
+            previous = loaded.get(buffer)
+            if previous is not None and previous != layer:
+                assert computes.get(previous, 0) == batches, f"{kinds}: the load of {layer} overwrites {previous}"
+            loaded[buffer] = layer
+
+
+def test_weight_slots_of_a_decoder():
+    rule = WeightSlots(_decoder(3))
+    assert rule.slots == {"embed": 1, "attention": 1, "mlp": 1, "head": 1}   # never adjacent: one buffer a kind
+    assert WeightSlots(["attention", "mlp", "mlp", "attention"]).slots == {"attention": 2, "mlp": 2}
+    one = WeightSlots(["mlp"])                                                  # a step of one layer: two
+    assert [one.slot(i, 0) for i in range(4)] == [0, 1, 0, 1] and one.slot_set([0]) == (0, 1)

@@ -8,8 +8,9 @@ cache positions):
     groups, other quantizable tensors in WEIGHT_QUANT's when compressing weights), disk homes are files (disk
     tier);
   - `wbuf{slot}.{kind}.{name}`: a device buffer per non-resident tensor, per layer kind and weight slot
-    (slot = (i * J + j) % 2); `wdq{slot}...`: a dense device buffer per compressed tensor; `wrelay` pinned
-    relay buffers for disk tensors (CUDA only);
+    (`engine.policy.weight_slots`: one per kind whose layers are never adjacent); `wdq.{kind}.{name}`: one
+    dense device buffer per compressed tensor and kind; `wrelay{slot}...` pinned relay buffers for disk
+    tensors (CUDA only);
   - the working memory of one GPU batch (`working_bytes`);
   - KV homes `kv.{j}.{k}.s{n}`: [g, heads of segment n, S - p, hd] keys and values per attention layer and GPU
     batch (p: the batch's shared prefix, `prefix.batch_prefix_len`, whose keys and values
@@ -39,6 +40,7 @@ from engine.models.weights import stored_quant
 from engine.policy.affine import const, share
 from engine.policy.policy import Policy
 from engine.policy.prefix import batch_prefix_len, prefix_held_once
+from engine.policy.weight_slots import WeightSlots
 from engine.policy.working import chunk_rows, row_chunks, staged_kv_heads, working_bytes
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT
 from engine.quant.qtensor import qtensor_nbytes
@@ -90,6 +92,7 @@ def model_layout(config: ModelConfig, bytes_per_element: int, compress_weights: 
     dtype = dtype_of_size(bytes_per_element)
     specs = build_family(config).layer_specs()
     J = len(specs)
+    slots = WeightSlots([spec.kind for spec in specs])
     first: dict[tuple, object] = {}
     js: dict[tuple, list[int]] = {}
     for j, spec in enumerate(specs):
@@ -103,7 +106,7 @@ def model_layout(config: ModelConfig, bytes_per_element: int, compress_weights: 
         dense = tuple(w.numel * bytes_per_element for w in spec.weights.values())
         stored = tuple(qtensor_nbytes(w.shape, dtype, q) if q else d
                        for w, q, d in zip(spec.weights.values(), quants, dense))
-        slot_set = tuple(sorted({(i * J + j) % 2 for i in (0, 1) for j in js[key]}))
+        slot_set = slots.slot_set(js[key])
         kinds.append(KindLayout(spec.kind, len(js[key]), stored, dense, packed, tuple(spec.weights),
                                 slot_set))
         total, start = sum(stored) or 1, 0
@@ -115,16 +118,17 @@ def model_layout(config: ModelConfig, bytes_per_element: int, compress_weights: 
     return ModelLayout(tuple(kinds), J, attention_js, total_bytes, tuple(sorted(mids)))
 
 
-def _buffer_bytes(layout: ModelLayout, size_of) -> int:
-    """Bytes of per-slot device buffers keyed by (slot, kind, tensor name), as the executor's arena keys
-    them (`wbuf{slot}.{kind}.{name}`: groups of one kind share a name's buffer, grown to the largest):
-    `size_of(kl, n)` is tensor n of group kl's bytes in that buffer, 0 when it needs none."""
+def _buffer_bytes(layout: ModelLayout, size_of, slotted: bool = True) -> int:
+    """Bytes of device buffers keyed by (slot, kind, tensor name), as the executor's arena keys them
+    (`wbuf{slot}.{kind}.{name}`: groups of one kind share a name's buffer, grown to the largest; without
+    `slotted`, one per kind and name, as `wdq.{kind}.{name}`): `size_of(kl, n)` is tensor n of group kl's
+    bytes in that buffer, 0 when it needs none."""
     held: dict[tuple[int, str, str], int] = {}
     for kl in layout.kinds:
         for n, name in enumerate(kl.names):
             size = size_of(kl, n)
             if size:
-                for slot in kl.slot_set:
+                for slot in (kl.slot_set if slotted else (0,)):
                     held[(slot, kl.kind, name)] = max(held.get((slot, kl.kind, name), 0), size)
     return sum(held.values())
 
@@ -210,7 +214,7 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
     mem["gpu"] += _buffer_bytes(layout, moved)                                                      # wbuf
     if cuda:
         mem["cpu"] += _buffer_bytes(layout, lambda kl, n: kl.stored[n] * (tiers[id(kl)][n] is Tier.DISK))  # wrelay
-    mem["gpu"] += _buffer_bytes(layout, lambda kl, n: kl.dense[n] * kl.packed[n])                   # wdq
+    mem["gpu"] += _buffer_bytes(layout, lambda kl, n: kl.dense[n] * kl.packed[n], slotted=False)    # wdq
     g, K, L = policy.gpu_batch_size, policy.num_gpu_batches, len(layout.attention_js)
     P, S, hd = prompt_len, prompt_len + gen_len - 1, config.head_dim
     cc = policy.compress_cache
@@ -288,7 +292,7 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
     P, S, hd, nkv = prompt_len, prompt_len + gen_len - 1, config.head_dim, config.num_key_value_heads
     cc = policy.compress_cache
     buffers = _buffer_bytes(layout, lambda kl, n: kl.stored[n])             # every tensor off the gpu
-    dequant = _buffer_bytes(layout, lambda kl, n: kl.dense[n] * kl.packed[n])
+    dequant = _buffer_bytes(layout, lambda kl, n: kl.dense[n] * kl.packed[n], slotted=False)
     prefix = batch_prefix_len(shared_prefix_len, g)
     once = prefix_held_once(device_type, cc)
     held = prefix if once else 0                                            # prefix positions held once

@@ -23,6 +23,7 @@ from engine.policy.memory import pipelines_host_attention
 from engine.policy.partition import Stage
 from engine.policy.policy import Policy
 from engine.policy.prefix import MIN_SHARED_PREFIX, prefix_held_once
+from engine.policy.weight_slots import WeightSlots
 from engine.policy.working import (
     DECODE_CHUNK_BYTES, PREFILL_CHUNK_TOKENS, row_chunks, staged_kv_heads, working_bytes,
 )
@@ -72,6 +73,7 @@ class Executor:
         self.config, self.family = loaded.config, loaded.family
         self.device, self.dtype = torch.device(device), dtype
         self.specs = [sp for sp in self.family.layer_specs() if stage is None or stage.holds(sp.kind, sp.index)]
+        self.slots = WeightSlots([sp.kind for sp in self.specs])
         self.budget = MemoryBudget({Tier.GPU: gpu_memory, Tier.CPU: cpu_memory, Tier.DISK: None})
         self.arena = Arena(self.device, self.budget, Path(disk_dir) if disk_dir is not None else None)
         self.transfers = Transfers(self.device, policy.overlap)
@@ -212,8 +214,8 @@ class Executor:
         return ((i * len(self.specs) + j) * len(self.block.batches) + k) % 2
 
     def _weight_slot(self, i: int, j: int) -> int:
-        """The double-buffer slot of layer j's weights at step i (loads of j+1 go to the other slot)."""
-        return (i * len(self.specs) + j) % 2
+        """The buffer slot of layer j's weights at step i (`engine.policy.weight_slots`)."""
+        return self.slots.slot(i, j)
 
     # ---- actions --------------------------------------------------------------------------------------
     def _load_weight(self, a: Action) -> None:

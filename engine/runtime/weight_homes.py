@@ -6,7 +6,15 @@ read packed from the source and kept bit for bit; other quantizable weights with
 otherwise. gpu homes live on the compute device; cpu homes in
 (pinned) host memory; disk homes in the engine's verified per-tensor files under
 `<disk_dir>/weights/<fingerprint>-<dtype>-<compression>/`, built once and memory-mapped on later runs.
-Two device buffer slots (by layer parity) hold the loaded copy of a non-gpu layer while the next loads.
+Device buffers `wbuf{slot}.{kind}.{name}` hold the loaded copy of a non-gpu layer, in the slot
+`engine.policy.weight_slots.WeightSlots` gives it; a compressed tensor is dequantized on the compute stream
+into one dense `wdq.{kind}.{name}` per kind. On CUDA a compressed buffer is free again once that dequantization
+has run: `get` records an event after it, and the next load into the buffer waits for that event only, on the
+`weight` stream, so it streams in while the previous layer's GEMMs still run (before, every load waited for
+all compute issued before it, and with one buffer per kind the copy of MLP j + 2 waited for MLP j's GEMMs).
+Dense tensors (norms, biases, the embedding table, uncompressed matrices) are read by the compute itself: their
+loads wait for all compute issued before them, on their own `weight_dense` stream, so they never hold back a
+compressed copy queued behind them.
 Loads are paged: page p of P moves rows [r_p, r_p+1) of every non-gpu tensor (dim 0), so the transfer of
 one layer can be spread over the K GPU batches of the previous layer (MoE-Lightning's paged weights).
 """
@@ -59,6 +67,10 @@ class WeightHomes:
         self.device = arena.device
         self.homes: list[dict[str, Handle]] = []
         self.files: WeightFiles | None = None
+        # per relay buffer: the H2D copy events of its previous use and of its current one (see `load`)
+        self._relay_uses: dict[str, tuple[list, list]] = {}
+        # per compressed device buffer ("{slot}.{kind}.{name}"): the event after its last dequantization
+        self._released: dict[str, torch.cuda.Event] = {}
         esize = torch.empty((), dtype=dtype).element_size()
         read_layer = getattr(loaded.weights, "get_stored", loaded.weights.get)   # packed where the source has it
         for spec in specs:
@@ -131,10 +143,21 @@ class WeightHomes:
         return self.arena.get(f"wbuf{slot}.{spec.kind}.{name}", Tier.GPU, tuple(handle.value.shape), self.dtype, quant)
 
     def load(self, j: int, slot: int, page: int, pages: int, transfers: Transfers) -> list[Pending]:
-        """Start moving page `page` of `pages` of layer j's non-resident tensors into buffer slot `slot`."""
+        """Start moving page `page` of `pages` of layer j's non-resident tensors into buffer slot `slot`.
+
+        A disk tensor on CUDA goes through the pinned relay `wrelay{slot}.{kind}.{name}`, written by an I/O
+        thread: that thread first waits for the H2D copies of the relay's previous use (a layer's page 0 starts
+        a new use; by then the previous use's threads have finished, as its compute waited for them), so the
+        host never overwrites a relay the copy engine is still reading."""
         moving = self._moving[j]
         if not moving:
             return []
+        kind = self.specs[j].kind
+        if page == 0:
+            for name, handle in moving:
+                if handle.tier is Tier.DISK:
+                    uses = self._relay_uses.get(f"{slot}.{kind}.{name}", ([], []))
+                    self._relay_uses[f"{slot}.{kind}.{name}"] = (uses[1], [])
         total = sum(h.nbytes for _, h in moving)
         start, end = total * page / pages, total * (page + 1) / pages
         pendings, lo = [], 0
@@ -146,25 +169,44 @@ class WeightHomes:
             if r1 <= r0:
                 continue
             dst = self._buffer(j, slot, name, handle)
-            relay = None
+            relay, uses = None, ([], [])
             if handle.tier is Tier.DISK and self.device.type == "cuda":
                 quant = handle.value.config if isinstance(handle.value, QTensor) else None
-                relay = self.arena.get(f"wrelay{slot}.{self.specs[j].kind}.{name}", Tier.CPU,
+                relay = self.arena.get(f"wrelay{slot}.{kind}.{name}", Tier.CPU,
                                        tuple(handle.value.shape), self.dtype, quant)[r0:r1]
+                uses = self._relay_uses[f"{slot}.{kind}.{name}"]
 
-            def fn(stream, dst=dst[r0:r1], src=handle.value[r0:r1], relay=relay):
-                return copy(dst, src, stream=stream, relay=relay)
-            pendings.append(transfers.submit("weight", fn, threaded=handle.tier is Tier.DISK))
+            packed = isinstance(handle.value, QTensor)
+            key = f"{slot}.{kind}.{name}"
+            after = ([self._released[key]] if key in self._released else []) if packed else None
+
+            def fn(stream, dst=dst[r0:r1], src=handle.value[r0:r1], relay=relay, after=after, previous=uses[0],
+                   current=uses[1]):
+                for event in previous:
+                    event.synchronize()
+                event = copy(dst, src, stream=stream, relay=relay, after=after)
+                if relay is not None:
+                    current.append(event)
+                return event
+            pendings.append(transfers.submit("weight" if packed else "weight_dense", fn,
+                                             threaded=handle.tier is Tier.DISK))
         return pendings
 
     def get(self, j: int, slot: int) -> dict[str, torch.Tensor]:
         """Layer j's dense weights on the compute device (after its loads into `slot` completed)."""
-        out = {}
+        out, released = {}, []
+        kind = self.specs[j].kind
         for name, handle in self.homes[j].items():
-            value = handle.value if self._direct(handle) else self._buffer(j, slot, name, handle)
+            direct = self._direct(handle)
+            value = handle.value if direct else self._buffer(j, slot, name, handle)
             if isinstance(value, QTensor):
-                dense = self.arena.get(f"wdq{slot}.{self.specs[j].kind}.{name}", Tier.GPU, tuple(value.shape),
-                                       self.dtype)
+                dense = self.arena.get(f"wdq.{kind}.{name}", Tier.GPU, tuple(value.shape), self.dtype)
                 value = dequantize(value, out=dense)
+                if not direct:
+                    released.append(f"{slot}.{kind}.{name}")
             out[name] = value
+        if released and self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            self._released.update(dict.fromkeys(released, event))
         return out

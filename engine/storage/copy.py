@@ -6,6 +6,8 @@ it is complete (see `copy`). A disk -> GPU copy goes through a pinned `relay` bu
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from engine.quant.qtensor import QTensor
@@ -17,13 +19,14 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def copy(dst: Stored, src: Stored, *, stream: "torch.cuda.Stream | None" = None,
-         relay: Stored | None = None) -> "torch.cuda.Event | None":
+         relay: Stored | None = None, after: "Sequence[torch.cuda.Event] | None" = None) -> "torch.cuda.Event | None":
     """Copy `src` into `dst` (same logical shape and kind: both dense or both QTensor with equal layout).
 
     Completion: when neither side is on a CUDA device, the copy is complete when this returns (it runs in
     the calling thread: call it from a worker thread to overlap disk reads). When either side is on CUDA,
     the copy is enqueued on `stream` (the current stream if None) after that stream waits for the current
-    stream, and an event recorded after it is returned: the copy is complete when that event is; wait with
+    stream (with `after`: for those events only, the caller's proof that nothing issued since still reads
+    `dst`), and an event recorded after it is returned: the copy is complete when that event is; wait with
     `torch.cuda.current_stream().wait_event(ev)` before using `dst` on the compute stream, or
     `ev.synchronize()` before reading a host `dst` on the host. Device tensors are recorded on `stream`, so
     dropping them after the call is safe. A host `src` that is not pinned (disk) is
@@ -47,7 +50,11 @@ def copy(dst: Stored, src: Stored, *, stream: "torch.cuda.Stream | None" = None,
         src_parts = relay_parts
     current = torch.cuda.current_stream()
     stream = stream or current
-    stream.wait_stream(current)
+    if after is None:
+        stream.wait_stream(current)
+    else:
+        for event in after:
+            stream.wait_event(event)
     with torch.cuda.stream(stream):
         for d, s in zip(dst_parts, src_parts):
             if not _same(d, s):

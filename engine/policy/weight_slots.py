@@ -1,0 +1,46 @@
+"""Which device buffer slot holds each streamed layer's weights.
+
+A layer whose weights are not resident on the device is copied into buffers named by its kind and a slot
+(`wbuf{slot}.{kind}.{name}`). The schedule issues the load of flat position P = i * J + j in the slots of
+P - 1 (`engine.runtime.schedule`), so a buffer is safe while the previous layer that used it is at most P - 2
+back: one slot per kind where its layers are never adjacent (alternating attention and MLP, embed and head),
+two (alternating by the kind's running occurrence count) where they can be (a step of one layer, a
+pipeline stage holding one kind twice in a row).
+
+When a buffer is free again is `engine.runtime.weight_homes`' business: a 4-bit buffer once its dequantization
+into the compute's dense copy has run (so the next layer of the kind streams in while this one's GEMMs run),
+a dense one once every compute issued before its load has run.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+
+class WeightSlots:
+    """The slot rule for one executor's layer kinds (`kinds[j]` of its specs, in order)."""
+
+    def __init__(self, kinds: Sequence[str]):
+        self.kinds = tuple(kinds)
+        counts = Counter(self.kinds)
+        self._count = [counts[kind] for kind in self.kinds]
+        seen: Counter = Counter()
+        self._ordinal = []
+        for kind in self.kinds:
+            self._ordinal.append(seen[kind])
+            seen[kind] += 1
+        self.slots = {kind: 1 if self._gap(kind) >= 2 else 2 for kind in counts}
+
+    def _gap(self, kind: str) -> int:
+        """The fewest flat positions between two consecutive layers of `kind` (across steps too)."""
+        J = len(self.kinds)
+        ps = [i * J + j for i in range(2) for j, k in enumerate(self.kinds) if k == kind]
+        return min(b - a for a, b in zip(ps, ps[1:]))
+
+    def slot(self, i: int, j: int) -> int:
+        """The buffer slot of layer j's weights at step i."""
+        return (i * self._count[j] + self._ordinal[j]) % self.slots[self.kinds[j]]
+
+    def slot_set(self, js: Sequence[int]) -> tuple[int, ...]:
+        """The slots layers `js` use over a run (two steps cover every parity)."""
+        return tuple(sorted({self.slot(i, j) for i in (0, 1) for j in js}))
