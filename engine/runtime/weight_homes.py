@@ -69,8 +69,9 @@ class WeightHomes:
         self.files: WeightFiles | None = None
         # per relay buffer: the H2D copy events of its previous use and of its current one (see `load`)
         self._relay_uses: dict[str, tuple[list, list]] = {}
-        # per compressed device buffer ("{slot}.{kind}.{name}"): the event after its last dequantization
-        self._released: dict[str, torch.cuda.Event] = {}
+        # per compressed device buffer ("{slot}.{kind}.{name}"): the event after its last dequantization, and
+        # the address of the allocation that dequantization read
+        self._released: dict[str, tuple[torch.cuda.Event, int]] = {}
         esize = torch.empty((), dtype=dtype).element_size()
         read_layer = getattr(loaded.weights, "get_stored", loaded.weights.get)   # packed where the source has it
         for spec in specs:
@@ -168,17 +169,17 @@ class WeightHomes:
             lo = hi
             if r1 <= r0:
                 continue
+            key, packed = f"{slot}.{kind}.{name}", isinstance(handle.value, QTensor)
             dst = self._buffer(j, slot, name, handle)
             relay, uses = None, ([], [])
             if handle.tier is Tier.DISK and self.device.type == "cuda":
-                quant = handle.value.config if isinstance(handle.value, QTensor) else None
-                relay = self.arena.get(f"wrelay{slot}.{kind}.{name}", Tier.CPU,
-                                       tuple(handle.value.shape), self.dtype, quant)[r0:r1]
-                uses = self._relay_uses[f"{slot}.{kind}.{name}"]
-
-            packed = isinstance(handle.value, QTensor)
-            key = f"{slot}.{kind}.{name}"
-            after = ([self._released[key]] if key in self._released else []) if packed else None
+                relay = self.arena.get(f"wrelay{key}", Tier.CPU, tuple(handle.value.shape), self.dtype,
+                                       handle.value.config if packed else None)[r0:r1]
+                uses = self._relay_uses[key]
+            # a 4-bit buffer waits only for its last dequantization, if that read this very allocation (a
+            # first or regrown buffer waits for all compute issued, as a dense one always does)
+            released = self._released.get(key) if packed else None
+            after = [released[0]] if released is not None and released[1] == dst.data.data_ptr() else None
 
             def fn(stream, dst=dst[r0:r1], src=handle.value[r0:r1], relay=relay, after=after, previous=uses[0],
                    current=uses[1]):
@@ -194,19 +195,19 @@ class WeightHomes:
 
     def get(self, j: int, slot: int) -> dict[str, torch.Tensor]:
         """Layer j's dense weights on the compute device (after its loads into `slot` completed)."""
-        out, released = {}, []
+        out, released = {}, {}
         kind = self.specs[j].kind
         for name, handle in self.homes[j].items():
             direct = self._direct(handle)
             value = handle.value if direct else self._buffer(j, slot, name, handle)
             if isinstance(value, QTensor):
+                if not direct:
+                    released[f"{slot}.{kind}.{name}"] = value.data.data_ptr()
                 dense = self.arena.get(f"wdq.{kind}.{name}", Tier.GPU, tuple(value.shape), self.dtype)
                 value = dequantize(value, out=dense)
-                if not direct:
-                    released.append(f"{slot}.{kind}.{name}")
             out[name] = value
         if released and self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self.device))
-            self._released.update(dict.fromkeys(released, event))
+            self._released.update({key: (event, ptr) for key, ptr in released.items()})
         return out
