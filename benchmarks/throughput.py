@@ -20,7 +20,9 @@ rows_per_h (wrangle; and rows_1m_h), roofline (the policy's floors, `roofline.py
 (floor time / measured time), peak_device_gib (torch's max allocated; None on a CPU), device, commit,
 command, num_layers (--layers cuts the preset), prefill_chunk_tokens; with --profile also `profile`
 (`engine.runtime.step_profile`: per layer, prefill and decode); with --trace also `trace`
-(`bench_common.trace_summary`: torch.profiler's kernel and copy seconds against the wall, syncs, top ops).
+(`bench_common.trace_summary`: torch.profiler's kernel and copy seconds against the wall, syncs, top ops) and
+`timeline` (`timeline.timeline_summary`: prefill and decode apart, each stream's busy time, the compute stream's
+idle gaps, kernel seconds by category).
 Several GPUs (`--gpus N`, repeatable; `throughput_multi.py`): each llmops configuration runs once per N on
 the same rows (default: one block per GPU of the largest N), and every record holds `num_gpus`, `parallel`
 (pipeline / data), `micro_batches` (pipeline: blocks in flight), `tokens_digest` (sha256 of every row's greedy
@@ -55,6 +57,7 @@ from bench_common import (GIB, Timer, add_record_args, close_and_release, failur
 from roofline import roofline  # noqa: E402
 from throughput_multi import WARMUP_TOKENS, TokenRecorder, run_multi, tokens_digest  # noqa: E402
 from throughput_peers import run_accelerate, run_flexgen  # noqa: E402
+from timeline import device_events, timeline_summary, write_events  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -202,6 +205,10 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
                 progress(f"block {steps} done: prefill {ex.stats['prefill_s']:.1f} s, decode {ex.stats['decode_s']:.1f} s")
         if args.trace and cuda:
             out["trace"] = trace_summary(tracer, run.seconds)
+            events, marks = device_events(tracer)
+            out["timeline"] = timeline_summary(events, marks)
+            if args.trace_out:
+                write_events(args.trace_out, events, marks)
         out.update(ok=True, total_s=run.seconds, prefill_s=prefill, decode_s=decode, blocks=steps,
                    generated_tokens=sum(r.tokens for r in recorders), tokens_digest=tokens_digest(recorders),
                    executor_memory=ex.memory_report(), **peak_gib())
@@ -255,7 +262,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help='measured trials of the best candidates for "auto" on CUDA (LLM\'s default: 4)')
     ap.add_argument("--profile", action="store_true", help="write the per-layer step profile (serializes overlap)")
     ap.add_argument("--trace", action="store_true",
-                    help="torch.profiler over the measured blocks (CUDA): kernel vs wall seconds, syncs, top ops")
+                    help="torch.profiler over the measured blocks (CUDA): kernel vs wall seconds, syncs, top ops, "
+                         "and the timeline by phase (`timeline.py`)")
+    ap.add_argument("--trace-out", type=Path, default=None,
+                    help="with --trace: also the compact device timeline here (gzip JSON, `timeline.write_events`)")
     ap.add_argument("--layers", type=int, default=None,
                     help="the preset cut to its first N decoder layers (per-layer costs, a fraction of the init)")
     ap.add_argument("--prefill-chunk-tokens", type=int, default=PREFILL_CHUNK_TOKENS,

@@ -15,8 +15,10 @@ import json
 from typing import Sequence
 
 from bench_common import Timer, close_and_release, failure_fields, peak_gib, reset_peak
+from timeline import SELECT_MARK
 
 import torch
+from torch.profiler import record_function
 
 from engine.parallel import Lanes, build_pipeline, choose_parallel
 from engine.policy.policy import Policy
@@ -33,7 +35,8 @@ class TokenRecorder(GreedyToEnd):
         self.rows: dict[int, list[int]] = {}
 
     def __call__(self, rows: Sequence[int], logits: torch.Tensor) -> tuple[list[int], list[bool]]:
-        picked, finished = super().__call__(rows, logits)
+        with record_function(SELECT_MARK):                  # a trace's phase marks (`timeline.py`)
+            picked, finished = super().__call__(rows, logits)
         for r, t in zip(rows, picked):
             self.rows.setdefault(r, []).append(t)
         return picked, finished
