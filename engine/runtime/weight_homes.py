@@ -27,6 +27,7 @@ import torch
 
 from engine.models.base import LayerSpec
 from engine.models.weights import stored_quant
+from engine.policy.embed_gather import EMBED_TABLE
 from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, quantize
 from engine.quant.qtensor import QTensor, qtensor_nbytes, with_dtype
@@ -143,14 +144,33 @@ class WeightHomes:
         quant = handle.value.config if isinstance(handle.value, QTensor) else None
         return self.arena.get(f"wbuf{slot}.{spec.kind}.{name}", Tier.GPU, tuple(handle.value.shape), self.dtype, quant)
 
-    def load(self, j: int, slot: int, page: int, pages: int, transfers: Transfers) -> list[Pending]:
-        """Start moving page `page` of `pages` of layer j's non-resident tensors into buffer slot `slot`.
+    def table_moves(self, j: int) -> bool:
+        """Whether layer j holds a dense token-embedding table that loads stream (`engine.policy.embed_gather`)."""
+        return any(name == EMBED_TABLE and not isinstance(h.value, QTensor) for name, h in self._moving[j])
+
+    def gather_rows(self, j: int, slot: int, ids: torch.Tensor, offset: int, block_rows: int) -> torch.Tensor:
+        """Rows `ids` [n] (host int64) of layer j's embedding table [vocab, e]: gathered on the host into rows
+        [offset, offset + n) of the pinned staging `wgather.embed` [block_rows, e] and copied, on the current
+        stream, into the same rows of the table's device buffer, whose view [n, e] is returned. One GPU batch's
+        rows at its own offset, so a batch's gather never overwrites rows another batch's copy still reads."""
+        handle = self.homes[j][EMBED_TABLE]
+        width, n = handle.value.shape[1], ids.numel()
+        stage = self.arena.get("wgather.embed", Tier.CPU, (block_rows, width), self.dtype)[offset:offset + n]
+        torch.index_select(handle.value, 0, ids, out=stage)
+        dst = self._buffer(j, slot, EMBED_TABLE, handle)[offset:offset + n]
+        dst.copy_(stage, non_blocking=True)
+        return dst
+
+    def load(self, j: int, slot: int, page: int, pages: int, transfers: Transfers,
+             skip: str | None = None) -> list[Pending]:
+        """Start moving page `page` of `pages` of layer j's non-resident tensors (all but `skip`) into buffer
+        slot `slot`.
 
         A disk tensor on CUDA goes through the pinned relay `wrelay{slot}.{kind}.{name}`, written by an I/O
         thread: that thread first waits for the H2D copies of the relay's previous use (a layer's page 0 starts
         a new use; by then the previous use's threads have finished, as its compute waited for them), so the
         host never overwrites a relay the copy engine is still reading."""
-        moving = self._moving[j]
+        moving = [(name, h) for name, h in self._moving[j] if name != skip]
         if not moving:
             return []
         kind = self.specs[j].kind
