@@ -1,9 +1,9 @@
 """Where a traced run's device time went, phase by phase: a `torch.profiler` trace read as a timeline.
 
 `trace_summary` (bench_common) adds the profiler's events up; this reads them in time. The device's events
-(kernels, copies, memsets: name, stream, start, end) are split into phases at the host's `SELECT_MARK` ranges
-(the token selection after each step's logits reached the host, so the device is idle there): everything
-before the first is the prefill, the rest the decode steps. Per phase: the wall, each stream's busy time (the
+(kernels, copies, memsets: name, stream, start, end) are split into phases at the ends of the host's
+`SELECT_MARK` ranges (the token selection, which waits for each step's logits, so the device has finished
+the step when it ends): everything before the first end is the prefill, the rest the decode steps. Per phase: the wall, each stream's busy time (the
 union of its events), the compute stream's idle gaps (the device waiting for the host or for a copy), the
 kernel seconds by category (`CATEGORIES`: GEMM, attention, Triton, elementwise, cat, copy...) and the top
 kernels by seconds. `write_events` saves the compact timeline (gzip JSON) for a look offline.
@@ -44,7 +44,8 @@ def device_events(prof: Any) -> tuple[list[DeviceEvent], list[tuple[float, float
     events, marks = [], []
     for e in prof.profiler.kineto_results.events():
         if e.name() == SELECT_MARK:
-            marks.append((e.start_ns() / 1e3, e.end_ns() / 1e3))
+            if str(e.device_type()).endswith("CPU"):        # the host's range (kineto mirrors it on the device)
+                marks.append((e.start_ns() / 1e3, e.end_ns() / 1e3))
         elif str(e.device_type()).endswith("CUDA") and e.duration_ns() > 0:
             events.append(DeviceEvent(e.name(), int(e.device_resource_id()), e.start_ns() / 1e3, e.end_ns() / 1e3))
     return sorted(events, key=lambda e: e.start_us), sorted(marks)
@@ -120,15 +121,16 @@ def phase_summary(events: list[DeviceEvent], start: float, end: float, top: int 
 
 
 def timeline_summary(events: list[DeviceEvent], marks: list[tuple[float, float]]) -> dict[str, Any]:
-    """Phases of one traced block: `prefill` (up to the first selection), `decode` (from the first selection's
-    end to the last one's), and `step_walls_s` (each decode step's device span between selections)."""
+    """Phases of one traced block: `prefill` (the device's events up to the end of the first selection, which
+    waited for the device: the host runs ahead, so a selection's start says nothing), `decode` (from there to
+    the end of the last one), and `step_walls_s` (the seconds between consecutive selections' ends)."""
     if not events:
         return {}
     if not marks:
         return {"all": phase_summary(events, events[0].start_us, float("inf"))}
-    out = {"prefill": phase_summary(events, events[0].start_us, marks[0][0]),
-           "decode": phase_summary(events, marks[0][1], marks[-1][0])}
-    out["step_walls_s"] = [round((b[0] - a[1]) / 1e6, 4) for a, b in zip(marks, marks[1:])]
+    out = {"prefill": phase_summary(events, events[0].start_us, marks[0][1]),
+           "decode": phase_summary(events, marks[0][1], marks[-1][1])}
+    out["step_walls_s"] = [round((b[1] - a[1]) / 1e6, 4) for a, b in zip(marks, marks[1:])]
     return out
 
 

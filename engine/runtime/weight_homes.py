@@ -14,7 +14,9 @@ has run: `get` records an event after it, and the next load into the buffer wait
 all compute issued before it, and with one buffer per kind the copy of MLP j + 2 waited for MLP j's GEMMs).
 Dense tensors (norms, biases, the embedding table, uncompressed matrices) are read by the compute itself: their
 loads wait for all compute issued before them, on their own `weight_dense` stream, so they never hold back a
-compressed copy queued behind them.
+compressed copy queued behind them. A load the schedule moved up (`engine.runtime.schedule.early_weight_loads`:
+the head's, the embedding's) has its own `weight_early` stream, so it never queues ahead of the loads of
+layers computed before it.
 Loads are paged: page p of P moves rows [r_p, r_p+1) of every non-gpu tensor (dim 0), so the transfer of
 one layer can be spread over the K GPU batches of the previous layer (MoE-Lightning's paged weights).
 """
@@ -162,9 +164,10 @@ class WeightHomes:
         return dst
 
     def load(self, j: int, slot: int, page: int, pages: int, transfers: Transfers,
-             skip: str | None = None) -> list[Pending]:
+             skip: str | None = None, channel: str | None = None) -> list[Pending]:
         """Start moving page `page` of `pages` of layer j's non-resident tensors (all but `skip`) into buffer
-        slot `slot`.
+        slot `slot`, on `channel` when given (the schedule's early loads: `weight_early`), else on `weight`
+        (4-bit) and `weight_dense`.
 
         A disk tensor on CUDA goes through the pinned relay `wrelay{slot}.{kind}.{name}`, written by an I/O
         thread: that thread first waits for the H2D copies of the relay's previous use (a layer's page 0 starts
@@ -209,7 +212,7 @@ class WeightHomes:
                 if relay is not None:
                     current.append(event)
                 return event
-            pendings.append(transfers.submit("weight" if packed else "weight_dense", fn,
+            pendings.append(transfers.submit(channel or ("weight" if packed else "weight_dense"), fn,
                                              threaded=handle.tier is Tier.DISK))
         return pendings
 
