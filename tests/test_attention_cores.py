@@ -22,6 +22,7 @@ def test_folded_gqa_equals_sdpa_gqa(b, nh, nkv, s, t):
     got = _folded_sdpa(q, k, v, mask, 0.25)
     assert got.shape == want.shape
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert got.transpose(1, 2).is_contiguous()                    # the attention output's reshape is a view
 
 
 @pytest.mark.parametrize("quantized", [False, True], ids=["dense", "rotated-4bit"])

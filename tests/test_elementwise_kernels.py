@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 from conftest import requires_cuda
 from triton_helpers import assert_self_check_passes, run_interpreted
-from engine.models.elementwise import close_to_torch, rms_norm, rms_norm_torch, silu_mul, silu_mul_torch, ulp_spacing
-from engine.models.layers import gated_activation
+from engine.models.elementwise import (close_to_torch, rms_norm, rms_norm_torch, rope, rope_torch, silu_mul,
+                                       silu_mul_torch, ulp_spacing)
+from engine.models.layers import apply_rope, gated_activation
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
@@ -40,6 +41,17 @@ def test_rms_norm_off_cuda_is_the_hugging_face_formula():
         assert torch.equal(rms_norm(x, w, 1e-6), want) and torch.equal(rms_norm_torch(x, w, 1e-6), want)
 
 
+def test_rope_off_cuda_is_the_hugging_face_formula():
+    torch.manual_seed(0)
+    for dtype in DTYPES:
+        x = torch.randn(2, 3, 5, 8).to(dtype)                                     # [b, n, s, hd]
+        cos, sin = torch.randn(2, 5, 8).to(dtype), torch.randn(2, 5, 8).to(dtype)
+        rotated = torch.cat((-x[..., 4:], x[..., :4]), dim=-1)
+        want = x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+        assert torch.equal(apply_rope(x, cos, sin), want) and torch.equal(rope(x, cos, sin), want)
+        assert torch.equal(rope_torch(x, cos, sin), want)
+
+
 def test_gated_activation_fuses_silu_only():
     torch.manual_seed(0)
     gate, up = torch.randn(4, 32).chunk(2, dim=-1)
@@ -63,8 +75,8 @@ def test_close_to_torch_counts_ulps():
 
 _INTERPRETED = """
 import torch
-from engine.models._elementwise_triton import rms_norm_triton, silu_mul_triton
-from engine.models.elementwise import _self_check, rms_norm_torch, silu_mul_torch
+from engine.models._elementwise_triton import rms_norm_triton, rope_triton, silu_mul_triton
+from engine.models.elementwise import _self_check, rms_norm_torch, rope_torch, silu_mul_torch
 from test_elementwise_kernels import check_close
 
 torch.manual_seed(0)
@@ -79,6 +91,13 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32):
     q = torch.randn(2, 5, 4, 64).to(dtype).transpose(1, 2)              # [b, nh, s, hd] per-head norm (Qwen3)
     w = (1 + 0.3 * torch.randn(64)).to(dtype)
     check_close(rms_norm_triton(q, w, 1e-6), rms_norm_torch(q, w, 1e-6), exact_factor=False)
+    for (b, n, s, hd) in ((2, 5, 3, 64), (1, 8, 1, 128), (3, 2, 4, 6), (1, 3, 0, 8)):   # RoPE: bit for bit
+        qkv = (torch.randn(b, s, 3 * n * hd) * 4).to(dtype)
+        x = qkv[..., n * hd:2 * n * hd].view(b, s, n, hd).transpose(1, 2)  # strided, as q/k of one projection
+        cos, sin = (torch.randn(b, s, hd).to(dtype) for _ in range(2))
+        got = rope_triton(x, cos, sin)
+        assert got.is_contiguous() and torch.equal(got, rope_torch(x, cos, sin)), (dtype, b, n, s, hd)
+        assert torch.equal(rope_triton(x, cos[:1], sin[:1]), rope_torch(x, cos[:1], sin[:1]))  # broadcast
     assert _self_check(torch.device("cpu"), dtype)                       # the first-call check's body
 """
 
@@ -107,6 +126,14 @@ def test_kernels_compile_for_sm90(xdt):
            "OUT": "constexpr", "BLOCK": "constexpr"}
     ptx = compile_for_sm90(_silu_mul_kernel, sig, {"OUT": out, "BLOCK": 1024}, enable_fp_fusion=False)
     assert "ex2.approx" in ptx and "div.rn.f32" in ptx
+    from engine.models._elementwise_triton import _ROPE_HEADS, _rope_kernel
+
+    sig = {"x_ptr": xdt, "cos_ptr": xdt, "sin_ptr": xdt, "out_ptr": xdt, **{k: "i64" for k in (
+        "S", "N", "x_b", "x_n", "x_s", "c_b", "c_s", "s_b", "s_s")},
+           "HALF": "constexpr", "HEADS": "constexpr", "BLOCK": "constexpr", "OUT": "constexpr"}
+    ptx = compile_for_sm90(_rope_kernel, sig, {"HALF": 64, "HEADS": _ROPE_HEADS, "BLOCK": 128, "OUT": out},
+                           enable_fp_fusion=False)
+    assert "fma.rn" not in ptx                                   # each product rounds, as torch's ops do
 
 
 CUDA_SHAPES = [(1, 1, 8192), (4096, 8192), (3, 17, 1000), (2, 3, 300), (1, 129), (5,), (7, 16384)]
@@ -158,3 +185,22 @@ def test_first_call_self_check_passes_on_cuda(dtype):
     from engine.models import elementwise
 
     assert_self_check_passes(elementwise._triton_ready, dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(81, 64, 50, 128), (1536, 8, 1, 128), (1, 64, 150, 128), (3, 5, 7, 64)])
+def test_rope_kernel_on_cuda_matches_torch_bit_for_bit(dtype, shape):
+    pytest.importorskip("triton")
+    from engine.models._elementwise_triton import rope_triton
+
+    torch.manual_seed(3)
+    b, n, s, hd = shape
+    qkv = (torch.randn(b, s, (n + 2) * hd, device="cuda") * 4).to(dtype)
+    x = qkv[..., :n * hd].view(b, s, n, hd).transpose(1, 2)                   # [b, n, s, hd], strided
+    cos, sin = (torch.randn(b, s, hd, device="cuda").to(dtype) for _ in range(2))
+    got = rope_triton(x, cos, sin)
+    assert got.is_contiguous()
+    assert torch.equal(got, rope_torch(x, cos, sin))                          # torch on the GPU
+    assert torch.equal(got.cpu(), rope_torch(x.cpu(), cos.cpu(), sin.cpu()))  # and on the CPU
+    assert torch.equal(rope(x, cos, sin), got)                                # the dispatch takes the kernel

@@ -6,6 +6,9 @@
   - `silu_mul_triton`: silu(gate) * up over [R, n] views (gate/up may be the two halves of one projection):
     silu in float32 rounded to the input dtype, then the product in float32 rounded again, as torch's
     F.silu(gate) * up does.
+  - `rope_triton`: RoPE's rotation x * cos + rotate_half(x) * sin of x [b, n, s, hd] (any strides, the last
+    dim contiguous) in one pass: each product rounded to x's dtype, then their sum rounded, as torch's three
+    ops do (bit for bit), written contiguous [b, n, s, hd] (the layout attention takes without another copy).
 No FMA contraction (`enable_fp_fusion=False`): each product and sum rounds as written. The outputs are new
 contiguous tensors. Launches are asynchronous on the current CUDA stream.
 """
@@ -45,6 +48,27 @@ def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n_cols, gate_row, up_row, OUT: t
     u = tl.load(up_ptr + r * up_row + c, mask=mask, other=0.0).to(tl.float32)
     silu = round_to(tl.math.div_rn(g, 1.0 + tl.exp(-g)), OUT).to(tl.float32)   # F.silu in the input dtype
     tl.store(out_ptr + r * n_cols + c, round_to(silu * u, OUT), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, S, N, x_b, x_n, x_s, c_b, c_s, s_b, s_s,
+                 HALF: tl.constexpr, HEADS: tl.constexpr, BLOCK: tl.constexpr, OUT: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)                                         # b * S + s
+    b, s = row // S, row % S
+    d = tl.arange(0, BLOCK)                                                     # [BLOCK] >= 2 * HALF
+    dmask = d < 2 * HALF
+    partner = tl.where(d < HALF, d + HALF, d - HALF)                            # rotate_half's source
+    c = tl.load(cos_ptr + b * c_b + s * c_s + d, mask=dmask, other=0.0).to(tl.float32)
+    sn = tl.load(sin_ptr + b * s_b + s * s_s + d, mask=dmask, other=0.0).to(tl.float32)
+    for i in tl.static_range(HEADS):
+        h = tl.program_id(1).to(tl.int64) * HEADS + i
+        m = dmask & ((d * 0 + h) < N)                                           # [BLOCK] (a vector mask)
+        src = x_ptr + b * x_b + h * x_n + s * x_s
+        x = tl.load(src + d, mask=m, other=0.0).to(tl.float32)
+        xr = tl.load(src + partner, mask=m, other=0.0).to(tl.float32)
+        xr = tl.where(d < HALF, -xr, xr)                                        # rotate_half(x)
+        y = round_to(x * c, OUT).to(tl.float32) + round_to(xr * sn, OUT).to(tl.float32)
+        tl.store(out_ptr + ((b * N + h) * S + s) * (2 * HALF) + d, round_to(y, OUT), mask=m)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -89,5 +113,25 @@ def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         with _on(gate.device):
             _silu_mul_kernel[(g.shape[0], triton.cdiv(g.shape[1], _SILU_BLOCK))](
                 g, u, out, g.shape[1], g.stride(0), u.stride(0), OUT=TL_DTYPES[gate.dtype], BLOCK=_SILU_BLOCK,
+                enable_fp_fusion=False)
+    return out
+
+
+_ROPE_HEADS = 4              # heads per program (one cos/sin row read for them all)
+
+
+def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`elementwise.rope_torch(x, cos, sin)` in one launch: x [b, n, s, hd] float16/bfloat16/float32 with a
+    contiguous last dim, cos/sin [b or 1, s, hd] of x's dtype with contiguous last dims, hd even (checked by
+    the caller) -> [b, n, s, hd] contiguous."""
+    b, n, s, hd = x.shape
+    out = torch.empty((b, n, s, hd), dtype=x.dtype, device=x.device)
+    if out.numel():
+        cb = cos.stride(0) if cos.shape[0] != 1 else 0
+        sb = sin.stride(0) if sin.shape[0] != 1 else 0
+        with _on(x.device):
+            _rope_kernel[(b * s, triton.cdiv(n, _ROPE_HEADS))](
+                x, cos, sin, out, s, n, x.stride(0), x.stride(1), x.stride(2), cb, cos.stride(1), sb, sin.stride(1),
+                HALF=hd // 2, HEADS=_ROPE_HEADS, BLOCK=triton.next_power_of_2(hd), OUT=TL_DTYPES[x.dtype],
                 enable_fp_fusion=False)
     return out

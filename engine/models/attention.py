@@ -101,7 +101,9 @@ def _folded_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
     """Grouped-query SDPA with a mask on CUDA as plain SDPA: each kv head's g query heads folded into its
     query length, q [b, nh, s, hd] -> [b, nkv, g*s, hd], mask [b, 1, s, t] -> [b, 1, g*s, t] (the same maths:
     query head kv*g + j is kv head kv's j-th group). torch's fused kernels take no GQA with a mask, so unfolded
-    it ran the math path (its score matrices and ~10 kernels per call). -> [b, nh, s, hd]"""
+    it ran the math path (its score matrices and ~10 kernels per call). -> [b, nh, s, hd], laid out in memory
+    as [b, s, nh, hd]: the one copy that unfolds the heads also makes the attention output's
+    transpose(1, 2).reshape(b, s, nh * hd) a view (before, two copies of the whole output)."""
     b, nh, s, hd = q.shape
     nkv, t = k.shape[1], k.shape[2]
     g = nh // nkv
@@ -109,7 +111,9 @@ def _folded_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
     mf = mask.unsqueeze(2).expand(mask.shape[0], 1, g, s, t).reshape(mask.shape[0], 1, g * s, t)  # [b, 1, g*s, t]
     with sdpa_kernel(_NO_CUDNN):
         out = F.scaled_dot_product_attention(qf, k, v, attn_mask=mf, scale=scale)   # [b, nkv, g*s, hd]
-    return out.reshape(b, nh, s, hd)                                            # (fused kernels return it strided)
+    unfolded = torch.empty((b, s, nkv, g, hd), dtype=out.dtype, device=out.device)  # [b, s, nkv, g, hd]
+    unfolded.copy_(out.reshape(b, nkv, g, s, hd).permute(0, 3, 1, 2, 4))       # (fused kernels return it strided)
+    return unfolded.view(b, s, nh, hd).transpose(1, 2)                          # [b, nh, s, hd]
 
 
 def attention(

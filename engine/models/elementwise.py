@@ -1,12 +1,15 @@
-"""The decoder layers' elementwise work: RMSNorm and SwiGLU's silu(gate) * up.
+"""The decoder layers' elementwise work: RMSNorm, SwiGLU's silu(gate) * up and RoPE's rotation.
 
 Two paths, the same contract:
   - CUDA tensors with Triton importable: one fused Triton kernel each (`engine.models._elementwise_triton`),
     one read of the inputs and one write of the result instead of torch's ~7 passes over a float32 copy
-    (RMSNorm) or 3 passes (silu, product). Triton is imported on the first such call only (`engine` imports
+    (RMSNorm), 3 passes (silu, product) or 5 (RoPE: two products, a negation, a concatenation, a sum; its
+    output is contiguous, where torch's keeps the strided layout of q/k split from one projection and
+    attention then copies it). Triton is imported on the first such call only (`engine` imports
     without Triton); that call checks the kernels against the torch ops on small inputs (one synchronize)
     and, on a mismatch, warns and keeps the torch ops (per device and dtype).
-Values: the kernels round where torch rounds (the normalized row, silu(gate), to the dtype, then the product
+Values: RoPE's kernel rounds each product and the sum as torch does and matches it bit for bit. The other
+kernels round where torch rounds (the normalized row, silu(gate), to the dtype, then the product
 with the weight / up), so they differ only where float32 statistics summed in another order or Triton's
 exp/rsqrt move that intermediate across a rounding boundary: one unit in the last place (ulp) of the
 intermediate, which the second product can turn into two ulps of the result when the other factor is not
@@ -48,6 +51,28 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     return weight * xf.to(dtype)
 
 
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE's rotation x * cos + rotate_half(x) * sin (Hugging Face Llama's half-split layout): x [b, n, s, hd],
+    cos/sin [b or 1, s, hd] -> [b, n, s, hd]; one fused kernel on CUDA (contiguous output) when cos/sin have
+    x's dtype and width."""
+    if (x.is_cuda and x.dtype in _FUSED_DTYPES and x.dim() == 4 and cos.dim() == 3 and sin.shape == cos.shape
+            and cos.dtype == sin.dtype == x.dtype and cos.device == sin.device == x.device
+            and x.shape[-1] == cos.shape[-1] and x.shape[-1] % 2 == 0 and cos.shape[1] == x.shape[2]
+            and cos.shape[0] in (1, x.shape[0]) and x.stride(-1) == 1 and cos.stride(-1) == sin.stride(-1) == 1
+            and _triton_ready(x.get_device(), x.dtype)):
+        from engine.models import _elementwise_triton    # optional dependency: Triton, imported on CUDA only
+
+        return _elementwise_triton.rope_triton(x, cos, sin)
+    return rope_torch(x, cos, sin)
+
+
+def rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`rope` by torch ops (any device; the reference): cos/sin broadcast over the heads."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+
+
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """F.silu(gate) * up (SwiGLU's gated activation) in the inputs' dtype: gate, up [*lead, n] -> [*lead, n];
     one fused kernel on CUDA when both have one shape and dtype."""
@@ -74,20 +99,25 @@ def _triton_ready(device_index: int, dtype: torch.dtype) -> bool:
 
 
 def _self_check(device: torch.device, dtype: torch.dtype) -> bool:
-    """Both kernels on `device` (the CPU: Triton's interpreter) against the torch ops on the CPU, within two
-    units in the last place (`close_to_torch`; the module docstring says why two), on small strided inputs;
+    """The kernels on `device` (the CPU: Triton's interpreter) against the torch ops on the CPU, within two
+    units in the last place (`close_to_torch`; the module docstring says why two; RoPE exactly), on small
+    strided inputs;
     True, or RuntimeError naming the kernel (ImportError without Triton)."""
     from engine.models import _elementwise_triton    # optional dependency: Triton (absent: torch path)
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(3, 5, 2 * 300, generator=gen).to(dtype)[..., :300]                  # row stride 600
     w = (1 + 0.1 * torch.randn(300, generator=gen)).to(dtype)
+    q = torch.randn(2, 7, 3, 2 * 64, generator=gen).to(dtype)[..., :64].transpose(1, 2)     # [2, 3, 7, 64] strided
+    cos, sin = (torch.randn(2, 7, 64, generator=gen).to(dtype) for _ in range(2))
     cases = (("rms_norm", _elementwise_triton.rms_norm_triton(x.to(device), w.to(device), 1e-5),
-              rms_norm_torch(x, w, 1e-5)),
+              rms_norm_torch(x, w, 1e-5), 2),
              ("silu_mul", _elementwise_triton.silu_mul_triton(*x.to(device).chunk(2, dim=-1)),
-              silu_mul_torch(*x.chunk(2, dim=-1))))
-    for name, got, want in cases:
-        if not close_to_torch(got.cpu(), want, ulps=2):
+              silu_mul_torch(*x.chunk(2, dim=-1)), 2),
+             ("rope", _elementwise_triton.rope_triton(q.to(device), cos.to(device), sin.to(device)),
+              rope_torch(q, cos, sin), 0))
+    for name, got, want, ulps in cases:
+        if not (torch.equal(got.cpu(), want) if ulps == 0 else close_to_torch(got.cpu(), want, ulps=ulps)):
             raise RuntimeError(f"the Triton {name} kernel differs from the torch ops for {dtype}")
     return True
 

@@ -1,7 +1,7 @@
 """Pure tensor functions shared by the model families: norms, linear, RoPE, activations.
 
-The attention core and masks are in `engine.models.attention`; RMSNorm and the fused silu(gate) * up (one
-Triton kernel each on CUDA) in `engine.models.elementwise` (`rms_norm` is re-exported here).
+The attention core and masks are in `engine.models.attention`; RMSNorm, the fused silu(gate) * up and RoPE's
+rotation (one Triton kernel each on CUDA) in `engine.models.elementwise` (`rms_norm` is re-exported here).
 
 Nothing here owns state or placement: every function computes on the device and dtype of its inputs.
 Shapes: b batch, s new tokens, t total (past + new) tokens, h hidden, n heads, nkv key/value heads,
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.config import ModelConfig
-from engine.models.elementwise import rms_norm, silu_mul  # noqa: F401  (rms_norm: re-exported for the families)
+from engine.models.elementwise import rms_norm, rope, silu_mul  # noqa: F401  (rms_norm: re-exported for the families)
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "freq_factors", "yarn")
 
@@ -244,13 +244,7 @@ def deinterleave(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [b, n, s, hd], cos/sin [b, s, hd] -> x rotated (the half-split layout of Hugging Face Llama)."""
-    cos = cos.unsqueeze(1)  # [b, 1, s, hd]
-    sin = sin.unsqueeze(1)  # [b, 1, s, hd]
-    return x * cos + _rotate_half(x) * sin
+    """x [b, n, s, hd], cos/sin [b, s, hd] -> x rotated (the half-split layout of Hugging Face Llama),
+    contiguous on CUDA (`elementwise.rope`: one fused pass there, the torch ops elsewhere, the same bits)."""
+    return rope(x, cos, sin)

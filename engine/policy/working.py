@@ -127,7 +127,8 @@ def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtyp
     cb = chunk_rows(b, own, chunk_tokens)                                                # rows per chunk
     g = c.num_attention_heads // c.num_key_value_heads
     # grouped-query attention on CUDA folds the groups into the query length (`attention._folded_sdpa`): a
-    # copy of q and the mask repeated g times, as bool and as the kernel's additive bias (2 bytes)
+    # copy of q (none where RoPE's kernel left it contiguous: counted regardless) and the mask repeated g
+    # times, as bool and as the kernel's additive bias (2 bytes)
     fold = (cb * own * c.num_attention_heads * c.head_dim * e + 3 * g * cb * own * length) if g > 1 else 0
     hidden = (b * own + L) * c.hidden_size * e                                           # [b, s-L, h] (+ [1, L, h])
     staged = 2 * b * staged_heads * s * c.head_dim * e                                   # k, v [b, heads, s, hd]
