@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from engine.policy.weight_slots import WeightSlots
-from engine.runtime.schedule import block_schedule, early_weight_loads, slots
+from engine.runtime.schedule import block_schedule, slots
 
 
 @pytest.mark.parametrize("steps,layers,batches", [(1, 4, 1), (3, 6, 1), (2, 6, 2), (3, 5, 3), (2, 8, 4)])
@@ -69,19 +69,14 @@ def _decoder(layers: int) -> list[str]:
 @pytest.mark.parametrize("kinds", [_decoder(1), _decoder(3), ["embed", "head"], ["mlp"], ["attention", "mlp"],
                                    ["mlp", "attention", "mlp", "head"], ["attention", "mlp", "mlp", "attention"]])
 @pytest.mark.parametrize("batches,paged", [(1, False), (2, True), (3, True), (3, False)])
-@pytest.mark.parametrize("early", [False, True])
-def test_weight_loads_never_overwrite_a_buffer_in_use(kinds, batches, paged, early):
+def test_weight_loads_never_overwrite_a_buffer_in_use(kinds, batches, paged):
     """A load into (kind, slot) is issued only after every compute of the layer loaded there before it has been
     issued (a dense copy waits for the computes issued before it, a 4-bit one for its predecessor's
-    dequantization, done by the first of them: `engine.runtime.weight_homes`), and before its own compute;
-    also once `early_weight_loads` has moved the loads up."""
+    dequantization, done by the first of them: `engine.runtime.weight_homes`), and before its own compute."""
     rule = WeightSlots(kinds)
     loaded: dict[tuple[str, int], tuple[int, int]] = {}
     computes: dict[tuple[int, int], int] = {}
-    actions = block_schedule(3, len(kinds), batches, paged=paged)
-    if early:
-        actions = early_weight_loads(actions, lambda i, j: (kinds[j], rule.slot(i, j)))
-    for a in actions:
+    for a in block_schedule(3, len(kinds), batches, paged=paged):
         layer, buffer = (a.i, a.j), (kinds[a.j], rule.slot(a.i, a.j))
         if a.verb == "compute":
             assert loaded.get(buffer) == layer                           # its own weights, not a later layer's
@@ -99,52 +94,3 @@ def test_weight_slots_of_a_decoder():
     assert WeightSlots(["attention", "mlp", "mlp", "attention"]).slots == {"attention": 2, "mlp": 2}
     one = WeightSlots(["mlp"])                                                  # a step of one layer: two
     assert [one.slot(i, 0) for i in range(4)] == [0, 1, 0, 1] and one.slot_set([0]) == (0, 1)
-
-
-def test_early_loads_move_the_head_to_the_step_start():
-    """One buffer a kind: the head's load (last used a step back) moves to its step's first slot, on its own
-    channel; attention and MLP loads stay in the slot before their compute; the computes, and every other
-    action, keep their order; the first step's loads of a buffer's first use go to the block's first slot."""
-    kinds = _decoder(3)                       # embed, 3 x (attention, mlp), head: J = 8
-    rule = WeightSlots(kinds)
-    base = list(block_schedule(3, len(kinds), 1, paged=False))
-    moved = early_weight_loads(base, lambda i, j: (kinds[j], rule.slot(i, j)))
-    assert [a for a in moved if a.verb != "load_weight"] == [a for a in base if a.verb != "load_weight"]
-    assert sorted((a.i, a.j) for a in moved if a.verb == "load_weight") == \
-        sorted((a.i, a.j) for a in base if a.verb == "load_weight")
-
-    def slot_of_load(actions, i, j):          # the compute slot (i, j) whose actions hold the load of (i, j)
-        current = None
-        for a in actions:
-            if a.verb == "load_weight" and (a.i, a.j) == (i, j):
-                return current, a.early
-            if a.verb == "sync":
-                current = None
-            if a.verb == "compute":
-                current = (a.i, a.j)
-        raise AssertionError
-
-    def first_slot(actions, i, j):            # the compute of the slot a load of (i, j) opens
-        seen = False
-        for a in actions:
-            if a.verb == "load_weight" and (a.i, a.j) == (i, j):
-                seen = True
-            if seen and a.verb == "compute":
-                return a.i, a.j
-        raise AssertionError
-
-    head = len(kinds) - 1
-    assert first_slot(base, 1, head) == (1, head - 1)                  # before: one slot ahead
-    assert first_slot(moved, 1, head) == (1, 0)                        # now: from the step's first slot
-    assert slot_of_load(moved, 1, head)[1] is True
-    assert first_slot(moved, 1, 3) == first_slot(base, 1, 3) == (1, 2)  # attention: unchanged
-    assert slot_of_load(moved, 1, 3)[1] is False
-    assert first_slot(moved, 0, head) == (0, 0)                        # first use: the first compute slot
-    assert first_slot(moved, 2, 0) == (1, head)                        # the next step's embedding: where it was
-
-
-def test_early_loads_leave_paged_loads():
-    kinds = _decoder(2)
-    rule = WeightSlots(kinds)
-    base = list(block_schedule(2, len(kinds), 3, paged=True))
-    assert early_weight_loads(base, lambda i, j: (kinds[j], rule.slot(i, j))) == base

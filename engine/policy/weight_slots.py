@@ -2,8 +2,7 @@
 
 A layer whose weights are not resident on the device is copied into buffers named by its kind and a slot
 (`wbuf{slot}.{kind}.{name}`). The schedule issues the load of flat position P = i * J + j in the slots of
-P - 1 (`engine.runtime.schedule`; `early_weight_loads` moves it up to the slot after its buffer's previous
-user, when that is further back), so a buffer is safe while the previous layer that used it is at most P - 2
+P - 1 (`engine.runtime.schedule`), so a buffer is safe while the previous layer that used it is at most P - 2
 back: one slot per kind where its layers are never adjacent (alternating attention and MLP, embed and head),
 two (alternating by the kind's running occurrence count) where they can be (a step of one layer, a
 pipeline stage holding one kind twice in a row).

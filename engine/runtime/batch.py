@@ -70,8 +70,8 @@ class GpuBatch:
     def set_next(self, picked: dict[int, int]) -> None:
         """Feed `picked` (batch index -> token) next step; positions move past the current cache end."""
         tokens = torch.zeros(self.size, 1, dtype=torch.int64)
-        for r, tok in picked.items():
-            tokens[r, 0] = tok
+        if picked:                                           # one indexed write, not a Python loop over rows
+            tokens[torch.tensor(list(picked)), 0] = torch.tensor(list(picked.values()), dtype=torch.int64)
         self.input_ids_host = tokens                                                            # [b, 1]
         self.input_ids = tokens.to(self.device)                                                 # [b, 1]
         self.positions = (self.t - self.pads)[:, None]                                          # [b, 1]

@@ -37,7 +37,7 @@ from engine.runtime.host_attention import HostAttention
 from engine.runtime.kv_cache import KVHome
 from engine.runtime.moe_schedule import moe_block_schedule
 from engine.runtime.prefill_chunks import attention_prefill, mlp_prefill
-from engine.runtime.schedule import Action, block_schedule, early_weight_loads
+from engine.runtime.schedule import Action, block_schedule
 from engine.runtime.selector import TokenSelector
 from engine.runtime.step_profile import StepProfile
 from engine.runtime.transfers import Transfers
@@ -191,11 +191,9 @@ class Executor:
 
     def _schedule(self, num_steps: int, K: int):
         """The block's actions: the MoE schedule for MoE models (pages: the policy's, one per GPU batch by
-        default, one without `pipeline`), else the zig-zag with one page per GPU batch, its whole-layer loads
-        issued as early as their buffers allow (`early_weight_loads`)."""
+        default, one without `pipeline`), else the zig-zag with one page per GPU batch."""
         if not self.config.is_moe:
-            return early_weight_loads(block_schedule(num_steps, len(self.specs), K, paged=K > 1),
-                                      lambda i, j: (self.specs[j].kind, self._weight_slot(i, j)))
+            return block_schedule(num_steps, len(self.specs), K, paged=K > 1)
         pages = (self.policy.weight_pages or K) if self.policy.pipeline else 1
         return moe_block_schedule(num_steps, [s.kind for s in self.specs], K, pages=pages, pipelined=self.pipelined)
 
@@ -226,11 +224,8 @@ class Executor:
     # ---- actions --------------------------------------------------------------------------------------
     def _load_weight(self, a: Action) -> None:
         blk = self.block
-        if blk.all_done:                          # a step that will not run (early loads reach into it)
-            return
         skip = EMBED_TABLE if self.gather_embed and a.i >= 1 and self.specs[a.j].kind == "embed" else None
-        pend = self.weights.load(a.j, self._weight_slot(a.i, a.j), a.page, a.pages, self.transfers, skip,
-                                 "weight_early" if a.early else None)
+        pend = self.weights.load(a.j, self._weight_slot(a.i, a.j), a.page, a.pages, self.transfers, skip)
         blk.wpend.setdefault((a.i, a.j), []).extend(blk.track(pend))
 
     def _load_cache(self, a: Action) -> None:
@@ -283,6 +278,9 @@ class Executor:
     def _weights_for(self, i: int, j: int) -> dict[str, torch.Tensor]:
         blk = self.block
         if blk.weights is None or blk.weights[:2] != (i, j):
+            if blk.weights is not None and not self.pipelined:     # (a pipelined join reads them later)
+                pi, pj = blk.weights[:2]
+                self.weights.release(pj, self._weight_slot(pi, pj))
             for pending in blk.wpend.pop((i, j), []):
                 pending.wait()
             if self.profiler is not None:

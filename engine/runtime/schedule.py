@@ -14,14 +14,10 @@ A hidden load of slot n+1 depends on the hidden store of the slot that produced 
 store is issued in the same slot or later, so the load is issued just before its compute instead. Paged
 weights (MoE-Lightning's CGOPipe) cut the next layer's weight transfer into K pages, one per GPU batch, so
 small urgent transfers never wait behind a whole layer.
-
-`early_weight_loads` moves each whole-layer load up to the slot after its buffer's previous user: a layer
-whose buffer was last used a step ago (the head, the embedding) streams while the step's other layers run,
-instead of one slot ahead of its compute.
 """
 from __future__ import annotations
 
-from typing import Callable, Hashable, Iterable, Iterator, Literal, NamedTuple
+from typing import Iterator, Literal, NamedTuple
 
 Verb = Literal["load_weight", "load_cache", "load_hidden", "store_cache", "store_hidden", "compute", "sync",
                "join_attention"]   # join_attention: the MoE schedule's (engine.runtime.moe_schedule)
@@ -36,8 +32,6 @@ class Action(NamedTuple):
     k: int
     page: int = 0        # load_weight only: which page of `pages`
     pages: int = 1
-    early: bool = False  # load_weight only: moved up by `early_weight_loads` (its own channel: never ahead of
-    #                      the loads of layers that compute before it on one stream)
 
 
 def slots(num_steps: int, num_layers: int, num_batches: int) -> Iterator[tuple[int, int, int]]:
@@ -85,56 +79,3 @@ def block_schedule(num_steps: int, num_layers: int, num_batches: int, *, paged: 
     yield Action("store_cache", *last)
     yield Action("store_hidden", *last)
     yield Action("sync", *last)
-
-
-def early_weight_loads(actions: Iterable[Action], buffer_of: Callable[[int, int], Hashable]) -> list[Action]:
-    """`actions` with every whole-layer weight load (pages == 1) issued as early as its buffer allows: at the
-    start of the slot after the last compute of the layer that used the same buffer (`buffer_of(i, j)`, e.g.
-    its kind and `engine.policy.weight_slots` slot) before it, or at the start of the block for a buffer's
-    first use; never before the first slot of its own step (a finished block then wastes no copy of a step that
-    will not run), never later than where it was. Loads moved to one place keep their order; nothing else moves.
-    A moved load says `early`: the executor copies it on its own channel, so it shares the link with the
-    loads of the layers computed before it instead of queueing ahead of them on their stream.
-
-    With one buffer per kind a decoder's attention and MLP loads stay where they were (their previous user is
-    the slot before theirs); the head's and the embedding's, last used a step back, move to the step's start.
-    """
-    actions = list(actions)
-    slot_start, start = [], 0                 # slot_start[n]: where the slot holding action n begins
-    for n, a in enumerate(actions):
-        slot_start.append(start)
-        if a.verb == "sync":
-            start = n + 1
-    slot_end, end = [0] * len(actions), len(actions)   # slot_end[n]: just after the sync closing n's slot
-    for n in range(len(actions) - 1, -1, -1):
-        if actions[n].verb == "sync":
-            end = n + 1
-        slot_end[n] = end
-    step_start: dict[int, int] = {}           # step i -> the start of the slot of its first compute
-    after_compute: dict[tuple[int, int], int] = {}   # layer (i, j) -> the slot after its last compute
-    for n, a in enumerate(actions):
-        if a.verb == "compute":
-            step_start.setdefault(a.i, slot_start[n])
-            after_compute[(a.i, a.j)] = slot_end[n]
-    moved: dict[int, list[Action]] = {}
-    keep = [True] * len(actions)
-    last_user: dict[Hashable, tuple[int, int]] = {}
-    for n, a in enumerate(actions):
-        if a.verb != "load_weight":
-            continue
-        buffer = buffer_of(a.i, a.j)
-        previous = last_user.get(buffer)
-        last_user[buffer] = (a.i, a.j)
-        if a.pages != 1 or previous == (a.i, a.j):
-            continue
-        target = 0 if previous is None else after_compute[previous]
-        target = min(n, max(target, step_start.get(a.i, n)))
-        if target < n:
-            moved.setdefault(target, []).append(a._replace(early=True))
-            keep[n] = False
-    out: list[Action] = []
-    for n, a in enumerate(actions):
-        out.extend(moved.get(n, ()))
-        if keep[n]:
-            out.append(a)
-    return out

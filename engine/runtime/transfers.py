@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 TransferFn = Callable[["torch.cuda.Stream | None"], "torch.cuda.Event | None"]
-CHANNELS = ("weight", "weight_dense", "weight_early", "load", "store")
+CHANNELS = ("weight", "weight_dense", "load", "store")
 
 
 class Pending:

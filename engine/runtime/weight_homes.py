@@ -12,11 +12,10 @@ into one dense `wdq.{kind}.{name}` per kind. On CUDA a compressed buffer is free
 has run: `get` records an event after it, and the next load into the buffer waits for that event only, on the
 `weight` stream, so it streams in while the previous layer's GEMMs still run (before, every load waited for
 all compute issued before it, and with one buffer per kind the copy of MLP j + 2 waited for MLP j's GEMMs).
-Dense tensors (norms, biases, the embedding table, uncompressed matrices) are read by the compute itself: their
-loads wait for all compute issued before them, on their own `weight_dense` stream, so they never hold back a
-compressed copy queued behind them. A load the schedule moved up (`engine.runtime.schedule.early_weight_loads`:
-the head's, the embedding's) has its own `weight_early` stream, so it never queues ahead of the loads of
-layers computed before it.
+Dense tensors (norms, biases, the embedding table, uncompressed matrices) are read by the compute itself: once
+the executor has issued a layer's computes it calls `release`, which records an event after them, and the next
+load into that dense buffer waits for that event (before one is recorded: for all compute issued), on its own
+`weight_dense` stream, so it never holds back a compressed copy queued behind it.
 Loads are paged: page p of P moves rows [r_p, r_p+1) of every non-gpu tensor (dim 0), so the transfer of
 one layer can be spread over the K GPU batches of the previous layer (MoE-Lightning's paged weights).
 """
@@ -72,8 +71,8 @@ class WeightHomes:
         self.files: WeightFiles | None = None
         # per relay buffer: the H2D copy events of its previous use and of its current one (see `load`)
         self._relay_uses: dict[str, tuple[list, list]] = {}
-        # per compressed device buffer ("{slot}.{kind}.{name}"): the event after its last dequantization, and
-        # the address of the allocation that dequantization read
+        # per device buffer ("{slot}.{kind}.{name}"): the event after its last reader (a compressed buffer's
+        # dequantization, `get`; a dense one's layer, `release`), and the address of the allocation it read
         self._released: dict[str, tuple[torch.cuda.Event, int]] = {}
         esize = torch.empty((), dtype=dtype).element_size()
         read_layer = getattr(loaded.weights, "get_stored", loaded.weights.get)   # packed where the source has it
@@ -164,10 +163,9 @@ class WeightHomes:
         return dst
 
     def load(self, j: int, slot: int, page: int, pages: int, transfers: Transfers,
-             skip: str | None = None, channel: str | None = None) -> list[Pending]:
+             skip: str | None = None) -> list[Pending]:
         """Start moving page `page` of `pages` of layer j's non-resident tensors (all but `skip`) into buffer
-        slot `slot`, on `channel` when given (the schedule's early loads: `weight_early`), else on `weight`
-        (4-bit) and `weight_dense`.
+        slot `slot`.
 
         A disk tensor on CUDA goes through the pinned relay `wrelay{slot}.{kind}.{name}`, written by an I/O
         thread: that thread first waits for the H2D copies of the relay's previous use (a layer's page 0 starts
@@ -199,10 +197,12 @@ class WeightHomes:
                 relay = self.arena.get(f"wrelay{key}", Tier.CPU, tuple(handle.value.shape), self.dtype,
                                        handle.value.config if packed else None)[r0:r1]
                 uses = self._relay_uses[key]
-            # a 4-bit buffer waits only for its last dequantization, if that read this very allocation (a
-            # first or regrown buffer waits for all compute issued, as a dense one always does)
-            released = self._released.get(key) if packed else None
-            after = [released[0]] if released is not None and released[1] == dst.data.data_ptr() else None
+            # a buffer waits only for its last reader (4-bit: the dequantization; dense: the layer, `release`),
+            # if that read this very allocation; otherwise (a first or regrown buffer, a dense one whose layer
+            # has not been released yet) for all compute issued
+            released = self._released.get(key)
+            ptr = dst.data.data_ptr() if packed else dst.data_ptr()
+            after = [released[0]] if released is not None and released[1] == ptr else None
 
             def fn(stream, dst=dst[r0:r1], src=handle.value[r0:r1], relay=relay, after=after, previous=uses[0],
                    current=uses[1]):
@@ -212,9 +212,24 @@ class WeightHomes:
                 if relay is not None:
                     current.append(event)
                 return event
-            pendings.append(transfers.submit(channel or ("weight" if packed else "weight_dense"), fn,
+            pendings.append(transfers.submit("weight" if packed else "weight_dense", fn,
                                              threaded=handle.tier is Tier.DISK))
         return pendings
+
+    def release(self, j: int, slot: int) -> None:
+        """Layer j's computes from `slot` have all been issued: record an event on the compute stream after
+        them for its dense device buffers (the next load into one waits for that event only, not for the
+        compute issued since: the head's copy, whose buffer was last read a step back, streams behind the
+        layers before it instead of after their computes). CUDA only; 4-bit buffers are released at `get`."""
+        if self.device.type != "cuda":
+            return
+        kind = self.specs[j].kind
+        dense = {f"{slot}.{kind}.{name}": self._buffer(j, slot, name, handle).data_ptr()
+                 for name, handle in self._moving[j] if not isinstance(handle.value, QTensor)}
+        if dense:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            self._released.update({key: (event, ptr) for key, ptr in dense.items()})
 
     def get(self, j: int, slot: int) -> dict[str, torch.Tensor]:
         """Layer j's dense weights on the compute device (after its loads into `slot` completed)."""
