@@ -18,7 +18,8 @@ Every record (one JSONL line per system and configuration in results_path("throu
 gen_len, num_prompts, gpu_memory_gib, tokens_per_s (generated tokens over prefill + decode wall time),
 rows_per_h (wrangle; and rows_1m_h), roofline (the policy's floors, `roofline.py`), roofline_fraction
 (floor time / measured time), peak_device_gib (torch's max allocated; None on a CPU), device, commit,
-command, num_layers (--layers cuts the preset), prefill_chunk_tokens; with --profile also `profile`
+command, num_layers (--layers cuts the preset), prefill_chunk_tokens, step_s (per block, each step's wall
+seconds: the prefill, then every decode step); with --profile also `profile`
 (`engine.runtime.step_profile`: per layer, prefill and decode); with --trace also `trace`
 (`bench_common.trace_summary`: torch.profiler's kernel and copy seconds against the wall, syncs, top ops) and
 `timeline` (`timeline.timeline_summary`: prefill and decode apart, each stream's busy time, the compute stream's
@@ -196,12 +197,14 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
         ex.profiler = prof
         reset_peak()
         recorders, prefill, decode, steps = [TokenRecorder() for _ in blocks], 0.0, 0.0, 0
+        step_walls: list[list[float]] = []
         tracer = device_tracer(args.trace and cuda)
         with tracer, Timer() as run:              # the timer stops before the profiler's teardown
             for block, rec in zip(blocks, recorders):
                 progress(f"block {steps + 1}/{len(blocks)}: {len(block)} rows x {args.gen_len} new tokens")
                 ex.generate_block(block, [args.gen_len] * len(block), rec)
                 prefill, decode, steps = prefill + ex.stats["prefill_s"], decode + ex.stats["decode_s"], steps + 1
+                step_walls.append([round(x, 4) for x in ex.step_s])
                 progress(f"block {steps} done: prefill {ex.stats['prefill_s']:.1f} s, decode {ex.stats['decode_s']:.1f} s")
         if args.trace and cuda:
             out["trace"] = trace_summary(tracer, run.seconds)
@@ -209,7 +212,7 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
             out["timeline"] = timeline_summary(events, marks)
             if args.trace_out:
                 write_events(args.trace_out, events, marks)
-        out.update(ok=True, total_s=run.seconds, prefill_s=prefill, decode_s=decode, blocks=steps,
+        out.update(ok=True, total_s=run.seconds, prefill_s=prefill, decode_s=decode, blocks=steps, step_s=step_walls,
                    generated_tokens=sum(r.tokens for r in recorders), tokens_digest=tokens_digest(recorders),
                    executor_memory=ex.memory_report(), **peak_gib())
         if prof is not None:
