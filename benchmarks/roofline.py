@@ -3,8 +3,7 @@
 Per step every layer's weights that do not live on the compute device cross the link once: the weight
 floor is max(bytes off the device / h2d bandwidth, bytes on disk / disk read bandwidth), with the bytes
 from the executor's own placement (`memory.weight_fraction_on`: whole tensors per tier; on a CPU-only
-machine the cpu tier is compute memory, so only disk bytes move); a decode step that gathers its embedding rows
-(`engine.policy.embed_gather`) moves all but the table. The compute floor is the step's matmul
+machine the cpu tier is compute memory, so only disk bytes move). The compute floor is the step's matmul
 and attention FLOPs at the device's large-matmul rate (prefill: every prompt token; decode: one per row).
 A step's floor is the larger of the two; a block's is its prefill's plus (gen - 1) decode steps'.
 """
@@ -12,30 +11,17 @@ from __future__ import annotations
 
 from engine.models.config import ModelConfig
 from engine.policy import model_stats as ms
-from engine.policy.embed_gather import EMBED_TABLE, gathers_embedding
 from engine.policy.hardware import GIB, HardwareProfile
 from engine.policy.memory import model_layout, weight_fraction_on
 from engine.policy.policy import Policy
-from engine.storage.placement import weight_tiers
-from engine.storage.tiers import Tier
 
 
-def weight_floor_s(config: ModelConfig, policy: Policy, profile: HardwareProfile, bytes_per_element: int,
-                   decode: bool = False) -> float:
-    """Seconds to move the weights that are not on the compute device once (one step's weight traffic; a
-    `decode` step's without a gathered embedding table)."""
+def weight_floor_s(config: ModelConfig, policy: Policy, profile: HardwareProfile, bytes_per_element: int) -> float:
+    """Seconds to move the weights that are not on the compute device once (one step's weight traffic)."""
     layout = model_layout(config, bytes_per_element, policy.compress_weights)
     on_gpu, on_cpu = weight_fraction_on(layout, policy.w_gpu, policy.w_cpu)
     disk = max(0.0, 1.0 - on_gpu - on_cpu) * layout.total_bytes
     off = disk if profile.device_type == "cpu" else (1.0 - on_gpu) * layout.total_bytes
-    for kl in layout.kinds if decode else ():
-        if kl.kind == "embed" and EMBED_TABLE in kl.names:
-            n = kl.names.index(EMBED_TABLE)
-            tier = weight_tiers(list(kl.stored), policy.w_gpu, policy.w_cpu)[n]
-            moves = tier is Tier.DISK or (tier is Tier.CPU and profile.device_type != "cpu")
-            if gathers_embedding(moves and not kl.packed[n], policy.block_size, config.vocab_size):
-                off -= kl.stored[n]
-                disk -= kl.stored[n] if tier is Tier.DISK else 0
     return max(off / (profile.h2d_gib_s * GIB), disk / (profile.disk_read_gib_s * GIB))
 
 
@@ -57,12 +43,11 @@ def roofline(config: ModelConfig, policy: Policy, profile: HardwareProfile, *, r
     prefix once per GPU batch)."""
     blocks = -(-rows // policy.block_size)
     w = weight_floor_s(config, policy, profile, bytes_per_element)
-    w_decode = weight_floor_s(config, policy, profile, bytes_per_element, decode=True)
     prefill_c = compute_floor_s(config, prefill_tokens, prompt_len / 2, rows, profile)
     decode_c = compute_floor_s(config, rows, prompt_len + gen_len / 2, rows, profile) / blocks
     prefill = blocks * max(w, prefill_c / blocks)
-    decode = blocks * (gen_len - 1) * max(w_decode, decode_c / blocks)
+    decode = blocks * (gen_len - 1) * max(w, decode_c / blocks)
     total = prefill + decode
     return {"weight_floor_step_s": w, "prefill_compute_floor_s": prefill_c, "prefill_floor_s": prefill,
-            "decode_floor_step_s": max(w_decode, decode_c / blocks), "decode_floor_s": decode, "floor_s": total,
+            "decode_floor_step_s": max(w, decode_c / blocks), "decode_floor_s": decode, "floor_s": total,
             "roofline_tokens_per_s": rows * gen_len / total if total > 0 else None, "blocks": blocks}

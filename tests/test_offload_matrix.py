@@ -105,23 +105,3 @@ def test_shared_prefix_policies_match(tiny_checkpoints, kind, name, compress, tm
     ref, _ = run_policy(loaded, Policy(**base), prompts, max_new)
     got, _ = run_policy(loaded, Policy(**{**base, **MATRIX[name]}), prompts, max_new, disk_dir=tmp_path)
     assert got == ref
-
-
-@pytest.mark.parametrize("kind", ["llama", "opt", "mixtral"])
-def test_decode_gathers_embedding_rows_of_a_streamed_table(reference, kind, tmp_path):
-    """With the embedding table on disk (streamed) and a block of few rows next to the vocabulary, decode steps
-    gather their rows from the table's home instead of loading it whole (`engine.policy.embed_gather`), with
-    the in-memory run's tokens; a block too large for the rule loads the table as before, same tokens."""
-    loaded, prompts, max_new, tokens = reference[kind]
-    loads = []
-
-    def hook(action):
-        if action.verb == "load_weight" and action.j == 0:
-            loads.append(action.i)
-    got, ex = run_policy(loaded, Policy(**{**BASE, **MATRIX["w_all_disk"]}), prompts, max_new, disk_dir=tmp_path,
-                         hook=hook)
-    assert ex.gather_embed and got == tokens and max(loads) >= 1        # decode steps did schedule the embed
-    vocab = loaded.config.vocab_size
-    big = Policy(**{**BASE, **MATRIX["w_all_disk"], "gpu_batch_size": vocab // 32 + 1, "num_gpu_batches": 1})
-    got, ex = run_policy(loaded, big, prompts, max_new, disk_dir=tmp_path)
-    assert not ex.gather_embed and got == tokens

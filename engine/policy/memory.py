@@ -11,8 +11,6 @@ cache positions):
     (`engine.policy.weight_slots`: one per kind whose layers are never adjacent); `wdq.{kind}.{name}`: one
     dense device buffer per compressed tensor and kind; `wrelay{slot}...` pinned relay buffers for disk
     tensors (CUDA only);
-  - `wgather.embed` [block rows, embedding width] host staging of the decode steps' embedding rows where the
-    table streams (`engine.policy.embed_gather`);
   - the working memory of one GPU batch (`working_bytes`);
   - KV homes `kv.{j}.{k}.s{n}`: [g, heads of segment n, S - p, hd] keys and values per attention layer and GPU
     batch (p: the batch's shared prefix, `prefix.batch_prefix_len`, whose keys and values
@@ -40,7 +38,6 @@ from engine.models.config import ModelConfig
 from engine.models.registry import build_family
 from engine.models.weights import stored_quant
 from engine.policy.affine import const, share
-from engine.policy.embed_gather import EMBED_TABLE, gather_stage_bytes, gathers_embedding
 from engine.policy.policy import Policy
 from engine.policy.prefix import batch_prefix_len, prefix_held_once
 from engine.policy.weight_slots import WeightSlots
@@ -136,19 +133,6 @@ def _buffer_bytes(layout: ModelLayout, size_of, slotted: bool = True) -> int:
     return sum(held.values())
 
 
-def _gather_bytes(config: ModelConfig, layout: ModelLayout, policy: Policy, bytes_per_element: int,
-                  moves) -> int:
-    """Bytes of the `wgather.embed` staging (`engine.policy.embed_gather`): `moves(kl, n)` says whether tensor n
-    of group kl streams."""
-    for kl in layout.kinds:
-        if kl.kind == "embed" and EMBED_TABLE in kl.names:
-            n = kl.names.index(EMBED_TABLE)
-            if gathers_embedding(moves(kl, n) and not kl.packed[n], policy.block_size, config.vocab_size):
-                width = kl.dense[n] // (config.vocab_size * bytes_per_element)
-                return gather_stage_bytes(policy.block_size, width, bytes_per_element)
-    return 0
-
-
 def _kv_bytes(rows: int, heads: int, length: int, head_dim: int, dtype: torch.dtype, compressed: bool) -> int:
     """Bytes of one keys (or values) tensor [rows, heads, length, head_dim], dense or 4-bit."""
     if compressed:
@@ -230,7 +214,6 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
     mem["gpu"] += _buffer_bytes(layout, moved)                                                      # wbuf
     if cuda:
         mem["cpu"] += _buffer_bytes(layout, lambda kl, n: kl.stored[n] * (tiers[id(kl)][n] is Tier.DISK))  # wrelay
-    mem["cpu"] += _gather_bytes(config, layout, policy, e, lambda kl, n: moved(kl, n) > 0)            # wgather
     mem["gpu"] += _buffer_bytes(layout, lambda kl, n: kl.dense[n] * kl.packed[n], slotted=False)    # wdq
     g, K, L = policy.gpu_batch_size, policy.num_gpu_batches, len(layout.attention_js)
     P, S, hd = prompt_len, prompt_len + gen_len - 1, config.head_dim
@@ -330,7 +313,6 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
            + c_loaded * staged
            + share("act", "gpu") * placed + const(kept) + const(prefix_kv))
     cpu = share("w", "cpu") * layout.total_bytes + share("cache", "cpu") * (L * K * home)
-    cpu = cpu + const(_gather_bytes(config, layout, policy, e, lambda kl, n: True))   # wgather, if it may stream
     if policy.cpu_attention:
         cpu = cpu + share("cache", "off") * prefix_kv                       # host copies for host attention
     if cuda:

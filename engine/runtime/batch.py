@@ -39,7 +39,6 @@ class GpuBatch:
         for r, p in enumerate(suffixes):
             ids[r, P - len(p):] = torch.tensor(p, dtype=torch.int64)
         self.pads = pads.to(device)
-        self.input_ids_host = ids                                                               # [b, P]
         self.input_ids = ids.to(device)                                                         # [b, P]
         self.positions = (L + torch.arange(P)[None, :] - pads[:, None]).clamp_(min=L).to(device)  # [b, P]
         slot = torch.arange(self.length)[None, :]                                               # [1, S]
@@ -72,7 +71,6 @@ class GpuBatch:
         tokens = torch.zeros(self.size, 1, dtype=torch.int64)
         if picked:                                           # one indexed write, not a Python loop over rows
             tokens[torch.tensor(list(picked)), 0] = torch.tensor(list(picked.values()), dtype=torch.int64)
-        self.input_ids_host = tokens                                                            # [b, 1]
         self.input_ids = tokens.to(self.device)                                                 # [b, 1]
         self.positions = (self.t - self.pads)[:, None]                                          # [b, 1]
         self.prefix_ids = self.prefix_ids[:, :0]
@@ -97,7 +95,6 @@ class GpuBatch:
         dev_keep = keep.to(self.device)
         self.pads = self.pads.index_select(0, dev_keep)
         self.input_ids = self.input_ids.index_select(0, dev_keep)
-        self.input_ids_host = self.input_ids_host.index_select(0, keep)
         self.positions = self.positions.index_select(0, dev_keep)
         self.key_valid = self.key_valid.index_select(0, dev_keep)
         self.key_valid_host = self.key_valid_host.index_select(0, keep)

@@ -19,7 +19,6 @@ import torch
 
 from engine.models.attention import attention_layer, attention_output, decode_inputs
 from engine.models.layers import reserve_positions
-from engine.policy.embed_gather import EMBED_TABLE, gathers_embedding
 from engine.policy.memory import pipelines_host_attention
 from engine.policy.partition import Stage
 from engine.policy.policy import Policy
@@ -96,9 +95,6 @@ class Executor:
         except BaseException:
             self.close()
             raise
-        self.gather_embed = any(
-            sp.kind == "embed" and gathers_embedding(self.weights.table_moves(j), policy.block_size, self.config.vocab_size)
-            for j, sp in enumerate(self.specs))
 
     # ---- the block ------------------------------------------------------------------------------------
     def generate_block(self, prompts: list[list[int]], max_new_tokens: list[int], select: TokenSelector) -> None:
@@ -224,8 +220,7 @@ class Executor:
     # ---- actions --------------------------------------------------------------------------------------
     def _load_weight(self, a: Action) -> None:
         blk = self.block
-        skip = EMBED_TABLE if self.gather_embed and a.i >= 1 and self.specs[a.j].kind == "embed" else None
-        pend = self.weights.load(a.j, self._weight_slot(a.i, a.j), a.page, a.pages, self.transfers, skip)
+        pend = self.weights.load(a.j, self._weight_slot(a.i, a.j), a.page, a.pages, self.transfers)
         blk.wpend.setdefault((a.i, a.j), []).extend(blk.track(pend))
 
     def _load_cache(self, a: Action) -> None:
@@ -278,9 +273,6 @@ class Executor:
     def _weights_for(self, i: int, j: int) -> dict[str, torch.Tensor]:
         blk = self.block
         if blk.weights is None or blk.weights[:2] != (i, j):
-            if blk.weights is not None and not self.pipelined:     # (a pipelined join reads them later)
-                pi, pj = blk.weights[:2]
-                self.weights.release(pj, self._weight_slot(pi, pj))
             for pending in blk.wpend.pop((i, j), []):
                 pending.wait()
             if self.profiler is not None:
@@ -305,13 +297,7 @@ class Executor:
             prof.lap("dequant")
         f = self.family
         x = blk.hidden[a.k]
-        if spec.kind == "embed" and self.gather_embed and not batch.prefill:
-            ids = batch.input_ids_host.view(-1)                                            # [b] (one token a row)
-            rows = self.weights.gather_rows(a.j, self._weight_slot(a.i, a.j), ids, a.k * self.policy.gpu_batch_size,
-                                            self.policy.block_size)                        # [b, e]
-            local = torch.arange(ids.numel(), device=self.device).view(batch.input_ids.shape)  # [b, 1]
-            blk.hidden[a.k] = f.embed({**w, EMBED_TABLE: rows}, local, batch.positions)   # [b, 1, h]
-        elif spec.kind == "embed":
+        if spec.kind == "embed":
             x = f.embed(w, batch.input_ids, batch.positions)                               # [b, s, h]
             if batch.prefill and batch.prefix_len:
                 x = (f.embed(w, batch.prefix_ids, batch.prefix_positions), x)              # ([1, L, h], [b, s, h])

@@ -12,10 +12,9 @@ into one dense `wdq.{kind}.{name}` per kind. On CUDA a compressed buffer is free
 has run: `get` records an event after it, and the next load into the buffer waits for that event only, on the
 `weight` stream, so it streams in while the previous layer's GEMMs still run (before, every load waited for
 all compute issued before it, and with one buffer per kind the copy of MLP j + 2 waited for MLP j's GEMMs).
-Dense tensors (norms, biases, the embedding table, uncompressed matrices) are read by the compute itself: once
-the executor has issued a layer's computes it calls `release`, which records an event after them, and the next
-load into that dense buffer waits for that event (before one is recorded: for all compute issued), on its own
-`weight_dense` stream, so it never holds back a compressed copy queued behind it.
+Dense tensors (norms, biases, the embedding table, uncompressed matrices) are read by the compute itself: their
+loads wait for all compute issued before them, on their own `weight_dense` stream, so they never hold back a
+compressed copy queued behind them.
 Loads are paged: page p of P moves rows [r_p, r_p+1) of every non-gpu tensor (dim 0), so the transfer of
 one layer can be spread over the K GPU batches of the previous layer (MoE-Lightning's paged weights).
 """
@@ -28,7 +27,6 @@ import torch
 
 from engine.models.base import LayerSpec
 from engine.models.weights import stored_quant
-from engine.policy.embed_gather import EMBED_TABLE
 from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, quantize
 from engine.quant.qtensor import QTensor, qtensor_nbytes, with_dtype
@@ -71,8 +69,8 @@ class WeightHomes:
         self.files: WeightFiles | None = None
         # per relay buffer: the H2D copy events of its previous use and of its current one (see `load`)
         self._relay_uses: dict[str, tuple[list, list]] = {}
-        # per device buffer ("{slot}.{kind}.{name}"): the event after its last reader (a compressed buffer's
-        # dequantization, `get`; a dense one's layer, `release`), and the address of the allocation it read
+        # per compressed device buffer ("{slot}.{kind}.{name}"): the event after its last dequantization, and
+        # the address of the allocation that dequantization read
         self._released: dict[str, tuple[torch.cuda.Event, int]] = {}
         esize = torch.empty((), dtype=dtype).element_size()
         read_layer = getattr(loaded.weights, "get_stored", loaded.weights.get)   # packed where the source has it
@@ -145,33 +143,14 @@ class WeightHomes:
         quant = handle.value.config if isinstance(handle.value, QTensor) else None
         return self.arena.get(f"wbuf{slot}.{spec.kind}.{name}", Tier.GPU, tuple(handle.value.shape), self.dtype, quant)
 
-    def table_moves(self, j: int) -> bool:
-        """Whether layer j holds a dense token-embedding table that loads stream (`engine.policy.embed_gather`)."""
-        return any(name == EMBED_TABLE and not isinstance(h.value, QTensor) for name, h in self._moving[j])
-
-    def gather_rows(self, j: int, slot: int, ids: torch.Tensor, offset: int, block_rows: int) -> torch.Tensor:
-        """Rows `ids` [n] (host int64) of layer j's embedding table [vocab, e]: gathered on the host into rows
-        [offset, offset + n) of the pinned staging `wgather.embed` [block_rows, e] and copied, on the current
-        stream, into the same rows of the table's device buffer, whose view [n, e] is returned. One GPU batch's
-        rows at its own offset, so a batch's gather never overwrites rows another batch's copy still reads."""
-        handle = self.homes[j][EMBED_TABLE]
-        width, n = handle.value.shape[1], ids.numel()
-        stage = self.arena.get("wgather.embed", Tier.CPU, (block_rows, width), self.dtype)[offset:offset + n]
-        torch.index_select(handle.value, 0, ids, out=stage)
-        dst = self._buffer(j, slot, EMBED_TABLE, handle)[offset:offset + n]
-        dst.copy_(stage, non_blocking=True)
-        return dst
-
-    def load(self, j: int, slot: int, page: int, pages: int, transfers: Transfers,
-             skip: str | None = None) -> list[Pending]:
-        """Start moving page `page` of `pages` of layer j's non-resident tensors (all but `skip`) into buffer
-        slot `slot`.
+    def load(self, j: int, slot: int, page: int, pages: int, transfers: Transfers) -> list[Pending]:
+        """Start moving page `page` of `pages` of layer j's non-resident tensors into buffer slot `slot`.
 
         A disk tensor on CUDA goes through the pinned relay `wrelay{slot}.{kind}.{name}`, written by an I/O
         thread: that thread first waits for the H2D copies of the relay's previous use (a layer's page 0 starts
         a new use; by then the previous use's threads have finished, as its compute waited for them), so the
         host never overwrites a relay the copy engine is still reading."""
-        moving = [(name, h) for name, h in self._moving[j] if name != skip]
+        moving = self._moving[j]
         if not moving:
             return []
         kind = self.specs[j].kind
@@ -197,12 +176,10 @@ class WeightHomes:
                 relay = self.arena.get(f"wrelay{key}", Tier.CPU, tuple(handle.value.shape), self.dtype,
                                        handle.value.config if packed else None)[r0:r1]
                 uses = self._relay_uses[key]
-            # a buffer waits only for its last reader (4-bit: the dequantization; dense: the layer, `release`),
-            # if that read this very allocation; otherwise (a first or regrown buffer, a dense one whose layer
-            # has not been released yet) for all compute issued
-            released = self._released.get(key)
-            ptr = dst.data.data_ptr() if packed else dst.data_ptr()
-            after = [released[0]] if released is not None and released[1] == ptr else None
+            # a 4-bit buffer waits only for its last dequantization, if that read this very allocation (a
+            # first or regrown buffer waits for all compute issued, as a dense one always does)
+            released = self._released.get(key) if packed else None
+            after = [released[0]] if released is not None and released[1] == dst.data.data_ptr() else None
 
             def fn(stream, dst=dst[r0:r1], src=handle.value[r0:r1], relay=relay, after=after, previous=uses[0],
                    current=uses[1]):
@@ -215,21 +192,6 @@ class WeightHomes:
             pendings.append(transfers.submit("weight" if packed else "weight_dense", fn,
                                              threaded=handle.tier is Tier.DISK))
         return pendings
-
-    def release(self, j: int, slot: int) -> None:
-        """Layer j's computes from `slot` have all been issued: record an event on the compute stream after
-        them for its dense device buffers (the next load into one waits for that event only, not for the
-        compute issued since: the head's copy, whose buffer was last read a step back, streams behind the
-        layers before it instead of after their computes). CUDA only; 4-bit buffers are released at `get`."""
-        if self.device.type != "cuda":
-            return
-        kind = self.specs[j].kind
-        dense = {f"{slot}.{kind}.{name}": self._buffer(j, slot, name, handle).data_ptr()
-                 for name, handle in self._moving[j] if not isinstance(handle.value, QTensor)}
-        if dense:
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(self.device))
-            self._released.update({key: (event, ptr) for key, ptr in dense.items()})
 
     def get(self, j: int, slot: int) -> dict[str, torch.Tensor]:
         """Layer j's dense weights on the compute device (after its loads into `slot` completed)."""
