@@ -113,7 +113,11 @@ def median_ms(fn: Any, device: Any, repeat: int, warmup: int = 2) -> float:
 
 # ---- ids, commands, timestamps
 def new_run_id() -> str:
-    """A run id shared by the records of one invocation: UTC time + 6 random hex digits."""
+    """A run id shared by the records of one invocation: $LLMOPS_RUN_ID when set (one device call running
+    several invocations, e.g. an A/B of two commits, exports it once so all its records share it), else UTC
+    time + 6 random hex digits."""
+    if os.environ.get("LLMOPS_RUN_ID"):
+        return os.environ["LLMOPS_RUN_ID"]
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 

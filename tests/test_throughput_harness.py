@@ -81,3 +81,15 @@ def test_moe_workload_runs_ours_and_the_ablation(tmp_path):
         assert r["policy"]["overlap"] and r["policy"]["cpu_attention"] and r["policy"]["weight_pages"] == 4
     assert ours["policy"]["pipeline"] and not ablation["policy"]["pipeline"]
     assert peer["system"] == "accelerate" and (peer.get("skipped") or peer["gen_len"] == 2)
+
+
+def test_run_id_from_the_environment_joins_invocations(tmp_path, monkeypatch):
+    """$LLMOPS_RUN_ID: two invocations of one device call (an A/B of two commits) share their run_id."""
+    monkeypatch.setenv("LLMOPS_RUN_ID", "call-7")
+    args = ["--workload", "wrangle", "--model", "tiny-llama", "--prompt-len", "24", "--prefix-len", "16",
+            "--gen-len", "2", "--rows", "4", "--gpu-memory", "none", "--no-warmup",
+            "--policy", '{"gpu_batch_size": 4, "num_gpu_batches": 1}']
+    (one,) = throughput.main(args + ["--out", str(tmp_path / "a.jsonl")])
+    (two,) = throughput.main(args + ["--out", str(tmp_path / "b.jsonl")])
+    assert one["run_id"] == two["run_id"] == "call-7"
+    assert one["ok"] and len(one["step_s"]) == 1 and len(one["step_s"][0]) == 2   # the prefill, one decode step
