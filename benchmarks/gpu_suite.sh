@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|wrangle|multigpu|multigpu-wrangle|multigpu-one]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|wrangle|wrangle-ab|multigpu|multigpu-wrangle|multigpu-one]
 # models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
 # wrangling workload on the qwen3-30b-a3b and qwen3-32b dummies (auto from the reference profile, no trials).
 # moe / moe-peers (not in all; moe ~9 min, moe-peers ~6): issue 17's MoE tests and Mixtral-8x7B runs / HF Accelerate on it;
 # moe-pair (~9 min): ours and Accelerate in one call (the ratio). wrangle (~7 min): Llama-3-70B's wrangle, auto and 768x2.
+# wrangle-ab (~3 min a commit): Llama-3-70B's wrangle (auto) from this tree (LLMOPS_COMMIT names it) and from every
+# ab/<sha>/ that benchmarks/ab_prepare.sh wrote (carry "ab"), alternating, under one LLMOPS_RUN_ID; WRANGLE_LAYERS=N cuts the model.
 # Several GPUs (not in all): bash benchmarks/gpu_suite.sh multigpu (GPU tests of several devices, OPT-30B pipeline and
 # OPT-6.7B data-parallel on 1 and N GPUs), multigpu-wrangle (Llama-3-70B on 1 and N GPUs); N = every visible GPU (GPUS=N to pick fewer).
 # multigpu-one: the same code on a machine of one GPU (two stages on cuda:0; tokens must match, no speed-up).
@@ -103,6 +105,17 @@ if [[ $what == wrangle ]]; then
     python3 benchmarks/throughput.py --workload wrangle --model llama-3-70b --gpu-memory 16GiB \
       --plan-profile reference --trials 0 --policy "$policy" --out "$OUT/throughput_wrangle-llama-3-70b.jsonl"
   done 2>&1 | tee "$OUT/wrangle.log" | tail -10
+fi
+if [[ $what == wrangle-ab ]]; then
+  export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-ab-$(date -u +%Y%m%dT%H%M%SZ)}
+  args=(--workload wrangle --model llama-3-70b --gpu-memory 16GiB --plan-profile reference --trials 0 --policy auto)
+  [[ -n ${WRANGLE_LAYERS:-} ]] && args+=(--layers "$WRANGLE_LAYERS")
+  { python3 benchmarks/throughput.py "${args[@]}" --out "$OUT/throughput_wrangle-ab.jsonl"
+    for tree in ab/*/; do
+      (cd "$tree" && PYTHONPATH=$PWD LLMOPS_COMMIT=$(basename "$tree") python3 benchmarks/throughput.py "${args[@]}" \
+        --out "$OUT/throughput_wrangle-ab.jsonl")
+    done
+  } 2>&1 | grep -v "block 1/" | tee "$OUT/wrangle_ab.log" | tail -20
 fi
 if [[ $what == moe-pair ]]; then
   # issue 17's Accelerate ratio in one call: ours (1,024 rows, auto) first, then Accelerate on 256 rows

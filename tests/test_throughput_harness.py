@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -93,3 +96,16 @@ def test_run_id_from_the_environment_joins_invocations(tmp_path, monkeypatch):
     (two,) = throughput.main(args + ["--out", str(tmp_path / "b.jsonl")])
     assert one["run_id"] == two["run_id"] == "call-7"
     assert one["ok"] and len(one["step_s"]) == 1 and len(one["step_s"][0]) == 2   # the prefill, one decode step
+
+
+def test_ab_prepare_writes_a_commit_copy_without_results(tmp_path):
+    """benchmarks/ab_prepare.sh: a commit's engine/ and benchmarks/ (its results left out) for an A/B in one call."""
+    root = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("needs git and the repository's history")
+    res = subprocess.run(["bash", str(root / "benchmarks" / "ab_prepare.sh"), "HEAD"], cwd=root, capture_output=True,
+                         text=True, env={**os.environ, "AB_DIR": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    (copy,) = tmp_path.iterdir()
+    assert (copy / "engine" / "runtime" / "executor.py").is_file()
+    assert (copy / "benchmarks" / "throughput.py").is_file() and not (copy / "benchmarks" / "results").exists()
