@@ -8,6 +8,9 @@ Cases, on the Llama-3-70B prefill chunk's shapes (chunks of 4,096 tokens, hidden
   quantize_k      a chunk's new keys [81, 8, 50, 128] (81 rows of 50 tokens, strided like the projection's
                   transposed view) with the cache's `CACHE_QUANT`: `group.quantize_torch` vs `group.quantize`
   quantize_decode one decode step's new keys [48, 56, 1, 128] (the same)
+  rope_prefill    a chunk's queries [81, 64, 50, 128], the strided view of its [81, 50, 10240] q/k/v projection,
+                  and cos/sin [81, 50, 128]: `elementwise.rope_torch` vs `elementwise.rope` (bit for bit)
+  rope_decode     one decode step's queries [1536, 64, 1, 128] of a 1,536-row block (the same)
 Before timing, each case's kernel result is compared with the torch ops (recorded as `parity`: the ulp
 rule of engine.models.elementwise.close_to_torch, `group.quantize_mismatch` for quantize). Times are medians
 over --repeat runs (CUDA events; perf_counter on the CPU, where both paths are the torch ops); GB/s counts
@@ -32,11 +35,11 @@ from bench_common import add_record_args, median_ms, new_record, results_path, s
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from engine.models.elementwise import close_to_torch, rms_norm, rms_norm_torch, silu_mul  # noqa: E402
+from engine.models.elementwise import close_to_torch, rms_norm, rms_norm_torch, rope, rope_torch, silu_mul  # noqa: E402
 from engine.quant.config import CACHE_QUANT  # noqa: E402
 from engine.quant.group import quantize, quantize_mismatch, quantize_torch  # noqa: E402
 
-HIDDEN, INTERMEDIATE, KV_HEADS, HEAD_DIM = 8192, 28672, 8, 128
+HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 8192, 28672, 64, 8, 128
 
 
 def _ulp_parity(got: torch.Tensor, want: torch.Tensor) -> str:
@@ -73,6 +76,15 @@ def _cases(device: torch.device, dtype: torch.dtype, scale: int) -> dict[str, di
         cases[name] = dict(shape=list(k.shape), bytes=k.numel() * size + packed,
                            torch=lambda k=k: quantize_torch(k, CACHE_QUANT), fused=lambda k=k: quantize(k, CACHE_QUANT),
                            parity=lambda a, b: quantize_mismatch(a, b) or "ok")
+    for name, (rows, s) in (("rope_prefill", (81, 50)), ("rope_decode", (1536, 1))):
+        rows = max(1, rows // scale)
+        qkv = randn(rows, s, (HEADS + 2 * KV_HEADS) * HEAD_DIM)                # [b, s, (nh + 2 nkv) hd]
+        q = qkv[..., :HEADS * HEAD_DIM].view(rows, s, HEADS, HEAD_DIM).transpose(1, 2)   # [b, nh, s, hd] strided
+        cos, sin = randn(rows, s, HEAD_DIM), randn(rows, s, HEAD_DIM)
+        cases[name] = dict(shape=list(q.shape), bytes=2 * q.numel() * size + 2 * cos.numel() * size,
+                           torch=lambda q=q, c=cos, n=sin: rope_torch(q, c, n),
+                           fused=lambda q=q, c=cos, n=sin: rope(q, c, n),
+                           parity=lambda a, b: "bit for bit" if torch.equal(a, b) else "differs")
     return cases
 
 
