@@ -13,7 +13,8 @@ Cases, on the Llama-3-70B prefill chunk's shapes (chunks of 4,096 tokens, hidden
   rope_decode     one decode step's queries [1536, 64, 1, 128] of a 1,536-row block (the same)
 Before timing, each case's kernel result is compared with the torch ops (recorded as `parity`: the ulp
 rule of engine.models.elementwise.close_to_torch, `group.quantize_mismatch` for quantize). Times are medians
-over --repeat runs (CUDA events; perf_counter on the CPU, where both paths are the torch ops); GB/s counts
+over --repeat runs (CUDA events; perf_counter on the CPU, where both paths are the torch ops), and `*_host_us`
+the host's microseconds to issue one call (--repeat calls unsynced: a host-bound decode's cost); GB/s counts
 the bytes the fused kernel reads and writes once. Writes one record (common fields, `triton`, one entry per
 case and dtype) to --out, default fused_kernels_speed_llama-3-70b-prefill.json (`--scale N`: the token and
 row counts divided by N, ..._llama-3-70b-prefill-div<N>.json) in $OUT or benchmarks/results/.
@@ -30,7 +31,8 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
-from bench_common import add_record_args, median_ms, new_record, results_path, save_record, torch_device  # noqa: E402
+from bench_common import (Timer, add_record_args, median_ms, new_record, results_path, save_record,  # noqa: E402
+                          torch_device)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -88,8 +90,19 @@ def _cases(device: torch.device, dtype: torch.dtype, scale: int) -> dict[str, di
     return cases
 
 
+def host_us(fn: Callable[[], object], device: torch.device, repeat: int) -> float:
+    """Host microseconds to issue one fn() (`repeat` calls back to back, unsynced, then one sync): what a
+    decode step whose host runs ahead of the device pays per call; on the CPU, the whole call."""
+    with Timer() as t:
+        for _ in range(repeat):
+            fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return t.seconds / repeat * 1e6
+
+
 def run(device: torch.device, dtype: torch.dtype, scale: int, repeat: int) -> dict[str, dict]:
-    """Per case: shape, parity, torch_ms, fused_ms, their GB/s, speedup."""
+    """Per case: shape, parity, torch_ms, fused_ms, their GB/s, their host microseconds a call, speedup."""
     results = {}
     for name, case in _cases(device, dtype, scale).items():
         torch_fn: Callable[[], object] = case["torch"]
@@ -99,6 +112,7 @@ def run(device: torch.device, dtype: torch.dtype, scale: int, repeat: int) -> di
             ms = median_ms(fn, device, repeat)
             row[f"{variant}_ms"] = round(ms, 4)
             row[f"{variant}_GBps"] = round(case["bytes"] / ms / 1e6, 1)
+            row[f"{variant}_host_us"] = round(host_us(fn, device, repeat), 1)
         row["speedup"] = round(row["torch_ms"] / row["fused_ms"], 2)
         results[name] = row
     return results

@@ -22,3 +22,4 @@ def test_cpu_smoke_run_writes_a_record(tmp_path):
     assert cases["rope_prefill"]["shape"] == [1, 64, 50, 128] and cases["rope_decode"]["shape"] == [6, 64, 1, 128]
     assert all(c["parity"] in ("ok", "within 1 ulp", "bit for bit") for c in cases.values())
     assert all(c["torch_ms"] > 0 and c["fused_ms"] > 0 for c in cases.values())
+    assert all(c["torch_host_us"] > 0 and c["fused_host_us"] > 0 for c in cases.values())
