@@ -93,3 +93,29 @@ def test_attention_weights_wait_for_the_last_join(batches):
 def test_bad_pages():
     with pytest.raises(ValueError, match="pages must be >= 1"):
         list(moe_block_schedule(1, kinds_of(1), 1, pages=0, pipelined=True))
+
+
+@pytest.mark.parametrize("layers,batches,pages", [(1, 1, 1), (3, 1, 2), (3, 2, 2), (2, 3, 5), (3, 4, 4)])
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_weight_pages_never_overwrite_a_buffer_in_use(layers, batches, pages, pipelined):
+    """With the executor's buffer slots (`WeightSlots`), every page of a layer's load lands in its (kind, slot)
+    buffer only after every compute and every join (which reads the attention layer's weights) of the layer
+    held there before it has been issued; each compute and join reads its own layer's weights."""
+    from engine.policy.weight_slots import WeightSlots
+
+    kinds = kinds_of(layers)
+    rule = WeightSlots(kinds)
+    held: dict[tuple[str, int], tuple[int, int]] = {}
+    reads: dict[tuple[int, int], int] = {}
+    needs: dict[tuple[int, int], int] = {}
+    for a in moe_block_schedule(3, kinds, batches, pages=pages, pipelined=pipelined):
+        layer, buffer = (a.i, a.j), (kinds[a.j], rule.slot(a.i, a.j))
+        if a.verb in ("compute", "join_attention"):
+            assert held.get(buffer) == layer, f"{a} reads {held.get(buffer)}'s weights"
+            reads[layer] = reads.get(layer, 0) + 1
+            needs[layer] = batches * (2 if pipelined and a.i >= 1 and kinds[a.j] == "attention" and a.j >= 1 else 1)
+        elif a.verb == "load_weight":
+            previous = held.get(buffer)
+            if previous is not None and previous != layer:
+                assert reads.get(previous, 0) == needs[previous], f"page {a.page} of {layer} overwrites {previous}"
+            held[buffer] = layer
