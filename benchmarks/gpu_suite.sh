@@ -6,7 +6,8 @@
 # moe / moe-peers (not in all; moe ~9 min, moe-peers ~6): issue 17's MoE tests and Mixtral-8x7B runs / HF Accelerate on it;
 # moe-pair (~9 min): ours and Accelerate in one call (the ratio). wrangle (~7 min): Llama-3-70B's wrangle, auto and 768x2.
 # wrangle-ab (~3 min a commit): Llama-3-70B's wrangle (auto) from this tree (LLMOPS_COMMIT names it) and from every
-# ab/<sha>/ that benchmarks/ab_prepare.sh wrote (carry "ab"), under one LLMOPS_RUN_ID; WRANGLE_LAYERS=N cuts the model;
+# ab/<sha>/ that benchmarks/ab_prepare.sh wrote (carry "ab"), under one LLMOPS_RUN_ID; WRANGLE_MODEL picks another preset,
+# WRANGLE_LAYERS=N cuts the model;
 # WRANGLE_TRACE=1 traces each run (--trace-out $OUT/timeline_wrangle-ab-<head|sha>.json.gz; trees before e2169e9 lack it).
 # Several GPUs (not in all): bash benchmarks/gpu_suite.sh multigpu (GPU tests of several devices, OPT-30B pipeline and
 # OPT-6.7B data-parallel on 1 and N GPUs), multigpu-wrangle (Llama-3-70B on 1 and N GPUs); N = every visible GPU (GPUS=N to pick fewer).
@@ -109,14 +110,15 @@ if [[ $what == wrangle ]]; then
 fi
 if [[ $what == wrangle-ab ]]; then
   export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-ab-$(date -u +%Y%m%dT%H%M%SZ)}
-  args=(--workload wrangle --model llama-3-70b --gpu-memory 16GiB --plan-profile reference --trials 0 --policy auto)
+  args=(--workload wrangle --model "${WRANGLE_MODEL:-llama-3-70b}" --gpu-memory 16GiB --plan-profile reference --trials 0
+        --policy auto)
   [[ -n ${WRANGLE_LAYERS:-} ]] && args+=(--layers "$WRANGLE_LAYERS")
   trace() { [[ -n ${WRANGLE_TRACE:-} ]] && echo --trace --trace-out "$OUT/timeline_wrangle-ab-$1.json.gz"; }
-  { python3 benchmarks/throughput.py "${args[@]}" $(trace head) --out "$OUT/throughput_wrangle-ab.jsonl"
+  { python3 benchmarks/throughput.py "${args[@]}" $(trace head) --out "$OUT/throughput_wrangle-ab-head.jsonl"
     for tree in ab/*/; do
       sha=$(basename "$tree")
       (cd "$tree" && PYTHONPATH=$PWD LLMOPS_COMMIT=$sha python3 benchmarks/throughput.py "${args[@]}" $(trace "$sha") \
-        --out "$OUT/throughput_wrangle-ab.jsonl")
+        --out "$OUT/throughput_wrangle-ab-$sha.jsonl")
     done
   } 2>&1 | grep -v "block 1/" | tee "$OUT/wrangle_ab.log" | tail -20
 fi

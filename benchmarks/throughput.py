@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    config_name=name, roofline_fraction=None, num_gpus=num_gpus, num_layers=config.num_hidden_layers,
                    prefill_chunk_tokens=args.prefill_chunk_tokens)
         rec = finish(rec, res, rows, floor, wrangle)
-        rewrite_jsonl(out, rec, ("run_id", "system", "config_name", "num_gpus"))
+        rewrite_jsonl(out, rec, ("run_id", "system", "config_name", "num_gpus", "commit"))  # (one run id: an A/B)
         records.append(rec)
         print(json.dumps({k: rec.get(k) for k in ("system", "config_name", "ok", "skipped", "tokens_per_s",
                                                   "rows_per_h", "roofline_fraction", "peak_device_gib", "error",

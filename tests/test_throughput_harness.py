@@ -92,9 +92,12 @@ def test_run_id_from_the_environment_joins_invocations(tmp_path, monkeypatch):
     args = ["--workload", "wrangle", "--model", "tiny-llama", "--prompt-len", "24", "--prefix-len", "16",
             "--gen-len", "2", "--rows", "4", "--gpu-memory", "none", "--no-warmup",
             "--policy", '{"gpu_batch_size": 4, "num_gpu_batches": 1}']
-    (one,) = throughput.main(args + ["--out", str(tmp_path / "a.jsonl")])
-    (two,) = throughput.main(args + ["--out", str(tmp_path / "b.jsonl")])
+    out = tmp_path / "ab.jsonl"
+    (one,) = throughput.main(args + ["--out", str(out), "--commit", "aaaaaaa"])
+    (two,) = throughput.main(args + ["--out", str(out), "--commit", "bbbbbbb"])
     assert one["run_id"] == two["run_id"] == "call-7"
+    lines = [json.loads(line) for line in out.read_text().splitlines()]            # one file, both commits kept
+    assert [r["commit"]["sha"] for r in lines] == ["aaaaaaa", "bbbbbbb"]
     assert one["ok"] and len(one["step_s"]) == 1 and len(one["step_s"][0]) == 2   # the prefill, one decode step
 
 
