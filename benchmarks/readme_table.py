@@ -69,7 +69,8 @@ def best_moe(records: list[dict]) -> str:
 
 def wrangle_rows(records: list[dict]) -> str:
     r = max((r for r in records if r.get("ok")), key=lambda r: r["timestamp"])
-    return f"**{r['rows_per_h']:,.0f} rows/h** (auto `{r['config_name']}`)"
+    sha = ((r.get("commit") or {}).get("sha") or "")[:7]
+    return f"**{r['rows_per_h']:,.0f} rows/h** (auto `{r['config_name']}`" + (f", at `{sha}`)" if sha else ")")
 
 
 def policy_validation(d: dict) -> str:
