@@ -8,11 +8,13 @@ placement (`gpu`: the cache on the device, attention in place; `cpu`: on the hos
 half the kv heads each), with a device sync around each part, so the parts are serial here (the executor
 overlaps load and store with the neighbouring slots' compute). With --trace, also torch.profiler's table of
 the top ops by device time and by host time for the `cpu` placement, so a slot's host-side launch cost shows.
-Writes one record (common fields; per placement: load_s, decode_s, store_s, slot_s as means, the home's
-bytes and the load's GB/s) to --out, default kv_slot_speed_<shape>.json in $OUT or benchmarks/results/.
+Writes one record (common fields; per placement: load_s, decode_s, store_s, slot_s as means, decode_host_s
+(the host's seconds to issue the decode: what a host-bound decode step pays), the home's bytes and the load's
+GB/s) to --out, default kv_slot_speed_<shape>.json in $OUT or benchmarks/results/.
 
     python benchmarks/kv_slot_speed.py --shape opt-30b --trace       # OPT-30B 48 rows, context 544
     python benchmarks/kv_slot_speed.py --shape mixtral-8x7b          # 128 rows, 8 kv heads, context 205
+    python benchmarks/kv_slot_speed.py --shape llama-3-70b-wrangle   # 1,536 rows, a 150-position shared prefix
     python benchmarks/kv_slot_speed.py --rows 2 --heads 4 --kv-heads 2 --context 16 --repeats 2 --out /tmp/k.json
 """
 from __future__ import annotations
@@ -34,7 +36,9 @@ from engine.runtime.transfers import Transfers  # noqa: E402
 from engine.storage.tiers import MemoryBudget, Tier, stored_nbytes  # noqa: E402
 
 SHAPES = {"opt-30b": dict(rows=48, heads=56, kv_heads=56, context=544, head_dim=128),
-          "mixtral-8x7b": dict(rows=128, heads=32, kv_heads=8, context=205, head_dim=128)}
+          "mixtral-8x7b": dict(rows=128, heads=32, kv_heads=8, context=205, head_dim=128),
+          # the wrangle workload's last decode step: 1,536 rows, 150 shared + 50 own + 9 new positions
+          "llama-3-70b-wrangle": dict(rows=1536, heads=64, kv_heads=8, context=210, head_dim=128, prefix=150)}
 PLACEMENTS = {"gpu": (1.0, 0.0), "cpu": (0.0, 1.0), "split": (0.5, 0.5)}
 
 
@@ -51,7 +55,7 @@ def run_placement(name: str, args, device: torch.device, dtype: torch.dtype, tra
     b, nh, nkv, hd, t = args.rows, args.heads, args.kv_heads, args.head_dim, args.context - 1
     home = KVHome(arena, "kv", rows=b, length=args.context, num_kv_heads=nkv, head_dim=hd, dtype=dtype,
                   cache_gpu=cache_gpu, cache_cpu=cache_cpu, quant=None if args.dense else CACHE_QUANT,
-                  cpu_attention=False)
+                  cpu_attention=False, prefix_len=args.prefix)
     g = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(b, nh, t, hd, generator=g, device=device, dtype=dtype)         # [b, nh, t, hd]
     k = torch.randn(b, nkv, t, hd, generator=g, device=device, dtype=dtype)        # [b, nkv, t, hd]
@@ -65,6 +69,7 @@ def run_placement(name: str, args, device: torch.device, dtype: torch.dtype, tra
     valid = torch.ones(b, t + 1, dtype=torch.bool, device=device)                   # [b, t+1]
     valid_host = valid.cpu()
     parts = {"load_s": 0.0, "decode_s": 0.0, "store_s": 0.0}
+    issued = [0.0]                                                                    # decode's host seconds
 
     def slot(timed: bool) -> None:
         marks = [time.perf_counter()]
@@ -73,6 +78,7 @@ def run_placement(name: str, args, device: torch.device, dtype: torch.dtype, tra
         _sync(device)
         marks.append(time.perf_counter())
         home.decode(qn, kn, kn, t, valid, valid_host, hd ** -0.5)
+        launched = time.perf_counter()
         _sync(device)
         marks.append(time.perf_counter())
         home.store(transfers, 0, claims)
@@ -82,12 +88,14 @@ def run_placement(name: str, args, device: torch.device, dtype: torch.dtype, tra
         if timed:
             for key, a, z in zip(parts, marks, marks[1:]):
                 parts[key] += z - a
+            issued[0] += launched - marks[1]
 
     slot(False)                                                                       # warm-up
     for _ in range(args.repeats):
         slot(True)
     out = {key: value / args.repeats for key, value in parts.items()}
     out["slot_s"] = sum(out.values())
+    out["decode_host_s"] = issued[0] / args.repeats      # issuing the decode (its launches), before its sync
     off = [s for s in home.segments if s.tier is not Tier.GPU]
     moved = sum(stored_nbytes(x) for s in off for x in (s.k, s.v))
     out.update(home_bytes_loaded=moved, load_gb_s=moved / out["load_s"] / 1e9 if moved and out["load_s"] else None)
@@ -111,6 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--kv-heads", type=int, default=56)
     ap.add_argument("--context", type=int, default=544, help="cache length (the slot attends over all of it)")
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--prefix", type=int, default=0, help="shared prefix positions held once (KVHome.prefix_len)")
     ap.add_argument("--dense", action="store_true", help="a dense cache instead of the 4-bit one")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--placement", action="append", choices=sorted(PLACEMENTS), help="default: all three")
@@ -124,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     workload = args.shape or f"b{args.rows}-h{args.heads}-kv{args.kv_heads}-t{args.context}-d{args.head_dim}"
     rec = new_record("kv_slot_speed", workload, args.shape, commit=args.commit)
     rec.update(rows=args.rows, heads=args.heads, kv_heads=args.kv_heads, context=args.context,
-               head_dim=args.head_dim, cache="dense" if args.dense else "4-bit rotated", repeats=args.repeats,
+               head_dim=args.head_dim, prefix=args.prefix, cache="dense" if args.dense else "4-bit rotated", repeats=args.repeats,
                placements={name: run_placement(name, args, device, dtype, args.trace and name == "cpu")
                            for name in args.placement or PLACEMENTS})
     save_record(args.out or results_path("kv_slot_speed", workload), rec)
