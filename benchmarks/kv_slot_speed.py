@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--kv-heads", type=int, default=56)
     ap.add_argument("--context", type=int, default=544, help="cache length (the slot attends over all of it)")
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--prefix", type=int, default=0, help="shared prefix positions held once (KVHome.prefix_len)")
+    ap.add_argument("--prefix", type=int, default=0,
+                    help="shared prefix positions held once (KVHome.prefix_len)")
     ap.add_argument("--dense", action="store_true", help="a dense cache instead of the 4-bit one")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--placement", action="append", choices=sorted(PLACEMENTS), help="default: all three")

@@ -3,10 +3,13 @@
 `trace_summary` (bench_common) adds the profiler's events up; this reads them in time. The device's events
 (kernels, copies, memsets: name, stream, start, end) are split into phases at the ends of the host's
 `SELECT_MARK` ranges (the token selection, which waits for each step's logits, so the device has finished
-the step when it ends): everything before the first end is the prefill, the rest the decode steps. Per phase: the wall, each stream's busy time (the
-union of its events), the compute stream's idle gaps (the device waiting for the host or for a copy), the
-kernel seconds by category (`CATEGORIES`: GEMM, attention, Triton, elementwise, cat, copy...) and the top
-kernels by seconds. `write_events` saves the compact timeline (gzip JSON) for a look offline.
+the step when it ends): everything before the first end is the prefill, the rest the decode steps. Per
+phase: the wall, each stream's busy time (the union of its events), the compute stream's idle gaps (the
+device waiting for the host or for a copy), the kernel seconds by category (`CATEGORIES`: GEMM, attention,
+Triton, elementwise, cat, copy...) and the top kernels by seconds. `write_events` saves the compact timeline
+(gzip JSON) for a look offline; run as a script, this reads such a file back and prints its phases:
+
+    python benchmarks/timeline.py benchmarks/results/h200/timeline_wrangle-8L-1e6a007.json.gz
 """
 from __future__ import annotations
 
@@ -103,7 +106,7 @@ def phase_summary(events: list[DeviceEvent], start: float, end: float, top: int 
         streams[str(s)] = round(busy / 1e6, 4)
     out: dict[str, Any] = {"wall_s": (t1 - t0) / 1e6, "events": len(inside), "compute_stream": compute,
                            "stream_busy_s": streams}
-    all_busy, all_gaps = _union([(e.start_us, e.end_us) for e in inside])
+    _, all_gaps = _union([(e.start_us, e.end_us) for e in inside])
     out["device_idle_s"] = sum(b - a for a, b in all_gaps) / 1e6
     if compute is not None:
         busy, gaps = _union(by_stream[compute])
@@ -134,6 +137,15 @@ def timeline_summary(events: list[DeviceEvent], marks: list[tuple[float, float]]
     return out
 
 
+def read_events(path: Path) -> tuple[list[DeviceEvent], list[tuple[float, float]]]:
+    """`write_events`' file back as (events, marks)."""
+    with gzip.open(path, "rt") as f:
+        data = json.load(f)
+    names = data["names"]
+    events = [DeviceEvent(names[n], stream, start, end) for n, stream, start, end in data["events"]]
+    return events, [tuple(m) for m in data["marks"]]
+
+
 def write_events(path: Path, events: list[DeviceEvent], marks: list[tuple[float, float]]) -> None:
     """The compact timeline as gzip JSON: {"marks": [[start, end] us], "names": [...], "events": [[name index,
     stream, start us, end us]]} (times relative to the first event)."""
@@ -144,3 +156,19 @@ def write_events(path: Path, events: list[DeviceEvent], marks: list[tuple[float,
     data = {"marks": [[round(a - t0, 2), round(b - t0, 2)] for a, b in marks], "names": list(names), "events": rows}
     with gzip.open(path, "wt") as f:
         json.dump(data, f)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Print the phases (`timeline_summary`) of a saved timeline as JSON."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", type=Path, help="a --trace-out file (gzip JSON)")
+    args = ap.parse_args(argv)
+    out = timeline_summary(*read_events(args.path))
+    print(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -11,15 +11,16 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from timeline import (SELECT_MARK, DeviceEvent, category, device_events, phase_summary,  # noqa: E402
-                      timeline_summary, write_events)
+from timeline import (SELECT_MARK, DeviceEvent, category, device_events, main, phase_summary,  # noqa: E402
+                      read_events, timeline_summary, write_events)
 
 
 def _events() -> tuple[list[DeviceEvent], list[tuple[float, float]]]:
     """Stream 7 computes: a GEMM 0-100, an elementwise kernel 150-160 (a 50 us gap), the argmax 160-170;
     stream 9 copies 0-120. The selection mark at 200-210; then a decode step: GEMM 300-400, copy 300-350,
     argmax 400-405; the last mark at 500-505 (the selections' ends, 210 and 505, split the phases)."""
-    ev = [DeviceEvent("nvjet_sm90_hsh_128x256", 7, 0, 100), DeviceEvent("Memcpy HtoD (Pinned -> Device)", 9, 0, 120),
+    ev = [DeviceEvent("nvjet_sm90_hsh_128x256", 7, 0, 100),
+          DeviceEvent("Memcpy HtoD (Pinned -> Device)", 9, 0, 120),
           DeviceEvent("void at::native::elementwise_kernel<128, 4>", 7, 150, 160),
           DeviceEvent("void at::native::reduce_kernel<argmax>", 7, 160, 170),
           DeviceEvent("nvjet_sm90_hsh_128x256", 7, 300, 400), DeviceEvent("Memcpy HtoD (Pinned -> Device)", 9, 300, 350),
@@ -70,3 +71,5 @@ def test_device_events_reads_a_profile_and_writes_the_compact_file(tmp_path):
     data = json.loads(gzip.open(tmp_path / "t.json.gz", "rt").read())
     assert len(data["events"]) == len(ev) and data["marks"][0] == [200.0, 210.0]
     assert data["names"][data["events"][1][0]].startswith("Memcpy")
+    assert read_events(tmp_path / "t.json.gz") == (ev, m)                      # read back as written
+    assert main([str(tmp_path / "t.json.gz")]) == timeline_summary(ev, m)     # the script prints the phases
