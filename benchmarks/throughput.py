@@ -8,7 +8,8 @@ Workloads (dummy weights from a preset, as the FlexGen paper measured):
 Systems (--system, repeatable): llmops (the executor under each --policy), llmops-no-pipeline (the same
 policies with overlap off; for `moe`, the ablation `Policy.pipeline=False`: host attention synchronous and
 each layer's weights in one transfer, overlap kept), flexgen (FlexGen 0.1.8's OptLM, OPT only), accelerate
-(HF Accelerate; --peer-rows / --peer-gen-len give it a smaller batch or fewer new tokens, recorded as run);
+(HF Accelerate; --peer-rows / --peer-gen-len give it a smaller batch or fewer new tokens, recorded as run, with
+its load_s, prefill_s, decode_step_s and projected_tokens_per_s_at_workload_gen: `throughput_peers.short_run_fields`);
 a peer whose package or GPU is absent writes a record with `skipped` saying so. Policies (--policy, repeatable):
 "auto" (the engine's search for this workload and budget, 4-bit allowed per --compress), a name from the
 workload's suite (`SUITES`, the policies the old gpu_offload.py ran), or a Policy as JSON.
@@ -57,7 +58,7 @@ from bench_common import (GIB, Timer, add_record_args, close_and_release, failur
                           torch_device, trace_summary, with_layers)
 from roofline import roofline  # noqa: E402
 from throughput_multi import WARMUP_TOKENS, TokenRecorder, run_multi, tokens_digest  # noqa: E402
-from throughput_peers import run_accelerate, run_flexgen  # noqa: E402
+from throughput_peers import run_accelerate, run_flexgen, short_run_fields  # noqa: E402
 from timeline import device_events, timeline_summary, write_events  # noqa: E402
 
 import torch  # noqa: E402
@@ -363,8 +364,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             rows = args.peer_rows or rows_arg or 16
             gen = args.peer_gen_len or args.gen_len
             prompts = make_prompts(config.vocab_size, rows, args.prompt_len, prefix_len)
-            res = run_accelerate(args.model, prompts, gen, args.gpu_memory or 16 * GIB, rows, PRESETS[args.model])
-            res["gen_len"] = gen
+            res = run_accelerate(args.model, prompts, gen, args.gpu_memory or 16 * GIB, rows, PRESETS[args.model],
+                                 say=progress)
+            res.update(short_run_fields(res, rows, gen, args.gen_len))
             emit(system, f"b{rows}-gen{gen}", res, rows, None)
     return records
 

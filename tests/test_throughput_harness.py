@@ -76,14 +76,17 @@ def test_moe_workload_runs_ours_and_the_ablation(tmp_path):
     records = throughput.main(["--workload", "moe", "--model", "tiny-mixtral", "--prompt-len", "10", "--gen-len", "3",
                                "--num-prompts", "6", "--gpu-memory", "none", "--out", str(out),
                                "--system", "llmops", "--system", "llmops-no-pipeline", "--system", "accelerate",
-                               "--peer-gen-len", "2", "--policy", json.dumps(policy)])
+                               "--peer-rows", "4", "--peer-gen-len", "2", "--policy", json.dumps(policy)])
     assert len(records) == 3 and len({r["run_id"] for r in records}) == 1
     ours, ablation, peer = records
     for r in (ours, ablation):
         assert FIELDS <= set(r) and r["ok"] and r["workload"] == "moe" and r["generated_tokens"] == 6 * 3
         assert r["policy"]["overlap"] and r["policy"]["cpu_attention"] and r["policy"]["weight_pages"] == 4
     assert ours["policy"]["pipeline"] and not ablation["policy"]["pipeline"]
-    assert peer["system"] == "accelerate" and (peer.get("skipped") or peer["gen_len"] == 2)
+    assert peer["system"] == "accelerate" and peer["num_prompts"] == 4 and peer["config_name"] == "b4-gen2"
+    assert peer["gen_len"] == 2 and peer["workload_gen_len"] == 3
+    assert "not the workload's 3" in peer["peer_gen_len_note"]
+    assert peer.get("skipped") or peer["projected_tokens_per_s_at_workload_gen"] > 0
 
 
 def test_run_id_from_the_environment_joins_invocations(tmp_path, monkeypatch):
