@@ -4,7 +4,7 @@
 # models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
 # wrangling workload on the qwen3-30b-a3b and qwen3-32b dummies (auto from the reference profile, no trials).
 # moe / moe-peers (not in all; moe ~9 min, moe-peers ~6): issue 17's MoE tests and Mixtral-8x7B runs / HF Accelerate on it;
-# moe-pair (~5 min, estimated): ours and Accelerate in one call (the ratio). wrangle (~7 min): Llama-3-70B's wrangle, auto and 768x2.
+# moe-pair (~5 min; 298 s in one H200 call): ours and Accelerate in one call (the ratio). wrangle (~7 min): Llama-3-70B's wrangle, auto and 768x2.
 # wrangle-ab (~3 min a commit): Llama-3-70B's wrangle (auto) from this tree (LLMOPS_COMMIT names it) and from every
 # ab/<sha>/ that benchmarks/ab_prepare.sh wrote (carry "ab"), under one LLMOPS_RUN_ID; WRANGLE_MODEL picks another preset,
 # WRANGLE_LAYERS=N cuts the model;
@@ -124,7 +124,7 @@ if [[ $what == wrangle-ab ]]; then
 fi
 if [[ $what == moe-pair ]]; then
   # issue 17's Accelerate ratio in one call: ours (1,024 rows, auto; ~2.3 min in stop 28) first, then Accelerate on
-  # 256 rows x MOE_PEER_GEN (4) new tokens (~2.5 min: ~0.5 to build and place, then a warm-up and 4 steps of ~16 s each);
+  # 256 rows x MOE_PEER_GEN (4) new tokens (~1.7 min: build 22 s, place 2 s, warm-up 16 s, 4 steps of 12-16 s);
   # its record carries prefill_s, decode_step_s and projected_tokens_per_s_at_workload_gen (gen 128)
   { python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --rows 1024 \
       --plan-profile reference --trials 0 --policy auto --out "$OUT/throughput_moe-accelerate.jsonl"
