@@ -2,8 +2,8 @@
 
 Per step every layer's weights that do not live on the compute device cross the link once: the weight
 floor is max(bytes off the device / h2d bandwidth, bytes on disk / disk read bandwidth), with the bytes
-from the executor's own placement (`memory.weight_fraction_on`: whole tensors per tier; on a CPU-only
-machine the cpu tier is compute memory, so only disk bytes move). The compute floor is the step's matmul
+from the executor's own placement (`memory.weight_fraction_on`: whole tensors per tier, the embedding and
+the head held on a GPU; on a CPU-only machine the cpu tier is compute memory, so only disk bytes move). The compute floor is the step's matmul
 and attention FLOPs at the device's large-matmul rate (prefill: every prompt token; decode: one per row).
 A step's floor is the larger of the two; a block's is its prefill's plus (gen - 1) decode steps'.
 """
@@ -19,7 +19,7 @@ from engine.policy.policy import Policy
 def weight_floor_s(config: ModelConfig, policy: Policy, profile: HardwareProfile, bytes_per_element: int) -> float:
     """Seconds to move the weights that are not on the compute device once (one step's weight traffic)."""
     layout = model_layout(config, bytes_per_element, policy.compress_weights)
-    on_gpu, on_cpu = weight_fraction_on(layout, policy.w_gpu, policy.w_cpu)
+    on_gpu, on_cpu = weight_fraction_on(layout, policy.w_gpu, policy.w_cpu, profile.device_type)
     disk = max(0.0, 1.0 - on_gpu - on_cpu) * layout.total_bytes
     off = disk if profile.device_type == "cpu" else (1.0 - on_gpu) * layout.total_bytes
     return max(off / (profile.h2d_gib_s * GIB), disk / (profile.disk_read_gib_s * GIB))

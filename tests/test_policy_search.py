@@ -63,12 +63,16 @@ def test_block_never_exceeds_the_number_of_prompts():
     ("cpu_bytes", [40, 60, 80, 100, 150, 300]),
 ])
 def test_more_memory_never_predicts_lower_throughput(field, values):
+    """More memory never predicts less, up to 0.1%: the LP's placement is rounded to whole tensors and kv
+    heads, and a larger budget can move the LP to a rounding a hair slower (56.679 against 56.683 tok/s
+    between 100 and 150 GiB of host memory); a miss of a better region (the search's 16 GiB pick at 32.9
+    tok/s while a 56.7 tok/s placement fitted, before the weight branches) fails it."""
     config = preset("opt-30b")
     base = Budgets(16 * GIB, 100 * GIB, 100 * GIB)
     speeds = [search(config, WORKLOAD, replace(base, **{field: v * GIB}), H200,
                      gpu_batch_sizes=(4, 16, 64, 256), num_gpu_batches=(1, 4)).predicted_tokens_per_s
               for v in values]
-    assert all(b >= a * (1 - 1e-6) for a, b in zip(speeds, speeds[1:])), speeds
+    assert all(b >= a * (1 - 1e-3) for a, b in zip(speeds, speeds[1:])), speeds
     assert speeds[-1] > speeds[0]
 
 
@@ -87,18 +91,20 @@ def test_more_bandwidth_never_predicts_lower_throughput(field):
 def test_full_search_solves_a_bounded_number_of_lps(monkeypatch):
     """The search's cost is its LP count (each HiGHS solve takes milliseconds; wall time is measured by
     benchmarks/policy_validation.py, not asserted here): one LP per (batch shape, cpu_attention flag, slot
-    regime), fewer where a smaller batch of the same shape was already infeasible."""
+    regime), fewer where a smaller batch of the same shape was already infeasible, more where no rounding
+    fits (one per weight setting tried: `search._weight_branches`)."""
     import engine.policy.search as search_module
 
     calls = []
     real = search_module.linprog
     monkeypatch.setattr(search_module, "linprog", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     search(preset("mixtral-8x7b"), WORKLOAD, Budgets(24 * GIB, 128 * GIB, 200 * GIB), H200)
-    assert 0 < len(calls) <= 400
+    assert 0 < len(calls) <= 480
 
 
 @pytest.mark.parametrize("model, gpu_gib, compressed, field", [
-    ("opt-1.3b", 4, True, "cache_gpu"),          # without slot extras the cache splits between gpu and cpu
+    ("opt-1.3b", 2, True, "cache_gpu"),          # without slot extras the cache splits between gpu and cpu
+                                                 # (at 4 GiB the cache fits beside the held embedding/head)
     ("opt-6.7b", 3, False, "act_gpu"),           # ... and the hidden states leave the gpu (at 4 GiB chunked
                                                  # prefill leaves room to keep them: 3 GiB still presses)
 ])

@@ -137,6 +137,7 @@ class CostTerms:
     num_gpu_batches: int = 1
     host_channel: tuple[str, str] = ("host", "host")        # (prefill, decode)
     layer_host_s: float = 0.0                               # host seconds per layer and step, not per slot
+    w_gpu_min: float = 0.0                                  # the gpu share of weights held whatever the policy
 
     def channels(self, phase: str, slot_s: float) -> dict[str, np.ndarray]:
         """`phase`'s ("prefill" / "decode") channels with `slot_s` seconds per slot (and the per-layer host
@@ -317,7 +318,8 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     memory = memory_terms(config, layout, policy, workload.memory_prompt_len, n, B, profile.device_type,
                           shared_prefix_len=workload.shared_prefix_len)
     return CostTerms(prefill, decode, memory, L, n, b, policy.overlap, prefill_slots, decode_slots, k,
-                     ("gpu compute" if on_cpu else "host", host), dequant_w_host)
+                     ("gpu compute" if on_cpu else "host", host), dequant_w_host,
+                     layout.held_fraction(profile.device_type))
 
 
 def layer_seconds(channels: dict[str, np.ndarray], x: np.ndarray, overlap: bool) -> tuple[float, str]:
@@ -347,7 +349,7 @@ def estimate(config: ModelConfig, policy: Policy, workload: Workload, profile: H
     plus its untracked device memory (`memory.peak_memory`)."""
     layout = layout or model_layout(config, bytes_per_element, policy.compress_weights)
     terms = terms or cost_terms(config, policy, workload, profile, bytes_per_element, layout)
-    result = estimate_terms(terms, realized_placement(config, layout, policy))
+    result = estimate_terms(terms, realized_placement(config, layout, policy, profile.device_type))
     peak = peak_memory(config, layout, policy, workload.memory_prompt_len, workload.gen_len, bytes_per_element,
                        profile.device_type, shared_prefix_len=workload.shared_prefix_len)
     return replace(result, peak_memory_bytes=peak)

@@ -3,7 +3,8 @@
 `executor_memory` mirrors, buffer by buffer, what `engine.runtime.executor.Executor` reserves against its
 hard budgets for one block of `num_gpu_batches x gpu_batch_size` rows (prompt P, gen n, S = P + n - 1
 cache positions):
-  - weight homes: each layer spec's tensors on the tier `weight_tiers` gives them (stored size: 4-bit
+  - weight homes: each layer spec's tensors on the tier `weight_tiers` gives them, or on the gpu for the
+    kinds held whole (`weight_slots.held_whole`: on CUDA, the embedding and the head) (stored size: 4-bit
     `qtensor_nbytes` in the grouping `stored_quant` gives: an int4 checkpoint's packed weights in its own
     groups, other quantizable tensors in WEIGHT_QUANT's when compressing weights), disk homes are files (disk
     tier);
@@ -24,8 +25,9 @@ cache positions):
   - MoE pipeline with CPU attention (CUDA): `hattn.{k}.s{n}.q/k/v/out`, pinned staging of one GPU batch's
     new q/k/v and its attention output per host cache segment n (`engine.runtime.host_attention`).
 `memory_terms` gives the same sums as affine expressions in the placement fractions (for the LP), with
-the tiers' shares taken as exact fractions of bytes; `realized_placement` gives the fractions of bytes a
-policy's rounded placement really puts on each tier.
+the tiers' shares taken as exact fractions of bytes (on CUDA the held kinds' bytes are a floor of the gpu
+share, `ModelLayout.held_fraction`); `realized_placement` gives the fractions of bytes a policy's rounded placement
+really puts on each tier.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ from engine.models.weights import stored_quant
 from engine.policy.affine import const, share
 from engine.policy.policy import Policy
 from engine.policy.prefix import batch_prefix_len, prefix_held_once
-from engine.policy.weight_slots import WeightSlots
+from engine.policy.weight_slots import WeightSlots, held_whole
 from engine.policy.working import chunk_rows, row_chunks, staged_kv_heads, working_bytes
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT
 from engine.quant.qtensor import qtensor_nbytes
@@ -83,6 +85,22 @@ class ModelLayout:
     attention_js: tuple[int, ...]
     total_bytes: int
     midpoints: tuple[float, ...]          # sorted fractions at which some tensor changes tier
+    once: frozenset[str] = frozenset()    # kinds of one layer: held whole on CUDA (`weight_slots.held_whole`)
+
+    def held(self, device_type: str) -> frozenset[str]:
+        """The kinds the executor holds whole on a `device_type` device, whatever the weight fractions."""
+        return self.once if device_type == "cuda" else frozenset()
+
+    def tiers(self, kl: KindLayout, w_gpu: float, w_cpu: float, device_type: str) -> list[Tier]:
+        """The tier of each of group kl's tensors under these policy fractions, as the executor places them."""
+        if kl.kind in self.held(device_type):
+            return [Tier.GPU] * len(kl.stored)
+        return weight_tiers(list(kl.stored), w_gpu, w_cpu)
+
+    def held_fraction(self, device_type: str) -> float:
+        """The fraction of all weight bytes the held kinds take: on the gpu under every policy."""
+        held = self.held(device_type)
+        return sum(kl.count * sum(kl.stored) for kl in self.kinds if kl.kind in held) / (self.total_bytes or 1)
 
 
 def model_layout(config: ModelConfig, bytes_per_element: int, compress_weights: bool) -> ModelLayout:
@@ -115,7 +133,8 @@ def model_layout(config: ModelConfig, bytes_per_element: int, compress_weights: 
             start += size
     total_bytes = sum(k.count * sum(k.stored) for k in kinds)
     attention_js = tuple(sorted(j for key, group in js.items() if key[0] == "attention" for j in group))
-    return ModelLayout(tuple(kinds), J, attention_js, total_bytes, tuple(sorted(mids)))
+    once = held_whole([spec.kind for spec in specs], "cuda")
+    return ModelLayout(tuple(kinds), J, attention_js, total_bytes, tuple(sorted(mids)), once)
 
 
 def _buffer_bytes(layout: ModelLayout, size_of, slotted: bool = True) -> int:
@@ -202,7 +221,7 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
     dtype, e = dtype_of_size(bytes_per_element), bytes_per_element
     cuda = device_type == "cuda"
     mem = {t: 0 for t in TIERS}
-    tiers = {id(kl): weight_tiers(list(kl.stored), policy.w_gpu, policy.w_cpu) for kl in layout.kinds}
+    tiers = {id(kl): layout.tiers(kl, policy.w_gpu, policy.w_cpu, device_type) for kl in layout.kinds}
     for kl in layout.kinds:
         for stored, tier in zip(kl.stored, tiers[id(kl)]):
             mem[tier.value] += kl.count * stored
@@ -291,7 +310,10 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
     g, K, L = policy.gpu_batch_size, policy.num_gpu_batches, len(layout.attention_js)
     P, S, hd, nkv = prompt_len, prompt_len + gen_len - 1, config.head_dim, config.num_key_value_heads
     cc = policy.compress_cache
-    buffers = _buffer_bytes(layout, lambda kl, n: kl.stored[n])             # every tensor off the gpu
+    # every streamed tensor off the gpu: all of them once the share off the gpu is 1 - held_fraction
+    held, held_kinds = layout.held_fraction(device_type), layout.held(device_type)
+    streamed = _buffer_bytes(layout, lambda kl, n: kl.stored[n] * (kl.kind not in held_kinds))
+    buffers = streamed / (1.0 - held) if held < 1.0 else 0.0
     dequant = _buffer_bytes(layout, lambda kl, n: kl.dense[n] * kl.packed[n], slotted=False)
     prefix = batch_prefix_len(shared_prefix_len, g)
     once = prefix_held_once(device_type, cc)
@@ -326,11 +348,13 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
     return {"gpu": gpu, "cpu": cpu, "disk": disk}
 
 
-def weight_fraction_on(layout: ModelLayout, w_gpu: float, w_cpu: float) -> tuple[float, float]:
-    """(gpu, cpu) fractions of all weight bytes the executor places for these policy fractions."""
+def weight_fraction_on(layout: ModelLayout, w_gpu: float, w_cpu: float,
+                       device_type: str = "cpu") -> tuple[float, float]:
+    """(gpu, cpu) fractions of all weight bytes the executor places for these policy fractions on a
+    `device_type` device (on CUDA the held kinds count on the gpu)."""
     on = {t: 0 for t in Tier}
     for kl in layout.kinds:
-        for size, tier in zip(kl.stored, weight_tiers(list(kl.stored), w_gpu, w_cpu)):
+        for size, tier in zip(kl.stored, layout.tiers(kl, w_gpu, w_cpu, device_type)):
             on[tier] += kl.count * size
     total = layout.total_bytes or 1
     return on[Tier.GPU] / total, on[Tier.CPU] / total
@@ -344,9 +368,11 @@ def split_fraction_on(n: int, gpu: float, cpu: float) -> tuple[float, float]:
     return on[Tier.GPU] / n, on[Tier.CPU] / n
 
 
-def realized_placement(config: ModelConfig, layout: ModelLayout, policy: Policy) -> np.ndarray:
-    """The fractions of bytes [6] (VARS order) the executor really puts on gpu/cpu for `policy`."""
-    wg, wc = weight_fraction_on(layout, policy.w_gpu, policy.w_cpu)
+def realized_placement(config: ModelConfig, layout: ModelLayout, policy: Policy,
+                       device_type: str = "cpu") -> np.ndarray:
+    """The fractions of bytes [6] (VARS order) the executor really puts on gpu/cpu for `policy` on a
+    `device_type` device."""
+    wg, wc = weight_fraction_on(layout, policy.w_gpu, policy.w_cpu, device_type)
     cg, ccpu = split_fraction_on(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu)
     ag, ac = split_fraction_on(config.hidden_size, policy.act_gpu, policy.act_cpu)
     return np.array([wg, wc, cg, ccpu, ag, ac])

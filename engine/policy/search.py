@@ -8,7 +8,8 @@ see `cost_model.SlotCosts`) the placement fractions x [6] and two layer times t_
     subject to channel_c(x) <= t_pre for every prefill channel   (sum of channels <= t_pre without overlap)
                channel_c(x) <= t_gen for every decode channel
                memory_tier(x) <= relax_tier * budget_tier         (tier in gpu, cpu, disk)
-               w_gpu + w_cpu <= 1, cache_gpu + cache_cpu <= 1, act_gpu + act_cpu <= 1, 0 <= x <= 1
+               w_gpu + w_cpu <= 1, cache_gpu + cache_cpu <= 1, act_gpu + act_cpu <= 1, 0 <= x <= 1,
+               w_gpu >= the share of the kinds held whole on the device (`CostTerms.w_gpu_min`)
 The LP's fractions are then rounded to placements the executor realizes exactly (weights move as whole
 tensors, the cache as whole kv heads: `memory.weight_settings`, `split_ranges`); the fastest rounding whose
 exact memory (`memory.peak_memory`, the executor's own accounting) fits the relaxed budgets is kept, and
@@ -55,10 +56,12 @@ def candidate_shapes(num_prompts: int | None, gpu_batch_sizes: Sequence[int] = G
     return sorted(shapes)
 
 
-def _solve(terms: CostTerms, limits: dict[str, float], resident: bool) -> np.ndarray | None:
+def _solve(terms: CostTerms, limits: dict[str, float], resident: bool,
+           weights: tuple[float, float] | None = None) -> np.ndarray | None:
     """The LP's optimal placement x [6] in one slot regime, or None when infeasible: `resident` keeps the
     whole cache and every hidden state on the gpu and charges the resident slot time; otherwise the
-    placement is free and every slot extra is charged (`SlotCosts.regime_seconds`)."""
+    placement is free and every slot extra is charged (`SlotCosts.regime_seconds`). `weights`: the
+    (gpu, cpu) weight shares fixed at these values."""
     n_vars = NUM_VARS + 2                                   # x, t_pre, t_gen
     rows, rhs = [], []
 
@@ -89,6 +92,10 @@ def _solve(terms: CostTerms, limits: dict[str, float], resident: bool) -> np.nda
     # tie-break among equally fast placements: prefer gpu over cpu over disk (no effect on the optimum)
     cost[:NUM_VARS] = -_TIE_BREAK * terms.num_layers * terms.gen_len * np.tile([2.0, 1.0], NUM_VARS // 2)
     bounds = [(0.0, 1.0)] * NUM_VARS + [(0.0, None)] * 2
+    bounds[VARS.index("w_gpu")] = (min(1.0, terms.w_gpu_min), 1.0)   # the kinds held whole (embedding, head)
+    if weights is not None:
+        bounds[VARS.index("w_gpu")] = (weights[0], weights[0])
+        bounds[VARS.index("w_cpu")] = (weights[1], weights[1])
     if resident:
         for name in ("cache_gpu", "act_gpu"):
             bounds[VARS.index(name)] = (1.0, 1.0)
@@ -118,14 +125,18 @@ def _grid(n: int, target: float) -> list[float]:
     return sorted({min(n, max(0, math.floor(target * n + 1e-9))) / n, min(n, max(0, math.ceil(target * n - 1e-9))) / n})
 
 
-def _realizations(config: ModelConfig, layout: ModelLayout, shape: Policy, x: np.ndarray) -> list[Policy]:
+def _realizations(config: ModelConfig, layout: ModelLayout, shape: Policy, x: np.ndarray,
+                  device_type: str) -> list[Policy]:
     """Policies near the LP's fractions x [6] that the executor places exactly as stated: weights split at
-    tensor boundaries, the cache at kv-head boundaries, hidden states at feature boundaries."""
+    tensor boundaries, the cache at kv-head boundaries, hidden states at feature boundaries; and each of
+    these with every hidden state on the gpu (the free regime's LP pays the parked-hidden-state extra
+    whether or not any leave the gpu, so it parks them where memory is free; the exact cost does not)."""
     settings = weight_settings(layout)
-    realized = [weight_fraction_on(layout, v, 0.0)[0] for v in settings]
+    realized = [weight_fraction_on(layout, v, 0.0, device_type)[0] for v in settings]
     nkv, h = config.num_key_value_heads, config.hidden_size
     ag = round(x[4] * h) / h
     ac = max(0.0, min(1.0, round((x[4] + x[5]) * h) / h) - ag)
+    acts = [(ag, ac)] + ([(1.0, 0.0)] if ag < 1.0 else [])
     out = []
     for wg in _floor_ceil(settings, realized, x[0]):
         for wu in _floor_ceil(settings, realized, x[0] + x[1]):
@@ -135,8 +146,9 @@ def _realizations(config: ModelConfig, layout: ModelLayout, shape: Policy, x: np
                 for cu in _grid(nkv, x[2] + x[3]):
                     if cu < cg:
                         continue
-                    out.append(replace(shape, w_gpu=wg, w_cpu=round(wu - wg, 9), cache_gpu=cg,
-                                       cache_cpu=round(cu - cg, 9), act_gpu=ag, act_cpu=ac))
+                    out.extend(replace(shape, w_gpu=wg, w_cpu=round(wu - wg, 9), cache_gpu=cg,
+                                       cache_cpu=round(cu - cg, 9), act_gpu=a_gpu, act_cpu=a_cpu)
+                               for a_gpu, a_cpu in acts)
     return out
 
 
@@ -159,35 +171,72 @@ def _best_realization(config: ModelConfig, layout: ModelLayout, shape: Policy, t
     return max(found, key=lambda c: c.tokens_per_s, default=None), feasible
 
 
+def _fitting_best(config: ModelConfig, layout: ModelLayout, policies: list[Policy], terms: CostTerms,
+                  workload: Workload, profile: HardwareProfile, bytes_per_element: int,
+                  limits: dict[str, float]) -> tuple[_Candidate | None, dict[str, float]]:
+    """(the fastest of `policies` whose exact memory fits `limits`, or None; the largest overshoot per tier
+    of those that do not fit)."""
+    best, overshoot = None, {t: 0.0 for t in TIERS}
+    for policy in policies:
+        est = estimate(config, policy, workload, profile, bytes_per_element, layout=layout, terms=terms)
+        over = {t: est.peak_memory_bytes[t] - limits[t] for t in TIERS}
+        if all(v <= 0 for v in over.values()):
+            if best is None or est.tokens_per_s > best.tokens_per_s * (1 + 1e-9):
+                best = _Candidate(est.tokens_per_s, policy, est)
+        else:
+            overshoot = {t: max(overshoot[t], over[t]) for t in TIERS}
+    return best, overshoot
+
+
 def _regime_realization(config: ModelConfig, layout: ModelLayout, shape: Policy, terms: CostTerms,
                         workload: Workload, profile: HardwareProfile, bytes_per_element: int,
                         limits: dict[str, float], resident: bool,
                         retries: int = 4) -> tuple[_Candidate | None, bool]:
     """Solve the regime's LP, round its placement to what the executor realizes, keep the fastest rounding
-    (costed at its exact placement) whose exact memory fits `limits`; when none fits, tighten the LP's
-    limits by the overshoot (doubled at every retry: weights round to whole tensors, so a small step can
-    leave the rounding where it was) and solve again. Returns (candidate or None, whether the first LP,
-    at `limits`, was feasible)."""
+    (costed at its exact placement) whose exact memory fits `limits`. When none fits, branch on the weight
+    rounding first: weights move as whole tensors, so the LP's weight share rounds to a setting whose bytes
+    can be far from it; for each weight setting the rounding tried, the LP is solved again with the weights
+    fixed there, and the cache and hidden states placed around them (the weights on the cpu with part of the
+    cache on the gpu, where the LP's weights past a tensor boundary fit neither way). When that finds none
+    either, tighten the LP's limits by the overshoot (doubled at every retry: a small step can leave the
+    rounding where it was) and solve again. Returns (candidate or None, whether the first LP, at `limits`,
+    was feasible)."""
+    args = (terms, workload, profile, bytes_per_element, limits)
     lp_limits = dict(limits)
     for attempt in range(retries + 1):
         x = _solve(terms, lp_limits, resident)
         if x is None:
             return None, attempt > 0
-        best, overshoot = None, {t: 0.0 for t in TIERS}
-        for policy in _realizations(config, layout, shape, _snap(x)):
-            est = estimate(config, policy, workload, profile, bytes_per_element, layout=layout, terms=terms)
-            over = {t: est.peak_memory_bytes[t] - limits[t] for t in TIERS}
-            if all(v <= 0 for v in over.values()):
-                if best is None or est.tokens_per_s > best.tokens_per_s * (1 + 1e-9):
-                    best = _Candidate(est.tokens_per_s, policy, est)
-            else:
-                overshoot = {t: max(overshoot[t], over[t]) for t in TIERS}
+        rounded = _realizations(config, layout, shape, _snap(x), profile.device_type)
+        best, overshoot = _fitting_best(config, layout, rounded, *args)
+        if best is None and attempt == 0:
+            best = _weight_branches(config, layout, shape, rounded, limits, resident, *args)
         if best is not None:
             return best, True
         for tier in TIERS:
             if overshoot[tier] > 0:
                 lp_limits[tier] -= overshoot[tier] * 2 ** attempt
     return None, True
+
+
+def _weight_branches(config: ModelConfig, layout: ModelLayout, shape: Policy, rounded: list[Policy],
+                     lp_limits: dict[str, float], resident: bool, terms: CostTerms, workload: Workload,
+                     profile: HardwareProfile, bytes_per_element: int,
+                     limits: dict[str, float]) -> _Candidate | None:
+    """The fastest fitting realization of the LP re-solved with the weights fixed at each distinct weight
+    setting of `rounded` (its realized byte shares), or None."""
+    best = None
+    for wg, wc in sorted({(p.w_gpu, p.w_cpu) for p in rounded}):
+        on_gpu, on_cpu = weight_fraction_on(layout, wg, wc, profile.device_type)
+        x = _solve(terms, lp_limits, resident, weights=(on_gpu, on_cpu))
+        if x is None:
+            continue
+        kept = [p for p in _realizations(config, layout, shape, _snap(x), profile.device_type)
+                if (p.w_gpu, p.w_cpu) == (wg, wc)]
+        found, _ = _fitting_best(config, layout, kept, terms, workload, profile, bytes_per_element, limits)
+        if found is not None and (best is None or found.tokens_per_s > best.tokens_per_s * (1 + 1e-9)):
+            best = found
+    return best
 
 
 def search_top(

@@ -10,11 +10,25 @@ pipeline stage holding one kind twice in a row).
 When a buffer is free again is `engine.runtime.weight_homes`' business: a 4-bit buffer once its dequantization
 into the compute's dense copy has run (so the next layer of the kind streams in while this one's GEMMs run),
 a dense one once every compute issued before its load has run.
+
+A kind with one layer per step (the embedding, the head) would stream into buffers of its own size, which no
+other layer shares: on an accelerator such a kind is held whole on the device instead (`held_whole`), for
+the same device memory, less host memory and no copy per step.
 """
 from __future__ import annotations
 
 from collections import Counter
 from typing import Sequence
+
+
+def held_whole(kinds: Sequence[str], device_type: str) -> frozenset[str]:
+    """The layer kinds whose weights live on the device whatever the policy's weight fractions: on CUDA,
+    every kind with one layer among `kinds` (an executor's specs, in order) when there are several layers,
+    so its one buffer slot would be as large as its home. Elsewhere none (the cpu tier is compute memory)."""
+    if device_type != "cuda" or len(kinds) < 2:
+        return frozenset()
+    counts = Counter(kinds)
+    return frozenset(kind for kind, n in counts.items() if n == 1)
 
 
 class WeightSlots:

@@ -23,7 +23,7 @@ from engine.policy.memory import pipelines_host_attention
 from engine.policy.partition import Stage
 from engine.policy.policy import Policy
 from engine.policy.prefix import MIN_SHARED_PREFIX, prefix_held_once
-from engine.policy.weight_slots import WeightSlots
+from engine.policy.weight_slots import WeightSlots, held_whole
 from engine.policy.working import (
     DECODE_CHUNK_BYTES, PREFILL_CHUNK_TOKENS, row_chunks, staged_kv_heads, working_bytes,
 )
@@ -91,7 +91,8 @@ class Executor:
         try:
             with torch.inference_mode():
                 self.weights = WeightHomes(loaded, self.specs, w_gpu=policy.w_gpu, w_cpu=policy.w_cpu, dtype=dtype,
-                                           quant=self.wquant, arena=self.arena, disk_dir=disk_dir)
+                                           quant=self.wquant, arena=self.arena, disk_dir=disk_dir,
+                                           held=held_whole(self.slots.kinds, self.device.type))
         except BaseException:
             self.close()
             raise

@@ -1,6 +1,8 @@
 """Weight homes: every layer's tensors placed on gpu/cpu/disk, and their loads into device buffers.
 
-Placement per layer by cumulative-size fractions (`weight_tiers`), in stored size: 4-bit where
+Placement per layer by cumulative-size fractions (`weight_tiers`), except the kinds `held` whole on the device
+(`engine.policy.weight_slots.held_whole`: on CUDA the embedding and the head, whose streamed copy would need a
+device buffer as large as the home), in stored size: 4-bit where
 `engine.models.weights.stored_quant` says (an int4 checkpoint's packed weights in the checkpoint's own groups,
 read packed from the source and kept bit for bit; other quantizable weights with `compress_weights`), dense
 otherwise. gpu homes live on the compute device; cpu homes in
@@ -59,9 +61,11 @@ def _quantize_rows(x: torch.Tensor, quant: QuantConfig, device: torch.device) ->
 
 class WeightHomes:
     def __init__(self, loaded, specs: list[LayerSpec], *, w_gpu: float, w_cpu: float, dtype: torch.dtype,
-                 quant: QuantConfig | None, arena: Arena, disk_dir: Path | None):
+                 quant: QuantConfig | None, arena: Arena, disk_dir: Path | None,
+                 held: frozenset[str] = frozenset()):
         """`quant`: the policy's weight compression (None: compress_weights off); an int4 checkpoint's packed
-        weights are held in its own groups either way (`stored_quant`)."""
+        weights are held in its own groups either way (`stored_quant`). `held`: layer kinds placed on the
+        gpu tier whatever w_gpu says."""
         self.specs, self.dtype, self.quant, self.arena = specs, dtype, quant, arena
         self.int4 = loaded.config.quantization_config
         self.device = arena.device
@@ -79,7 +83,7 @@ class WeightHomes:
             quants = [stored_quant(loaded.config, spec.weights[n], quant) for n in names]
             sizes = [qtensor_nbytes(spec.weights[n].shape, dtype, q) if q else spec.weights[n].numel * esize
                      for n, q in zip(names, quants)]
-            tiers = weight_tiers(sizes, w_gpu, w_cpu)
+            tiers = [Tier.GPU] * len(sizes) if spec.kind in held else weight_tiers(sizes, w_gpu, w_cpu)
             source: dict[str, Stored] = {}
             read: list[bool] = []
 

@@ -1,0 +1,56 @@
+"""The embedding and the head held whole on CUDA: the rule, the memory model's accounting, the cost model."""
+import pytest
+
+from engine.models.hf_config import config_from_hf
+from engine.models.presets import PRESETS
+from engine.policy.cost_model import Workload, estimate
+from engine.policy.hardware import reference_profile
+from engine.policy.memory import executor_memory, model_layout, weight_fraction_on
+from engine.policy.policy import Policy
+from engine.policy.weight_slots import held_whole
+
+H200 = reference_profile("h200")
+WORKLOAD = Workload(prompt_len=512, gen_len=32)
+
+
+def test_one_layer_kinds_are_held_on_cuda_only():
+    kinds = ["embed", "attention", "mlp", "attention", "mlp", "head"]
+    assert held_whole(kinds, "cuda") == {"embed", "head"}
+    assert held_whole(kinds, "cpu") == frozenset()
+    assert held_whole(["embed"], "cuda") == frozenset()            # one layer: its buffer would alternate
+
+
+@pytest.mark.parametrize("name, compress", [("llama-3-70b", True), ("opt-30b", False), ("mixtral-8x7b", True)])
+def test_holding_costs_no_device_memory_and_frees_the_host_copy(name, compress):
+    """All weights streamed: on CUDA the held kinds' homes take their buffers' place (the same gpu bytes),
+    the host keeps no copy of them, and the realized gpu share of weights is theirs."""
+    c = config_from_hf(PRESETS[name])
+    layout = model_layout(c, 2, compress)
+    policy = Policy(gpu_batch_size=16, w_gpu=0.0, w_cpu=1.0, compress_weights=compress, compress_cache=compress)
+    held = executor_memory(c, layout, policy, 512, 32, 2, "cuda")
+    # the same placement without the rule: every kind streamed through its buffers (the CPU device's view,
+    # with cpu homes that need buffers, as on CUDA)
+    edges = sum(kl.count * sum(kl.stored) for kl in layout.kinds if kl.kind in ("embed", "head"))
+    assert layout.held("cuda") == {"embed", "head"}
+    assert layout.held_fraction("cuda") == pytest.approx(edges / layout.total_bytes)
+    assert weight_fraction_on(layout, 0.0, 1.0, "cuda")[0] == pytest.approx(edges / layout.total_bytes)
+    assert weight_fraction_on(layout, 0.0, 1.0, "cpu")[0] == 0.0
+    streamed_cpu = layout.total_bytes - edges
+    assert held["cpu"] >= streamed_cpu
+    assert held["cpu"] - streamed_cpu < edges                   # no host copy of the held kinds
+    full = executor_memory(c, layout, Policy(gpu_batch_size=16, compress_weights=compress,
+                                             compress_cache=compress), 512, 32, 2, "cuda")
+    assert held["gpu"] < full["gpu"]
+
+
+def test_held_kinds_are_not_moved_per_step():
+    """The cost model charges no copy for the held kinds: streaming everything predicts a faster decode on
+    CUDA than the same bytes spread over every layer would (the h2d channel bounds this decode)."""
+    c = config_from_hf(PRESETS["llama-3-70b"])
+    policy = Policy(gpu_batch_size=64, w_gpu=0.0, w_cpu=1.0, compress_weights=True, compress_cache=True)
+    layout = model_layout(c, 2, True)
+    est = estimate(c, policy, WORKLOAD, H200)
+    assert est.decode_bottleneck == "cpu->gpu"
+    moved = (1.0 - layout.held_fraction("cuda")) * layout.total_bytes
+    step = est.decode_s / (WORKLOAD.gen_len - 1)
+    assert step == pytest.approx(moved / (H200.h2d_gib_s * 2**30), rel=0.02)
