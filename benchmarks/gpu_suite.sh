@@ -125,7 +125,8 @@ fi
 if [[ $what == moe-pair ]]; then
   # issue 17's Accelerate ratio in one call: ours (1,024 rows, auto; ~2.3 min in stop 28) first, then Accelerate on
   # 256 rows x MOE_PEER_GEN (4) new tokens (~1.7 min: build 22 s, place 2 s, warm-up 16 s, 4 steps of 12-16 s);
-  # its record carries prefill_s, decode_step_s and projected_tokens_per_s_at_workload_gen (gen 128)
+  # its record carries prefill_s, decode_step_s and projected_tokens_per_s_at_workload_gen (gen 128); one run id
+  export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-pair-$(date -u +%Y%m%dT%H%M%SZ)}
   { python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --rows 1024 \
       --plan-profile reference --trials 0 --policy auto --out "$OUT/throughput_moe-accelerate.jsonl"
     python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --system accelerate \

@@ -3,26 +3,47 @@
 Per step every layer's weights that do not live on the compute device cross the link once: the weight
 floor is max(bytes off the device / h2d bandwidth, bytes on disk / disk read bandwidth), with the bytes
 from the executor's own placement (`memory.weight_fraction_on`: whole tensors per tier, the embedding and
-the head held on a GPU; on a CPU-only machine the cpu tier is compute memory, so only disk bytes move). The compute floor is the step's matmul
-and attention FLOPs at the device's large-matmul rate (prefill: every prompt token; decode: one per row).
-A step's floor is the larger of the two; a block's is its prefill's plus (gen - 1) decode steps'.
+the head held on a GPU; on a CPU-only machine the cpu tier is compute memory, so only disk bytes move).
+A decode step with GPU attention over a cache homed off the device also moves that cache's attended
+positions over the same link (the rows' own positions: a shared prefix held once stays on the device), so
+its transfer floor is (weights + cache off the device) / h2d bandwidth; with CPU attention the cache stays
+where it is. The compute floor is the step's matmul and attention FLOPs at the device's large-matmul rate
+(prefill: every prompt token; decode: one per row). A step's floor is the larger of the two; a block's is
+its prefill's plus (gen - 1) decode steps'.
 """
 from __future__ import annotations
 
 from engine.models.config import ModelConfig
 from engine.policy import model_stats as ms
 from engine.policy.hardware import GIB, HardwareProfile
-from engine.policy.memory import model_layout, weight_fraction_on
+from engine.policy.memory import model_layout, split_fraction_on, weight_fraction_on
 from engine.policy.policy import Policy
+from engine.policy.prefix import batch_prefix_len, prefix_held_once
 
 
-def weight_floor_s(config: ModelConfig, policy: Policy, profile: HardwareProfile, bytes_per_element: int) -> float:
-    """Seconds to move the weights that are not on the compute device once (one step's weight traffic)."""
+def weight_floor_s(config: ModelConfig, policy: Policy, profile: HardwareProfile, bytes_per_element: int,
+                   extra_h2d_bytes: float = 0.0) -> float:
+    """Seconds to move the weights that are not on the compute device once (one step's weight traffic),
+    with `extra_h2d_bytes` more on the host->device link."""
     layout = model_layout(config, bytes_per_element, policy.compress_weights)
     on_gpu, on_cpu = weight_fraction_on(layout, policy.w_gpu, policy.w_cpu, profile.device_type)
     disk = max(0.0, 1.0 - on_gpu - on_cpu) * layout.total_bytes
-    off = disk if profile.device_type == "cpu" else (1.0 - on_gpu) * layout.total_bytes
+    if profile.device_type == "cpu":
+        return disk / (profile.disk_read_gib_s * GIB)
+    off = (1.0 - on_gpu) * layout.total_bytes + extra_h2d_bytes
     return max(off / (profile.h2d_gib_s * GIB), disk / (profile.disk_read_gib_s * GIB))
+
+
+def cache_load_bytes(config: ModelConfig, policy: Policy, profile: HardwareProfile, bytes_per_element: int, *,
+                     rows: int, own_context_len: float) -> float:
+    """Bytes of one decode step's cache that GPU attention loads onto the device: the off-device kv heads
+    of `rows` rows' own `own_context_len` positions (mean over the step) in every attention layer; 0 with
+    CPU attention or on a CPU-only machine."""
+    if policy.cpu_attention or profile.device_type == "cpu":
+        return 0.0
+    on_gpu, _ = split_fraction_on(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu)
+    per_token = ms.kv_bytes_per_token(config, bytes_per_element, policy.compress_cache)   # one layer
+    return rows * own_context_len * config.num_hidden_layers * per_token * (1.0 - on_gpu)
 
 
 def compute_floor_s(config: ModelConfig, tokens: float, context_len: float, rows: int,
@@ -36,18 +57,25 @@ def compute_floor_s(config: ModelConfig, tokens: float, context_len: float, rows
 
 
 def roofline(config: ModelConfig, policy: Policy, profile: HardwareProfile, *, rows: int, prefill_tokens: int,
-             prompt_len: int, gen_len: int, bytes_per_element: int = 2) -> dict[str, float]:
+             prompt_len: int, gen_len: int, bytes_per_element: int = 2, prefix_len: int = 0) -> dict[str, float]:
     """The floor of generating `gen_len` tokens for `rows` rows in blocks of `policy.block_size`:
-    per-step weight and compute floors, prefill/decode/total floor seconds (every block), and the bound in
-    generated tokens per second. `prefill_tokens`: tokens the prefill computes over all rows (a shared
-    prefix once per GPU batch)."""
+    per-step weight, cache-load and compute floors, prefill/decode/total floor seconds (every block), and
+    the bound in generated tokens per second. `prefill_tokens`: tokens the prefill computes over all rows (a
+    shared prefix once per GPU batch); `prefix_len`: the run's shared prefix (held once on the device where
+    `prefix.prefix_held_once` says, so the decode loads only the rows' own positions)."""
     blocks = -(-rows // policy.block_size)
     w = weight_floor_s(config, policy, profile, bytes_per_element)
+    held = batch_prefix_len(prefix_len, policy.gpu_batch_size) \
+        if prefix_held_once(profile.device_type, policy.compress_cache) else 0
+    kv = cache_load_bytes(config, policy, profile, bytes_per_element, rows=min(rows, policy.block_size),
+                          own_context_len=prompt_len - held + gen_len / 2)
+    w_decode = weight_floor_s(config, policy, profile, bytes_per_element, extra_h2d_bytes=kv)
     prefill_c = compute_floor_s(config, prefill_tokens, prompt_len / 2, rows, profile)
     decode_c = compute_floor_s(config, rows, prompt_len + gen_len / 2, rows, profile) / blocks
     prefill = blocks * max(w, prefill_c / blocks)
-    decode = blocks * (gen_len - 1) * max(w, decode_c / blocks)
+    decode = blocks * (gen_len - 1) * max(w_decode, decode_c / blocks)
     total = prefill + decode
-    return {"weight_floor_step_s": w, "prefill_compute_floor_s": prefill_c, "prefill_floor_s": prefill,
-            "decode_floor_step_s": max(w, decode_c / blocks), "decode_floor_s": decode, "floor_s": total,
+    return {"weight_floor_step_s": w, "cache_load_step_bytes": kv, "decode_transfer_floor_step_s": w_decode,
+            "prefill_compute_floor_s": prefill_c, "prefill_floor_s": prefill,
+            "decode_floor_step_s": max(w_decode, decode_c / blocks), "decode_floor_s": decode, "floor_s": total,
             "roofline_tokens_per_s": rows * gen_len / total if total > 0 else None, "blocks": blocks}

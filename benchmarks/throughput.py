@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 g = policy.gpu_batch_size
                 prefill_tokens = rows * (args.prompt_len - prefix_len) + -(-rows // g) * prefix_len
                 floor = roofline(config, policy, profile, rows=rows, prefill_tokens=prefill_tokens,
-                                 prompt_len=args.prompt_len, gen_len=args.gen_len,
+                                 prompt_len=args.prompt_len, gen_len=args.gen_len, prefix_len=prefix_len,
                                  bytes_per_element=torch.empty((), dtype=dtype).element_size())
                 one: dict | None = None
                 for n in gpus:

@@ -1,0 +1,44 @@
+"""benchmarks/roofline.py: the transfer floor counts what the policy must move per decode step."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from roofline import cache_load_bytes, roofline  # noqa: E402
+
+from engine.models.hf_config import config_from_hf  # noqa: E402
+from engine.models.presets import PRESETS  # noqa: E402
+from engine.policy import model_stats as ms  # noqa: E402
+from engine.policy.hardware import GIB, reference_profile  # noqa: E402
+from engine.policy.policy import Policy  # noqa: E402
+
+H200 = reference_profile("h200")
+MIXTRAL = config_from_hf(PRESETS["mixtral-8x7b"])
+HOST_CACHE = Policy(gpu_batch_size=1024, w_gpu=0.5, w_cpu=0.5, cache_gpu=0.0, cache_cpu=1.0,
+                    compress_weights=True, compress_cache=True)
+
+
+def test_gpu_attention_over_a_host_cache_loads_its_own_positions():
+    own = 77 + 64
+    want = 1024 * own * MIXTRAL.num_hidden_layers * ms.kv_bytes_per_token(MIXTRAL, 2, True)
+    assert cache_load_bytes(MIXTRAL, HOST_CACHE, H200, 2, rows=1024, own_context_len=own) == pytest.approx(want)
+    half = Policy.from_dict({**HOST_CACHE.to_dict(), "cache_gpu": 0.5, "cache_cpu": 0.5})
+    assert cache_load_bytes(MIXTRAL, half, H200, 2, rows=1024, own_context_len=own) == pytest.approx(want / 2)
+    on_gpu = Policy.from_dict({**HOST_CACHE.to_dict(), "cache_gpu": 1.0, "cache_cpu": 0.0})
+    host_attention = Policy.from_dict({**HOST_CACHE.to_dict(), "cpu_attention": True})
+    for p in (on_gpu, host_attention):
+        assert cache_load_bytes(MIXTRAL, p, H200, 2, rows=1024, own_context_len=own) == 0.0
+
+
+def test_decode_floor_adds_the_cache_to_the_weights_on_the_link():
+    kw = dict(rows=1024, prefill_tokens=1024 * 77, prompt_len=77, gen_len=128)
+    host = roofline(MIXTRAL, HOST_CACHE, H200, **kw)
+    assert host["decode_transfer_floor_step_s"] == pytest.approx(
+        host["weight_floor_step_s"] + host["cache_load_step_bytes"] / (H200.h2d_gib_s * GIB))
+    assert host["decode_floor_step_s"] >= host["decode_transfer_floor_step_s"]
+    # a shared prefix held once on the device is not loaded: fewer bytes with the same rows
+    shared = roofline(MIXTRAL, HOST_CACHE, H200, **{**kw, "prompt_len": 200}, prefix_len=150)
+    alone = roofline(MIXTRAL, HOST_CACHE, H200, **{**kw, "prompt_len": 200})
+    assert shared["cache_load_step_bytes"] < alone["cache_load_step_bytes"] / 2
