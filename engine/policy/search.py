@@ -12,8 +12,11 @@ see `cost_model.SlotCosts`) the placement fractions x [6] and two layer times t_
                w_gpu >= the share of the kinds held whole on the device (`CostTerms.w_gpu_min`)
 The LP's fractions are then rounded to placements the executor realizes exactly (weights move as whole
 tensors, the cache as whole kv heads: `memory.weight_settings`, `split_ranges`); the fastest rounding whose
-exact memory (`memory.peak_memory`, the executor's own accounting) fits the relaxed budgets is kept, and
-when none fits the LP is solved again with the overshoot (doubled at each retry) taken off the budgets.
+exact memory (`memory.peak_memory`, the executor's own accounting) fits the relaxed budgets is kept; when
+none fits, the LP is solved again with the weights fixed at each weight setting the rounding tried (whole
+tensors can land far from the LP's share), and then, if still none fits, with the overshoot (doubled at each
+retry) taken off the budgets. On CUDA the embedding and the head are held on the device (`w_gpu >= their
+share`: `weight_slots.held_whole`).
 The shape with the highest predicted throughput wins (ties: the smaller block); `search_top` returns the
 best few for trials. Times are scaled to ms and bytes to GiB inside the LP for conditioning.
 """
@@ -210,7 +213,7 @@ def _regime_realization(config: ModelConfig, layout: ModelLayout, shape: Policy,
         rounded = _realizations(config, layout, shape, _snap(x), profile.device_type)
         best, overshoot = _fitting_best(config, layout, rounded, *args)
         if best is None and attempt == 0:
-            best = _weight_branches(config, layout, shape, rounded, limits, resident, *args)
+            best = _weight_branches(config, layout, shape, rounded, resident, *args)
         if best is not None:
             return best, True
         for tier in TIERS:
@@ -220,15 +223,14 @@ def _regime_realization(config: ModelConfig, layout: ModelLayout, shape: Policy,
 
 
 def _weight_branches(config: ModelConfig, layout: ModelLayout, shape: Policy, rounded: list[Policy],
-                     lp_limits: dict[str, float], resident: bool, terms: CostTerms, workload: Workload,
-                     profile: HardwareProfile, bytes_per_element: int,
-                     limits: dict[str, float]) -> _Candidate | None:
+                     resident: bool, terms: CostTerms, workload: Workload, profile: HardwareProfile,
+                     bytes_per_element: int, limits: dict[str, float]) -> _Candidate | None:
     """The fastest fitting realization of the LP re-solved with the weights fixed at each distinct weight
     setting of `rounded` (its realized byte shares), or None."""
     best = None
     for wg, wc in sorted({(p.w_gpu, p.w_cpu) for p in rounded}):
         on_gpu, on_cpu = weight_fraction_on(layout, wg, wc, profile.device_type)
-        x = _solve(terms, lp_limits, resident, weights=(on_gpu, on_cpu))
+        x = _solve(terms, limits, resident, weights=(on_gpu, on_cpu))
         if x is None:
             continue
         kept = [p for p in _realizations(config, layout, shape, _snap(x), profile.device_type)
