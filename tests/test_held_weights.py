@@ -54,3 +54,18 @@ def test_held_kinds_are_not_moved_per_step():
     moved = (1.0 - layout.held_fraction("cuda")) * layout.total_bytes
     step = est.decode_s / (WORKLOAD.gen_len - 1)
     assert step == pytest.approx(moved / (H200.h2d_gib_s * 2**30), rel=0.02)
+
+
+def test_the_plan_says_what_is_held():
+    """A plan for a GPU names the held kinds and their share, so "weights gpu 0.0%" is not read literally."""
+    from engine.policy.estimate import Budgets
+    from engine.policy.hardware import GIB
+    from engine.policy.search import search
+
+    c = config_from_hf(PRESETS["llama-3-70b"])
+    est = search(c, Workload(200, 10, num_prompts=1536, shared_prefix_len=150), Budgets(16 * GIB, 100 * GIB),
+                 H200, compress_weights=True, compress_cache=True)
+    held = est.context["held_weights"]
+    assert held["kinds"] == ["embed", "head"]
+    assert held["share"] == pytest.approx(model_layout(c, 2, True).held_fraction("cuda"))
+    assert "embed, head held on the gpu" in est.explain()

@@ -84,6 +84,11 @@ class PolicyEstimate:
             shares = [getattr(p, f"{name}_{tier}") for tier in TIERS]
             text = "  ".join(f"{tier} {100 * v:5.1f}%" for tier, v in zip(TIERS, shares))
             lines.append(f"  {label:<10} {text}" + ("  (4-bit)" if compressed else ""))
+            held = ctx.get("held_weights") if name == "w" else None
+            if held:
+                lines.append(f"  {'':<10} {', '.join(held['kinds'])} held on the gpu whatever the share says "
+                             f"({100 * held['share']:.1f}% of the weight bytes: their streamed copy would need "
+                             f"a buffer as large)")
         flags = [f for f in ("overlap", "cpu_attention", "compress_weights", "compress_cache") if getattr(p, f)]
         if p.weight_pages:                                   # set by the search for MoE models only
             flags.append(f"pipeline, {p.weight_pages} weight pages" if p.pipeline else "pipeline off")

@@ -315,8 +315,17 @@ def search_top(
     return [PolicyEstimate(c.policy, c.tokens_per_s, c.estimate.prefill_s, c.estimate.decode_s,
                            c.estimate.peak_memory_bytes,
                            {"prefill": c.estimate.prefill_bottleneck, "decode": c.estimate.decode_bottleneck},
-                           context)
+                           {**context, **_held_context(layouts[c.policy.compress_weights], profile.device_type)})
             for c in chosen]
+
+
+def _held_context(layout: ModelLayout, device_type: str) -> dict:
+    """`held_weights` for a PolicyEstimate's context: the kinds on the device whatever w_gpu says and their
+    share of the weight bytes (none on a CPU device)."""
+    held = layout.held(device_type)
+    if not held:
+        return {}
+    return {"held_weights": {"kinds": sorted(held), "share": layout.held_fraction(device_type)}}
 
 
 def _kind(c: _Candidate) -> tuple[bool, bool, bool]:
