@@ -26,8 +26,8 @@ cache positions):
     new q/k/v and its attention output per host cache segment n (`engine.runtime.host_attention`).
 `memory_terms` gives the same sums as affine expressions in the placement fractions (for the LP), with
 the tiers' shares taken as exact fractions of bytes (on CUDA the held kinds' bytes are a floor of the gpu
-share, `ModelLayout.held_fraction`); `realized_placement` gives the fractions of bytes a policy's rounded placement
-really puts on each tier.
+share, `ModelLayout.held_fraction`); `realized_placement` gives the fractions of bytes a policy's rounded
+placement really puts on each tier.
 """
 from __future__ import annotations
 
