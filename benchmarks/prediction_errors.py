@@ -37,7 +37,8 @@ def full_size_runs(records: list[dict]) -> list[dict]:
     measured decode step)."""
     out, seen = [], set()
     for r in records:
-        if r.get("system") != "llmops" or not r.get("ok") or not r.get("decode_step_s") or r.get("model") not in PRESETS:
+        ours = r.get("system") == "llmops" and r.get("ok") and r.get("decode_step_s")
+        if not ours or r.get("model") not in PRESETS:
             continue
         if (r.get("num_gpus") or 1) != 1:
             continue
