@@ -7,7 +7,9 @@ For each record of system `llmops` that finished (cut models, `--layers`, and se
 policy it ran is costed again by today's `engine.policy.cost_model.estimate` on the h200 reference profile
 (the profile `--plan-profile reference` plans with), and its measured prefill and decode step are set beside
 the prediction, with the decode channels (seconds per step: the bottleneck's and the others') that the
-prediction took its maximum over. Records of one policy, model and measured decode step are shown once.
+prediction took its maximum over, and the fraction of today's roofline (`roofline.record_roofline`: its decode
+floor counts the cache GPU attention loads) the run reached. Records of one policy, model and measured decode
+step are shown once.
 Measures nothing; the records' own `commit` and `run_id` say what code and call each line comes from, so a
 ratio mixes today's model with that run's engine and lease.
 """
@@ -20,6 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from roofline import record_roofline  # noqa: E402
 
 from engine.models.hf_config import config_from_hf  # noqa: E402
 from engine.models.presets import PRESETS  # noqa: E402
@@ -73,6 +78,7 @@ def compare(r: dict, profile: HardwareProfile) -> dict:
         "step_ratio": r["decode_step_s"] / predicted_step, "prefill_ratio": r["prefill_s"] / est.prefill_s,
         "decode_channels_s": {k: evaluate(v, x) * L for k, v in decode.items() if abs(evaluate(v, x)) > 1e-6},
         "decode_bottleneck": est.decode_bottleneck,
+        "roofline_fraction_now": record_roofline(config, r, profile)["floor_s"] / r["total_s"],
     }
 
 
@@ -92,7 +98,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"{row['model']:14} {row['config_name']:34} k={row['num_gpu_batches']:<2} cache_gpu="
               f"{row['cache_gpu']:.2f} step {row['measured_step_s']:.3f} / {row['predicted_step_s']:.3f} "
               f"(x{row['step_ratio']:.2f}), prefill {row['measured_prefill_s']:.1f} / {row['predicted_prefill_s']:.1f} "
-              f"(x{row['prefill_ratio']:.2f}) | {channels} | {row['commit']}")
+              f"(x{row['prefill_ratio']:.2f}), roofline fraction {row['roofline_fraction_now']:.2f} | {channels} | "
+              f"{row['commit']}")
     return rows
 
 

@@ -21,17 +21,21 @@ from engine.policy.policy import Policy
 from engine.policy.prefix import batch_prefix_len, prefix_held_once
 
 
-def weight_floor_s(config: ModelConfig, policy: Policy, profile: HardwareProfile, bytes_per_element: int,
-                   extra_h2d_bytes: float = 0.0) -> float:
-    """Seconds to move the weights that are not on the compute device once (one step's weight traffic),
-    with `extra_h2d_bytes` more on the host->device link."""
+def _weight_bytes_off(config: ModelConfig, policy: Policy, profile: HardwareProfile,
+                      bytes_per_element: int) -> tuple[float, float]:
+    """(weight bytes off the compute device, of them on disk) for the executor's placement of `policy`."""
     layout = model_layout(config, bytes_per_element, policy.compress_weights)
     on_gpu, on_cpu = weight_fraction_on(layout, policy.w_gpu, policy.w_cpu, profile.device_type)
-    disk = max(0.0, 1.0 - on_gpu - on_cpu) * layout.total_bytes
+    return (1.0 - on_gpu) * layout.total_bytes, max(0.0, 1.0 - on_gpu - on_cpu) * layout.total_bytes
+
+
+def _link_floor_s(off: float, disk: float, profile: HardwareProfile, extra_h2d_bytes: float) -> float:
+    """Seconds to move `off` + `extra_h2d_bytes` bytes to the device, `disk` of them read from disk first (on a
+    CPU-only machine only the disk bytes move)."""
+    disk_s = disk / (profile.disk_read_gib_s * GIB)
     if profile.device_type == "cpu":
-        return disk / (profile.disk_read_gib_s * GIB)
-    off = (1.0 - on_gpu) * layout.total_bytes + extra_h2d_bytes
-    return max(off / (profile.h2d_gib_s * GIB), disk / (profile.disk_read_gib_s * GIB))
+        return disk_s
+    return max((off + extra_h2d_bytes) / (profile.h2d_gib_s * GIB), disk_s)
 
 
 def cache_load_bytes(config: ModelConfig, policy: Policy, profile: HardwareProfile, bytes_per_element: int, *,
@@ -56,6 +60,20 @@ def compute_floor_s(config: ModelConfig, tokens: float, context_len: float, rows
     return flops / (profile.gpu_tflops_bf16 * 1e12)
 
 
+def prefill_tokens(rows: int, prompt_len: int, prefix_len: int, gpu_batch_size: int) -> int:
+    """Tokens the prefill computes over `rows` rows: each row's own, and a shared prefix once per GPU batch."""
+    return rows * (prompt_len - prefix_len) + -(-rows // gpu_batch_size) * prefix_len
+
+
+def record_roofline(config: ModelConfig, record: dict, profile: HardwareProfile) -> dict[str, float]:
+    """`roofline` of a `throughput.py` record's policy and workload (its rows, prompt, prefix, gen length)."""
+    policy = Policy.from_dict(record["policy"])
+    rows, prefix = record["num_prompts"], record.get("prefix_len") or 0
+    return roofline(config, policy, profile, rows=rows,
+                    prefill_tokens=prefill_tokens(rows, record["prompt_len"], prefix, policy.gpu_batch_size),
+                    prompt_len=record["prompt_len"], gen_len=record["gen_len"], prefix_len=prefix)
+
+
 def roofline(config: ModelConfig, policy: Policy, profile: HardwareProfile, *, rows: int, prefill_tokens: int,
              prompt_len: int, gen_len: int, bytes_per_element: int = 2, prefix_len: int = 0) -> dict[str, float]:
     """The floor of generating `gen_len` tokens for `rows` rows in blocks of `policy.block_size`:
@@ -64,12 +82,13 @@ def roofline(config: ModelConfig, policy: Policy, profile: HardwareProfile, *, r
     shared prefix once per GPU batch); `prefix_len`: the run's shared prefix (held once on the device where
     `prefix.prefix_held_once` says, so the decode loads only the rows' own positions)."""
     blocks = -(-rows // policy.block_size)
-    w = weight_floor_s(config, policy, profile, bytes_per_element)
+    off, disk = _weight_bytes_off(config, policy, profile, bytes_per_element)
+    w = _link_floor_s(off, disk, profile, 0.0)
     held = batch_prefix_len(prefix_len, policy.gpu_batch_size) \
         if prefix_held_once(profile.device_type, policy.compress_cache) else 0
     kv = cache_load_bytes(config, policy, profile, bytes_per_element, rows=min(rows, policy.block_size),
                           own_context_len=prompt_len - held + gen_len / 2)
-    w_decode = weight_floor_s(config, policy, profile, bytes_per_element, extra_h2d_bytes=kv)
+    w_decode = _link_floor_s(off, disk, profile, kv)
     prefill_c = compute_floor_s(config, prefill_tokens, prompt_len / 2, rows, profile)
     decode_c = compute_floor_s(config, rows, prompt_len + gen_len / 2, rows, profile) / blocks
     prefill = blocks * max(w, prefill_c / blocks)

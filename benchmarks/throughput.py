@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_
 from bench_common import (GIB, Timer, add_record_args, close_and_release, failure_fields, new_record,  # noqa: E402
                           new_run_id, peak_gib, reset_peak, results_path, rewrite_jsonl, rows_per_hour, size_gib,
                           torch_device, trace_summary, with_layers)
-from roofline import roofline  # noqa: E402
+from roofline import prefill_tokens, roofline  # noqa: E402
 from throughput_multi import WARMUP_TOKENS, TokenRecorder, run_multi, tokens_digest  # noqa: E402
 from throughput_peers import run_accelerate, run_flexgen, short_run_fields  # noqa: E402
 from timeline import device_events, timeline_summary, write_events  # noqa: E402
@@ -336,9 +336,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     policy = Policy.from_dict({**policy.to_dict(), **off})
                 rows = rows_arg or policy.block_size * max(gpus)
                 prompts = make_prompts(config.vocab_size, rows, args.prompt_len, prefix_len)
-                g = policy.gpu_batch_size
-                prefill_tokens = rows * (args.prompt_len - prefix_len) + -(-rows // g) * prefix_len
-                floor = roofline(config, policy, profile, rows=rows, prefill_tokens=prefill_tokens,
+                floor = roofline(config, policy, profile, rows=rows,
+                                 prefill_tokens=prefill_tokens(rows, args.prompt_len, prefix_len, policy.gpu_batch_size),
                                  prompt_len=args.prompt_len, gen_len=args.gen_len, prefix_len=prefix_len,
                                  bytes_per_element=torch.empty((), dtype=dtype).element_size())
                 one: dict | None = None

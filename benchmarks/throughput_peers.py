@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import time
-import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +21,7 @@ import torch
 
 from bench_common import Timer, peak_gib, reset_peak
 
-from engine.models.dummy_source import BLOCK, STD
+from engine.models.dummy_source import fill_dummy_
 
 _HF_NAMES = {"opt-6.7b": "facebook/opt-6.7b", "opt-30b": "facebook/opt-30b", "opt-175b": "facebook/opt-175b"}
 
@@ -98,27 +97,10 @@ def hf_model_config(hf_config: dict[str, Any]) -> Any:
                                              **{k: v for k, v in hf_config.items() if k != "architectures"})
 
 
-def fill_dummy_(name: str, t: torch.Tensor) -> None:
-    """Fill the contiguous `t` in place with engine.models.dummy_source's values for a weight called `name`:
-    biases zero, other 1-D weights (norms) one, matrices a block of BLOCK values (std STD, seeded by
-    crc32(name)) tiled over the tensor: one write pass, no RNG per element."""
-    if name.endswith("bias"):
-        t.zero_()
-        return
-    if t.dim() == 1:
-        t.fill_(1)
-        return
-    g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-    block = (torch.randn(min(BLOCK, t.numel()), generator=g) * STD).to(t.dtype)   # [B]
-    flat, b = t.view(-1), block.numel()                                          # [numel]
-    whole = flat.numel() // b
-    flat[: whole * b].view(whole, b).copy_(block.expand(whole, b))               # [whole, B]
-    flat[whole * b:].copy_(block[: flat.numel() - whole * b])
-
-
 def dummy_hf_model(hf_config: dict[str, Any], dtype: torch.dtype) -> torch.nn.Module:
     """The preset's transformers causal LM on the CPU in `dtype`, built without transformers' random init (which
-    costs minutes at 47B parameters) and filled by `fill_dummy_`. Buffers are the ones the modules compute
+    costs minutes at 47B parameters) and filled by `engine.models.dummy_source.fill_dummy_` (our dummy weights'
+    values). Buffers are the ones the modules compute
     at construction (rotary inv_freq), so they are exact; tied weights (OPT's head) are tied, then filled
     once, in place."""
     import transformers  # optional peer

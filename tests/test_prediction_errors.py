@@ -12,7 +12,7 @@ import prediction_errors  # noqa: E402
 
 RECORD = {"system": "llmops", "ok": True, "model": "opt-30b", "config_name": "custom:56x1", "run_id": "r",
           "commit": {"sha": "abc1234"}, "prompt_len": 512, "gen_len": 32, "num_prompts": 56, "prefill_s": 3.6,
-          "decode_step_s": 0.377, "num_gpus": 1,
+          "decode_step_s": 0.377, "total_s": 15.3, "num_gpus": 1,
           "policy": {"gpu_batch_size": 56, "num_gpu_batches": 1, "w_gpu": 0.0, "w_cpu": 1.0,
                      "compress_weights": True, "compress_cache": True}}
 
@@ -32,6 +32,7 @@ def test_a_record_sits_beside_its_prediction():
     # the prediction is the maximum of its decode channels (overlap on), per step
     assert max(row["decode_channels_s"].values()) == pytest.approx(row["predicted_step_s"])
     assert row["decode_bottleneck"] == "cpu->gpu"
+    assert 0 < row["roofline_fraction_now"] < 1                   # the cache is on the GPU: weights bound it
 
 
 def test_the_script_reads_files(tmp_path, capsys):

@@ -19,15 +19,25 @@ STD = 0.02
 
 def dummy_tensor(key: str, spec: WeightSpec, dtype: torch.dtype) -> torch.Tensor:
     """A deterministic tensor of spec.shape for the weight called `key` (its seed is crc32(key))."""
-    leaf = key.rsplit("/", 1)[-1]
-    if leaf.endswith(".bias"):
-        return torch.zeros(spec.shape, dtype=dtype)
-    if len(spec.shape) == 1:
-        return torch.ones(spec.shape, dtype=dtype)  # norm weights
+    return fill_dummy_(key, torch.empty(spec.shape, dtype=dtype))
+
+
+def fill_dummy_(key: str, t: torch.Tensor) -> torch.Tensor:
+    """Fill the contiguous `t` in place with `dummy_tensor`'s values for the weight called `key` (biases zero,
+    other 1-D weights one, matrices the seeded block tiled in one write pass); returns t."""
+    if key.rsplit("/", 1)[-1].endswith(".bias"):
+        return t.zero_()
+    if t.dim() == 1:
+        return t.fill_(1)  # norm weights
+    if t.numel() == 0:
+        return t
     g = torch.Generator().manual_seed(zlib.crc32(key.encode()))
-    block = (torch.randn(min(BLOCK, spec.numel), generator=g) * STD).to(dtype)  # [BLOCK]
-    reps = -(-spec.numel // block.numel())
-    return block.repeat(reps)[: spec.numel].view(spec.shape)
+    block = (torch.randn(min(BLOCK, t.numel()), generator=g) * STD).to(t.dtype)  # [B]
+    flat, b = t.view(-1), block.numel()                                          # [numel]
+    whole = flat.numel() // b
+    flat[: whole * b].view(whole, b).copy_(block.expand(whole, b))               # [whole, B]
+    flat[whole * b:].copy_(block[: flat.numel() - whole * b])
+    return t
 
 
 class DummySource:

@@ -42,7 +42,7 @@ from engine.models.weights import stored_quant
 from engine.policy.affine import const, share
 from engine.policy.policy import Policy
 from engine.policy.prefix import batch_prefix_len, prefix_held_once
-from engine.policy.weight_slots import WeightSlots, held_whole
+from engine.policy.weight_slots import WeightSlots, held_whole, kind_fractions
 from engine.policy.working import chunk_rows, row_chunks, staged_kv_heads, working_bytes
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT
 from engine.quant.qtensor import qtensor_nbytes
@@ -93,9 +93,7 @@ class ModelLayout:
 
     def tiers(self, kl: KindLayout, w_gpu: float, w_cpu: float, device_type: str) -> list[Tier]:
         """The tier of each of group kl's tensors under these policy fractions, as the executor places them."""
-        if kl.kind in self.held(device_type):
-            return [Tier.GPU] * len(kl.stored)
-        return weight_tiers(list(kl.stored), w_gpu, w_cpu)
+        return weight_tiers(list(kl.stored), *kind_fractions(kl.kind, self.held(device_type), w_gpu, w_cpu))
 
     def held_fraction(self, device_type: str) -> float:
         """The fraction of all weight bytes the held kinds take: on the gpu under every policy."""

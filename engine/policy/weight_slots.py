@@ -31,6 +31,12 @@ def held_whole(kinds: Sequence[str], device_type: str) -> frozenset[str]:
     return frozenset(kind for kind, n in counts.items() if n == 1)
 
 
+def kind_fractions(kind: str, held: frozenset[str], w_gpu: float, w_cpu: float) -> tuple[float, float]:
+    """The (gpu, cpu) fractions `storage.placement.weight_tiers` places a layer of `kind` by: the policy's,
+    or all on the gpu for a kind `held_whole` holds."""
+    return (1.0, 0.0) if kind in held else (w_gpu, w_cpu)
+
+
 class WeightSlots:
     """The slot rule for one executor's layer kinds (`kinds[j]` of its specs, in order)."""
 

@@ -29,6 +29,7 @@ import torch
 
 from engine.models.base import LayerSpec
 from engine.models.weights import stored_quant
+from engine.policy.weight_slots import kind_fractions
 from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, quantize
 from engine.quant.qtensor import QTensor, qtensor_nbytes, with_dtype
@@ -83,7 +84,7 @@ class WeightHomes:
             quants = [stored_quant(loaded.config, spec.weights[n], quant) for n in names]
             sizes = [qtensor_nbytes(spec.weights[n].shape, dtype, q) if q else spec.weights[n].numel * esize
                      for n, q in zip(names, quants)]
-            tiers = [Tier.GPU] * len(sizes) if spec.kind in held else weight_tiers(sizes, w_gpu, w_cpu)
+            tiers = weight_tiers(sizes, *kind_fractions(spec.kind, held, w_gpu, w_cpu))
             source: dict[str, Stored] = {}
             read: list[bool] = []
 
