@@ -6,8 +6,9 @@ Workloads (dummy weights from a preset, as the FlexGen paper measured):
               hours for 1M rows
     moe       Mixtral-8x7B (or --model mixtral-8x22b), 512 rows, prompt 77, gen 128: generated tokens/s
 Systems (--system, repeatable): llmops (the executor under each --policy), llmops-no-pipeline (the same
-policies with overlap off; for `moe`, the ablation `Policy.pipeline=False`: host attention synchronous and
-each layer's weights in one transfer, overlap kept), flexgen (FlexGen 0.1.8's OptLM, OPT only), accelerate
+policies with overlap off; for `moe`, the ablation of every pipelining: `Policy.pipeline=False`, host attention
+synchronous and each layer's weights in one transfer, and `overlap=False`, no transfer overlapped with compute),
+flexgen (FlexGen 0.1.8's OptLM, OPT only), accelerate
 (HF Accelerate; --peer-rows / --peer-gen-len give it a smaller batch or fewer new tokens, recorded as run, with
 its load_s, prefill_s, decode_step_s and projected_tokens_per_s_at_workload_gen: `throughput_peers.short_run_fields`);
 a peer whose package or GPU is absent writes a record with `skipped` saying so. Policies (--policy, repeatable):
@@ -332,7 +333,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             planned = planned or list(choose(args, config, device, dtype, profile, rows_arg, prefix_len))
             for name, policy, predicted in planned:
                 if system == "llmops-no-pipeline":
-                    off = {"pipeline": False} if args.workload == "moe" else {"overlap": False}
+                    off = {"pipeline": False, "overlap": False} if args.workload == "moe" else {"overlap": False}
                     policy = Policy.from_dict({**policy.to_dict(), **off})
                 rows = rows_arg or policy.block_size * max(gpus)
                 prompts = make_prompts(config.vocab_size, rows, args.prompt_len, prefix_len)

@@ -69,7 +69,7 @@ def test_gpus_records_side_by_side(tmp_path, policy, parallel):
 
 def test_moe_workload_runs_ours_and_the_ablation(tmp_path):
     """Workload `moe` on tiny Mixtral: `llmops` pipelined, `llmops-no-pipeline` the same policy with
-    `pipeline` off (overlap kept); the accelerate peer's record says why it skipped or what it ran."""
+    `pipeline` and `overlap` off; the accelerate peer's record says why it skipped or what it ran."""
     out = tmp_path / "m.jsonl"
     policy = {"gpu_batch_size": 3, "num_gpu_batches": 2, "w_gpu": 0.0, "w_cpu": 0.5, "cache_gpu": 0.0,
               "cache_cpu": 1.0, "cpu_attention": True, "weight_pages": 4}
@@ -81,8 +81,10 @@ def test_moe_workload_runs_ours_and_the_ablation(tmp_path):
     ours, ablation, peer = records
     for r in (ours, ablation):
         assert FIELDS <= set(r) and r["ok"] and r["workload"] == "moe" and r["generated_tokens"] == 6 * 3
-        assert r["policy"]["overlap"] and r["policy"]["cpu_attention"] and r["policy"]["weight_pages"] == 4
+        assert r["policy"]["cpu_attention"] and r["policy"]["weight_pages"] == 4
+        assert r["tokens_digest"] == ours["tokens_digest"]
     assert ours["policy"]["pipeline"] and not ablation["policy"]["pipeline"]
+    assert ours["policy"]["overlap"] and not ablation["policy"]["overlap"]
     assert peer["system"] == "accelerate" and peer["num_prompts"] == 4 and peer["config_name"] == "b4-gen2"
     assert peer["gen_len"] == 2 and peer["workload_gen_len"] == 3
     assert "not the workload's 3" in peer["peer_gen_len_note"]
