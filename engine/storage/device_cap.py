@@ -7,17 +7,53 @@ cap frees torch's cached blocks and, failing that, raises `torch.OutOfMemoryErro
 into a smaller GPU batch (a block) or a rejected candidate (a trial). The cap is per process and per
 device: with several engines on one device it is the largest budget among them, and none while an engine
 without a budget is alive. Owners register with `hold` and give the budget back with the returned handle.
+
+The cap counts reserved memory, so fragmentation can break a plan that fits: on the H200, Mixtral-8x7B at
+prompt 512 and 512 rows per GPU batch failed under 16 GiB with 2.04 GiB reserved but unallocated in pieces
+smaller than the 2 GiB hidden state it asked for, and ran (peak 15.6 GiB allocated) with torch's expandable
+segments. The first `hold` on a CUDA device therefore turns expandable segments on for the process, unless
+the user's allocator configuration ($PYTORCH_CUDA_ALLOC_CONF or $PYTORCH_ALLOC_CONF) says anything about
+them; its cached free segments are given back then, and segments in use stay as they were.
 """
 from __future__ import annotations
 
 import itertools
+import os
 import threading
+import warnings
+from typing import Mapping
 
 import torch
 
 _LOCK = threading.Lock()
 _IDS = itertools.count()
 _HELD: dict[int, dict[int, int | None]] = {}   # device index -> {holder id: budget bytes, None = unbounded}
+_ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+_segments_done = False                          # expandable segments decided for this process
+
+
+def wants_expandable_segments(environ: Mapping[str, str]) -> bool:
+    """True unless the allocator configuration in `environ` mentions expandable_segments (the user's choice,
+    either way, is kept)."""
+    return not any("expandable_segments" in environ.get(name, "") for name in _ALLOC_CONF_VARS)
+
+
+def _expandable_segments() -> None:
+    """Once per process: expandable segments on, when `wants_expandable_segments(os.environ)`; a torch that
+    cannot set them at run time is warned about once (the cap still holds; fragmentation is then possible)."""
+    global _segments_done
+    if _segments_done:
+        return
+    _segments_done = True
+    if not wants_expandable_segments(os.environ):
+        return
+    try:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+        torch.cuda.empty_cache()        # cached fixed segments go back, so new memory comes in expandable ones
+    except (AttributeError, RuntimeError) as err:
+        warnings.warn(f"device_cap: could not turn on torch's expandable segments ({err}); the gpu_memory cap "
+                      f"still holds, but fragmentation can make a fitting plan run out of memory "
+                      f"(set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before starting)", stacklevel=3)
 
 
 def _apply(index: int) -> None:
@@ -28,13 +64,15 @@ def _apply(index: int) -> None:
 
 
 def hold(device: torch.device, budget: int | None) -> int | None:
-    """Register an engine's `budget` (bytes, None = unbounded) on `device` and re-apply the cap; returns
-    the handle for `release`, or None on a device without a caching allocator to cap (the CPU)."""
+    """Register an engine's `budget` (bytes, None = unbounded) on `device` and re-apply the cap (the first
+    call of the process also decides expandable segments, see the module doc); returns the handle for
+    `release`, or None on a device without a caching allocator to cap (the CPU)."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     with _LOCK:
+        _expandable_segments()
         handle = next(_IDS)
         _HELD.setdefault(index, {})[handle] = budget
         _apply(index)
