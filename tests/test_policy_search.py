@@ -235,3 +235,12 @@ def test_search_drops_cpu_attention_without_offloaded_cache():
                      reference_profile("h200"), top=8, compress_weights=None, compress_cache=None)
     assert all(not (e.policy.cpu_attention and e.policy.cache_gpu >= 1.0) for e in top)
     assert any(e.policy.cpu_attention for e in top) and any(e.policy.num_gpu_batches == 1 for e in top)
+
+
+def test_no_fit_on_the_host_names_the_memory_one_row_needs():
+    """Mixtral-8x22B at 4-bit under 16 GiB with 87 GiB of host memory (the H200 host's default budget): the
+    weights fit GPU + CPU together, but no placement of whole tensors does; the message says what the host
+    needs and what to change."""
+    with pytest.raises(NoFeasiblePolicy, match=r"one row needs 8\d\.\d+ GiB of CPU memory.*raise cpu_memory"):
+        search(preset("mixtral-8x22b"), Workload(77, 32, num_prompts=512), Budgets(16 * GIB, int(87.38 * GIB)),
+               H200, compress_weights=True, compress_cache=True, model_name="mixtral-8x22b")

@@ -37,7 +37,7 @@ from engine.policy.cost_model import (
 )
 from engine.policy.estimate import Budgets, NoFeasiblePolicy, PolicyEstimate, workload_dict
 from engine.policy.hardware import GIB, HardwareProfile
-from engine.policy.memory import ModelLayout, model_layout, weight_fraction_on, weight_settings
+from engine.policy.memory import ModelLayout, model_layout, peak_memory, weight_fraction_on, weight_settings
 from engine.policy.policy import Policy
 from engine.util.sizes import format_size
 
@@ -304,7 +304,7 @@ def search_top(
     if not found:
         raise NoFeasiblePolicy(_no_fit_message(config, workload, budgets, relax, bytes_per_element,
                                                compress_weights is not False, compress_cache is not False,
-                                               model_name))
+                                               model_name, profile.device_type))
     found.sort(key=lambda c: (-c.tokens_per_s, c.policy.block_size))
     chosen = _diverse(found, top)
     context = {
@@ -370,9 +370,10 @@ def search(config: ModelConfig, workload: Workload, budgets: Budgets, profile: H
 
 
 def _no_fit_message(config: ModelConfig, workload: Workload, budgets: Budgets, relax: dict[str, float],
-                    bytes_per_element: int, compress_weights: bool, compress_cache: bool, model_name: str) -> str:
-    """Why nothing fits: the smallest block's needs (all tiers together, and the gpu's working set)
-    against the relaxed budgets."""
+                    bytes_per_element: int, compress_weights: bool, compress_cache: bool, model_name: str,
+                    device_type: str) -> str:
+    """Why nothing fits: the smallest block's needs (all tiers together, the gpu's working set, and on a GPU
+    the host memory of one row with every weight streamed) against the relaxed budgets."""
     B = bytes_per_element
     weights = (ms.layer_weight_bytes(config, B, compress_weights) * config.num_hidden_layers
                + ms.edge_weight_bytes(config, B))
@@ -396,4 +397,15 @@ def _no_fit_message(config: ModelConfig, workload: Workload, budgets: Budgets, r
                      + ("" if compress_weights or config.quantization_config else ", or compress weights"))
     elif budgets.disk_bytes == 0 and weights > usable["gpu"] + usable["cpu"]:
         parts.append("the weights do not fit in GPU + CPU memory and the disk budget is 0")
+    elif device_type == "cuda" and budgets.disk_bytes == 0:
+        streamed = Policy(gpu_batch_size=1, w_gpu=0.0, w_cpu=1.0, compress_weights=compress_weights,
+                          compress_cache=compress_cache)
+        host = peak_memory(config, model_layout(config, B, compress_weights), streamed,
+                           workload.memory_prompt_len, workload.gen_len, B, device_type,
+                           shared_prefix_len=workload.shared_prefix_len)["cpu"]
+        if host > usable["cpu"]:
+            parts.append(f"with every weight streamed from the host, one row needs {format_size(host)} of CPU "
+                         f"memory (weights and host buffers), and no share of the weights the GPU budget holds "
+                         f"(whole tensors, the same share of every layer) brings it under; raise cpu_memory or "
+                         f"give a disk budget")
     return "; ".join(parts)
