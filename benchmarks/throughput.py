@@ -20,7 +20,8 @@ Every record (one JSONL line per system and configuration in results_path("throu
 gen_len, num_prompts, gpu_memory_gib, tokens_per_s (generated tokens over prefill + decode wall time),
 rows_per_h (wrangle; and rows_1m_h), roofline (the policy's floors, `roofline.py`), roofline_fraction
 (floor time / measured time), peak_device_gib (torch's max allocated; None on a CPU), device, commit,
-command, num_layers (--layers cuts the preset), prefill_chunk_tokens, step_s (per block, each step's wall
+command, num_layers (--layers cuts the preset), prefill_chunk_tokens, init_s and init_breakdown_s
+(`WeightHomes.place_s`: placement's read / quantize / homes seconds), step_s (per block, each step's wall
 seconds: the prefill, then every decode step); with --profile also `profile`
 (`engine.runtime.step_profile`: per layer, prefill and decode); with --trace also `trace`
 (`bench_common.trace_summary`: torch.profiler's kernel and copy seconds against the wall, syncs, top ops) and
@@ -189,6 +190,7 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
                           cpu_memory=args.cpu_memory, disk_dir=args.disk_dir,
                           prefill_chunk_tokens=args.prefill_chunk_tokens)
         out["init_s"] = init.seconds
+        out["init_breakdown_s"] = {k: round(v, 3) for k, v in ex.weights.place_s.items()}
         ex.timing = True
         n = policy.block_size
         blocks = [prompts[s:s + n] for s in range(0, len(prompts), n)]

@@ -31,6 +31,9 @@ def test_flexgen_workload_smoke(tmp_path):
         assert FIELDS <= set(r) and r["ok"] and r["tokens_per_s"] > 0
         assert r["generated_tokens"] == 6 * 3 and r["num_prompts"] == 6
         assert 0 < r["roofline_fraction"] <= 1.0 and r["roofline"]["floor_s"] > 0
+        parts = r["init_breakdown_s"]
+        assert set(parts) == {"read", "quantize", "homes"} and min(parts.values()) >= 0
+        assert parts["read"] > 0 and sum(parts.values()) <= r["init_s"] + 3e-3
         kinds = [row["kind"] for row in r["profile"]["decode"]["layers"]]
         assert kinds[0] == "embed" and kinds[-1] == "head" and len(kinds) == 2 + 2 * 2
     assert {r["policy"]["overlap"] for r in ours if r["system"] == "llmops-no-pipeline"} == {False}
