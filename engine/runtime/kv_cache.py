@@ -153,8 +153,11 @@ class KVHome:
             pending.wait()
         self.pending = []
 
-    def load(self, transfers: Transfers, slot: int) -> list[Pending]:
-        """Copy each cpu/disk home (not handled on the host) into a device buffer for a decode compute."""
+    def load(self, transfers: Transfers, slot: int, after: "torch.cuda.Event | None" = None) -> list[Pending]:
+        """Copy each cpu/disk home (not handled on the host) into a device buffer for a decode compute.
+        `after` (CUDA): the event after the last compute that read the slot's buffers; a cpu home's copy waits
+        for it alone, so it streams in while the computes since still run (without it, and through a disk
+        home's relay, the copy waits for every compute issued so far)."""
         self.settle()
         pendings = []
         for n, seg in enumerate(self.segments):
@@ -174,9 +177,11 @@ class KVHome:
                 relay = (self.arena.get(f"kvrelay{slot}.s{n}.k", Tier.CPU, shape, self.dtype, quant),
                          self.arena.get(f"kvrelay{slot}.s{n}.v", Tier.CPU, shape, self.dtype, quant))
 
-            def fn(stream, seg=seg, bk=bk, bv=bv, relay=relay):
-                e1 = copy(bk, seg.k, stream=stream, relay=relay[0] if relay else None)
-                e2 = copy(bv, seg.v, stream=stream, relay=relay[1] if relay else None)
+            wait = [after] if after is not None and relay is None else None
+
+            def fn(stream, seg=seg, bk=bk, bv=bv, relay=relay, wait=wait):
+                e1 = copy(bk, seg.k, stream=stream, relay=relay[0] if relay else None, after=wait)
+                e2 = copy(bv, seg.v, stream=stream, relay=relay[1] if relay else None, after=wait)
                 return e2 or e1
             pendings.append(transfers.submit("load", fn, threaded=seg.tier is Tier.DISK))
         return pendings
