@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|wrangle|wrangle-ab|multigpu|multigpu-wrangle|multigpu-one]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|wrangle|wrangle-ab|flexgen-ab|multigpu|multigpu-wrangle|multigpu-one]
 # models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
 # wrangling workload on the qwen3-30b-a3b and qwen3-32b dummies (auto from the reference profile, no trials).
 # moe / moe-peers (not in all; moe ~9 min, moe-peers ~6): issue 17's MoE tests and Mixtral-8x7B runs / HF Accelerate on it;
 # moe-pair (~5 min; 298 s in one H200 call): ours and Accelerate in one call (the ratio). wrangle (~7 min): Llama-3-70B's wrangle, auto and 768x2.
+# flexgen-ab (~1.6 min a commit): OPT-30B under FLEXGEN_AB_POLICY from this tree and every ab/<sha>/, one LLMOPS_RUN_ID.
 # wrangle-ab (~3 min a commit): Llama-3-70B's wrangle (auto) from this tree (LLMOPS_COMMIT names it) and from every
 # ab/<sha>/ that benchmarks/ab_prepare.sh wrote (carry "ab"), under one LLMOPS_RUN_ID; WRANGLE_MODEL picks another preset,
 # WRANGLE_LAYERS=N cuts the model;
@@ -121,6 +122,20 @@ if [[ $what == wrangle-ab ]]; then
         --out "$OUT/throughput_wrangle-ab-$sha.jsonl")
     done
   } 2>&1 | grep -v "block 1/" | tee "$OUT/wrangle_ab.log" | tail -20
+fi
+if [[ $what == flexgen-ab ]]; then
+  # OPT-30B under one policy (FLEXGEN_AB_POLICY, default 96x1 with half the cache heads on the host: the path
+  # whose cache loads ad911da stopped waiting for every compute) from this tree and every ab/<sha>/, one run id
+  export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-flexgen-ab-$(date -u +%Y%m%dT%H%M%SZ)}
+  policy=${FLEXGEN_AB_POLICY:-'{"gpu_batch_size": 96, "num_gpu_batches": 1, "w_gpu": 0.0, "w_cpu": 1.0, "cache_gpu": 0.5, "cache_cpu": 0.5, "compress_weights": true, "compress_cache": true}'}
+  args=(--workload flexgen --model opt-30b --gpu-memory 16GiB --policy "$policy")
+  { python3 benchmarks/throughput.py "${args[@]}" --out "$OUT/throughput_flexgen-ab-head.jsonl"
+    for tree in ab/*/; do
+      sha=$(basename "$tree")
+      (cd "$tree" && PYTHONPATH=$PWD LLMOPS_COMMIT=$sha python3 benchmarks/throughput.py "${args[@]}" \
+        --out "$OUT/throughput_flexgen-ab-$sha.jsonl")
+    done
+  } 2>&1 | grep -v "block 1/" | tee "$OUT/flexgen_ab.log" | tail -20
 fi
 if [[ $what == moe-pair ]]; then
   # issue 17's Accelerate ratio in one call: ours (1,024 rows, auto; ~2.3 min in stop 28) first, then Accelerate on

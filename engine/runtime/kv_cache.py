@@ -10,9 +10,10 @@ policy's cache fractions (`split_ranges`); each segment's keys/values live on on
   - cpu/disk home, decode, cpu_attention: the new q/k/v go to the host, attention runs there, only the
     output comes back (`decode`: in the calling thread; `decode_start`: on the `HostAttention` thread, joined
     later by the MoE pipeline, `engine.runtime.moe_schedule`);
-  - cpu/disk home otherwise: `load` copies the whole home into a device buffer before compute (the
-    executor overlaps it with the previous GPU batch), attention runs on the device, and `store` writes
-    the new positions back to the home after compute.
+  - cpu/disk home otherwise: `load` copies the whole home into a device buffer before compute (one of two,
+    alternating per attention compute; a cpu home's copy waits only for the attention that last read its
+    buffer, so it streams in while the computes since run), attention runs on the device, and `store`
+    writes the new positions back to the home after compute.
 Stores never block the compute thread: the new positions go to a pinned staging buffer (the home's slice is
 strided; one buffer per prefill row chunk, `KVHome.rows`) and a worker thread copies them into the home
 (`Transfers.submit_host`). Decode over a 4-bit segment on the device dequantizes it in chunks of rows
