@@ -28,7 +28,9 @@ what=${1:-all}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
 python3 -c 'import torch, platform; print(torch.__version__, torch.version.cuda, platform.python_version())' | tee -a "$OUT/machine.txt"
 if [[ $what == tests || $what == all ]]; then
-  python3 -m pytest -q -p no:cacheprovider tests/test_gpu_runtime.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+  { python3 -m pytest -q -p no:cacheprovider tests/test_gpu_runtime.py tests/test_gpu_prefix.py tests/test_dummy_source.py
+    python3 -m pytest -q -p no:cacheprovider tests/test_int4_runtime.py -k "cuda or gpu"
+  } 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 fi
 if [[ $what == kernels || $what == all ]]; then
   { python3 -m pytest -q -p no:cacheprovider tests/test_quant_kernels.py tests/test_quant.py tests/test_policy_trial.py \

@@ -17,6 +17,8 @@ all compute issued before it, and with one buffer per kind the copy of MLP j + 2
 Dense tensors (norms, biases, the embedding table, uncompressed matrices) are read by the compute itself: their
 loads wait for all compute issued before them, on their own `weight_dense` stream, so they never hold back a
 compressed copy queued behind them.
+A source that makes single weights (`DummySource.tensor`) makes each weight that is quantized on a GPU
+there, so no dense host copy is filled and moved (dummy weights of 47B parameters are 93 GB of bf16).
 Loads are paged: page p of P moves rows [r_p, r_p+1) of every non-gpu tensor (dim 0), so the transfer of
 one layer can be spread over the K GPU batches of the previous layer (MoE-Lightning's paged weights).
 """
@@ -86,11 +88,13 @@ class WeightHomes:
         # per compressed device buffer ("{slot}.{kind}.{name}"): the event after its last dequantization, and
         # the address of the allocation that dequantization read
         self._released: dict[str, tuple[torch.cuda.Event, int]] = {}
-        # wall seconds of placement: reading the source (a dummy source makes the tensors), quantizing (with
-        # its copies to the device), and filling the homes (allocation, copies, each layer's final sync)
+        # wall seconds of placement: reading the source (a dummy source makes the tensors; made on a GPU, this
+        # is their launch only), quantizing (with its copies to the device), and filling the homes
+        # (allocation, copies, each layer's final sync)
         self.place_s = {"read": 0.0, "quantize": 0.0, "homes": 0.0}
         esize = torch.empty((), dtype=dtype).element_size()
         read_layer = getattr(loaded.weights, "get_stored", loaded.weights.get)   # packed where the source has it
+        make_one = getattr(loaded.weights, "tensor", None)     # a source that makes one weight, on any device
         start = time.perf_counter()
         for spec in specs:
             names = list(spec.weights)
@@ -101,13 +105,26 @@ class WeightHomes:
             source: dict[str, Stored] = {}
             read: list[bool] = []
 
-            def value(name: str, q: QuantConfig | None) -> Stored:
-                if not read:                       # the layer's tensors, read once when first needed
-                    t0 = time.perf_counter()
+            def read_one(name: str, q: QuantConfig | None) -> Stored:
+                """The layer's tensor `name` from the source: one made on the device when the source makes
+                single weights and this one is quantized there (on the host if the device is full), else
+                from the layer's tensors, read once when first needed."""
+                if make_one is not None:
+                    if q is not None and self.device.type == "cuda":
+                        try:
+                            return make_one(spec, name, self.device)
+                        except torch.cuda.OutOfMemoryError:
+                            pass                   # the same values, made on the host
+                    return make_one(spec, name)
+                if not read:
                     source.update(read_layer(spec))
-                    self.place_s["read"] += time.perf_counter() - t0
                     read.append(True)
-                x = source.pop(name)               # dropped once placed: the layer's copy shrinks as it goes
+                return source.pop(name)            # dropped once placed: the layer's copy shrinks as it goes
+
+            def value(name: str, q: QuantConfig | None) -> Stored:
+                t0 = time.perf_counter()
+                x = read_one(name, q)
+                self.place_s["read"] += time.perf_counter() - t0
                 if isinstance(x, QTensor):         # an int4 checkpoint's codes, kept as they are
                     if x.config != q:
                         raise ValueError(f"{spec.name}.{name}: the source holds groups of {x.config.group_size}, "
