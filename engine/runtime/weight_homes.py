@@ -88,9 +88,8 @@ class WeightHomes:
         # per compressed device buffer ("{slot}.{kind}.{name}"): the event after its last dequantization, and
         # the address of the allocation that dequantization read
         self._released: dict[str, tuple[torch.cuda.Event, int]] = {}
-        # wall seconds of placement: reading the source (a dummy source makes the tensors; made on a GPU, this
-        # is their launch only), quantizing (with its copies to the device), and filling the homes
-        # (allocation, copies, each layer's final sync)
+        # wall seconds of placement: reading the source (a dummy source makes the tensors), quantizing (with
+        # its copies to the device), and filling the homes (allocation, copies into them, each layer's sync)
         self.place_s = {"read": 0.0, "quantize": 0.0, "homes": 0.0}
         esize = torch.empty((), dtype=dtype).element_size()
         read_layer = getattr(loaded.weights, "get_stored", loaded.weights.get)   # packed where the source has it
@@ -121,10 +120,15 @@ class WeightHomes:
                     read.append(True)
                 return source.pop(name)            # dropped once placed: the layer's copy shrinks as it goes
 
+            def lap(part: str, t0: float) -> None:
+                if self.device.type == "cuda":     # one stream: the sync only makes the time attributable
+                    torch.cuda.current_stream().synchronize()
+                self.place_s[part] += time.perf_counter() - t0
+
             def value(name: str, q: QuantConfig | None) -> Stored:
                 t0 = time.perf_counter()
                 x = read_one(name, q)
-                self.place_s["read"] += time.perf_counter() - t0
+                lap("read", t0)
                 if isinstance(x, QTensor):         # an int4 checkpoint's codes, kept as they are
                     if x.config != q:
                         raise ValueError(f"{spec.name}.{name}: the source holds groups of {x.config.group_size}, "
@@ -135,7 +139,7 @@ class WeightHomes:
                     return x
                 t0 = time.perf_counter()
                 x = _quantize_rows(x, q, self.device)
-                self.place_s["quantize"] += time.perf_counter() - t0
+                lap("quantize", t0)
                 return x
 
             if Tier.DISK in tiers:
