@@ -139,3 +139,41 @@ def test_rotate_config_validation_and_tag():
     assert QuantConfig(group_size=48).tag == "q4g48"
     assert QuantConfig(group_size=32, rotate=True).tag == "q4g32r"
     assert QuantConfig(rotate=True) != QuantConfig()
+
+
+@pytest.mark.parametrize("dtype,stored", [(torch.float16, torch.float16), (torch.bfloat16, torch.float16),
+                                          (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)])
+def test_host_affine_step_gives_the_half_arithmetic_bits(dtype, stored):
+    """The host's float32 affine step equals torch's own mn + code * scale in the scales' dtype, bit for bit, over
+    scales and minima across the half range (subnormal to large), written fresh or into `out`."""
+    from engine.quant.affine_torch import affine_dequant_torch
+
+    gen = torch.Generator().manual_seed(3)
+    data = torch.randint(0, 256, (3, 40, 2, 32), dtype=torch.uint8, generator=gen)
+    exp = torch.randint(-14, 12, (3, 40, 2, 1), generator=gen).float()
+    mn = (torch.randn(3, 40, 2, 1, generator=gen) * 2.0 ** exp).to(stored)
+    scale = (torch.rand(3, 40, 2, 1, generator=gen) * 2.0 ** (exp - 3)).to(stored)
+    codes = torch.stack((data & 0x0F, data >> 4), dim=-1).flatten(-2).to(stored)      # [3, 40, 2, 64]
+    want = torch.addcmul(mn, codes, scale).to(dtype)
+    assert torch.equal(affine_dequant_torch(data, mn, scale, dtype), want)
+    out = torch.empty(3, 40, 128, dtype=dtype)
+    affine_dequant_torch(data, mn, scale, dtype, out=out)
+    assert torch.equal(out, want.flatten(-2))
+
+
+def test_host_affine_step_in_blocks_of_a_large_stacked_tensor(monkeypatch):
+    """A stacked tensor whose one leading row is larger than a block, and a strided `out` (a slice of positions of
+    a larger buffer): the blocked host path still gives torch's half arithmetic bit for bit."""
+    from engine.quant import affine_torch
+
+    monkeypatch.setattr(affine_torch, "_HOST_BLOCK", 4096)
+    gen = torch.Generator().manual_seed(5)
+    data = torch.randint(0, 256, (2, 3, 70, 2, 32), dtype=torch.uint8, generator=gen)     # row 0: 26,880 codes
+    mn = torch.randn(2, 3, 70, 2, 1, generator=gen).half()
+    scale = torch.rand(2, 3, 70, 2, 1, generator=gen).half()
+    codes = torch.stack((data & 0x0F, data >> 4), dim=-1).flatten(-2).half()
+    want = torch.addcmul(mn, codes, scale).to(torch.bfloat16).flatten(-2)                 # [2, 3, 70, 128]
+    big = torch.zeros(2, 3, 90, 128, dtype=torch.bfloat16)
+    affine_torch.affine_dequant_torch(data, mn, scale, torch.bfloat16, out=big[:, :, 10:80])
+    assert torch.equal(big[:, :, 10:80], want)
+    assert not big[:, :, :10].any() and not big[:, :, 80:].any()
