@@ -48,7 +48,11 @@ def _host_half_affine(data: torch.Tensor, mn: torch.Tensor, scale: torch.Tensor,
         wide = torch.empty(target.shape, dtype=torch.float32)                  # [*lead, g, gs]
         _unpack(data, wide)
         wide.mul_(scale).add_(mn)                                               # float32, one rounding
-        target.copy_(wide if target.dtype == mn.dtype else wide.to(mn.dtype))  # rounded as torch's
+        if target.dtype != mn.dtype:
+            # rounded to mn's dtype, then converted on from there as torch would (half -> float32 is exact,
+            # so float32 -> target rounds as half -> target does, without the host's slow direct conversion)
+            wide.copy_(wide.to(mn.dtype))
+        target.copy_(wide)
         return
     per_row = target[0].numel()
     if per_row > _HOST_BLOCK:                                                   # a leading dim at a time
