@@ -34,7 +34,11 @@ from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, rotate_last, unrotate_last
 from engine.quant.qtensor import QTensor
 
-CPU_CHUNK_BYTES = 64 << 20       # dense keys + values dequantized per chunk of host attention
+# dense keys + values dequantized per chunk of host attention: 16 MiB keeps each of the two buffers under
+# glibc's largest dynamic mmap threshold (32 MiB), so repeated chunks reuse heap memory instead of faulting in
+# fresh pages every time (dev CPU, Mixtral-8x7B's shape, one session: 16 MiB 79-83 ms, 64 MiB 98-113 ms;
+# benchmarks/cpu_attention_speed.py)
+CPU_CHUNK_BYTES = 16 << 20
 
 
 def causal_mask(key_valid: torch.Tensor, s: int) -> torch.Tensor:
