@@ -36,8 +36,8 @@ from engine.quant.qtensor import QTensor
 
 # dense keys + values dequantized per chunk of host attention: 16 MiB keeps each of the two buffers under
 # glibc's largest dynamic mmap threshold (32 MiB), so repeated chunks reuse heap memory instead of faulting in
-# fresh pages every time (dev CPU, Mixtral-8x7B's shape, one session: 16 MiB 79-83 ms, 64 MiB 98-113 ms;
-# benchmarks/cpu_attention_speed.py)
+# fresh pages every time (dev CPU, Mixtral-8x7B's shape, stop 31: in each of five runs of
+# benchmarks/cpu_attention_speed.py 64 MiB was the slowest of 8, 16 and 64, by 3-50%)
 CPU_CHUNK_BYTES = 16 << 20
 
 
