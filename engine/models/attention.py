@@ -36,7 +36,7 @@ from engine.quant.qtensor import QTensor
 
 # dense keys + values dequantized per chunk of host attention: 16 MiB keeps each of the two buffers under
 # glibc's largest dynamic mmap threshold (32 MiB), so repeated chunks reuse heap memory instead of faulting in
-# fresh pages every time (dev CPU, Mixtral-8x7B's shape, stop 31: in each of five runs of
+# fresh pages every time (dev CPU, Mixtral-8x7B's shape, stop 31: in every one of nine runs of
 # benchmarks/cpu_attention_speed.py 64 MiB was the slowest of 8, 16 and 64, by 3-50%)
 CPU_CHUNK_BYTES = 16 << 20
 
