@@ -34,10 +34,10 @@ from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, rotate_last, unrotate_last
 from engine.quant.qtensor import QTensor
 
-# dense keys + values dequantized per chunk of host attention: 16 MiB keeps each of the two buffers under
-# glibc's largest dynamic mmap threshold (32 MiB), so repeated chunks reuse heap memory instead of faulting in
-# fresh pages every time (dev CPU, Mixtral-8x7B's shape, stop 31: in every one of nine runs of
-# benchmarks/cpu_attention_speed.py 64 MiB was the slowest of 8, 16 and 64, by 3-50%)
+# dense keys + values dequantized per chunk of host attention. Measured (dev CPU, Mixtral-8x7B's shape, stop
+# 31): in every one of nine runs of benchmarks/cpu_attention_speed.py, 64 MiB was the slowest of 8, 16 and 64,
+# by 3-50%. The likely cause, not measured apart: each of the two 32 MiB buffers sits at glibc's largest
+# dynamic mmap threshold, so every chunk faults in fresh pages; 8 MiB buffers are reused from the heap.
 CPU_CHUNK_BYTES = 16 << 20
 
 
