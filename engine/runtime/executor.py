@@ -293,7 +293,8 @@ class Executor:
         if batch.done:
             return
         prof = self.profiler
-        for pending in blk.cpend.pop((a.i, a.j, a.k), []):
+        loaded = blk.cpend.pop((a.i, a.j, a.k), [])
+        for pending in loaded:
             pending.wait()
         blk.hidden[a.k] = blk.acts.ready(a.k, blk.hidden[a.k])
         if prof is not None:
@@ -320,7 +321,7 @@ class Executor:
                 blk.hidden[a.k] = AttentionInFlight(join, w, x)
             else:
                 blk.hidden[a.k] = attention_layer(self.config, f, w, kv, batch, spec.index, x)
-                if self.device.type == "cuda":        # the slot's cache buffers are free once this has run
+                if loaded and self.device.type == "cuda":   # the slot's loaded buffers are free once this has run
                     event = torch.cuda.Event()
                     event.record()
                     blk.kv_read[self._slot(a.i, a.j, a.k)] = event
