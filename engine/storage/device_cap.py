@@ -38,6 +38,12 @@ def wants_expandable_segments(environ: Mapping[str, str]) -> bool:
     return not any("expandable_segments" in environ.get(name, "") for name in _ALLOC_CONF_VARS)
 
 
+def _allocator_setter():
+    """torch's run-time allocator settings call: the accelerator-wide one where torch has it (2.11+, whose
+    CUDA-only `torch.cuda.memory._set_allocator_settings` warns that it is deprecated), else the CUDA one."""
+    return getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+
+
 def _expandable_segments() -> None:
     """Once per process: expandable segments on, when `wants_expandable_segments(os.environ)`; a torch that
     cannot set them at run time is warned about once (the cap still holds; fragmentation is then possible)."""
@@ -48,7 +54,7 @@ def _expandable_segments() -> None:
     if not wants_expandable_segments(os.environ):
         return
     try:
-        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+        _allocator_setter()("expandable_segments:True")
         torch.cuda.empty_cache()        # cached fixed segments go back, so new memory comes in expandable ones
     except (AttributeError, RuntimeError) as err:
         warnings.warn(f"device_cap: could not turn on torch's expandable segments ({err}); the gpu_memory cap "
