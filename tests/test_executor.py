@@ -258,32 +258,3 @@ def test_host_side_store_completes_inline_without_cuda():
     assert order == ["copy", "then"] and pending.done and torch.equal(dst, src)
     pending.wait()
     transfers.close()
-
-
-def test_consecutive_attention_computes_alternate_kv_buffers(tiny_checkpoints):
-    """With the cache off the device and one GPU batch, attention layer after attention layer loads into the
-    other of two buffers (`Executor._slot`), so a load waits only for the compute two attentions back; the
-    arena then holds both, as the memory model counts, and the tokens are the in-memory run's."""
-    loaded = load_model(tiny_checkpoints["llama"], dtype=torch.float32)
-    prompts = make_prompts(3, loaded.config.vocab_size)
-    want, _ = run_policy(loaded, Policy(gpu_batch_size=3), prompts, [4] * 3)
-    policy = Policy(gpu_batch_size=3, cache_gpu=0.0, cache_cpu=1.0, compress_cache=True)
-    slots: list[tuple[int, int]] = []
-    ex_box: list[Executor] = []
-
-    def hook(action):
-        if action.verb == "load_cache" and action.i > 0 and ex_box[0].specs[action.j].kind == "attention":
-            slots.append((action.j, ex_box[0]._slot(action.i, action.j, action.k)))
-
-    ex = Executor(loaded, policy, device=torch.device("cpu"), dtype=torch.float32)
-    ex_box.append(ex)
-    try:
-        ex.on_action = hook
-        sel = GreedyRecorder()
-        ex.generate_block(prompts, [4] * 3, sel)
-        keys = {key.split(".")[0] for key in ex.arena._flat if key.startswith("kvbuf")}
-    finally:
-        ex.close()
-    assert sel.tokens == want
-    assert len(slots) > 4 and all(a[1] != b[1] for a, b in zip(slots, slots[1:]))
-    assert keys == {"kvbuf0", "kvbuf1"}

@@ -158,11 +158,10 @@ def _kv_bytes(rows: int, heads: int, length: int, head_dim: int, dtype: torch.dt
 
 
 def _kv_slots(layout: ModelLayout, steps: tuple[int, ...], num_batches: int) -> int:
-    """How many distinct KV buffer slots the given steps use: the parities of the attention computes'
-    ordinals (i * A + a) * K + k (a: the attention layer's index among the A of the model), as
-    `Executor._slot` gives them, so two whenever a block has two attention computes."""
-    A = len(layout.attention_js)
-    return len({((i * A + a) * num_batches + k) % 2 for i in steps for a in range(A) for k in range(num_batches)})
+    """How many distinct KV buffer slots (parities of (i * J + j) * K + k) the given steps use."""
+    J = layout.num_specs
+    return len({((i * J + j) * num_batches + k) % 2 for i in steps for j in layout.attention_js
+                for k in range(num_batches)})
 
 
 def _stage_slots(layout: ModelLayout, policy: Policy) -> int:

@@ -51,8 +51,7 @@ class BlockState:
     `wpend[(i, j)]` / `cpend[(i, j, k)]` the weight / cache loads a compute waits for; `weights` the
     (i, j, tensors) of the layer last fetched; `results[k]` GPU batch k's latest `StepResult` from the
     head (a pipeline's last stage sends them back to the first); `stores` counts cache stores (their staging buffers
-    alternate); `kv_read[slot]` the event after the last decode attention that read that KV buffer slot (CUDA;
-    the next load into the slot waits for it alone); `t0` is when the current step began (perf_counter seconds)."""
+    alternate); `t0` is when the current step began (perf_counter seconds)."""
 
     select: TokenSelector
     batches: list[GpuBatch]
@@ -66,7 +65,6 @@ class BlockState:
     cpend: dict[tuple[int, int, int], list[Pending]] = field(default_factory=dict)
     weights: tuple[int, int, dict[str, torch.Tensor]] | None = None
     results: dict[int, StepResult] = field(default_factory=dict)
-    kv_read: dict[int, "torch.cuda.Event"] = field(default_factory=dict)
     t0: float = field(default_factory=time.perf_counter)
 
     @property

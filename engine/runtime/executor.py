@@ -74,8 +74,6 @@ class Executor:
         self.device, self.dtype = torch.device(device), dtype
         self.specs = [sp for sp in self.family.layer_specs() if stage is None or stage.holds(sp.kind, sp.index)]
         self.slots = WeightSlots([sp.kind for sp in self.specs])
-        self._attention_ordinal = {j: a for a, j in enumerate(j for j, sp in enumerate(self.specs)
-                                                             if sp.kind == "attention")}
         self.budget = MemoryBudget({Tier.GPU: gpu_memory, Tier.CPU: cpu_memory, Tier.DISK: None})
         self.arena = Arena(self.device, self.budget, Path(disk_dir) if disk_dir is not None else None)
         self.transfers = Transfers(self.device, policy.overlap)
@@ -213,11 +211,8 @@ class Executor:
         return frozenset(skip)
 
     def _slot(self, i: int, j: int, k: int) -> int:
-        """The double-buffer slot of GPU batch k's cache buffers for (step i, attention layer j): the parity of
-        the attention compute's ordinal in compute order, so consecutive attention computes alternate
-        buffers and a load into one waits only for the attention two computes back (`_load_cache`)."""
-        A = len(self._attention_ordinal)
-        return ((i * A + self._attention_ordinal[j]) * len(self.block.batches) + k) % 2
+        """The double-buffer slot of GPU batch k's cache buffers for (step i, layer j)."""
+        return ((i * len(self.specs) + j) * len(self.block.batches) + k) % 2
 
     def _weight_slot(self, i: int, j: int) -> int:
         """The buffer slot of layer j's weights at step i (`engine.policy.weight_slots`)."""
@@ -234,8 +229,7 @@ class Executor:
         kv = blk.kv.get((a.j, a.k))
         if kv is None or a.i == 0 or blk.batches[a.k].done:
             return
-        slot = self._slot(a.i, a.j, a.k)
-        blk.cpend[(a.i, a.j, a.k)] = blk.track(kv.load(self.transfers, slot, after=blk.kv_read.get(slot)))
+        blk.cpend[(a.i, a.j, a.k)] = blk.track(kv.load(self.transfers, self._slot(a.i, a.j, a.k)))
 
     def _store_cache(self, a: Action) -> None:
         blk = self.block
@@ -293,8 +287,7 @@ class Executor:
         if batch.done:
             return
         prof = self.profiler
-        loaded = blk.cpend.pop((a.i, a.j, a.k), [])
-        for pending in loaded:
+        for pending in blk.cpend.pop((a.i, a.j, a.k), []):
             pending.wait()
         blk.hidden[a.k] = blk.acts.ready(a.k, blk.hidden[a.k])
         if prof is not None:
@@ -321,10 +314,6 @@ class Executor:
                 blk.hidden[a.k] = AttentionInFlight(join, w, x)
             else:
                 blk.hidden[a.k] = attention_layer(self.config, f, w, kv, batch, spec.index, x)
-                if loaded and self.device.type == "cuda":   # the slot's loaded buffers are free once this has run
-                    event = torch.cuda.Event()
-                    event.record()
-                    blk.kv_read[self._slot(a.i, a.j, a.k)] = event
         elif spec.kind == "mlp":
             blk.hidden[a.k] = mlp_prefill(f, w, x, self._chunks(batch)) if batch.prefill else f.mlp(w, x)
         else:

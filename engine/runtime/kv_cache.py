@@ -10,10 +10,9 @@ policy's cache fractions (`split_ranges`); each segment's keys/values live on on
   - cpu/disk home, decode, cpu_attention: the new q/k/v go to the host, attention runs there, only the
     output comes back (`decode`: in the calling thread; `decode_start`: on the `HostAttention` thread, joined
     later by the MoE pipeline, `engine.runtime.moe_schedule`);
-  - cpu/disk home otherwise: `load` copies the whole home into a device buffer before compute (one of two,
-    alternating per attention compute; a cpu home's copy waits only for the attention that last read its
-    buffer, so it streams in while the computes since run), attention runs on the device, and `store`
-    writes the new positions back to the home after compute.
+  - cpu/disk home otherwise: `load` copies the whole home into a device buffer before compute (the
+    executor overlaps it with the previous GPU batch), attention runs on the device, and `store` writes
+    the new positions back to the home after compute.
 Stores never block the compute thread: the new positions go to a pinned staging buffer (the home's slice is
 strided; one buffer per prefill row chunk, `KVHome.rows`) and a worker thread copies them into the home
 (`Transfers.submit_host`). Decode over a 4-bit segment on the device dequantizes it in chunks of rows
@@ -154,11 +153,8 @@ class KVHome:
             pending.wait()
         self.pending = []
 
-    def load(self, transfers: Transfers, slot: int, after: "torch.cuda.Event | None" = None) -> list[Pending]:
-        """Copy each cpu/disk home (not handled on the host) into a device buffer for a decode compute.
-        `after` (CUDA): the event after the last compute that read the slot's buffers; a cpu home's copy waits
-        for it alone, so it streams in while the computes since still run (without it, and through a disk
-        home's relay, the copy waits for every compute issued so far)."""
+    def load(self, transfers: Transfers, slot: int) -> list[Pending]:
+        """Copy each cpu/disk home (not handled on the host) into a device buffer for a decode compute."""
         self.settle()
         pendings = []
         for n, seg in enumerate(self.segments):
@@ -178,11 +174,9 @@ class KVHome:
                 relay = (self.arena.get(f"kvrelay{slot}.s{n}.k", Tier.CPU, shape, self.dtype, quant),
                          self.arena.get(f"kvrelay{slot}.s{n}.v", Tier.CPU, shape, self.dtype, quant))
 
-            wait = [after] if after is not None and relay is None else None
-
-            def fn(stream, seg=seg, bk=bk, bv=bv, relay=relay, wait=wait):
-                e1 = copy(bk, seg.k, stream=stream, relay=relay[0] if relay else None, after=wait)
-                e2 = copy(bv, seg.v, stream=stream, relay=relay[1] if relay else None, after=wait)
+            def fn(stream, seg=seg, bk=bk, bv=bv, relay=relay):
+                e1 = copy(bk, seg.k, stream=stream, relay=relay[0] if relay else None)
+                e2 = copy(bv, seg.v, stream=stream, relay=relay[1] if relay else None)
                 return e2 or e1
             pendings.append(transfers.submit("load", fn, threaded=seg.tier is Tier.DISK))
         return pendings
