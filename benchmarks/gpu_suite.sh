@@ -126,8 +126,8 @@ if [[ $what == wrangle-ab ]]; then
   } 2>&1 | grep -v "block 1/" | tee "$OUT/wrangle_ab.log" | tail -20
 fi
 if [[ $what == flexgen-ab ]]; then
-  # OPT-30B under one policy (FLEXGEN_AB_POLICY, default 96x1 with half the cache heads on the host: the path
-  # whose cache loads ad911da stopped waiting for every compute) from this tree and every ab/<sha>/, one run id
+  # OPT-30B under one policy (FLEXGEN_AB_POLICY, default 96x1 with half the cache heads on the host: a decode
+  # that loads the cache off the device at every attention layer) from this tree and every ab/<sha>/, one run id
   export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-flexgen-ab-$(date -u +%Y%m%dT%H%M%SZ)}
   policy=${FLEXGEN_AB_POLICY:-'{"gpu_batch_size": 96, "num_gpu_batches": 1, "w_gpu": 0.0, "w_cpu": 1.0, "cache_gpu": 0.5, "cache_cpu": 0.5, "compress_weights": true, "compress_cache": true}'}
   args=(--workload flexgen --model opt-30b --gpu-memory 16GiB --policy "$policy")
