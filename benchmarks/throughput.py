@@ -26,7 +26,9 @@ seconds: the prefill, then every decode step); with --profile also `profile`
 (`engine.runtime.step_profile`: per layer, prefill and decode); with --trace also `trace`
 (`bench_common.trace_summary`: torch.profiler's kernel and copy seconds against the wall, syncs, top ops) and
 `timeline` (`timeline.timeline_summary`: prefill and decode apart, each stream's busy time, the compute stream's
-idle gaps, kernel seconds by category).
+idle gaps, kernel seconds by category). A configuration cut by SIGTERM (`timeout`'s signal) still writes its
+record: ok false, `cut` true, `error` naming the last progress phase, and `step_s` with the steps measured so far
+(the block in flight last); the harness then exits 124 without starting another configuration.
 Several GPUs (`--gpus N`, repeatable; `throughput_multi.py`): each llmops configuration runs once per N on
 the same rows (default: one block per GPU of the largest N), and every record holds `num_gpus`, `parallel`
 (pipeline / data), `micro_batches` (pipeline: blocks in flight), `tokens_digest` (sha256 of every row's greedy
@@ -50,6 +52,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -159,6 +162,17 @@ def choose(args, config, device, dtype, profile, rows: int | None,
 
 
 _START = time.perf_counter()
+_PHASE = ["starting"]          # the last progress message: where a cut configuration was
+
+
+class Cut(Exception):
+    """SIGTERM (what `timeout` sends) arrived during a configuration: it is recorded as cut, with the phase it
+    had reached and the step seconds it had measured, and the harness then exits 124 without starting another."""
+
+
+def _cut(signum: int, frame) -> None:
+    raise Cut(f"terminated by signal {signum} {time.perf_counter() - _START:.1f} s after the start, during: "
+              f"{_PHASE[0]}")
 
 
 def device_tracer(on: bool):
@@ -170,8 +184,8 @@ def device_tracer(on: bool):
 
 
 def progress(message: str) -> None:
-    """One line on stderr with the seconds since the harness started: a run cut by a time limit still says
-    how far it got (the records are written only as each configuration ends)."""
+    """One line on stderr with the seconds since the harness started; the last one is a cut record's phase."""
+    _PHASE[0] = message
     print(f"[throughput {time.perf_counter() - _START:7.1f} s] {message}", file=sys.stderr, flush=True)
 
 
@@ -182,6 +196,8 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
     cuda = device.type == "cuda"
     out: dict = {"policy": policy.to_dict(), "allocator_cap_gib": size_gib(args.gpu_memory) if cuda else None}
     ex = None
+    step_walls: list[list[float]] = []     # per measured block, each step's wall seconds
+    finished: list[float] | None = None    # while measuring: the executor's step list before the block in flight
     cap = device_cap.hold(device, args.gpu_memory)       # torch's allocator capped at the budget, as LLM does
     try:
         progress(f"placing weights for {policy.gpu_batch_size}x{policy.num_gpu_batches} ({len(prompts)} rows)")
@@ -201,7 +217,7 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
         ex.profiler = prof
         reset_peak()
         recorders, prefill, decode, steps = [TokenRecorder() for _ in blocks], 0.0, 0.0, 0
-        step_walls: list[list[float]] = []
+        finished = ex.step_s                     # the warm-up's (each block starts a new list)
         tracer = device_tracer(args.trace and cuda)
         with tracer, Timer() as run:              # the timer stops before the profiler's teardown
             for block, rec in zip(blocks, recorders):
@@ -209,6 +225,7 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
                 ex.generate_block(block, [args.gen_len] * len(block), rec)
                 prefill, decode, steps = prefill + ex.stats["prefill_s"], decode + ex.stats["decode_s"], steps + 1
                 step_walls.append([round(x, 4) for x in ex.step_s])
+                finished = ex.step_s
                 progress(f"block {steps} done: prefill {ex.stats['prefill_s']:.1f} s, decode {ex.stats['decode_s']:.1f} s")
         if args.trace and cuda:
             out["trace"] = trace_summary(tracer, run.seconds)
@@ -223,6 +240,10 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
             out["profile"] = prof.report()
     except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError, ValueError) as err:
         out.update(failure_fields(err))
+    except Cut as err:            # the measured blocks' steps so far, the block in flight last (its own so far)
+        begun = finished is not None and ex.step_s is not finished
+        in_flight = [[round(x, 4) for x in ex.step_s]] if begun else []
+        out.update(failure_fields(err), cut=True, step_s=step_walls + in_flight)
     finally:
         close_and_release(ex)
         device_cap.release(cap)
@@ -246,7 +267,28 @@ def finish(record: dict, res: dict, rows: int, floor: dict | None, wrangle: bool
     return record
 
 
+def guarded(run, *a, **kw) -> dict:
+    """`run(*a, **kw)`'s result dict, or a cut configuration's failure fields when SIGTERM arrives during it."""
+    try:
+        return run(*a, **kw)
+    except Cut as err:
+        return {**failure_fields(err), "cut": True}
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
+    """The harness (see the module doc). SIGTERM during a configuration writes its record with `cut` true (the
+    phase reached, the steps measured) and exits 124; SIGTERM between records exits 124 with a message."""
+    previous = signal.signal(signal.SIGTERM, _cut)
+    try:
+        return _main(argv)
+    except Cut as err:
+        print(f"throughput: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(124) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="flexgen")
     ap.add_argument("--model", default=None, help="dummy preset (default: the workload's)")
@@ -327,6 +369,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                                   "rows_per_h", "roofline_fraction", "peak_device_gib", "error",
                                                   "num_gpus", "tokens_match_1gpu", "speedup_vs_1gpu")}),
               flush=True)
+        if res.get("cut"):
+            raise SystemExit(124)
         return rec
 
     planned: list[tuple[str, Policy, dict | None]] = []     # --policy resolved once: every system runs the same
@@ -346,7 +390,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 one: dict | None = None
                 for n in gpus:
                     res = run_llmops(loaded, policy, prompts, args, device, dtype) if n == 1 else \
-                        run_multi(loaded, policy, prompts, args, n, dtype)
+                        guarded(run_multi, loaded, policy, prompts, args, n, dtype)
                     res["predicted"] = predicted
                     if one is not None and res.get("ok") and one.get("ok"):
                         res["tokens_match_1gpu"] = res["tokens_digest"] == one["tokens_digest"]
@@ -359,15 +403,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
             fp = FLEXGEN_POLICIES.get(args.model, {})
             rows = fp.get("gpu_batch_size", 1) * fp.get("num_gpu_batches", 1)
             prompts = make_prompts(config.vocab_size, rows, args.prompt_len, prefix_len)
-            res = run_flexgen(args.model, prompts, args.gen_len, fp, args.disk_dir) if fp else \
+            res = guarded(run_flexgen, args.model, prompts, args.gen_len, fp, args.disk_dir) if fp else \
                 {"ok": False, "skipped": f"no FlexGen policy for {args.model}"}
             emit(system, "best-measured", res, rows, None)
         else:
             rows = args.peer_rows or rows_arg or 16
             gen = args.peer_gen_len or args.gen_len
             prompts = make_prompts(config.vocab_size, rows, args.prompt_len, prefix_len)
-            res = run_accelerate(args.model, prompts, gen, args.gpu_memory or 16 * GIB, rows, PRESETS[args.model],
-                                 say=progress)
+            res = guarded(run_accelerate, args.model, prompts, gen, args.gpu_memory or 16 * GIB, rows,
+                          PRESETS[args.model], say=progress)
             res.update(short_run_fields(res, rows, gen, args.gen_len))
             emit(system, f"b{rows}-gen{gen}", res, rows, None)
     return records

@@ -113,8 +113,9 @@ def test_costly_offload_slots_keep_the_cache_and_hidden_states_resident(model, g
     no_extras = replace(H200, slot_off_cache_ms=0.0, slot_off_cache_q4_ms=0.0, slot_off_act_ms=0.0,
                         slot_gpu_cache_q4_ms=0.0, slot_off_weights_ms=0.0)
     costly = replace(no_extras, slot_off_cache_ms=5.0, slot_off_cache_q4_ms=5.0, slot_off_act_ms=5.0)
-    free = search(config, WORKLOAD, budgets, no_extras, compress_weights=compressed, compress_cache=compressed)
-    paid = search(config, WORKLOAD, budgets, costly, compress_weights=compressed, compress_cache=compressed)
+    flags = dict(compress_weights=compressed, compress_cache=compressed, cpu_attention=False)   # GPU attention's slots
+    free = search(config, WORKLOAD, budgets, no_extras, **flags)
+    paid = search(config, WORKLOAD, budgets, costly, **flags)
     assert getattr(free.policy, field) < 1.0
     assert getattr(paid.policy, field) == 1.0
     assert paid.predicted_tokens_per_s <= free.predicted_tokens_per_s

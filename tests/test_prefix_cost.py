@@ -18,7 +18,7 @@ from engine.policy.prefix import MIN_SHARED_PREFIX, batch_prefix_len
 # the reference profile without its measured per-slot host costs: the numbers pinned below were computed so
 H200 = replace(reference_profile("h200"), slot_prefill_ms=0.0, slot_decode_ms=0.0, slot_gpu_cache_q4_ms=0.0,
                slot_off_cache_ms=0.0, slot_off_cache_q4_ms=0.0, slot_off_act_ms=0.0, slot_off_weights_ms=0.0,
-               layer_q4_weights_ms=0.0)
+               layer_q4_weights_ms=0.0, cpu_attention_gib_s=0.0, cpu_attention_q4_gib_s=0.0)  # nor host attention's
 WRANGLE = Workload(200, 10, num_prompts=1536)                   # issue 16: 150 shared + 50 own tokens
 # the auto policy for llama-3-70b at 16 GiB before the planner knew of prefixes
 LLAMA_96X16 = Policy(gpu_batch_size=96, num_gpu_batches=16, w_gpu=0.2779, w_cpu=0.7221, cache_gpu=0.0,

@@ -120,3 +120,47 @@ def test_ab_prepare_writes_a_commit_copy_without_results(tmp_path):
     (copy,) = tmp_path.iterdir()
     assert (copy / "engine" / "runtime" / "executor.py").is_file()
     assert (copy / "benchmarks" / "throughput.py").is_file() and not (copy / "benchmarks" / "results").exists()
+
+
+TINY_CUT = ["--workload", "flexgen", "--model", "tiny-opt", "--prompt-len", "8", "--gen-len", "4", "--num-prompts", "6",
+            "--gpu-memory", "none", "--policy", '{"gpu_batch_size": 1, "num_gpu_batches": 1}',
+            "--policy", '{"gpu_batch_size": 2, "num_gpu_batches": 1}']
+
+
+def test_a_cut_configuration_is_recorded_and_the_harness_stops(tmp_path, monkeypatch):
+    """SIGTERM's exception in the second measured block: that configuration's record says cut, where, and holds
+    the first block's steps; the second --policy never runs."""
+    calls = []
+
+    class CutOnThird(throughput.Executor):
+        def generate_block(self, *a, **kw):
+            calls.append(len(a[0]))
+            if len(calls) == 3:                  # warm-up, block 1, then block 2 is cut
+                raise throughput.Cut("terminated by signal 15 during: block 2/6")
+            return super().generate_block(*a, **kw)
+    monkeypatch.setattr(throughput, "Executor", CutOnThird)
+    out = tmp_path / "cut.jsonl"
+    with pytest.raises(SystemExit) as stop:
+        throughput.main([*TINY_CUT, "--out", str(out)])
+    assert stop.value.code == 124 and len(calls) == 3
+    (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rec["ok"] is False and rec["cut"] is True and "block 2/6" in rec["error"]
+    assert rec["config_name"] == "custom:1x1" and [len(s) for s in rec["step_s"]] == [4]   # prefill + 3 steps
+
+
+def test_sigterm_during_a_run_writes_the_cut_record(tmp_path):
+    """The real signal, as `timeout` sends it, once the harness says the measured blocks began."""
+    out = tmp_path / "term.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    args = ["--workload", "flexgen", "--model", "tiny-opt", "--prompt-len", "8", "--gen-len", "64", "--num-prompts",
+            "400", "--gpu-memory", "none", "--policy", '{"gpu_batch_size": 1, "num_gpu_batches": 1}', "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, str(Path(throughput.__file__)), *args], env=env,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    for line in proc.stderr:
+        if "block 2/400" in line:
+            proc.terminate()
+            break
+    proc.stderr.read()
+    assert proc.wait(timeout=120) == 124
+    (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rec["cut"] is True and "block" in rec["error"] and rec["step_s"] and len(rec["step_s"][0]) == 64

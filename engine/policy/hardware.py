@@ -146,7 +146,12 @@ def reference_profile(name: str) -> HardwareProfile:
     (benchmarks/results/h200/policy_validation_opt-6.7b+opt-30b.json's profile): without them a slot over a
     host-resident 4-bit cache cost 0.5 ms here, where it measured 4.3 ms (0.77 + 2.69 + 0.85 with the hidden
     states parked), and auto chose many small GPU batches (Mixtral 128 x 8: under 510 tok/s against 2,189
-    predicted; stop 26's call 3 in results/h200/README.md)."""
+    predicted; stop 26's call 3 in results/h200/README.md). Host attention's rates (dense 58.9 GiB/s, 4-bit
+    2.10 GiB/s dense-equivalent) are `measure_cpu_decode_attention`'s on that host in the same profile (stop 11's
+    run 12, `policy_validation_opt-6.7b.json`); without them the 4-bit rate defaulted to 105 / 8 = 12.3 GiB/s,
+    and auto from this profile chose host attention for Mixtral-8x7B at prompt 512 (256 x 2, 626 tok/s
+    predicted), which did not finish a 512-row block in 95 s on the H200 (stop 34, results/h200/README.md).
+    The 4-bit host path has been 1.3-1.6x faster on the dev CPU since (088840c, 5b96b70), unmeasured there."""
     if name == "h200":
         return HardwareProfile(
             device_name="NVIDIA H200", device_type="cuda",
@@ -157,6 +162,7 @@ def reference_profile(name: str) -> HardwareProfile:
             gpu_memory_bytes=139 * GIB, cpu_memory_bytes=126 * GIB, disk_free_bytes=60 * GIB,
             layer_overhead_ms=0.5, slot_prefill_ms=0.95, slot_decode_ms=0.77, slot_gpu_cache_q4_ms=1.64,
             slot_off_cache_ms=0.58, slot_off_cache_q4_ms=2.69, slot_off_act_ms=0.85, slot_off_weights_ms=0.95,
-            layer_q4_weights_ms=0.075, hostname="reference", torch_version="", source="reference:h200",
+            layer_q4_weights_ms=0.075, cpu_attention_gib_s=58.9, cpu_attention_q4_gib_s=2.10,
+            hostname="reference", torch_version="", source="reference:h200",
         )
     raise ValueError(f"unknown reference hardware {name!r}; known: ['h200']")
