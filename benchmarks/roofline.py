@@ -80,7 +80,9 @@ def roofline(config: ModelConfig, policy: Policy, profile: HardwareProfile, *, r
     per-step weight, cache-load and compute floors, prefill/decode/total floor seconds (every block), and
     the bound in generated tokens per second. `prefill_tokens`: tokens the prefill computes over all rows (a
     shared prefix once per GPU batch); `prefix_len`: the run's shared prefix (held once on the device where
-    `prefix.prefix_held_once` says, so the decode loads only the rows' own positions)."""
+    `prefix.prefix_held_once` says, so the decode loads only the rows' own positions). With
+    `policy.prefill_ahead` every block's prefill after the first is compute added to the previous block's
+    decode steps (`decode_floor_step_s` is then the last block's step)."""
     blocks = -(-rows // policy.block_size)
     off, disk = _weight_bytes_off(config, policy, profile, bytes_per_element)
     w = _link_floor_s(off, disk, profile, 0.0)
@@ -91,8 +93,14 @@ def roofline(config: ModelConfig, policy: Policy, profile: HardwareProfile, *, r
     w_decode = _link_floor_s(off, disk, profile, kv)
     prefill_c = compute_floor_s(config, prefill_tokens, prompt_len / 2, rows, profile)
     decode_c = compute_floor_s(config, rows, prompt_len + gen_len / 2, rows, profile) / blocks
-    prefill = blocks * max(w, prefill_c / blocks)
-    decode = blocks * (gen_len - 1) * max(w_decode, decode_c / blocks)
+    if policy.prefill_ahead and blocks > 1 and gen_len > 1 and not batch_prefix_len(prefix_len, policy.gpu_batch_size):
+        # every block's prefill but the first rides on the previous block's decode steps (engine.runtime.ahead)
+        prefill = max(w, prefill_c / blocks)
+        carried = max(w_decode, (decode_c + prefill_c / (gen_len - 1)) / blocks)
+        decode = (gen_len - 1) * ((blocks - 1) * carried + max(w_decode, decode_c / blocks))
+    else:
+        prefill = blocks * max(w, prefill_c / blocks)
+        decode = blocks * (gen_len - 1) * max(w_decode, decode_c / blocks)
     total = prefill + decode
     return {"weight_floor_step_s": w, "cache_load_step_bytes": kv, "decode_transfer_floor_step_s": w_decode,
             "prefill_compute_floor_s": prefill_c, "prefill_floor_s": prefill,

@@ -216,17 +216,20 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
         prof = StepProfile(device, [s.kind for s in ex.specs]) if args.profile else None
         ex.profiler = prof
         reset_peak()
-        recorders, prefill, decode, steps = [TokenRecorder() for _ in blocks], 0.0, 0.0, 0
+        recorders, prefill, decode, steps, ahead = [TokenRecorder() for _ in blocks], 0.0, 0.0, 0, 0
         finished = ex.step_s                     # the warm-up's (each block starts a new list)
         tracer = device_tracer(args.trace and cuda)
         with tracer, Timer() as run:              # the timer stops before the profiler's teardown
-            for block, rec in zip(blocks, recorders):
-                progress(f"block {steps + 1}/{len(blocks)}: {len(block)} rows x {args.gen_len} new tokens")
-                ex.generate_block(block, [args.gen_len] * len(block), rec)
+            progress(f"block 1/{len(blocks)}: {len(blocks[0])} rows x {args.gen_len} new tokens")
+            for _ in ex.generate_blocks((block, [args.gen_len] * len(block), rec)
+                                        for block, rec in zip(blocks, recorders)):
                 prefill, decode, steps = prefill + ex.stats["prefill_s"], decode + ex.stats["decode_s"], steps + 1
+                ahead += int(ex.stats.get("prefill_ahead", 0.0))
                 step_walls.append([round(x, 4) for x in ex.step_s])
                 finished = ex.step_s
-                progress(f"block {steps} done: prefill {ex.stats['prefill_s']:.1f} s, decode {ex.stats['decode_s']:.1f} s")
+                nxt = f"; block {steps + 1}/{len(blocks)}" if steps < len(blocks) else ""
+                progress(f"block {steps} done: prefill {ex.stats['prefill_s']:.1f} s"
+                         f"{' (ran ahead)' if ex.stats.get('prefill_ahead') else ''}, decode {ex.stats['decode_s']:.1f} s{nxt}")
         if args.trace and cuda:
             out["trace"] = trace_summary(tracer, run.seconds)
             events, marks = device_events(tracer)
@@ -234,6 +237,7 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
             if args.trace_out:
                 write_events(args.trace_out, events, marks)
         out.update(ok=True, total_s=run.seconds, prefill_s=prefill, decode_s=decode, blocks=steps, step_s=step_walls,
+                   blocks_prefilled_ahead=ahead,
                    generated_tokens=sum(r.tokens for r in recorders), tokens_digest=tokens_digest(recorders),
                    executor_memory=ex.memory_report(), **peak_gib())
         if prof is not None:
@@ -396,7 +400,8 @@ def _main(argv: list[str] | None) -> list[dict]:
                         res["tokens_match_1gpu"] = res["tokens_digest"] == one["tokens_digest"]
                         res["speedup_vs_1gpu"] = one["total_s"] / res["total_s"]
                     n_floor = None if floor is None else {**floor, "floor_s": floor["floor_s"] / n, "num_gpus": n}
-                    rec = emit(system, f"{name}:{policy.gpu_batch_size}x{policy.num_gpu_batches}", res, rows,
+                    shape = f"{policy.gpu_batch_size}x{policy.num_gpu_batches}{'+ahead' if policy.prefill_ahead else ''}"
+                    rec = emit(system, f"{name}:{shape}", res, rows,
                                n_floor, n)
                     one = rec if n == 1 else one
         elif system == "flexgen":

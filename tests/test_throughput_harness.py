@@ -133,11 +133,11 @@ def test_a_cut_configuration_is_recorded_and_the_harness_stops(tmp_path, monkeyp
     calls = []
 
     class CutOnThird(throughput.Executor):
-        def generate_block(self, *a, **kw):
+        def _run_block(self, *a, **kw):
             calls.append(len(a[0]))
             if len(calls) == 3:                  # warm-up, block 1, then block 2 is cut
                 raise throughput.Cut("terminated by signal 15 during: block 2/6")
-            return super().generate_block(*a, **kw)
+            return super()._run_block(*a, **kw)
     monkeypatch.setattr(throughput, "Executor", CutOnThird)
     out = tmp_path / "cut.jsonl"
     with pytest.raises(SystemExit) as stop:

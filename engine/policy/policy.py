@@ -25,6 +25,10 @@ class Policy:
     every layer's weights in one transfer. Dense models ignore both (their weights move in one page per GPU
     batch).
 
+    `prefill_ahead`: while a block decodes, the next block's prefill runs in row chunks on the decode steps'
+    weight passes (`engine.runtime.ahead`), its cache's gpu share parked on the host until the switch; a
+    block with a shared prefix, and the first block, run their own prefill.
+
     `compress_weights`: decoder matmul weights held 4-bit in WEIGHT_QUANT's groups. An AWQ / GPTQ int4
     checkpoint's packed weights are held 4-bit in its own groups either way (`engine.models.weights.stored_quant`).
     """
@@ -43,6 +47,7 @@ class Policy:
     compress_cache: bool = False
     pipeline: bool = True
     weight_pages: int = 0
+    prefill_ahead: bool = False
 
     def __post_init__(self) -> None:
         if self.gpu_batch_size < 1 or self.num_gpu_batches < 1:

@@ -78,6 +78,13 @@ class Arena:
                 torch.cuda.synchronize(self.device)
             self.host.free(flat)
 
+    def drop(self, prefixes: tuple[str, ...], keep_tier: Tier | None = None) -> None:
+        """Give back every buffer whose key starts with one of `prefixes` (except those on `keep_tier`)."""
+        for key in [k for k, (tier, _) in self._flat.items() if k.startswith(prefixes) and tier is not keep_tier]:
+            tier, flat = self._flat.pop(key)
+            self.budget.release(tier, flat.numel(), key)
+            self._free(tier, flat)
+
     def close(self) -> None:
         for key, (tier, flat) in self._flat.items():
             self.budget.release(tier, flat.numel(), key)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+import logging
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -29,11 +30,12 @@ from engine.policy.working import (
 )
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT, QuantConfig
 from engine.runtime.act_homes import ActHomes
+from engine.runtime.ahead import AheadPrefill, rows_per_pass
 from engine.runtime.arena import Arena
 from engine.runtime.batch import GpuBatch
 from engine.runtime.block_state import AttentionInFlight, BlockState, StepResult
 from engine.runtime.host_attention import HostAttention
-from engine.runtime.kv_cache import KVHome
+from engine.runtime.kv_cache import BufferReleases, KVHome
 from engine.runtime.moe_schedule import moe_block_schedule
 from engine.runtime.prefill_chunks import attention_prefill, mlp_prefill
 from engine.runtime.schedule import Action, block_schedule
@@ -41,7 +43,10 @@ from engine.runtime.selector import TokenSelector
 from engine.runtime.step_profile import StepProfile
 from engine.runtime.transfers import Transfers
 from engine.runtime.weight_homes import WeightHomes
-from engine.storage.tiers import MemoryBudget, Tier
+from engine.storage.tiers import BudgetExceeded, MemoryBudget, Tier
+
+log = logging.getLogger(__name__)
+Block = tuple[list[list[int]], list[int], TokenSelector]     # (prompts, max_new_tokens, select) of one block
 
 # schedule verb -> method name (looked up per action: a dict of bound methods would make the executor a
 # reference cycle, so its device tensors would outlive `close()` until the cyclic GC happened to run)
@@ -88,6 +93,11 @@ class Executor:
         self.stats: dict[str, float] = {}
         self.step_s: list[float] = []
         self.block: BlockState | None = None     # the running block's state (None between blocks)
+        self.stage = stage
+        self.ahead: AheadPrefill | None = None   # the next block's prefill riding on this block's decode
+        self._ahead_work = 0                     # its reserved device working memory
+        self._host_tag = self._next_tag = "kv"   # host cache homes alternate kv / kvx between ahead blocks
+        self.kv_releases = BufferReleases()      # when each device cache buffer was last read
         try:
             with torch.inference_mode():
                 self.weights = WeightHomes(loaded, self.specs, w_gpu=policy.w_gpu, w_cpu=policy.w_cpu, dtype=dtype,
@@ -105,36 +115,136 @@ class Executor:
         alive rows' logits go to `select(rows, logits)`; a row ends when the selector says finished or when
         it has produced its own max_new_tokens. Returns when every row has ended; results live in `select`.
         """
-        p = self.policy
-        if len(prompts) > p.block_size:
-            raise ValueError(f"generate_block: {len(prompts)} prompts exceed the policy's block size {p.block_size}")
-        if len(prompts) != len(max_new_tokens):
-            raise ValueError(f"generate_block: {len(prompts)} prompts but {len(max_new_tokens)} max_new_tokens")
         if not prompts:
             return
-        for r, (prompt, n) in enumerate(zip(prompts, max_new_tokens)):
-            if not prompt or n < 1:
-                raise ValueError(f"generate_block: row {r} has an empty prompt or max_new_tokens < 1")
-        with torch.inference_mode():
-            self._run_block(prompts, max_new_tokens, select)
+        for _ in self.generate_blocks([(prompts, max_new_tokens, select)]):
+            pass
 
-    def _run_block(self, prompts, max_new_tokens, select) -> None:
-        batches = self._batches(prompts, max_new_tokens)
+    def generate_blocks(self, blocks: Iterable[Block]) -> Iterator[int]:
+        """Run `blocks` ((prompts, max_new_tokens, select) each, as `generate_block` takes) in order, yielding
+        each one's index once its rows have all ended (its results are then in its selector). Block n + 1
+        is taken from `blocks` before block n runs: with `policy.prefill_ahead` its prefill runs on block n's
+        decode steps (`engine.runtime.ahead`) where it can (no shared prefix, block n decodes at least one
+        step, the budgets hold its chunk and its parked cache); otherwise it runs its own prefill."""
+        it = iter(blocks)
+        nxt, n, ready = self._take(it, 0), 0, None
+        while nxt is not None:
+            cur, nxt = nxt, self._take(it, n + 1)
+            with torch.inference_mode():
+                ready = self._run_block(*cur, ready, nxt)
+            yield n
+            n += 1
+
+    def _take(self, it: Iterator[Block], n: int) -> Block | None:
+        """The next block of `it`, checked (None when there is none)."""
+        block = next(it, None)
+        if block is None:
+            return None
+        prompts, max_new_tokens, select = block
+        p = self.policy
+        where = f"generate_block: block {n}: " if n else "generate_block: "
+        if not prompts:
+            raise ValueError(f"{where}no prompts")
+        if len(prompts) > p.block_size:
+            raise ValueError(f"{where}{len(prompts)} prompts exceed the policy's block size {p.block_size}")
+        if len(prompts) != len(max_new_tokens):
+            raise ValueError(f"{where}{len(prompts)} prompts but {len(max_new_tokens)} max_new_tokens")
+        for r, (prompt, m) in enumerate(zip(prompts, max_new_tokens)):
+            if not prompt or m < 1:
+                raise ValueError(f"{where}row {r} has an empty prompt or max_new_tokens < 1")
+        return list(prompts), list(max_new_tokens), select
+
+    def _run_block(self, prompts, max_new_tokens, select, ready: BlockState | None,
+                   nxt: Block | None) -> BlockState | None:
+        """One block: its own prefill, or (`ready`) the state its ahead prefill left; with `nxt`, that block's
+        prefill ahead where it can. Returns the next block's state when its prefill ran ahead."""
+        batches = ready.batches if ready is not None else self._batches(prompts, max_new_tokens)
+        num_steps = max(max_new_tokens)
         reserve_positions(self.family, max(b.length for b in batches), self.device, self.dtype)
         work = self._working_bytes(batches)
         self.budget.reserve(Tier.GPU, work, "working memory of one GPU batch")
         try:
-            self.block = self._block_state(batches, select)
-            self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0}
+            self.block = ready if ready is not None else self._block_state(batches, select)
+            self.block.t0 = time.perf_counter()
+            self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 1 if ready is not None else 0,
+                          "prefill_ahead": float(ready is not None)}
             self.step_s = []
-            self._run_actions(self._schedule(max(max_new_tokens), len(batches)))
+            if nxt is not None and num_steps > 1:
+                self.ahead = self._start_ahead(nxt, num_steps - 1)
+            # the ahead's passes fit the block's decode steps (`rows_per_pass`), and a block whose rows all
+            # ended keeps streaming weight passes until the ahead is idle (`_run_actions`)
+            self._run_actions(self._schedule(num_steps, len(batches), 1 if ready is not None else 0))
             self._sync(None)
             if self.profiler is not None:
                 self.profiler.finish()
+        except BaseException:
+            self._drop_ahead()
+            raise
         finally:
             self._drain()
             self.budget.release(Tier.GPU, work, "working memory of one GPU batch")
             self._drop_block_state()
+        return self._switch()
+
+    def _start_ahead(self, nxt: Block, decode_steps: int) -> AheadPrefill | None:
+        """Block `nxt`'s ahead prefill over `decode_steps` passes, or None where it cannot run ahead (the
+        policy says not to, a pipeline stage, a shared prefix, or the budgets cannot hold it)."""
+        if not self.policy.prefill_ahead or self.stage is not None:
+            return None
+        prompts, max_new_tokens, select = nxt
+        batches = self._batches(prompts, max_new_tokens)
+        if any(b.prefix_len for b in batches):
+            return None
+        reserve_positions(self.family, max(b.length for b in batches), self.device, self.dtype)
+        per_pass = rows_per_pass(len(prompts), decode_steps)
+        tag = "kvx" if self._host_tag == "kv" else "kv"
+        work = self._ahead_bytes(batches, per_pass)
+        try:
+            self.budget.reserve(Tier.GPU, work, "working memory of the ahead prefill")
+            self._ahead_work = work
+            state = self._block_state(batches, select, host=tag, park=True)
+        except BudgetExceeded as err:
+            self._drop_ahead()
+            log.info("the next block runs its own prefill: %s", err)
+            return None
+        self._next_tag = tag
+        return AheadPrefill(state, per_pass, self.prefill_chunk_tokens)
+
+    def _ahead_bytes(self, batches: list[GpuBatch], per_pass: int) -> int:
+        """Device working memory of one ahead pass (`per_pass` rows of the longest batch; every cache
+        segment's new keys/values staged for their store, the gpu share being parked)."""
+        c, cc = self.config, self.cquant is not None
+        staged = staged_kv_heads(c.num_key_value_heads, 0.0, 1.0, self.device.type, cc)
+        return max(working_bytes(c, min(per_pass, b.size), b.prompt_len, b.length, self.dtype, cc, staged,
+                                 self.prefill_chunk_tokens, self.decode_chunk_bytes) for b in batches)
+
+    def _switch(self) -> BlockState | None:
+        """After a block: the next block's state if its prefill ran ahead (its gpu cache moved to the device)."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is None:
+            return None
+        with torch.inference_mode():
+            try:
+                state = ahead.finish()
+            finally:
+                self._release_ahead_work()
+        self._host_tag = self._next_tag
+        return state
+
+    def _drop_ahead(self) -> None:
+        """Abandon an ahead prefill (an error, or budgets that cannot hold it): its stores settled, its
+        reservation and parked/alternate host homes given back."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            for kv in ahead.state.kv.values():
+                kv.settle()
+        self._release_ahead_work()
+        self.arena.drop(("kvpark.", "kvx." if self._host_tag == "kv" else "kv."), keep_tier=Tier.GPU)
+
+    def _release_ahead_work(self) -> None:
+        if self._ahead_work:
+            self.budget.release(Tier.GPU, self._ahead_work, "working memory of the ahead prefill")
+            self._ahead_work = 0
 
     def _batches(self, prompts: list[list[int]], max_new_tokens: list[int]) -> list[GpuBatch]:
         """The block's rows cut into GPU batches of policy.gpu_batch_size, in order."""
@@ -153,16 +263,21 @@ class Executor:
         return max(working_bytes(c, b.size, b.prompt_len, b.length, self.dtype, cc, staged,
                                  self.prefill_chunk_tokens, self.decode_chunk_bytes, b.prefix_len) for b in batches)
 
-    def _block_state(self, batches: list[GpuBatch], select: TokenSelector, tag: str = "") -> BlockState:
-        """A block's state: its cache homes (named `kv{tag}.{j}.{k}` in the arena) and activation homes."""
+    def _block_state(self, batches: list[GpuBatch], select: TokenSelector, tag: str = "", host: str | None = None,
+                     park: bool = False) -> BlockState:
+        """A block's state: its cache homes (`kv{tag}.{j}.{k}` in the arena on the gpu, `{host}{tag}.{j}.{k}`
+        on the host, `host` default the running host tag; `park`: gpu segments parked as `kvpark.{j}.{k}`, for
+        an ahead prefill) and activation homes."""
         p, c = self.policy, self.config
         once = prefix_held_once(self.device.type, self.cquant is not None)
+        host = f"{self._host_tag if host is None else host}{tag}"
         kv = {
             (j, k): KVHome(self.arena, f"kv{tag}.{j}.{k}", rows=b.size, length=b.length,
                            num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, dtype=self.dtype,
                            cache_gpu=p.cache_gpu, cache_cpu=p.cache_cpu, quant=self.cquant,
                            cpu_attention=p.cpu_attention, decode_chunk_bytes=self.decode_chunk_bytes,
-                           prefix_len=b.prefix_len if once else 0)
+                           prefix_len=b.prefix_len if once else 0, host_key=f"{host}.{j}.{k}",
+                           park_key=f"kvpark.{j}.{k}" if park else None, releases=self.kv_releases)
             for j, spec in enumerate(self.specs) if spec.kind == "attention"
             for k, b in enumerate(batches)
         }
@@ -172,8 +287,10 @@ class Executor:
     def _run_actions(self, actions: Iterable[Action]) -> None:
         """The one loop: every action of `actions` on `self.block`, until its rows have all ended."""
         skip = self._noop_verbs()
+        last_k = len(self.block.batches) - 1
         for action in actions:
-            if action.verb == "compute" and action.j == 0 and action.k == 0 and self.block.all_done:
+            if action.verb == "compute" and action.j == 0 and action.k == 0 and self.block.all_done and (
+                    self.ahead is None or self.ahead.idle):
                 break
             if self.on_action is not None:
                 self.on_action(action)
@@ -185,14 +302,33 @@ class Executor:
                     prof.begin(action)
                     getattr(self, _VERBS[action.verb])(action)
                     prof.end()
+            if action.verb == "compute" and action.k == last_k and action.i > 0 and self.ahead is not None:
+                self._ahead_layer(action)
 
-    def _schedule(self, num_steps: int, K: int):
-        """The block's actions: the MoE schedule for MoE models (pages: the policy's, one per GPU batch by
-        default, one without `pipeline`), else the zig-zag with one page per GPU batch."""
+    def _ahead_layer(self, a: Action) -> None:
+        """The ahead prefill's layer a.j on the weights block a.i loaded for it (after the block's last GPU
+        batch's compute of that layer, so the weights' buffers are still theirs)."""
+        if self.ahead.current is None and (a.j != 0 or not self.ahead.passes):
+            return
+        prof = self.profiler
+        if prof is not None:
+            prof.begin(a)
+        w = self._weights_for(a.i, a.j)
+        self.ahead.layer(a.j, self.specs[a.j], w, self.config, self.family, self.transfers,
+                         last=a.j == len(self.specs) - 1)
+        if prof is not None:
+            prof.lap("ahead")
+            prof.end()
+
+    def _schedule(self, num_steps: int, K: int, first: int = 0):
+        """The block's actions for steps [first, num_steps): the MoE schedule for MoE models (pages: the
+        policy's, one per GPU batch by default, one without `pipeline`), else the zig-zag with one page per
+        GPU batch."""
         if not self.config.is_moe:
-            return block_schedule(num_steps, len(self.specs), K, paged=K > 1)
+            return block_schedule(num_steps, len(self.specs), K, paged=K > 1, first=first)
         pages = (self.policy.weight_pages or K) if self.policy.pipeline else 1
-        return moe_block_schedule(num_steps, [s.kind for s in self.specs], K, pages=pages, pipelined=self.pipelined)
+        return moe_block_schedule(num_steps, [s.kind for s in self.specs], K, pages=pages, pipelined=self.pipelined,
+                                  first=first)
 
     def _drop_block_state(self) -> None:
         """Drop every reference into a block's buffers (pending transfers' closures hold cache views), so the
@@ -262,11 +398,15 @@ class Executor:
             blk.hidden[a.k] = attention_output(self.config, self.family, flight.weights, flight.join.join(), flight.x)
 
     def _drain(self) -> None:
-        """Wait for every transfer and host attention of the block (if one is running) and the device."""
+        """Wait for every transfer and host attention of the block (if one is running), the ahead prefill's
+        stores, and the device."""
         self.host_attention.drain()
         if self.block is not None:
             self.block.wait_inflight()
             for kv in self.block.kv.values():
+                kv.settle()
+        if self.ahead is not None:
+            for kv in self.ahead.state.kv.values():
                 kv.settle()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -386,5 +526,6 @@ class Executor:
         self.host_attention.close()
         self.transfers.close()
         self._drop_block_state()
+        self.ahead = None
         self.weights = self.on_action = self.profiler = None
         self.arena.close()

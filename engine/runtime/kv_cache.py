@@ -54,6 +54,8 @@ class KVSegment:
     v: Stored
     buf: tuple[Stored, Stored] | None = None     # loaded device copy for this compute (dense or QTensor)
     staged: list = field(default_factory=list)   # (k_new, v_new, t0, r0) waiting for `store`
+    parked: str | None = None                    # a gpu segment held on the host: its device key (`unpark`)
+    buf_slot: int = 0                            # the `kvbuf` slot `buf` was loaded into
 
 
 def _write(dst: Stored, src: torch.Tensor, t0: int, quant: QuantConfig | None, r0: int = 0) -> None:
@@ -80,6 +82,30 @@ class StagingClaims:
         self._last[key] = pending
 
 
+class BufferReleases:
+    """When each shared device cache buffer (`kvbuf{slot}.s{n}`) was last read: the event recorded after the
+    decode compute that read it, and the buffer's address. A load into the same allocation waits for that
+    event only, not for every compute issued before it (an ahead prefill's chunk, `engine.runtime.ahead`,
+    runs between a decode attention and the next cache load, and must not hold the link back)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[torch.cuda.Event, int]] = {}
+
+    def record(self, key: str, ptr: int) -> None:
+        event = torch.cuda.Event()
+        event.record()
+        self._last[key] = (event, ptr)
+
+    def after(self, key: str, ptr: int) -> list[torch.cuda.Event] | None:
+        """The events a load into `key` at `ptr` waits for (None: everything issued, as for a new buffer)."""
+        held = self._last.get(key)
+        return [held[0]] if held is not None and held[1] == ptr else None
+
+
+def _address(x: Stored) -> int:
+    return (x.data if isinstance(x, QTensor) else x).data_ptr()
+
+
 class KVHome:
     """Owner of the cache homes of (layer j, GPU batch k). `rows` shrinks on `compact`.
 
@@ -89,17 +115,27 @@ class KVHome:
     (`prefix`, [1, nkv, L, hd]; a host copy of a host segment's heads for host attention), and the homes hold
     each row's own positions only: cache position x lives at home position x - L. Attention sees the prefix
     before the row's own keys, so its results are those of a cache holding the prefix in every row, with
-    the prefix's keys exactly as the prefill computed them (dense, never quantized)."""
+    the prefix's keys exactly as the prefill computed them (dense, never quantized).
+
+    Segment n's buffers are named `{key}.s{n}` in the arena on the gpu, `{host_key}.s{n}` (default `key`) on the
+    other tiers. With `park_key` (a block whose prefill runs ahead, `engine.runtime.ahead`: the running block
+    still holds the device cache) the gpu segments are parked on the host as `{park_key}.s{n}`, so their prefill
+    writes are stored there like a host segment's; `unpark` moves them to the device before the first decode."""
 
     def __init__(self, arena: Arena, key: str, *, rows: int, length: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, cache_gpu: float, cache_cpu: float, quant: QuantConfig | None,
-                 cpu_attention: bool, decode_chunk_bytes: int = DECODE_CHUNK_BYTES, prefix_len: int = 0):
+                 cpu_attention: bool, decode_chunk_bytes: int = DECODE_CHUNK_BYTES, prefix_len: int = 0,
+                 host_key: str | None = None, park_key: str | None = None,
+                 releases: BufferReleases | None = None):
         if not 0 <= prefix_len < length:
             raise ValueError(f"KVHome {key}: prefix_len {prefix_len} must be in [0, length {length})")
+        if prefix_len and park_key is not None:
+            raise ValueError(f"KVHome {key}: a parked home has no shared prefix (its prefill runs in row chunks)")
         self.arena, self.key, self.rows, self.length = arena, key, rows, length
         self.num_kv_heads, self.head_dim, self.decode_chunk_bytes = num_kv_heads, head_dim, decode_chunk_bytes
         self.dtype, self.quant, self.cpu_attention = dtype, quant, cpu_attention
         self.device = arena.device
+        self.releases = releases if self.device.type == "cuda" else None
         self.prefix_len = prefix_len
         self.prefix: tuple[torch.Tensor, torch.Tensor] | None = None
         if prefix_len:
@@ -111,9 +147,12 @@ class KVHome:
         self.segments: list[KVSegment] = []
         for n, (tier, h0, h1) in enumerate(split_ranges(num_kv_heads, cache_gpu, cache_cpu)):
             shape = (rows, h1 - h0, length - prefix_len, head_dim)
-            k = arena.get(f"{key}.s{n}.k", tier, shape, dtype, quant)
-            v = arena.get(f"{key}.s{n}.v", tier, shape, dtype, quant)
-            self.segments.append(KVSegment(tier, h0, h1, k, v))
+            parked = park_key is not None and tier is Tier.GPU
+            name = f"{park_key}.s{n}" if parked else f"{key if tier is Tier.GPU else host_key or key}.s{n}"
+            where = Tier.CPU if parked else tier
+            k = arena.get(f"{name}.k", where, shape, dtype, quant)
+            v = arena.get(f"{name}.v", where, shape, dtype, quant)
+            self.segments.append(KVSegment(where, h0, h1, k, v, parked=f"{key}.s{n}" if parked else None))
 
     def _prefix_of(self, n: int, rotation: QuantConfig | None = None,
                    host: bool = False) -> tuple[torch.Tensor, torch.Tensor] | tuple[None, None]:
@@ -153,6 +192,21 @@ class KVHome:
             pending.wait()
         self.pending = []
 
+    def unpark(self) -> None:
+        """Move the parked gpu segments (their prefill stored on the host) into their device homes, on the
+        compute stream (so every later compute and store is ordered after the copy)."""
+        self.settle()
+        for seg in self.segments:
+            if seg.parked is None:
+                continue
+            quant = self.quant if isinstance(seg.k, QTensor) else None
+            shape = tuple(seg.k.shape)
+            k = self.arena.get(f"{seg.parked}.k", Tier.GPU, shape, self.dtype, quant)
+            v = self.arena.get(f"{seg.parked}.v", Tier.GPU, shape, self.dtype, quant)
+            copy(k, seg.k)
+            copy(v, seg.v)
+            seg.k, seg.v, seg.tier, seg.parked = k, v, Tier.GPU, None
+
     def load(self, transfers: Transfers, slot: int) -> list[Pending]:
         """Copy each cpu/disk home (not handled on the host) into a device buffer for a decode compute."""
         self.settle()
@@ -168,22 +222,24 @@ class KVHome:
             shape = tuple(seg.k.shape)
             bk = self.arena.get(f"kvbuf{slot}.s{n}.k", Tier.GPU, shape, self.dtype, quant)
             bv = self.arena.get(f"kvbuf{slot}.s{n}.v", Tier.GPU, shape, self.dtype, quant)
-            seg.buf = (bk, bv)
+            seg.buf, seg.buf_slot = (bk, bv), slot
             relay = None
             if seg.tier is Tier.DISK and self.device.type == "cuda":
                 relay = (self.arena.get(f"kvrelay{slot}.s{n}.k", Tier.CPU, shape, self.dtype, quant),
                          self.arena.get(f"kvrelay{slot}.s{n}.v", Tier.CPU, shape, self.dtype, quant))
 
-            def fn(stream, seg=seg, bk=bk, bv=bv, relay=relay):
-                e1 = copy(bk, seg.k, stream=stream, relay=relay[0] if relay else None)
-                e2 = copy(bv, seg.v, stream=stream, relay=relay[1] if relay else None)
+            after = None if self.releases is None else self.releases.after(f"kvbuf{slot}.s{n}", _address(bk))
+
+            def fn(stream, seg=seg, bk=bk, bv=bv, relay=relay, after=after):
+                e1 = copy(bk, seg.k, stream=stream, relay=relay[0] if relay else None, after=after)
+                e2 = copy(bv, seg.v, stream=stream, relay=relay[1] if relay else None, after=after)
                 return e2 or e1
             pendings.append(transfers.submit("load", fn, threaded=seg.tier is Tier.DISK))
         return pendings
 
-    def store(self, transfers: Transfers, slot: int, claims: StagingClaims) -> None:
+    def store(self, transfers: Transfers, slot: int | str, claims: StagingClaims) -> None:
         """Start writing the positions staged by the last compute into the cpu/disk homes; they are in the
-        homes after `settle`."""
+        homes after `settle`. `slot` names the staging buffers (`kvstage{slot}...`)."""
         for n, seg in enumerate(self.segments):
             for c, (kn, vn, t0, r0) in enumerate(seg.staged):
                 quant = self.quant if isinstance(seg.k, QTensor) else None
@@ -332,6 +388,8 @@ class KVHome:
             out = self._dense_decode(n, qs, bk, bv, tp, key_valid, scale, softcap)
         if not self._aliased(seg):
             seg.staged.append((ks, vs, tp, 0))
+        if self.releases is not None:
+            self.releases.record(f"kvbuf{seg.buf_slot}.s{n}", _address(bk))
         seg.buf = None
         return out
 

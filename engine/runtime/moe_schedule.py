@@ -43,10 +43,11 @@ def _slots(actions: Iterator[Action]) -> Iterator[list[Action]]:
 
 
 def moe_block_schedule(num_steps: int, kinds: Sequence[str], num_batches: int, *, pages: int,
-                       pipelined: bool) -> Iterator[Action]:
+                       pipelined: bool, first: int = 0) -> Iterator[Action]:
     """Every action for a block of a MoE model whose layer kinds are `kinds` (embed, attention, mlp, ...,
     head), in issue order. Each (i, j, k) is computed once, after its loads; with `pipelined`, each decode
-    attention (i, j, k) is joined once, after its compute and before the compute of (i, j + 1, k)."""
+    attention (i, j, k) is joined once, after its compute and before the compute of (i, j + 1, k). Steps
+    [first, num_steps), as `block_schedule`."""
     if pages < 1:
         raise ValueError(f"moe_block_schedule: pages must be >= 1, got {pages}")
     J, K = len(kinds), num_batches
@@ -58,7 +59,7 @@ def moe_block_schedule(num_steps: int, kinds: Sequence[str], num_batches: int, *
         return pipelined and i >= 1 and j >= 1 and kinds[j] == "mlp" and kinds[j - 1] == "attention"
 
     target: tuple[int, int] | None = None            # the layer whose weights the current layer's slots load
-    for chunk in _slots(block_schedule(num_steps, J, K, paged=False)):
+    for chunk in _slots(block_schedule(num_steps, J, K, paged=False, first=first)):
         compute = next((a for a in chunk if a.verb == "compute"), None)
         if compute is None:                            # prologue (layer 0's weights, whole) or epilogue
             for a in chunk:

@@ -34,22 +34,24 @@ class Action(NamedTuple):
     pages: int = 1
 
 
-def slots(num_steps: int, num_layers: int, num_batches: int) -> Iterator[tuple[int, int, int]]:
-    """The compute order (i, j, k) of the naive nested loop."""
-    for i in range(num_steps):
+def slots(num_steps: int, num_layers: int, num_batches: int, first: int = 0) -> Iterator[tuple[int, int, int]]:
+    """The compute order (i, j, k) of the naive nested loop, steps [first, num_steps)."""
+    for i in range(first, num_steps):
         for j in range(num_layers):
             for k in range(num_batches):
                 yield i, j, k
 
 
-def block_schedule(num_steps: int, num_layers: int, num_batches: int, *, paged: bool = True) -> Iterator[Action]:
-    """Every action for a block, in issue order. Each (i, j, k) is computed exactly once, after its loads."""
+def block_schedule(num_steps: int, num_layers: int, num_batches: int, *, paged: bool = True,
+                   first: int = 0) -> Iterator[Action]:
+    """Every action for a block's steps [first, num_steps), in issue order (first = 1: a block whose prefill
+    ran ahead, `engine.runtime.ahead`). Each (i, j, k) is computed exactly once, after its loads."""
     K = num_batches
-    order = list(slots(num_steps, num_layers, num_batches))
+    order = list(slots(num_steps, num_layers, num_batches, first))
     pages = K if paged else 1
     if not order:
         return
-    yield from (Action("load_weight", 0, 0, 0, p, pages) for p in range(pages))
+    yield from (Action("load_weight", first, 0, 0, p, pages) for p in range(pages))
     yield Action("load_cache", *order[0])
     yield Action("load_hidden", *order[0])
     yield Action("sync", *order[0])

@@ -1,0 +1,124 @@
+"""The next block's prefill, run ahead in row chunks on the running block's decode weight passes.
+
+In the weight-bound regime a decode step streams every offloaded weight once and leaves the GPU's compute
+mostly idle, while a prefill is compute-bound; run one after the other, the prefill is a quarter of the
+flexgen shape's wall (`BLOCK_BUBBLE.md`). With `Policy.prefill_ahead`, while block b decodes, each decode
+step also carries a pass of block b + 1's rows (`rows_per_pass` of them, cut into chunks of at most
+`chunk_tokens` tokens as a prefill's row chunks are) through every layer, on the weights that step has
+loaded anyway: the executor calls `AheadPrefill` after the last GPU batch's compute of each layer. The chunk's
+keys and values go to block b + 1's cache homes, whose gpu segments are parked on the host
+(`KVHome(park_key=...)`; device-to-host is the idle direction of the link) and moved to the device once at
+the switch (`finish`). The chunk's first tokens are chosen at the head, in the step its pass reaches it.
+
+The passes are planned so the whole prefill fits block b's decode steps (`rows_per_pass`); if block b ends
+early, the executor keeps streaming weights for the passes left. Every row's prefill is the same
+computation as the block-by-block prefill's row chunks, so the tokens are those of the block-by-block run.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from engine.models.attention import attention_layer
+from engine.models.base import LayerSpec, ModelFamily, Weights
+from engine.models.config import ModelConfig
+from engine.policy.working import row_chunks
+from engine.runtime.block_state import BlockState
+from engine.runtime.prefill_chunks import RowView
+from engine.runtime.transfers import Transfers
+
+
+def rows_per_pass(rows: int, decode_steps: int) -> int:
+    """Rows of the next block each decode step carries so its prefill ends within `decode_steps` steps."""
+    return -(-rows // max(1, decode_steps))
+
+
+@dataclass
+class Chunk:
+    """Rows [r0, r1) of the next block's GPU batch k, and their hidden states [r1 - r0, P, h] between layers."""
+
+    k: int
+    r0: int
+    r1: int
+    x: torch.Tensor | None = None
+
+
+class AheadPrefill:
+    """Block b + 1's prefill (`state`: its batches, selector and parked cache homes), pass by pass."""
+
+    def __init__(self, state: BlockState, per_pass: int, chunk_tokens: int) -> None:
+        self.state = state
+        self.passes: deque[list[Chunk]] = deque()
+        self.current: list[Chunk] | None = None
+        self.picked: list[dict[int, int]] = [{} for _ in state.batches]
+        todo = [(k, r) for k, b in enumerate(state.batches) for r in range(b.size)]
+        for p0 in range(0, len(todo), per_pass):
+            part, chunks = todo[p0:p0 + per_pass], []
+            for k in sorted({k for k, _ in part}):
+                rows = [r for kk, r in part if kk == k]
+                lo, n = rows[0], len(rows)
+                chunks += [Chunk(k, lo + a, lo + b) for a, b in
+                           row_chunks(n, state.batches[k].prompt_len, chunk_tokens)]
+            self.passes.append(chunks)
+
+    @property
+    def idle(self) -> bool:
+        """True when no pass is in flight and none is left."""
+        return self.current is None and not self.passes
+
+    def layer(self, j: int, spec: LayerSpec, w: Weights, c: ModelConfig, f: ModelFamily, transfers: Transfers,
+              last: bool) -> None:
+        """Layer j (`spec`, weights `w`) for the pass in flight; layer 0 starts the next pass, `last` (the head)
+        ends it."""
+        if j == 0 and self.current is None and self.passes:
+            self.current = self.passes.popleft()
+        if self.current is None:
+            return
+        st = self.state
+        for ch in self.current:
+            batch = st.batches[ch.k]
+            if spec.kind == "embed":
+                ch.x = f.embed(w, batch.input_ids[ch.r0:ch.r1], batch.positions[ch.r0:ch.r1])   # [c, P, h]
+            elif spec.kind == "attention":
+                kv = st.kv[(j, ch.k)]
+                ch.x = attention_layer(c, f, w, kv.row_view(ch.r0), RowView(batch, ch.r0, ch.r1), spec.index,
+                                       ch.x)                                                       # [c, P, h]
+                kv.store(transfers, f"ahead{st.stores % 2}", st.claims)
+                st.stores += 1
+            elif spec.kind == "mlp":
+                ch.x = f.mlp(w, ch.x)                                                              # [c, P, h]
+            else:
+                self._head(ch, f.head(w, ch.x[:, -1]))                                             # [c, v]
+                ch.x = None
+        if last:
+            self.current = None
+
+    def _head(self, ch: Chunk, logits: torch.Tensor) -> None:
+        """The chunk's first tokens: recorded as the block-by-block prefill's head would."""
+        batch = self.state.batches[ch.k]
+        tokens, finished = self.state.select([batch.rows[r] for r in range(ch.r0, ch.r1)], logits)
+        for r, tok, fin in zip(range(ch.r0, ch.r1), tokens, finished):
+            batch.generated[r] += 1
+            if fin or batch.generated[r] >= batch.max_new[r]:
+                batch.finish(r)
+            else:
+                self.picked[ch.k][r] = int(tok)
+
+    def finish(self) -> BlockState:
+        """The switch, after the running block has ended: the cache's gpu share to the device, each batch
+        past its prompt with its first tokens to feed (compacted when enough rows ended); the block's state."""
+        st = self.state
+        for kv in st.kv.values():
+            kv.unpark()
+        for k, batch in enumerate(st.batches):
+            batch.advance(batch.prompt_len)
+            batch.set_next(self.picked[k])
+            keep = batch.compact_index()
+            if keep is not None and keep.numel() > 0:
+                for (_, kk), kv in st.kv.items():
+                    if kk == k:
+                        kv.compact(keep)
+                batch.compact(keep)
+        return st
