@@ -286,12 +286,42 @@ class LLM:
         if mode != "single":
             yield from self._run_parallel(mode, blocks, encoded, params, keys, on_finished)
             return
-        for indices in blocks:
+        done = 0
+        if policy.prefill_ahead and len(blocks) > 1:
+            for group in self._run_ahead(blocks, encoded, params, keys, on_finished):
+                done += 1
+                yield group
+        for indices in blocks[done:]:
             report = None if on_finished is None else (
                 lambda row, c, indices=indices: on_finished(indices[row], c))  # block row -> input index
             completions = self._run_block([encoded[i].ids for i in indices], params,
                                           None if keys is None else [keys[i] for i in indices], report)
             yield list(zip(indices, completions))
+
+    def _run_ahead(self, blocks: list[list[int]], encoded: list[Encoded], params: SamplingParams,
+                   keys: list[int] | None, on_finished: OnFinished | None) -> Iterator[Group]:
+        """Blocks through one `Executor.generate_blocks` stream, each block's prefill run ahead on the previous
+        block's decode (`Policy.prefill_ahead`), yielded as each ends. On out-of-memory it stops; `_run` runs
+        the blocks not yielded one by one (`_run_block` halves the batch), so no finished block is lost."""
+        decoders: dict[int, BlockDecoder] = {}
+
+        def feed():
+            for n, indices in enumerate(blocks):
+                report = None if on_finished is None else (
+                    lambda row, c, indices=indices: on_finished(indices[row], c))
+                decoders[n] = self._decoder([encoded[i].ids for i in indices], params,
+                                            None if keys is None else [keys[i] for i in indices], report)
+                yield [encoded[i].ids for i in indices], decoders[n].max_new_tokens, decoders[n]
+
+        executor = self._get_executor()
+        try:
+            for n in executor.generate_blocks(feed()):
+                decoder = decoders.pop(n)
+                completions = decoder.completions()
+                self._count_block(executor, decoder, completions)
+                yield list(zip(blocks[n], completions))
+        except torch.OutOfMemoryError:
+            log.warning("out of memory with the ahead prefill; running the remaining blocks one by one")
 
     def _run_block(self, prompts: list[list[int]], params: SamplingParams, keys: list[int] | None,
                    on_finished: OnFinished | None = None) -> list[Completion]:
@@ -349,7 +379,7 @@ class LLM:
         report = executor.memory_report()
         self.stats.add_block(prefill_s=float(ex_stats["prefill_s"]), decode_s=float(ex_stats["decode_s"]),
                              grammar_s=decoder.grammar_s, callback_s=decoder.callback_s,
-                             steps=int(ex_stats["steps"]),
+                             steps=int(ex_stats["steps"]), prefilled_ahead=bool(ex_stats.get("prefill_ahead")),
                              tokens=sum(len(c.token_ids) for c in completions),
                              peak_bytes={tier: r.get("peak") or 0 for tier, r in report.items()})
         if self.device.type == "cuda":

@@ -186,6 +186,49 @@ def test_out_of_memory_retries_the_block_with_smaller_batches(folders, monkeypat
     assert seen[0] == 4 and max(seen[1:]) <= 2 and sum(n for n in seen if n <= 2) == len(prompts)
 
 
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=1.0, top_p=0.95, seed=11)], ids=["greedy", "seeded"])
+def test_ahead_prefill_gives_the_block_by_block_completions(folders, sampling):
+    """`Policy(prefill_ahead=True)`: every block's prefill but the first runs on the previous block's decode;
+    the completions (greedy, and seeded sampling) and their order are those of the block-by-block run, and the
+    stats say how many blocks ran their prefill ahead."""
+    prompts = id_prompts(12)
+    params = SamplingParams(max_new_tokens=MAX_NEW, **sampling)
+    policy = dict(gpu_batch_size=2, num_gpu_batches=2, cache_gpu=0.5, cache_cpu=0.5)
+    with LLM(folders["llama"], dtype="float32", device="cpu", policy=Policy(**policy)) as plain:
+        expected = [(c.token_ids, c.finish_reason) for c in plain.generate(prompts, params)]
+    with LLM(folders["llama"], dtype="float32", device="cpu", policy=Policy(**policy, prefill_ahead=True)) as llm:
+        got = [(c.token_ids, c.finish_reason) for c in llm.generate(prompts, params)]
+        seen = sorted(i for group in llm.stream(prompts, params) for i, _ in group)
+        assert llm.stats.blocks == 6 and llm.stats.prefilled_ahead == 4 and plain.stats.prefilled_ahead == 0
+    assert got == expected and seen == list(range(12))
+
+
+def test_out_of_memory_with_the_ahead_prefill_loses_no_block(folders, monkeypatch):
+    """An out-of-memory error in the middle of an ahead stream: the blocks already yielded stay, the rest run
+    one by one (the failing one with a halved batch), and every completion is the plain run's."""
+    import engine.runtime.executor as executor_module
+
+    real = executor_module.Executor
+    calls: list[int] = []
+
+    class FailsThird(real):
+        def _run_block(self, prompts, *a, **kw):
+            calls.append(len(prompts))
+            if len(calls) == 3:
+                raise torch.OutOfMemoryError("simulated")
+            return super()._run_block(prompts, *a, **kw)
+
+    prompts = id_prompts(12)
+    params = SamplingParams(max_new_tokens=MAX_NEW)
+    with make_llm(folders["llama"], block=2, batches=2) as llm:
+        expected = [c.token_ids for c in llm.generate(prompts, params)]
+    monkeypatch.setattr(executor_module, "Executor", FailsThird)
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=2, prefill_ahead=True)
+    with LLM(folders["llama"], dtype="float32", device="cpu", policy=policy) as llm:
+        got = [c.token_ids for c in llm.generate(prompts, params)]
+    assert got == expected and len(calls) > 3
+
+
 def test_auto_policy_reuses_the_executor_when_fewer_prompts_come(folders):
     with LLM(folders["llama"], dtype="float32", device="cpu") as llm:
         llm.generate(id_prompts(10), SamplingParams(max_new_tokens=2))

@@ -105,6 +105,49 @@ def test_predicted_memory_with_a_shared_prefix_is_the_executors_accounting(name,
     check_budget_consistency(name, policy, torch.device("cpu"), default_cpu_profile(), tmp_path, PREFIXED)
 
 
+def run_ahead_blocks(name, policy, device, disk_dir):
+    """Two full blocks of `policy` with the ahead prefill on the tiny preset's executor (budgets unlimited):
+    its memory report, and whether the second block's prefill ran ahead."""
+    loaded = truncated_model(preset(name), 2, torch.float32)
+    ex = Executor(loaded, policy, device=device, dtype=torch.float32, disk_dir=disk_dir)
+    try:
+        b, flags = policy.block_size, []
+        blocks = [([[3 + (7 * r + 5 * t + n) % 50 for t in range(WORKLOAD.prompt_len)] for r in range(b)],
+                   [WORKLOAD.gen_len] * b, RunToEnd()) for n in range(2)]
+        for _ in ex.generate_blocks(blocks):
+            flags.append(ex.stats["prefill_ahead"])
+        return ex.memory_report(), flags
+    finally:
+        ex.close()
+
+
+def check_ahead_memory(name, policy, device, tmp_path):
+    """The memory model's count with the ahead prefill (two blocks) is the executor's peak, tier by tier, and
+    adds to the one-block count exactly what `_ahead_memory` says."""
+    ahead = replace(policy, prefill_ahead=True)
+    layout = model_layout(preset(name), 4, policy.compress_weights)
+    args = (preset(name), layout, ahead, WORKLOAD.prompt_len, WORKLOAD.gen_len, 4, device.type)
+    counted = executor_memory(*args, num_prompts=2 * policy.block_size)
+    alone = executor_memory(*args, num_prompts=policy.block_size)
+    report, flags = run_ahead_blocks(name, ahead, device, tmp_path)
+    assert flags == [0.0, 1.0]
+    assert counted["cpu"] > alone["cpu"] and counted["gpu"] > alone["gpu"]
+    assert report["gpu"]["peak"] == counted["gpu"] and report["cpu"]["peak"] == counted["cpu"]
+    assert report["disk"]["peak"] == counted["disk"] - weights_on_disk(preset(name), policy)
+
+
+@pytest.mark.parametrize("name", ["tiny-opt", "tiny-llama", "tiny-mixtral"])
+@pytest.mark.parametrize("policy", POLICIES, ids=range(len(POLICIES)))
+def test_ahead_prefill_memory_is_the_executors_accounting(name, policy, tmp_path):
+    check_ahead_memory(name, policy, torch.device("cpu"), tmp_path)
+
+
+@requires_cuda
+@pytest.mark.parametrize("policy", POLICIES, ids=range(len(POLICIES)))
+def test_ahead_prefill_memory_is_the_executors_accounting_on_cuda(policy, tmp_path):
+    check_ahead_memory("tiny-llama", policy, torch.device("cuda"), tmp_path)
+
+
 @requires_cuda
 @pytest.mark.parametrize("workload", [WORKLOAD, PREFIXED], ids=["plain", "prefix"])
 @pytest.mark.parametrize("policy", POLICIES, ids=range(len(POLICIES)))

@@ -25,6 +25,10 @@ average half a weight page (`weight_pages`) behind the layer's weight transfer o
 On a CPU device the host is the device: host time adds to compute.
 A block of bls = gpu_batch_size x num_gpu_batches sequences takes
     T = L * T_pre + L * (n - 1) * T_gen,   throughput = bls * n / T   (generated tokens per second).
+With `Policy.prefill_ahead` over B > 1 blocks (`memory.runs_ahead`), every prefill but the first runs on the
+previous block's decode steps: (B - 1) / B of a prefill's gpu compute and cache stores (and its gpu cache
+share moved up at the switch) join each decode layer's channels, divided over the n - 1 steps, and T_pre
+counts 1 / B (0 when the rows are unbounded).
 With a shared prompt prefix of p tokens (`Workload.shared_prefix_len`, `prefix.batch_prefix_len`) a GPU
 batch's prefill computes the prefix once and each row's own s - p tokens after it; where the prefix's keys
 and values are held once per GPU batch (`prefix.prefix_held_once`: an accelerator or a 4-bit cache), the KV
@@ -50,6 +54,7 @@ from engine.policy.affine import const, evaluate, share
 from engine.policy.hardware import GIB, HardwareProfile
 from engine.policy.memory import (
     TIERS, ModelLayout, memory_terms, model_layout, peak_memory, pipelines_host_attention, realized_placement,
+    runs_ahead,
 )
 from engine.policy.policy import Policy
 from engine.policy.prefix import batch_prefix_len, prefix_held_once
@@ -138,6 +143,7 @@ class CostTerms:
     host_channel: tuple[str, str] = ("host", "host")        # (prefill, decode)
     layer_host_s: float = 0.0                               # host seconds per layer and step, not per slot
     w_gpu_min: float = 0.0                                  # the gpu share of weights held whatever the policy
+    prefill_in_series: float = 1.0                          # a block's share of a prefill not hidden (ahead)
 
     def channels(self, phase: str, slot_s: float) -> dict[str, np.ndarray]:
         """`phase`'s ("prefill" / "decode") channels with `slot_s` seconds per slot (and the per-layer host
@@ -316,10 +322,22 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     prefill_slots = SlotCosts(profile.prefill_slot_s)
 
     memory = memory_terms(config, layout, policy, workload.memory_prompt_len, n, B, profile.device_type,
-                          shared_prefix_len=workload.shared_prefix_len)
+                          shared_prefix_len=workload.shared_prefix_len, num_prompts=workload.num_prompts)
+    in_series = 1.0
+    if runs_ahead(policy, n, workload.shared_prefix_len, workload.num_prompts):
+        # every block's prefill but the first rides on the previous block's decode steps (engine.runtime.ahead):
+        # its compute and its cache stores spread over them, its gpu cache share moved up once at the switch;
+        # only the first block's prefill stays in series (1 / blocks of a prefill per block)
+        blocks = -(-workload.num_prompts // b) if workload.num_prompts is not None else None
+        hidden = 1.0 if blocks is None else (blocks - 1) / blocks
+        in_series = 0.0 if blocks is None else 1.0 / blocks
+        compute = "compute" if "compute" in decode else "gpu compute"
+        decode[compute] = decode[compute] + prefill["gpu compute"] * (hidden / (n - 1))
+        decode["gpu->cpu"] = decode["gpu->cpu"] + (b * s * kv / d2h) * (hidden / (n - 1))
+        decode["cpu->gpu"] = decode["cpu->gpu"] + c_gpu * (b * s * kv * hidden / (h2d * (n - 1)))
     return CostTerms(prefill, decode, memory, L, n, b, policy.overlap, prefill_slots, decode_slots, k,
                      ("gpu compute" if on_cpu else "host", host), dequant_w_host,
-                     layout.held_fraction(profile.device_type))
+                     layout.held_fraction(profile.device_type), in_series)
 
 
 def layer_seconds(channels: dict[str, np.ndarray], x: np.ndarray, overlap: bool) -> tuple[float, str]:
@@ -334,7 +352,7 @@ def estimate_terms(terms: CostTerms, x: np.ndarray) -> CostEstimate:
     prefill, decode = terms.at(x)
     t_pre, pre_worst = layer_seconds(prefill, x, terms.overlap)
     t_gen, gen_worst = layer_seconds(decode, x, terms.overlap)
-    prefill_s = terms.num_layers * t_pre
+    prefill_s = terms.num_layers * t_pre * terms.prefill_in_series
     decode_s = terms.num_layers * (terms.gen_len - 1) * t_gen
     total = prefill_s + decode_s
     memory = {tier: int(max(0.0, evaluate(terms.memory[tier], x))) for tier in TIERS}
@@ -351,5 +369,6 @@ def estimate(config: ModelConfig, policy: Policy, workload: Workload, profile: H
     terms = terms or cost_terms(config, policy, workload, profile, bytes_per_element, layout)
     result = estimate_terms(terms, realized_placement(config, layout, policy, profile.device_type))
     peak = peak_memory(config, layout, policy, workload.memory_prompt_len, workload.gen_len, bytes_per_element,
-                       profile.device_type, shared_prefix_len=workload.shared_prefix_len)
+                       profile.device_type, shared_prefix_len=workload.shared_prefix_len,
+                       num_prompts=workload.num_prompts)
     return replace(result, peak_memory_bytes=peak)

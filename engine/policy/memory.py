@@ -43,7 +43,7 @@ from engine.policy.affine import const, share
 from engine.policy.policy import Policy
 from engine.policy.prefix import batch_prefix_len, prefix_held_once
 from engine.policy.weight_slots import WeightSlots, held_whole, kind_fractions
-from engine.policy.working import chunk_rows, row_chunks, staged_kv_heads, working_bytes
+from engine.policy.working import chunk_rows, row_chunks, rows_per_pass, staged_kv_heads, working_bytes
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT
 from engine.quant.qtensor import qtensor_nbytes
 from engine.storage.placement import split_ranges, weight_tiers
@@ -212,10 +212,42 @@ def _act_home_len(prompt_len: int, gen_len: int, prefix: int) -> int:
     return prompt_len if not prefix else (1 if gen_len > 1 else 0)
 
 
+def runs_ahead(policy: Policy, gen_len: int, shared_prefix_len: int, num_prompts: int | None) -> bool:
+    """Whether the executor runs blocks' prefills ahead (`engine.runtime.ahead`) for this run: the policy says
+    so, a block decodes at least one step, there is no shared prefix (computed once per GPU batch, it runs its
+    own prefill) and more than one block (`num_prompts` None: unbounded)."""
+    return (policy.prefill_ahead and gen_len > 1 and not batch_prefix_len(shared_prefix_len, policy.gpu_batch_size)
+            and (num_prompts is None or num_prompts > policy.block_size))
+
+
+def _ahead_memory(config: ModelConfig, policy: Policy, prompt_len: int, gen_len: int, dtype: torch.dtype,
+                  device_type: str) -> dict[str, int]:
+    """What an ahead prefill adds while the block before it runs (the executor's `_start_ahead`): one pass's
+    device working memory (`rows_per_pass` rows, every cache segment's keys/values staged for its store); the
+    next block's cache homes on their tiers, its gpu segments parked on the host (`kvpark`); on CUDA the
+    pinned staging of its stores (`kvstageahead{0,1}.s{n}.r0`, one chunk's rows)."""
+    g, K, L = policy.gpu_batch_size, policy.num_gpu_batches, config.num_hidden_layers
+    P, S, hd, nkv = prompt_len, prompt_len + gen_len - 1, config.head_dim, config.num_key_value_heads
+    cc, cuda = policy.compress_cache, device_type == "cuda"
+    per = min(rows_per_pass(policy.block_size, gen_len - 1), g)
+    staged = staged_kv_heads(nkv, 0.0, 1.0, device_type, cc)
+    mem = {t: 0 for t in TIERS}
+    mem["gpu"] += working_bytes(config, per, P, S, dtype, cc, staged)
+    for tier, h0, h1 in split_ranges(nkv, policy.cache_gpu, policy.cache_cpu):
+        home = 2 * _kv_bytes(g, h1 - h0, S, hd, dtype, cc)
+        mem["cpu" if tier is Tier.GPU else tier.value] += L * K * home
+        if cuda:
+            mem["cpu"] += min(2, L) * 2 * _kv_bytes(chunk_rows(per, P), h1 - h0, P, hd, dtype, cc)
+    return mem
+
+
 def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, prompt_len: int, gen_len: int,
-                    bytes_per_element: int, device_type: str, *, shared_prefix_len: int = 0) -> dict[str, int]:
+                    bytes_per_element: int, device_type: str, *, shared_prefix_len: int = 0,
+                    num_prompts: int | None = 1) -> dict[str, int]:
     """Peak bytes per tier the executor reserves for one full block (its budgets' accounting), exactly.
-    `shared_prefix_len`: the run's shared prompt prefix (`Workload.shared_prefix_len`)."""
+    `shared_prefix_len`: the run's shared prompt prefix (`Workload.shared_prefix_len`); `num_prompts` the
+    run's rows (None: unbounded): with more than one block and `policy.prefill_ahead`, the ahead prefill's
+    memory while the block before it runs (`runs_ahead`, `_ahead_memory`)."""
     dtype, e = dtype_of_size(bytes_per_element), bytes_per_element
     cuda = device_type == "cuda"
     mem = {t: 0 for t in TIERS}
@@ -265,6 +297,9 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
             if tier is Tier.GPU or (tier is Tier.CPU and not cuda):
                 continue
             mem[tier.value] += K * g * act_len * (b - a) * e               # act homes
+    if runs_ahead(policy, gen_len, shared_prefix_len, num_prompts):
+        for tier, extra in _ahead_memory(config, policy, P, gen_len, dtype, device_type).items():
+            mem[tier] += extra
     return mem
 
 
@@ -291,18 +326,21 @@ def untracked_gpu_bytes(config: ModelConfig, policy: Policy, prompt_len: int, by
 
 
 def peak_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, prompt_len: int, gen_len: int,
-                bytes_per_element: int, device_type: str, *, shared_prefix_len: int = 0) -> dict[str, int]:
+                bytes_per_element: int, device_type: str, *, shared_prefix_len: int = 0,
+                num_prompts: int | None = 1) -> dict[str, int]:
     """`executor_memory` plus the untracked device memory: what the budgets must hold."""
     mem = executor_memory(config, layout, policy, prompt_len, gen_len, bytes_per_element, device_type,
-                          shared_prefix_len=shared_prefix_len)
+                          shared_prefix_len=shared_prefix_len, num_prompts=num_prompts)
     mem["gpu"] += untracked_gpu_bytes(config, policy, prompt_len, bytes_per_element, device_type,
                                       shared_prefix_len=shared_prefix_len)
     return mem
 
 
 def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, prompt_len: int, gen_len: int,
-                 bytes_per_element: int, device_type: str, *, shared_prefix_len: int = 0) -> dict[str, np.ndarray]:
-    """`peak_memory` as affine expressions in the placement fractions (shares as fractions of bytes)."""
+                 bytes_per_element: int, device_type: str, *, shared_prefix_len: int = 0,
+                 num_prompts: int | None = 1) -> dict[str, np.ndarray]:
+    """`peak_memory` as affine expressions in the placement fractions (shares as fractions of bytes; an ahead
+    prefill's next-block homes on the tier of the share, its gpu share parked on the cpu)."""
     dtype, e = dtype_of_size(bytes_per_element), bytes_per_element
     cuda = device_type == "cuda"
     g, K, L = policy.gpu_batch_size, policy.num_gpu_batches, len(layout.attention_js)
@@ -343,6 +381,13 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
                + (share("cache", "disk") * (decode_slots * home) if not policy.cpu_attention else const(0.0)))
     disk = share("w", "disk") * layout.total_bytes + share("cache", "disk") * (L * K * home)
     disk = disk + share("act", "disk") * hidden
+    if runs_ahead(policy, gen_len, shared_prefix_len, num_prompts):
+        per = min(rows_per_pass(policy.block_size, gen_len - 1), g)
+        staged_all = staged_kv_heads(nkv, 0.0, 1.0, device_type, cc)
+        gpu = gpu + const(working_bytes(config, per, P, S, dtype, cc, staged_all))
+        ahead_stage = min(2, L) * 2 * _kv_bytes(chunk_rows(per, P), nkv, P, hd, dtype, cc) if cuda else 0
+        cpu = cpu + (share("cache", "gpu") + share("cache", "cpu")) * (L * K * home) + const(ahead_stage)
+        disk = disk + share("cache", "disk") * (L * K * home)
     return {"gpu": gpu, "cpu": cpu, "disk": disk}
 
 

@@ -37,7 +37,9 @@ from engine.policy.cost_model import (
 )
 from engine.policy.estimate import Budgets, NoFeasiblePolicy, PolicyEstimate, workload_dict
 from engine.policy.hardware import GIB, HardwareProfile
-from engine.policy.memory import ModelLayout, model_layout, peak_memory, weight_fraction_on, weight_settings
+from engine.policy.memory import (
+    ModelLayout, model_layout, peak_memory, runs_ahead, weight_fraction_on, weight_settings,
+)
 from engine.policy.policy import Policy
 from engine.util.sizes import format_size
 
@@ -90,7 +92,7 @@ def _solve(terms: CostTerms, limits: dict[str, float], resident: bool,
         rows.append(row)
         rhs.append(1.0)
     cost = np.zeros(n_vars)
-    cost[NUM_VARS] = terms.num_layers
+    cost[NUM_VARS] = terms.num_layers * terms.prefill_in_series
     cost[NUM_VARS + 1] = terms.num_layers * (terms.gen_len - 1)
     # tie-break among equally fast placements: prefer gpu over cpu over disk (no effect on the optimum)
     cost[:NUM_VARS] = -_TIE_BREAK * terms.num_layers * terms.gen_len * np.tile([2.0, 1.0], NUM_VARS // 2)
@@ -291,9 +293,16 @@ def search_top(
             shape = Policy(gpu_batch_size=g, num_gpu_batches=k, overlap=overlap, cpu_attention=cpu_att,
                            compress_weights=cw, compress_cache=cc,
                            weight_pages=weight_pages(config, layouts[cw], k, cpu_att))
-            terms = cost_terms(config, shape, workload, profile, bytes_per_element, layouts[cw])
-            best, feasible = _best_realization(config, layouts[cw], shape, terms, workload, profile,
-                                               bytes_per_element, limits)
+            best, feasible = None, False
+            ahead = replace(shape, prefill_ahead=True)
+            for variant in (shape, ahead) if runs_ahead(ahead, workload.gen_len, workload.shared_prefix_len,
+                                                          workload.num_prompts) else (shape,):
+                terms = cost_terms(config, variant, workload, profile, bytes_per_element, layouts[cw])
+                found_v, feasible_v = _best_realization(config, layouts[cw], variant, terms, workload, profile,
+                                                        bytes_per_element, limits)
+                feasible = feasible or feasible_v
+                if found_v is not None and (best is None or found_v.tokens_per_s > best.tokens_per_s):
+                    best = found_v            # the ahead prefill where it is predicted faster and fits
             if not feasible:
                 infeasible_from[(k, flags)] = g
             if best is None:

@@ -50,6 +50,12 @@ def chunk_rows(b: int, s: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS) -> int:
     return max(1, min(b, chunk_tokens // max(1, s)))
 
 
+def rows_per_pass(rows: int, decode_steps: int) -> int:
+    """Rows of the next block an ahead prefill (`engine.runtime.ahead`) carries on each of the running block's
+    `decode_steps` decode steps, so the whole prefill ends within them."""
+    return -(-rows // max(1, decode_steps))
+
+
 def row_chunks(b: int, s: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS) -> list[tuple[int, int]]:
     """The [r0, r1) row ranges of a prefill over b rows of s tokens each (as `chunk_rows`): `chunk_rows` rows each."""
     rows = chunk_rows(b, s, chunk_tokens)

@@ -3,9 +3,9 @@
 In the weight-bound regime a decode step streams every offloaded weight once and leaves the GPU's compute
 mostly idle, while a prefill is compute-bound; run one after the other, the prefill is a quarter of the
 flexgen shape's wall (`BLOCK_BUBBLE.md`). With `Policy.prefill_ahead`, while block b decodes, each decode
-step also carries a pass of block b + 1's rows (`rows_per_pass` of them, cut into chunks of at most
-`chunk_tokens` tokens as a prefill's row chunks are) through every layer, on the weights that step has
-loaded anyway: the executor calls `AheadPrefill` after the last GPU batch's compute of each layer. The chunk's
+step also carries a pass of block b + 1's rows (`engine.policy.working.rows_per_pass` of them, cut into
+chunks of at most `chunk_tokens` tokens as a prefill's row chunks are) through every layer, on the weights
+that step has loaded anyway: the executor calls `AheadPrefill` after the last GPU batch's compute of each layer. The chunk's
 keys and values go to block b + 1's cache homes, whose gpu segments are parked on the host
 (`KVHome(park_key=...)`; device-to-host is the idle direction of the link) and moved to the device once at
 the switch (`finish`). The chunk's first tokens are chosen at the head, in the step its pass reaches it.
@@ -28,11 +28,6 @@ from engine.policy.working import row_chunks
 from engine.runtime.block_state import BlockState
 from engine.runtime.prefill_chunks import RowView
 from engine.runtime.transfers import Transfers
-
-
-def rows_per_pass(rows: int, decode_steps: int) -> int:
-    """Rows of the next block each decode step carries so its prefill ends within `decode_steps` steps."""
-    return -(-rows // max(1, decode_steps))
 
 
 @dataclass

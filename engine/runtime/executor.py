@@ -26,11 +26,11 @@ from engine.policy.policy import Policy
 from engine.policy.prefix import MIN_SHARED_PREFIX, prefix_held_once
 from engine.policy.weight_slots import WeightSlots, held_whole
 from engine.policy.working import (
-    DECODE_CHUNK_BYTES, PREFILL_CHUNK_TOKENS, row_chunks, staged_kv_heads, working_bytes,
+    DECODE_CHUNK_BYTES, PREFILL_CHUNK_TOKENS, row_chunks, rows_per_pass, staged_kv_heads, working_bytes,
 )
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT, QuantConfig
 from engine.runtime.act_homes import ActHomes
-from engine.runtime.ahead import AheadPrefill, rows_per_pass
+from engine.runtime.ahead import AheadPrefill
 from engine.runtime.arena import Arena
 from engine.runtime.batch import GpuBatch
 from engine.runtime.block_state import AttentionInFlight, BlockState, StepResult

@@ -26,7 +26,9 @@ TIERS = ("gpu", "cpu", "disk")
 @dataclass
 class EngineStats:
     """Counters of one engine (see module docstring); `blocks`, `steps` and `generated_tokens` count the
-    blocks run, their steps (prefill included) and the tokens chosen."""
+    blocks run, their steps (prefill included) and the tokens chosen; `prefilled_ahead` the blocks whose
+    prefill ran on the previous block's decode steps (`Policy.prefill_ahead`: their prefill_s is 0, the
+    prefill's time is inside the previous block's decode_s)."""
 
     load_s: float = 0.0
     place_s: float = 0.0
@@ -36,6 +38,7 @@ class EngineStats:
     grammar_mask_s: float = 0.0
     callback_s: float = 0.0
     blocks: int = 0
+    prefilled_ahead: int = 0
     steps: int = 0
     generated_tokens: int = 0
     peak_bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
@@ -51,7 +54,8 @@ class EngineStats:
         return replace(self.snapshot(), **{n: getattr(self, n) - getattr(before, n) for n in counted})
 
     def add_block(self, *, prefill_s: float, decode_s: float, grammar_s: dict[str, float],
-                  callback_s: dict[str, float], steps: int, tokens: int, peak_bytes: dict[str, int]) -> None:
+                  callback_s: dict[str, float], steps: int, tokens: int, peak_bytes: dict[str, int],
+                  prefilled_ahead: bool = False) -> None:
         """Count one finished block: the executor's prefill and decode seconds, the parts of them spent in
         the grammar and in the caller's hook (per phase "prefill"/"decode"), its steps and tokens, and the
         executor's peak bytes per tier."""
@@ -60,6 +64,7 @@ class EngineStats:
         self.grammar_mask_s += sum(grammar_s.values())
         self.callback_s += sum(callback_s.values())
         self.blocks += 1
+        self.prefilled_ahead += int(prefilled_ahead)
         self.steps += steps
         self.generated_tokens += tokens
         for tier in TIERS:
