@@ -110,10 +110,5 @@ class AheadPrefill:
         for k, batch in enumerate(st.batches):
             batch.advance(batch.prompt_len)
             batch.set_next(self.picked[k])
-            keep = batch.compact_index()
-            if keep is not None and keep.numel() > 0:
-                for (_, kk), kv in st.kv.items():
-                    if kk == k:
-                        kv.compact(keep)
-                batch.compact(keep)
+            st.compact(k)
         return st

@@ -72,6 +72,16 @@ class BlockState:
         """Whether every row of every GPU batch has ended."""
         return all(b.done for b in self.batches)
 
+    def compact(self, k: int) -> None:
+        """Drop GPU batch k's ended rows from its bookkeeping and cache homes when enough have ended."""
+        batch = self.batches[k]
+        keep = batch.compact_index()
+        if keep is not None and keep.numel() > 0:
+            for (_, kk), kv in self.kv.items():
+                if kk == k:
+                    kv.compact(keep)
+            batch.compact(keep)
+
     def track(self, pendings: list[Pending]) -> list[Pending]:
         """Remember `pendings` for the next sync; returns them."""
         self.inflight.extend(pendings)

@@ -498,12 +498,7 @@ class Executor:
             else:
                 picked[r] = tok
         batch.set_next(picked)
-        keep = batch.compact_index()
-        if keep is not None and keep.numel() > 0:
-            for (j, kk), kv in blk.kv.items():
-                if kk == k:
-                    kv.compact(keep)
-            batch.compact(keep)
+        blk.compact(k)
 
     def _step_done(self, i: int) -> None:
         if self.timing and self.device.type == "cuda":
