@@ -15,7 +15,7 @@ def fake_cuda(monkeypatch):
     calls: list[tuple] = []
     monkeypatch.setattr(device_cap, "_segments_done", False)
     monkeypatch.setattr(device_cap, "_HELD", {})
-    monkeypatch.setattr(device_cap, "_allocator_setter", lambda: lambda conf: calls.append(("settings", conf)))
+    monkeypatch.setattr(device_cap, "allocator_setter", lambda: lambda conf: calls.append(("settings", conf)))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append(("empty_cache",)))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=1 << 34))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
@@ -53,7 +53,7 @@ def test_other_allocator_settings_still_get_expandable_segments():
 def test_a_torch_that_cannot_set_them_warns_and_still_caps(fake_cuda, monkeypatch):
     def refuse(conf):
         raise RuntimeError("not supported")
-    monkeypatch.setattr(device_cap, "_allocator_setter", lambda: refuse)
+    monkeypatch.setattr(device_cap, "allocator_setter", lambda: refuse)
     with pytest.warns(UserWarning, match="expandable segments.*not supported"):
         handle = device_cap.hold(torch.device("cuda", 0), 1 << 32)
     assert fake_cuda[-1] == ("fraction", 0.25, 0)
@@ -68,9 +68,9 @@ def test_the_accelerator_wide_setter_is_preferred(monkeypatch):
         return conf
     monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", cuda_only)
     monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", accelerator, raising=False)
-    assert device_cap._allocator_setter() is accelerator
+    assert device_cap.allocator_setter() is accelerator
     monkeypatch.delattr(torch._C, "_accelerator_setAllocatorSettings")
-    assert device_cap._allocator_setter() is cuda_only
+    assert device_cap.allocator_setter() is cuda_only
 
 
 def test_the_cpu_has_no_cap(fake_cuda):

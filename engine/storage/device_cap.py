@@ -28,17 +28,17 @@ import torch
 _LOCK = threading.Lock()
 _IDS = itertools.count()
 _HELD: dict[int, dict[int, int | None]] = {}   # device index -> {holder id: budget bytes, None = unbounded}
-_ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 _segments_done = False                          # expandable segments decided for this process
 
 
 def wants_expandable_segments(environ: Mapping[str, str]) -> bool:
     """True unless the allocator configuration in `environ` mentions expandable_segments (the user's choice,
     either way, is kept)."""
-    return not any("expandable_segments" in environ.get(name, "") for name in _ALLOC_CONF_VARS)
+    return not any("expandable_segments" in environ.get(name, "") for name in ALLOC_CONF_VARS)
 
 
-def _allocator_setter():
+def allocator_setter():
     """torch's run-time allocator settings call: the accelerator-wide one where torch has it (2.11+, whose
     CUDA-only `torch.cuda.memory._set_allocator_settings` warns that it is deprecated), else the CUDA one."""
     return getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
@@ -54,7 +54,7 @@ def _expandable_segments() -> None:
     if not wants_expandable_segments(os.environ):
         return
     try:
-        _allocator_setter()("expandable_segments:True")
+        allocator_setter()("expandable_segments:True")
         torch.cuda.empty_cache()        # cached fixed segments go back, so new memory comes in expandable ones
     except (AttributeError, RuntimeError) as err:
         warnings.warn(f"device_cap: could not turn on torch's expandable segments ({err}); the gpu_memory cap "

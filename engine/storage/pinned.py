@@ -4,11 +4,14 @@ torch's pinned allocator rounds each allocation up to a power of two (a 5 GiB te
 pool pins power-of-two chunks (1 GiB, or the next power of two for a bigger request) and hands out aligned
 sub-views, first fit over every chunk's free ranges. `free(view)` gives a view's range back (merged with its
 free neighbours), so a buffer that grows between blocks (a longer KV cache) reuses the space it leaves
-instead of pinning more. Without CUDA, buffers are plain tensors. `close` drops every chunk.
+instead of pinning more. Without CUDA, buffers are plain tensors. `close` drops every chunk. A pinning pool
+first sets how the process pins (`engine.storage.pinning.configure`: pages faulted in on several threads).
 """
 from __future__ import annotations
 
 import torch
+
+from engine.storage import pinning
 
 _ALIGN = 512
 _CHUNK = 1 << 30
@@ -48,6 +51,8 @@ class HostPool:
 
     def __init__(self, pin: bool, chunk_bytes: int = _CHUNK, pooled: bool | None = None):
         self.pin = pin
+        if pin:
+            pinning.configure()
         self.pooled = pin if pooled is None else pooled
         self.chunk_bytes = chunk_bytes
         self._chunks: list[_Chunk] = []
