@@ -41,8 +41,16 @@ after every path, ratio_to_engine is against the one just before and ratio_to_en
 mean of both, rewritten into the file atomically), peak_device_gib / peak_reserved_gib (torch's peaks
 since the path started; null on CPU), gpu_memory_gib, device, machine, commit, command, workload, model,
 non_null_rows (rows whose output struct is non-null), generated_tokens, engine_calls, engine_first_block_s
-(when the engine finished its first block, seen from inside), plans (the engine's plan(s) used), warmup_s,
-load_s, engines_cached, versions, error (a path that failed; the others still run).
+(when the engine finished its first block, seen from inside), plans (the engine's plan(s) used),
+prefill_ahead (whether the plan(s) of the path's engine calls had `Policy.prefill_ahead`: true / false, or
+the list of flags per plan when they differ; null when no plan was seen), engine_stats (the engine's
+`EngineStats` over the path, `stats.since` a snapshot taken at its start: blocks, prefilled_ahead (blocks
+whose prefill ran on the previous block's decode), steps, generated_tokens, plan_s, place_s, prefill_s,
+decode_s, grammar_mask_s, callback_s; null for an engine without `stats`), warmup_s, load_s, engines_cached,
+versions, error (a path that failed; the others still run).
+The pipeline file's llm_map step gives template, system, examples, schema and `chat` (e.g.
+`--pipeline pipelines/bench_invoices_ahead.yaml`: no shared prompt prefix, so the plan may run blocks' prefills
+ahead).
 
 The engine is observed by wrapping the instance's `stream` (a generator pass-through counting groups, tokens
 and calls) and, for the pipeline, `SinkWriter.write` (time of the first batch written to the staging file);
@@ -181,7 +189,8 @@ class Job:
         self.model = args.model_ref
         self.spec = MapSpec(template=step["template"], model=self.model, system=step.get("system"),
                             examples=tuple(step.get("examples") or ()), schema=step.get("schema"),
-                            max_new_tokens=args.max_new_tokens, engine=tuple(settings.items()))
+                            max_new_tokens=args.max_new_tokens, chat=step.get("chat"),
+                            engine=tuple(settings.items()))
         self.params = sampling_params(self.spec)
         self.rows = invoice_rows(args.rows)
         self.bodies = [r["body"] for r in self.rows]
@@ -212,7 +221,7 @@ class Job:
         """The adapters' keyword arguments that make the same MapSpec as `self.spec`."""
         s = self.spec
         return dict(model=s.model, system=s.system, examples=[dict(e) for e in s.examples], schema=s.schema,
-                    max_new_tokens=s.max_new_tokens, engine_settings=dict(s.engine), cache_dir=False,
+                    max_new_tokens=s.max_new_tokens, chat=s.chat, engine_settings=dict(s.engine), cache_dir=False,
                     progress=False)
 
     # -- engine
@@ -420,6 +429,32 @@ def _loadavg() -> float | None:
         return None
 
 
+def _stats_snapshot(llm: Any) -> Any:
+    """A snapshot of the engine's `EngineStats` (None for an engine without them)."""
+    stats = getattr(llm, "stats", None)
+    return stats.snapshot() if hasattr(stats, "snapshot") else None
+
+
+def _stats_since(llm: Any, before: Any) -> dict[str, Any] | None:
+    """The engine's counters since `before` (`_stats_snapshot`): blocks, prefilled_ahead, steps, tokens and
+    seconds; None without stats."""
+    stats = getattr(llm, "stats", None)
+    if before is None or not hasattr(stats, "since"):
+        return None
+    d = stats.since(before).to_dict()
+    keep = ("blocks", "prefilled_ahead", "steps", "generated_tokens", "plan_s", "place_s", "prefill_s", "decode_s",
+            "grammar_mask_s", "callback_s")
+    return {k: (round(d[k], 3) if isinstance(d[k], float) else d[k]) for k in keep if k in d}
+
+
+def _plans_ahead(plans: list[dict[str, Any]]) -> bool | list[bool] | None:
+    """Whether the path's plan(s) had `Policy.prefill_ahead`: one flag, or one per plan when they differ."""
+    flags = [bool((p.get("policy") or {}).get("prefill_ahead")) for p in plans if isinstance(p.get("policy"), dict)]
+    if not flags:
+        return None
+    return flags[0] if len(set(flags)) == 1 else flags
+
+
 def _count(values: Any) -> dict[str, int]:
     out: dict[str, int] = {}
     for v in values:
@@ -615,6 +650,7 @@ def main() -> None:
             reset_peak()
             load_start = _loadavg()
             summary_before = last_summary()
+            stats_before = _stats_snapshot(job.llm)
             start = time.perf_counter()
             record: dict[str, Any] = {**common, "path": path, "order": n_path,
                                       "repeat": order[:n_path].count(path) + 1}
@@ -640,7 +676,8 @@ def main() -> None:
                 generated_tokens=probe.tokens, engine_calls=probe.calls, engine_groups=probe.groups,
                 engine_rows=probe.rows,
                 engine_first_block_s=round(probe.first - start, 3) if probe.first is not None else None,
-                plans=probe.plans_out(), engine_threads=sorted(probe.threads),
+                plans=probe.plans_out(), prefill_ahead=_plans_ahead(probe.plans_out()),
+                engine_stats=_stats_since(job.llm, stats_before), engine_threads=sorted(probe.threads),
                 engines_cached=len(getattr(engines, "_ENGINES", {})),
                 loadavg_start=load_start, loadavg_end=_loadavg(),
                 last_map_summary=summary.to_dict() if summary is not None else None,
@@ -661,7 +698,9 @@ def main() -> None:
                     pending_bracket = None
             print(f"[job_paths] {path:17s} " + (f"{seconds:8.2f}s {rate:10.0f} rows/h  first "
                   f"{record.get('first_result_s')}  ratio {record['ratio_to_engine']}  non-null "
-                  f"{record.get('non_null_rows')}/{args.rows}  tokens {probe.tokens}  peak {record['peak_device_gib']}"
+                  f"{record.get('non_null_rows')}/{args.rows}  tokens {probe.tokens}  peak {record['peak_device_gib']}  "
+                  f"ahead {record['prefill_ahead']}/{(record['engine_stats'] or {}).get('prefilled_ahead')} of "
+                  f"{(record['engine_stats'] or {}).get('blocks')} blocks"
                   if seconds else f"FAILED {record['error']}"), file=sys.stderr)
     finally:
         probe.undo()
@@ -669,7 +708,9 @@ def main() -> None:
             shutil.rmtree(job.work, ignore_errors=True)
     print(json.dumps([{k: r.get(k) for k in ("path", "repeat", "seconds", "rows_per_h", "first_result_s", "ratio_to_engine",
                                              "ratio_to_engine_bracketed", "non_null_rows", "generated_tokens",
-                                             "peak_device_gib", "error")}
+                                             "peak_device_gib", "prefill_ahead", "error")}
+                      | {"prefilled_ahead": (r.get("engine_stats") or {}).get("prefilled_ahead"),
+                         "blocks": (r.get("engine_stats") or {}).get("blocks")}
                       for r in done], indent=1))
 
 
