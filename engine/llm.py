@@ -52,6 +52,20 @@ Group = list[tuple[int, Completion]]
 OnFinished = Callable[[int, Completion], None]
 
 
+def once_per_row(on_finished: OnFinished | None) -> OnFinished | None:
+    """`on_finished` called at most once per input row: a block whose prefill ran ahead may have finished rows
+    at their first token before an out-of-memory fallback reruns it, and those rows are not reported again."""
+    if on_finished is None:
+        return None
+    reported: set[int] = set()
+
+    def report(index: int, completion: Completion) -> None:
+        if index not in reported:
+            reported.add(index)
+            on_finished(index, completion)
+    return report
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
     """"auto" -> cuda when available, else cpu."""
     if str(device) == "auto":
@@ -288,6 +302,7 @@ class LLM:
             return
         done = 0
         if policy.prefill_ahead and len(blocks) > 1:
+            on_finished = once_per_row(on_finished)
             for group in self._run_ahead(blocks, encoded, params, keys, on_finished):
                 done += 1
                 yield group

@@ -229,6 +229,42 @@ def test_out_of_memory_with_the_ahead_prefill_loses_no_block(folders, monkeypatc
     assert got == expected and len(calls) > 3
 
 
+def test_out_of_memory_after_first_token_finishes_ahead_reports_each_row_once(folders, monkeypatch):
+    """Rows of the next block that end at their first token are reported while its prefill runs ahead; when
+    that block then fails with out-of-memory and is rerun, `on_finished` is not called for them again."""
+    import engine.runtime.executor as executor_module
+
+    real = executor_module.Executor
+    calls: list[int] = []
+
+    class FailsThird(real):
+        def _run_block(self, prompts, *a, **kw):
+            calls.append(len(prompts))
+            if len(calls) == 3:
+                raise torch.OutOfMemoryError("simulated")
+            return super()._run_block(prompts, *a, **kw)
+
+    prompts = id_prompts(12)
+    params = SamplingParams(max_new_tokens=MAX_NEW)
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=2, prefill_ahead=True)
+    with LLM(folders["llama"], dtype="float32", device="cpu", policy=policy) as llm:
+        groups = list(llm.stream(prompts, params))
+        last = [i for i, _ in groups[-1]]
+        first = {i: c.token_ids[0] for group in groups for i, c in group}
+        llm.eos_token_ids = (first[last[0]],)                 # a row of the third block ends at its first token
+        expected = [c.token_ids for c in llm.generate(prompts, params)]
+    monkeypatch.setattr(executor_module, "Executor", FailsThird)
+    reported: list[int] = []
+    with LLM(folders["llama"], dtype="float32", device="cpu", policy=policy) as llm:
+        llm.eos_token_ids = (first[last[0]],)
+        got = sorted((i, c.token_ids) for group in llm.stream(prompts, params,
+                                                                 on_finished=lambda i, c: reported.append(i))
+                     for i, c in group)
+    assert [t for _, t in got] == expected and len(calls) > 3
+    assert any(len(t) == 1 for t in expected)
+    assert sorted(reported) == list(range(12))
+
+
 def test_auto_policy_reuses_the_executor_when_fewer_prompts_come(folders):
     with LLM(folders["llama"], dtype="float32", device="cpu") as llm:
         llm.generate(id_prompts(10), SamplingParams(max_new_tokens=2))
