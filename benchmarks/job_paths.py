@@ -49,8 +49,8 @@ whose prefill ran on the previous block's decode), steps, generated_tokens, plan
 decode_s, grammar_mask_s, callback_s; null for an engine without `stats`), warmup_s, load_s, engines_cached,
 versions, error (a path that failed; the others still run).
 The pipeline file's llm_map step gives template, system, examples, schema and `chat` (e.g.
-`--pipeline pipelines/bench_invoices_ahead.yaml`: no shared prompt prefix, so the plan may run blocks' prefills
-ahead).
+`--pipeline pipelines/bench_invoices_ahead.yaml`: the invoice workload without a shared prompt prefix or
+few-shot turns).
 
 The engine is observed by wrapping the instance's `stream` (a generator pass-through counting groups, tokens
 and calls) and, for the pipeline, `SinkWriter.write` (time of the first batch written to the staging file);

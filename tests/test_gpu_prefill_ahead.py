@@ -49,6 +49,28 @@ def test_cuda_ahead_prefill_matches_block_by_block(tiny_checkpoints, kind, name)
     assert got == ref
 
 
+def shared(V: int, seed: int, prefix_len: int, n: int = 6) -> list[list[int]]:
+    """`n` prompts sharing their first `prefix_len` tokens, then 1-7 of their own."""
+    prefix = make_prompts(1, V, seed=seed, lo=prefix_len, hi=prefix_len + 1)[0]
+    return [prefix + p for p in make_prompts(n, V, seed=seed + 1, lo=1, hi=8)]
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("kind", ["llama", "mixtral"])
+def test_cuda_ahead_prefill_with_a_shared_prefix_matches(tiny_checkpoints, kind, name):
+    """Blocks whose GPU batches share 40-48 leading tokens (held once on the device): their prefixes run ahead
+    in the pass of each batch's first rows and move to the block's prefix buffers at the switch."""
+    loaded = load_model(tiny_checkpoints[kind], dtype=torch.float32)
+    V = loaded.config.vocab_size
+    blocks = [(shared(V, 40, 40), [5, 9, 3, 9, 7, 2]), (shared(V, 50, 48), [5, 9, 3, 9, 7, 2]),
+              (make_prompts(6, V, seed=3), [4] * 6), (shared(V, 60, 44), [4] * 6)]
+    base = {"gpu_batch_size": 3, "num_gpu_batches": 2, **POLICIES[name]}
+    ref, off = run_blocks(loaded, Policy(**base), blocks)
+    got, on = run_blocks(loaded, Policy(**base, prefill_ahead=True), blocks)
+    assert off == [0.0] * 4 and on == [0.0, 1.0, 1.0, 1.0]
+    assert got == ref
+
+
 def test_cuda_ahead_prefill_at_scale_matches():
     """A 1.3B-parameter shape in fp16 (4-bit weights streamed from the host, 4-bit cache split), rows long
     enough that each pass is cut into several chunks: the same tokens with and without the ahead prefill."""

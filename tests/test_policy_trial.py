@@ -105,15 +105,16 @@ def test_predicted_memory_with_a_shared_prefix_is_the_executors_accounting(name,
     check_budget_consistency(name, policy, torch.device("cpu"), default_cpu_profile(), tmp_path, PREFIXED)
 
 
-def run_ahead_blocks(name, policy, device, disk_dir):
+def run_ahead_blocks(name, policy, device, disk_dir, workload=WORKLOAD):
     """Two full blocks of `policy` with the ahead prefill on the tiny preset's executor (budgets unlimited):
-    its memory report, and whether the second block's prefill ran ahead."""
+    its memory report, and whether the second block's prefill ran ahead. With `workload.shared_prefix_len` p
+    every prompt starts with the same p tokens, and rows differ right after them."""
     loaded = truncated_model(preset(name), 2, torch.float32)
     ex = Executor(loaded, policy, device=device, dtype=torch.float32, disk_dir=disk_dir)
     try:
-        b, flags = policy.block_size, []
-        blocks = [([[3 + (7 * r + 5 * t + n) % 50 for t in range(WORKLOAD.prompt_len)] for r in range(b)],
-                   [WORKLOAD.gen_len] * b, RunToEnd()) for n in range(2)]
+        b, flags, p = policy.block_size, [], workload.shared_prefix_len
+        blocks = [([[3 + (t if t < p else 7 * r + 5 * t + n) % 50 for t in range(workload.prompt_len)]
+                    for r in range(b)], [workload.gen_len] * b, RunToEnd()) for n in range(2)]
         for _ in ex.generate_blocks(blocks):
             flags.append(ex.stats["prefill_ahead"])
         return ex.memory_report(), flags
@@ -121,15 +122,16 @@ def run_ahead_blocks(name, policy, device, disk_dir):
         ex.close()
 
 
-def check_ahead_memory(name, policy, device, tmp_path):
+def check_ahead_memory(name, policy, device, tmp_path, workload=WORKLOAD):
     """The memory model's count with the ahead prefill (two blocks) is the executor's peak, tier by tier, and
     adds to the one-block count exactly what `_ahead_memory` says."""
     ahead = replace(policy, prefill_ahead=True)
     layout = model_layout(preset(name), 4, policy.compress_weights)
-    args = (preset(name), layout, ahead, WORKLOAD.prompt_len, WORKLOAD.gen_len, 4, device.type)
-    counted = executor_memory(*args, num_prompts=2 * policy.block_size)
-    alone = executor_memory(*args, num_prompts=policy.block_size)
-    report, flags = run_ahead_blocks(name, ahead, device, tmp_path)
+    args = (preset(name), layout, ahead, workload.prompt_len, workload.gen_len, 4, device.type)
+    kw = dict(shared_prefix_len=workload.shared_prefix_len)
+    counted = executor_memory(*args, num_prompts=2 * policy.block_size, **kw)
+    alone = executor_memory(*args, num_prompts=policy.block_size, **kw)
+    report, flags = run_ahead_blocks(name, ahead, device, tmp_path, workload)
     assert flags == [0.0, 1.0]
     assert counted["cpu"] > alone["cpu"] and counted["gpu"] > alone["gpu"]
     assert report["gpu"]["peak"] == counted["gpu"] and report["cpu"]["peak"] == counted["cpu"]
@@ -142,10 +144,19 @@ def test_ahead_prefill_memory_is_the_executors_accounting(name, policy, tmp_path
     check_ahead_memory(name, policy, torch.device("cpu"), tmp_path)
 
 
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mixtral"])
+@pytest.mark.parametrize("policy", POLICIES, ids=range(len(POLICIES)))
+def test_ahead_prefill_memory_with_a_shared_prefix_is_the_executors_accounting(name, policy, tmp_path):
+    """Rows sharing 5 of 7 tokens: the next block's prefix keys/values on the device and its homes of the
+    rows' own positions are counted as the executor holds them."""
+    check_ahead_memory(name, policy, torch.device("cpu"), tmp_path, PREFIXED)
+
+
 @requires_cuda
 @pytest.mark.parametrize("policy", POLICIES, ids=range(len(POLICIES)))
-def test_ahead_prefill_memory_is_the_executors_accounting_on_cuda(policy, tmp_path):
-    check_ahead_memory("tiny-llama", policy, torch.device("cuda"), tmp_path)
+@pytest.mark.parametrize("workload", [WORKLOAD, PREFIXED], ids=["plain", "prefixed"])
+def test_ahead_prefill_memory_is_the_executors_accounting_on_cuda(policy, workload, tmp_path):
+    check_ahead_memory("tiny-llama", policy, torch.device("cuda"), tmp_path, workload)
 
 
 @requires_cuda

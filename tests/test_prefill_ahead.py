@@ -1,8 +1,8 @@
 """The ahead prefill on the CPU (fp32): `Policy(prefill_ahead=True)` runs block n + 1's prefill in row chunks on
 block n's decode weight passes (`engine.runtime.ahead`), its cache's gpu share parked on the host until the
 switch. Whatever the placement, the tokens must be those of the block-by-block run, block by block; the
-blocks it cannot run ahead (the first, after a block without a decode step, a shared prefix, budgets too small
-for its working memory or parked homes) run their own prefill, with the same tokens. Also: the schedules'
+blocks it cannot run ahead (the first, after a block without a decode step, budgets too small for its working
+memory or parked homes) run their own prefill, with the same tokens. Also: the schedules'
 `first` (a block whose prefill ran ahead starts at step 1) and the executor's teardown after ahead blocks."""
 from __future__ import annotations
 
@@ -179,22 +179,47 @@ def test_no_decode_step_runs_the_next_prefill_itself(models, kind, max_new, flag
     assert got[0] == ref[0]
 
 
-@pytest.mark.parametrize("extra", [dict(), dict(compress_cache=True)])
+def prefixed(V: int, seed: int, prefix_len: int, n: int = 6) -> list[list[int]]:
+    """`n` prompts sharing their first `prefix_len` tokens, then 1-7 of their own."""
+    prefix = make_prompts(1, V, seed=seed, lo=prefix_len, hi=prefix_len + 1)[0]
+    return [prefix + p for p in make_prompts(n, V, seed=seed + 1, lo=1, hi=8)]
+
+
+PREFIX_MATRIX = {name: MATRIX[name] for name in ("in_memory", "cache_split", "cache_cpu_attention",
+                                                  "w_cpu_4bit_cache_split", "act_partly_cpu")}
+
+
+@pytest.mark.parametrize("name", list(PREFIX_MATRIX))
 @pytest.mark.parametrize("kind", KINDS)
-def test_shared_prefix_block_runs_its_own_prefill(models, kind, extra):
-    """Block 2's rows share 40 leading tokens (each GPU batch computes them once): it runs its own prefill,
-    and block 3 runs ahead again (on host homes of the other tag than block 1's)."""
+def test_shared_prefix_blocks_run_ahead(models, kind, name):
+    """Blocks whose GPU batches share 40 or 48 leading tokens (each batch computes them once) run their
+    prefill ahead like the others: the prefix in the pass of the batch's first rows, every later pass's rows
+    attending to the keys/values it kept (one row a pass here: 6 passes over 8 decode steps). A prefix block
+    after a plain one, a longer prefix after a shorter (its buffers grow), a plain block after a prefix one:
+    every block's tokens are the block-by-block run's."""
     loaded = models[kind]
     V = loaded.config.vocab_size
-    prefix = make_prompts(1, V, seed=30, lo=40, hi=41)[0]
-    shared = [prefix + p for p in make_prompts(6, V, seed=31, lo=1, hi=8)]
     assert 40 >= MIN_SHARED_PREFIX
-    for k in range(2):                                          # each GPU batch's rows share them
-        assert shared_prefix_len(shared[3 * k:3 * k + 3]) >= 40
-    blocks = [(make_prompts(6, V, seed=32), MAX_NEW), (make_prompts(6, V, seed=33), MAX_NEW), (shared, [4] * 6),
-              (make_prompts(6, V, seed=34), MAX_NEW)]
-    ref, got = both(loaded, {**BASE, "cache_gpu": 0.5, "cache_cpu": 0.5, **extra}, blocks)
-    assert got[1] == [0.0, 1.0, 0.0, 1.0]
+    blocks = [(make_prompts(6, V, seed=32), MAX_NEW), (prefixed(V, 40, 40), MAX_NEW), (prefixed(V, 50, 48), MAX_NEW),
+              (make_prompts(6, V, seed=34), MAX_NEW), (prefixed(V, 60, 40), [4] * 6)]
+    for prompts, _ in blocks[1:3]:
+        for k in range(2):                                      # each GPU batch's rows share the prefix
+            assert shared_prefix_len(prompts[3 * k:3 * k + 3]) >= 40
+    ref, got = both(loaded, {**BASE, **PREFIX_MATRIX[name]}, blocks)
+    assert got[1] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    for n in range(5):
+        assert got[0][n] == ref[0][n], f"block {n}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shared_prefix_ahead_with_a_4bit_cache_holds_the_prefix_once(models, kind):
+    """A 4-bit cache holds a shared prefix once even on the CPU (`prefix_held_once`): the ahead prefill keeps
+    it in the parked home's own prefix and the switch moves it into the block's; tokens as block by block."""
+    loaded = models[kind]
+    V = loaded.config.vocab_size
+    blocks = [(prefixed(V, 70, 44), MAX_NEW), (prefixed(V, 72, 40), MAX_NEW), (prefixed(V, 74, 52), MAX_NEW)]
+    ref, got = both(loaded, {**BASE, "cache_gpu": 0.5, "cache_cpu": 0.5, "compress_cache": True}, blocks)
+    assert got[1] == [0.0, 1.0, 1.0]
     assert got[0] == ref[0]
 
 

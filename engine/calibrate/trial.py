@@ -214,7 +214,7 @@ def full_block(config: ModelConfig, times: TrialTimes, gen_len: int, block_size:
 def series_share(policy: Policy, workload: Workload) -> float:
     """A block's share of a prefill the executor runs in series for this workload: 1, or with the ahead prefill
     over B blocks 1 / B (0 when the rows are unbounded)."""
-    if not runs_ahead(policy, workload.gen_len, workload.shared_prefix_len, workload.num_prompts):
+    if not runs_ahead(policy, workload.gen_len, workload.num_prompts):
         return 1.0
     return 0.0 if workload.num_prompts is None else 1.0 / -(-workload.num_prompts // policy.block_size)
 

@@ -28,7 +28,7 @@ A block of bls = gpu_batch_size x num_gpu_batches sequences takes
 With `Policy.prefill_ahead` over B > 1 blocks (`memory.runs_ahead`), every prefill but the first runs on the
 previous block's decode steps: (B - 1) / B of a prefill's gpu compute and cache stores (and its gpu cache
 share moved up at the switch) join each decode layer's channels, divided over the n - 1 steps, and T_pre
-counts 1 / B (0 when the rows are unbounded).
+counts 1 / B (0 when the rows are unbounded). A shared prefix runs ahead too, computed once per GPU batch.
 With a shared prompt prefix of p tokens (`Workload.shared_prefix_len`, `prefix.batch_prefix_len`) a GPU
 batch's prefill computes the prefix once and each row's own s - p tokens after it; where the prefix's keys
 and values are held once per GPU batch (`prefix.prefix_held_once`: an accelerator or a 4-bit cache), the KV
@@ -324,7 +324,7 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     memory = memory_terms(config, layout, policy, workload.memory_prompt_len, n, B, profile.device_type,
                           shared_prefix_len=workload.shared_prefix_len, num_prompts=workload.num_prompts)
     in_series = 1.0
-    if runs_ahead(policy, n, workload.shared_prefix_len, workload.num_prompts):
+    if runs_ahead(policy, n, workload.num_prompts):
         # every block's prefill but the first rides on the previous block's decode steps (engine.runtime.ahead):
         # its compute and its cache stores spread over them, its gpu cache share moved up once at the switch;
         # only the first block's prefill stays in series (1 / blocks of a prefill per block)

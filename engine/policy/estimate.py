@@ -89,13 +89,15 @@ class PolicyEstimate:
                 lines.append(f"  {'':<10} {', '.join(held['kinds'])} held on the gpu whatever the share says "
                              f"({100 * held['share']:.1f}% of the weight bytes: their streamed copy would need "
                              f"a buffer as large)")
-        flags = [f for f in ("overlap", "cpu_attention", "compress_weights", "compress_cache") if getattr(p, f)]
+        flags = [f for f in ("overlap", "cpu_attention", "compress_weights", "compress_cache", "prefill_ahead")
+                 if getattr(p, f)]
         if p.weight_pages:                                   # set by the search for MoE models only
             flags.append(f"pipeline, {p.weight_pages} weight pages" if p.pipeline else "pipeline off")
         lines.append(f"  flags      {', '.join(flags) or 'none'}")
         lines.append(
             f"Predicted  {self.predicted_tokens_per_s:.2f} generated tokens/s; per block prefill "
-            f"{self.prefill_s:.2f} s, decode {self.decode_s:.2f} s"
+            f"{self.prefill_s:.2f} s{' in series (the rest ahead, inside the decode)' if p.prefill_ahead else ''}, "
+            f"decode {self.decode_s:.2f} s"
         )
         predicted, trials = ctx.get("predicted"), ctx.get("trials")
         if trials:

@@ -212,32 +212,35 @@ def _act_home_len(prompt_len: int, gen_len: int, prefix: int) -> int:
     return prompt_len if not prefix else (1 if gen_len > 1 else 0)
 
 
-def runs_ahead(policy: Policy, gen_len: int, shared_prefix_len: int, num_prompts: int | None) -> bool:
+def runs_ahead(policy: Policy, gen_len: int, num_prompts: int | None) -> bool:
     """Whether the executor runs blocks' prefills ahead (`engine.runtime.ahead`) for this run: the policy says
-    so, a block decodes at least one step, there is no shared prefix (computed once per GPU batch, it runs its
-    own prefill) and more than one block (`num_prompts` None: unbounded)."""
-    return (policy.prefill_ahead and gen_len > 1 and not batch_prefix_len(shared_prefix_len, policy.gpu_batch_size)
-            and (num_prompts is None or num_prompts > policy.block_size))
+    so, a block decodes at least one step and there is more than one block (`num_prompts` None: unbounded). A
+    shared prefix is computed once per GPU batch there, as in a block's own prefill."""
+    return policy.prefill_ahead and gen_len > 1 and (num_prompts is None or num_prompts > policy.block_size)
 
 
 def _ahead_memory(config: ModelConfig, policy: Policy, prompt_len: int, gen_len: int, dtype: torch.dtype,
-                  device_type: str) -> dict[str, int]:
+                  device_type: str, prefix: int) -> dict[str, int]:
     """What an ahead prefill adds while the block before it runs (the executor's `_start_ahead`): one pass's
     device working memory (`rows_per_pass` rows, every cache segment's keys/values staged for its store); the
-    next block's cache homes on their tiers, its gpu segments parked on the host (`kvpark`); on CUDA the
-    pinned staging of its stores (`kvstageahead{0,1}.s{n}.r0`, one chunk's rows)."""
+    next block's cache homes on their tiers, its gpu segments parked on the host (`kvpark`); with a shared
+    prefix of `prefix` tokens per GPU batch (`prefix.batch_prefix_len`) its keys/values on the device
+    (`kvpark.{j}.{k}.prefix`, held once or kept for the passes); on CUDA the pinned staging of its stores
+    (`kvstageahead{0,1}.s{n}.r0`, one chunk's rows)."""
     g, K, L = policy.gpu_batch_size, policy.num_gpu_batches, config.num_hidden_layers
     P, S, hd, nkv = prompt_len, prompt_len + gen_len - 1, config.head_dim, config.num_key_value_heads
     cc, cuda = policy.compress_cache, device_type == "cuda"
+    held = prefix if prefix_held_once(device_type, cc) else 0                # prefix positions held once
     per = min(rows_per_pass(policy.block_size, gen_len - 1), g)
     staged = staged_kv_heads(nkv, 0.0, 1.0, device_type, cc)
     mem = {t: 0 for t in TIERS}
-    mem["gpu"] += working_bytes(config, per, P, S, dtype, cc, staged)
+    mem["gpu"] += working_bytes(config, per, P, S, dtype, cc, staged, prefix_len=prefix)
+    mem["gpu"] += L * K * _prefix_kv_bytes(nkv, prefix, hd, torch.empty((), dtype=dtype).element_size())
     for tier, h0, h1 in split_ranges(nkv, policy.cache_gpu, policy.cache_cpu):
-        home = 2 * _kv_bytes(g, h1 - h0, S, hd, dtype, cc)
+        home = 2 * _kv_bytes(g, h1 - h0, S - held, hd, dtype, cc)
         mem["cpu" if tier is Tier.GPU else tier.value] += L * K * home
         if cuda:
-            mem["cpu"] += min(2, L) * 2 * _kv_bytes(chunk_rows(per, P), h1 - h0, P, hd, dtype, cc)
+            mem["cpu"] += min(2, L) * 2 * _kv_bytes(chunk_rows(per, P - prefix), h1 - h0, P - held, hd, dtype, cc)
     return mem
 
 
@@ -297,8 +300,8 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
             if tier is Tier.GPU or (tier is Tier.CPU and not cuda):
                 continue
             mem[tier.value] += K * g * act_len * (b - a) * e               # act homes
-    if runs_ahead(policy, gen_len, shared_prefix_len, num_prompts):
-        for tier, extra in _ahead_memory(config, policy, P, gen_len, dtype, device_type).items():
+    if runs_ahead(policy, gen_len, num_prompts):
+        for tier, extra in _ahead_memory(config, policy, P, gen_len, dtype, device_type, prefix).items():
             mem[tier] += extra
     return mem
 
@@ -381,11 +384,13 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
                + (share("cache", "disk") * (decode_slots * home) if not policy.cpu_attention else const(0.0)))
     disk = share("w", "disk") * layout.total_bytes + share("cache", "disk") * (L * K * home)
     disk = disk + share("act", "disk") * hidden
-    if runs_ahead(policy, gen_len, shared_prefix_len, num_prompts):
+    if runs_ahead(policy, gen_len, num_prompts):
         per = min(rows_per_pass(policy.block_size, gen_len - 1), g)
         staged_all = staged_kv_heads(nkv, 0.0, 1.0, device_type, cc)
-        gpu = gpu + const(working_bytes(config, per, P, S, dtype, cc, staged_all))
-        ahead_stage = min(2, L) * 2 * _kv_bytes(chunk_rows(per, P), nkv, P, hd, dtype, cc) if cuda else 0
+        gpu = gpu + const(working_bytes(config, per, P, S, dtype, cc, staged_all, prefix_len=prefix))
+        gpu = gpu + const(L * K * _prefix_kv_bytes(nkv, prefix, hd, e))          # kvpark.{j}.{k}.prefix
+        ahead_stage = (min(2, L) * 2 * _kv_bytes(chunk_rows(per, P - prefix), nkv, P - held, hd, dtype, cc)
+                       if cuda else 0)
         cpu = cpu + (share("cache", "gpu") + share("cache", "cpu")) * (L * K * home) + const(ahead_stage)
         disk = disk + share("cache", "disk") * (L * K * home)
     return {"gpu": gpu, "cpu": cpu, "disk": disk}

@@ -295,8 +295,7 @@ def search_top(
                            weight_pages=weight_pages(config, layouts[cw], k, cpu_att))
             best, feasible = None, False
             ahead = replace(shape, prefill_ahead=True)
-            for variant in (shape, ahead) if runs_ahead(ahead, workload.gen_len, workload.shared_prefix_len,
-                                                          workload.num_prompts) else (shape,):
+            for variant in (shape, ahead) if runs_ahead(ahead, workload.gen_len, workload.num_prompts) else (shape,):
                 terms = cost_terms(config, variant, workload, profile, bytes_per_element, layouts[cw])
                 found_v, feasible_v = _best_realization(config, layouts[cw], variant, terms, workload, profile,
                                                         bytes_per_element, limits)

@@ -13,6 +13,13 @@ the switch (`finish`). The chunk's first tokens are chosen at the head, in the s
 The passes are planned so the whole prefill fits block b's decode steps (`rows_per_pass`); if block b ends
 early, the executor keeps streaming weights for the passes left. Every row's prefill is the same
 computation as the block-by-block prefill's row chunks, so the tokens are those of the block-by-block run.
+
+A GPU batch with a shared prefix (`GpuBatch.prefix_len`: a system prompt, few-shot turns) computes it once,
+as its own prefill does: the pass holding the batch's first rows carries the prefix [1, L] through every layer
+before their chunks (`Chunk.prefix`) and keeps each layer's prefix keys/values in `prefixes[(j, k)]` (the
+parked home's own prefix where the home holds it once, else the executor's `kvpark.{j}.{k}.prefix` buffers);
+every chunk of the batch, in that pass and later ones, attends to them (`suffix_attention`) as the plain
+prefill's row chunks do.
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.models.attention import attention_layer
+from engine.models.attention import attention_layer, prefix_attention, suffix_attention
 from engine.models.base import LayerSpec, ModelFamily, Weights
 from engine.models.config import ModelConfig
 from engine.policy.working import row_chunks
@@ -32,19 +39,26 @@ from engine.runtime.transfers import Transfers
 
 @dataclass
 class Chunk:
-    """Rows [r0, r1) of the next block's GPU batch k, and their hidden states [r1 - r0, P, h] between layers."""
+    """Rows [r0, r1) of the next block's GPU batch k, and their hidden states [r1 - r0, s, h] between layers
+    (s: the prompt, or its own tokens past a shared prefix); `prefix`: the batch's shared prefix instead, its
+    hidden states [1, L, h]."""
 
     k: int
     r0: int
     r1: int
     x: torch.Tensor | None = None
+    prefix: bool = False
+
+PrefixKV = dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]    # (layer j, batch k) -> [1, nkv, L, hd] x2
 
 
 class AheadPrefill:
-    """Block b + 1's prefill (`state`: its batches, selector and parked cache homes), pass by pass."""
+    """Block b + 1's prefill (`state`: its batches, selector and parked cache homes), pass by pass; `prefixes`
+    the buffers of the shared prefixes' keys/values, for every (attention layer j, batch k with a prefix)."""
 
-    def __init__(self, state: BlockState, per_pass: int, chunk_tokens: int) -> None:
+    def __init__(self, state: BlockState, per_pass: int, chunk_tokens: int, prefixes: PrefixKV | None = None) -> None:
         self.state = state
+        self.prefixes = prefixes or {}
         self.passes: deque[list[Chunk]] = deque()
         self.current: list[Chunk] | None = None
         self.picked: list[dict[int, int]] = [{} for _ in state.batches]
@@ -52,10 +66,12 @@ class AheadPrefill:
         for p0 in range(0, len(todo), per_pass):
             part, chunks = todo[p0:p0 + per_pass], []
             for k in sorted({k for k, _ in part}):
-                rows = [r for kk, r in part if kk == k]
+                rows, batch = [r for kk, r in part if kk == k], state.batches[k]
                 lo, n = rows[0], len(rows)
+                if batch.prefix_len and lo == 0:
+                    chunks.append(Chunk(k, 0, 0, prefix=True))
                 chunks += [Chunk(k, lo + a, lo + b) for a, b in
-                           row_chunks(n, state.batches[k].prompt_len, chunk_tokens)]
+                           row_chunks(n, batch.prompt_len - batch.prefix_len, chunk_tokens)]
             self.passes.append(chunks)
 
     @property
@@ -74,21 +90,42 @@ class AheadPrefill:
         st = self.state
         for ch in self.current:
             batch = st.batches[ch.k]
-            if spec.kind == "embed":
-                ch.x = f.embed(w, batch.input_ids[ch.r0:ch.r1], batch.positions[ch.r0:ch.r1])   # [c, P, h]
+            if ch.prefix:
+                self._prefix_layer(j, spec, w, c, f, ch)
+            elif spec.kind == "embed":
+                ch.x = f.embed(w, batch.input_ids[ch.r0:ch.r1], batch.positions[ch.r0:ch.r1])   # [c, s, h]
             elif spec.kind == "attention":
-                kv = st.kv[(j, ch.k)]
-                ch.x = attention_layer(c, f, w, kv.row_view(ch.r0), RowView(batch, ch.r0, ch.r1), spec.index,
-                                       ch.x)                                                       # [c, P, h]
+                kv, view = st.kv[(j, ch.k)], RowView(batch, ch.r0, ch.r1)
+                if batch.prefix_len:
+                    pk, pv = self.prefixes[(j, ch.k)]                                             # [1, nkv, L, hd]
+                    ch.x = suffix_attention(c, f, w, kv.row_view(ch.r0), view, spec.index, pk, pv, ch.x)
+                else:
+                    ch.x = attention_layer(c, f, w, kv.row_view(ch.r0), view, spec.index, ch.x)  # [c, s, h]
                 kv.store(transfers, f"ahead{st.stores % 2}", st.claims)
                 st.stores += 1
             elif spec.kind == "mlp":
-                ch.x = f.mlp(w, ch.x)                                                              # [c, P, h]
+                ch.x = f.mlp(w, ch.x)                                                              # [c, s, h]
             else:
                 self._head(ch, f.head(w, ch.x[:, -1]))                                             # [c, v]
                 ch.x = None
         if last:
             self.current = None
+
+    def _prefix_layer(self, j: int, spec: LayerSpec, w: Weights, c: ModelConfig, f: ModelFamily, ch: Chunk) -> None:
+        """Layer j of GPU batch `ch.k`'s shared prefix, as its own prefill computes it; an attention layer keeps
+        the prefix's keys/values for the batch's chunks. The head has nothing to pick for it."""
+        batch = self.state.batches[ch.k]
+        if spec.kind == "embed":
+            ch.x = f.embed(w, batch.prefix_ids, batch.prefix_positions)                            # [1, L, h]
+        elif spec.kind == "attention":
+            ch.x, pk, pv = prefix_attention(c, f, w, batch, spec.index, ch.x)                # [1, L, h], [1, nkv, L, hd]
+            bk, bv = self.prefixes[(j, ch.k)]
+            bk.copy_(pk)
+            bv.copy_(pv)
+        elif spec.kind == "mlp":
+            ch.x = f.mlp(w, ch.x)                                                                  # [1, L, h]
+        else:
+            ch.x = None
 
     def _head(self, ch: Chunk, logits: torch.Tensor) -> None:
         """The chunk's first tokens: recorded as the block-by-block prefill's head would."""

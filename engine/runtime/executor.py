@@ -30,7 +30,7 @@ from engine.policy.working import (
 )
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT, QuantConfig
 from engine.runtime.act_homes import ActHomes
-from engine.runtime.ahead import AheadPrefill
+from engine.runtime.ahead import AheadPrefill, PrefixKV
 from engine.runtime.arena import Arena
 from engine.runtime.batch import GpuBatch
 from engine.runtime.block_state import AttentionInFlight, BlockState, StepResult
@@ -124,8 +124,9 @@ class Executor:
         """Run `blocks` ((prompts, max_new_tokens, select) each, as `generate_block` takes) in order, yielding
         each one's index once its rows have all ended (its results are then in its selector). Block n + 1
         is taken from `blocks` before block n runs: with `policy.prefill_ahead` its prefill runs on block n's
-        decode steps (`engine.runtime.ahead`) where it can (no shared prefix, block n decodes at least one
-        step, the budgets hold its chunk and its parked cache); otherwise it runs its own prefill."""
+        decode steps (`engine.runtime.ahead`) where it can (block n decodes at least one step, the budgets hold
+        its chunk and its parked cache; a shared prefix is computed once per GPU batch there too); otherwise
+        it runs its own prefill."""
         it = iter(blocks)
         nxt, n, ready = self._take(it, 0), 0, None
         while nxt is not None:
@@ -188,13 +189,11 @@ class Executor:
 
     def _start_ahead(self, nxt: Block, decode_steps: int) -> AheadPrefill | None:
         """Block `nxt`'s ahead prefill over `decode_steps` passes, or None where it cannot run ahead (the
-        policy says not to, a pipeline stage, a shared prefix, or the budgets cannot hold it)."""
+        policy says not to, a pipeline stage, or the budgets cannot hold it)."""
         if not self.policy.prefill_ahead or self.stage is not None:
             return None
         prompts, max_new_tokens, select = nxt
         batches = self._batches(prompts, max_new_tokens)
-        if any(b.prefix_len for b in batches):
-            return None
         reserve_positions(self.family, max(b.length for b in batches), self.device, self.dtype)
         per_pass = rows_per_pass(len(prompts), decode_steps)
         tag = "kvx" if self._host_tag == "kv" else "kv"
@@ -203,12 +202,30 @@ class Executor:
             self.budget.reserve(Tier.GPU, work, "working memory of the ahead prefill")
             self._ahead_work = work
             state = self._block_state(batches, select, host=tag, park=True)
+            prefixes = self._ahead_prefixes(state)
         except BudgetExceeded as err:
             self._drop_ahead()
             log.info("the next block runs its own prefill: %s", err)
             return None
         self._next_tag = tag
-        return AheadPrefill(state, per_pass, self.prefill_chunk_tokens)
+        return AheadPrefill(state, per_pass, self.prefill_chunk_tokens, prefixes)
+
+    def _ahead_prefixes(self, state: BlockState) -> PrefixKV:
+        """The shared prefixes' keys/values [1, nkv, L, hd] for an ahead prefill, per (attention layer j, GPU
+        batch k with a prefix): the parked home's own where it holds the prefix once, else device buffers
+        `kvpark.{j}.{k}.prefix` kept for the passes (the homes then hold the prefix in every row)."""
+        c, out = self.config, {}
+        for (j, k), kv in state.kv.items():
+            L = state.batches[k].prefix_len
+            if not L:
+                continue
+            if kv.prefix is not None:
+                out[(j, k)] = kv.prefix
+                continue
+            shape = (1, c.num_key_value_heads, L, c.head_dim)
+            out[(j, k)] = (self.arena.get(f"kvpark.{j}.{k}.prefix.k", Tier.GPU, shape, self.dtype),
+                           self.arena.get(f"kvpark.{j}.{k}.prefix.v", Tier.GPU, shape, self.dtype))
+        return out
 
     def _ahead_bytes(self, batches: list[GpuBatch], per_pass: int) -> int:
         """Device working memory of one ahead pass (`per_pass` rows of the longest batch; every cache
@@ -216,7 +233,7 @@ class Executor:
         c, cc = self.config, self.cquant is not None
         staged = staged_kv_heads(c.num_key_value_heads, 0.0, 1.0, self.device.type, cc)
         return max(working_bytes(c, min(per_pass, b.size), b.prompt_len, b.length, self.dtype, cc, staged,
-                                 self.prefill_chunk_tokens, self.decode_chunk_bytes) for b in batches)
+                                 self.prefill_chunk_tokens, self.decode_chunk_bytes, b.prefix_len) for b in batches)
 
     def _switch(self) -> BlockState | None:
         """After a block: the next block's state if its prefill ran ahead (its gpu cache moved to the device)."""

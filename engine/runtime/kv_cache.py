@@ -120,7 +120,9 @@ class KVHome:
     Segment n's buffers are named `{key}.s{n}` in the arena on the gpu, `{host_key}.s{n}` (default `key`) on the
     other tiers. With `park_key` (a block whose prefill runs ahead, `engine.runtime.ahead`: the running block
     still holds the device cache) the gpu segments are parked on the host as `{park_key}.s{n}`, so their prefill
-    writes are stored there like a host segment's; `unpark` moves them to the device before the first decode."""
+    writes are stored there like a host segment's, and a shared prefix is held in `{park_key}.prefix` on the
+    device (the running block's is `{key}.prefix`); `unpark` moves them to `key`'s device homes before the first
+    decode."""
 
     def __init__(self, arena: Arena, key: str, *, rows: int, length: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, cache_gpu: float, cache_cpu: float, quant: QuantConfig | None,
@@ -129,8 +131,6 @@ class KVHome:
                  releases: BufferReleases | None = None):
         if not 0 <= prefix_len < length:
             raise ValueError(f"KVHome {key}: prefix_len {prefix_len} must be in [0, length {length})")
-        if prefix_len and park_key is not None:
-            raise ValueError(f"KVHome {key}: a parked home has no shared prefix (its prefill runs in row chunks)")
         self.arena, self.key, self.rows, self.length = arena, key, rows, length
         self.num_kv_heads, self.head_dim, self.decode_chunk_bytes = num_kv_heads, head_dim, decode_chunk_bytes
         self.dtype, self.quant, self.cpu_attention = dtype, quant, cpu_attention
@@ -138,10 +138,11 @@ class KVHome:
         self.releases = releases if self.device.type == "cuda" else None
         self.prefix_len = prefix_len
         self.prefix: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._parked_prefix = prefix_len > 0 and park_key is not None
         if prefix_len:
-            shape = (1, num_kv_heads, prefix_len, head_dim)
-            self.prefix = (arena.get(f"{key}.prefix.k", Tier.GPU, shape, dtype),
-                           arena.get(f"{key}.prefix.v", Tier.GPU, shape, dtype))
+            shape, name = (1, num_kv_heads, prefix_len, head_dim), park_key if self._parked_prefix else key
+            self.prefix = (arena.get(f"{name}.prefix.k", Tier.GPU, shape, dtype),
+                           arena.get(f"{name}.prefix.v", Tier.GPU, shape, dtype))
         self._prefix_parts: dict[tuple[int, bool, bool], tuple[torch.Tensor, torch.Tensor]] = {}
         self.pending: list[Pending] = []            # this home's stores not yet complete on the host
         self.segments: list[KVSegment] = []
@@ -194,8 +195,17 @@ class KVHome:
 
     def unpark(self) -> None:
         """Move the parked gpu segments (their prefill stored on the host) into their device homes, on the
-        compute stream (so every later compute and store is ordered after the copy)."""
+        compute stream (so every later compute and store is ordered after the copy), and a parked shared prefix
+        into `{key}.prefix`."""
         self.settle()
+        if self._parked_prefix:
+            shape = tuple(self.prefix[0].shape)
+            held = (self.arena.get(f"{self.key}.prefix.k", Tier.GPU, shape, self.dtype),
+                    self.arena.get(f"{self.key}.prefix.v", Tier.GPU, shape, self.dtype))
+            for dst, src in zip(held, self.prefix):
+                dst.copy_(src)
+            self.prefix, self._parked_prefix = held, False
+            self._prefix_parts.clear()
         for seg in self.segments:
             if seg.parked is None:
                 continue
