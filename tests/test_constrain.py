@@ -192,3 +192,23 @@ def test_block_decoder_eos_stop_strings_and_length(tok):
 def test_cut_at_stop_takes_earliest():
     assert cut_at_stop("a;b.c", [".", ";"]) == ("a", True)
     assert cut_at_stop("abc", ["x"]) == ("abc", False)
+
+
+@pytest.mark.parametrize("version, parts", [("1.9.1", (1, 9, 1)), ("1.10.0rc1", (1, 10, 0)), ("2", (2,)),
+                                            ("dev", ())])
+def test_llguidance_versions_are_read_by_their_numbers(version, parts):
+    from engine.decoding.constrain import _version_tuple
+    assert _version_tuple(version) == parts
+
+
+def test_an_llguidance_too_old_is_refused_with_the_version_found(monkeypatch):
+    """llguidance 1.6.1's LLTokenizer takes one eos token, not the list the engine passes: it is refused at
+    import with the version and the fix, not left to raise a TypeError inside a call."""
+    import llguidance
+
+    from engine.decoding import constrain
+    monkeypatch.setattr(llguidance, "__version__", "1.6.1", raising=False)
+    with pytest.raises(ImportError, match=r"llguidance >= 1\.9, found 1\.6\.1.*pip install -U"):
+        constrain._llguidance()
+    monkeypatch.setattr(llguidance, "__version__", "1.9.1", raising=False)
+    assert constrain._llguidance() is llguidance

@@ -21,6 +21,7 @@ closed); only rows at their reserve have tokens replaced.
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -39,15 +40,30 @@ _REGEX_META = set("\\.+*?()|[]{}^$#&-~")
 PARALLEL_ROWS = 16  # from this many rows, masks are computed on llguidance's thread pool (1.7 vs 5.9 ms at 64)
 
 
+LLGUIDANCE_MIN = (1, 9)      # LLTokenizer(eos_token=[...]): 1.6.1 takes one int (the H200 image, stop 36)
+
+
 def _llguidance():
-    """llguidance, imported on first use (only constrained decoding needs it)."""
+    """llguidance, imported on first use (only constrained decoding needs it); an older one than
+    `LLGUIDANCE_MIN` is refused with the version found, not left to fail inside a call."""
     try:
         import llguidance  # optional at import time: only constrained decoding needs it
         import llguidance.numpy  # noqa: F401
     except ImportError as exc:
         raise ImportError("constrained decoding (json_schema/choices/regex) needs llguidance: "
                           "pip install llguidance") from exc
+    found = getattr(llguidance, "__version__", "0")
+    if _version_tuple(found) < LLGUIDANCE_MIN:
+        need = ".".join(map(str, LLGUIDANCE_MIN))
+        raise ImportError(f"constrained decoding (json_schema/choices/regex) needs llguidance >= {need}, found "
+                          f"{found}: pip install -U 'llguidance>={need}'")
     return llguidance
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    """(1, 9, 1) for "1.9.1": the leading dotted numbers ("1.10.0rc1" -> (1, 10, 0); none -> ())."""
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(x) for x in match.group().split(".")) if match else ()
 
 
 @lru_cache(maxsize=8)
