@@ -146,10 +146,11 @@ def address_accuracy(d: dict) -> str:
 
 
 def job_paths(records: list[dict]) -> str:
-    """The latest run of each path against the engine runs around it (or the one before it)."""
+    """The latest run of each path against the engine runs around it (or the one before it); a path that
+    failed (`error`) is no ratio and does not hide the run before it."""
     latest: dict[str, dict] = {}
     for r in sorted(records, key=lambda r: (r["timestamp"], r.get("order", 0))):
-        if r["path"] != "engine":
+        if r["path"] != "engine" and not r.get("error"):
             latest[r["path"]] = r
     ratio = {p: r.get("ratio_to_engine_bracketed") or r["ratio_to_engine"] for p, r in latest.items()}
     return ", ".join(f"{p} {ratio[p]:.2f}" for p in sorted(ratio))

@@ -38,3 +38,11 @@ def test_every_row_names_a_committed_file_and_a_changed_result_changes_the_table
 def test_a_readme_without_the_markers_is_an_error_naming_the_marker():
     with pytest.raises(ValueError, match="perf-table:begin"):
         readme_table.current("# no table here\n")
+
+
+def test_a_failed_path_shows_no_ratio_and_keeps_the_run_before_it():
+    ok = {"path": "pipeline", "timestamp": "2026-12-01T00:00:00", "ratio_to_engine": 0.97, "error": None}
+    failed = {"path": "pipeline", "timestamp": "2026-12-03T00:00:00", "ratio_to_engine": None,
+              "error": "ModuleNotFoundError: No module named 'pydantic'"}
+    engine = {"path": "engine", "timestamp": "2026-12-03T00:00:00", "ratio_to_engine": 1.0}
+    assert readme_table.job_paths([ok, engine, failed]) == "pipeline 0.97"
