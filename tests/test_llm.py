@@ -203,6 +203,21 @@ def test_ahead_prefill_gives_the_block_by_block_completions(folders, sampling):
     assert got == expected and seen == list(range(12))
 
 
+def test_ahead_prefill_with_a_shared_prefix_gives_the_block_by_block_completions(folders):
+    """Every prompt starts with the same 24 tokens (a system turn): the blocks after the first still run their
+    prefill ahead, the prefix computed once per GPU batch, with the block-by-block completions."""
+    prefix = torch.randint(3, 320, (24,), generator=torch.Generator().manual_seed(7)).tolist()
+    prompts = [prefix + p for p in id_prompts(12, seed=3)]
+    params = SamplingParams(max_new_tokens=MAX_NEW)
+    policy = dict(gpu_batch_size=2, num_gpu_batches=2, cache_gpu=0.5, cache_cpu=0.5)
+    with LLM(folders["llama"], dtype="float32", device="cpu", policy=Policy(**policy)) as plain:
+        expected = [c.token_ids for c in plain.generate(prompts, params)]
+    with LLM(folders["llama"], dtype="float32", device="cpu", policy=Policy(**policy, prefill_ahead=True)) as llm:
+        got = [c.token_ids for c in llm.generate(prompts, params)]
+        assert llm.stats.blocks == 3 and llm.stats.prefilled_ahead == 2
+    assert got == expected
+
+
 def test_out_of_memory_with_the_ahead_prefill_loses_no_block(folders, monkeypatch):
     """An out-of-memory error in the middle of an ahead stream: the blocks already yielded stay, the rest run
     one by one (the failing one with a halved batch), and every completion is the plain run's."""
