@@ -218,9 +218,9 @@ def test_ahead_prefill_with_a_shared_prefix_gives_the_block_by_block_completions
     assert got == expected
 
 
-def test_out_of_memory_with_the_ahead_prefill_loses_no_block(folders, monkeypatch):
-    """An out-of-memory error in the middle of an ahead stream: the blocks already yielded stay, the rest run
-    one by one (the failing one with a halved batch), and every completion is the plain run's."""
+def third_block_runs_out_of_memory(monkeypatch) -> list[int]:
+    """Executors made from now on raise out-of-memory in their third block (`Executor._run_block`); returns
+    the rows of every block they start, in order."""
     import engine.runtime.executor as executor_module
 
     real = executor_module.Executor
@@ -233,11 +233,18 @@ def test_out_of_memory_with_the_ahead_prefill_loses_no_block(folders, monkeypatc
                 raise torch.OutOfMemoryError("simulated")
             return super()._run_block(prompts, *a, **kw)
 
+    monkeypatch.setattr(executor_module, "Executor", FailsThird)
+    return calls
+
+
+def test_out_of_memory_with_the_ahead_prefill_loses_no_block(folders, monkeypatch):
+    """An out-of-memory error in the middle of an ahead stream: the blocks already yielded stay, the rest run
+    one by one (the failing one with a halved batch), and every completion is the plain run's."""
     prompts = id_prompts(12)
     params = SamplingParams(max_new_tokens=MAX_NEW)
     with make_llm(folders["llama"], block=2, batches=2) as llm:
         expected = [c.token_ids for c in llm.generate(prompts, params)]
-    monkeypatch.setattr(executor_module, "Executor", FailsThird)
+    calls = third_block_runs_out_of_memory(monkeypatch)
     policy = Policy(gpu_batch_size=2, num_gpu_batches=2, prefill_ahead=True)
     with LLM(folders["llama"], dtype="float32", device="cpu", policy=policy) as llm:
         got = [c.token_ids for c in llm.generate(prompts, params)]
@@ -247,18 +254,6 @@ def test_out_of_memory_with_the_ahead_prefill_loses_no_block(folders, monkeypatc
 def test_out_of_memory_after_first_token_finishes_ahead_reports_each_row_once(folders, monkeypatch):
     """Rows of the next block that end at their first token are reported while its prefill runs ahead; when
     that block then fails with out-of-memory and is rerun, `on_finished` is not called for them again."""
-    import engine.runtime.executor as executor_module
-
-    real = executor_module.Executor
-    calls: list[int] = []
-
-    class FailsThird(real):
-        def _run_block(self, prompts, *a, **kw):
-            calls.append(len(prompts))
-            if len(calls) == 3:
-                raise torch.OutOfMemoryError("simulated")
-            return super()._run_block(prompts, *a, **kw)
-
     prompts = id_prompts(12)
     params = SamplingParams(max_new_tokens=MAX_NEW)
     policy = Policy(gpu_batch_size=2, num_gpu_batches=2, prefill_ahead=True)
@@ -268,7 +263,7 @@ def test_out_of_memory_after_first_token_finishes_ahead_reports_each_row_once(fo
         first = {i: c.token_ids[0] for group in groups for i, c in group}
         llm.eos_token_ids = (first[last[0]],)                 # a row of the third block ends at its first token
         expected = [c.token_ids for c in llm.generate(prompts, params)]
-    monkeypatch.setattr(executor_module, "Executor", FailsThird)
+    calls = third_block_runs_out_of_memory(monkeypatch)
     reported: list[int] = []
     with LLM(folders["llama"], dtype="float32", device="cpu", policy=policy) as llm:
         llm.eos_token_ids = (first[last[0]],)

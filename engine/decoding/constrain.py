@@ -52,12 +52,18 @@ def _llguidance():
     except ImportError as exc:
         raise ImportError("constrained decoding (json_schema/choices/regex) needs llguidance: "
                           "pip install llguidance") from exc
-    found = getattr(llguidance, "__version__", "0")
+    _require(getattr(llguidance, "__version__", "0"))
+    return llguidance
+
+
+@lru_cache(maxsize=4)
+def _require(found: str) -> None:
+    """Raise unless llguidance `found` is at least `LLGUIDANCE_MIN` (checked once per version: every decode
+    step's mask comes through `_llguidance`)."""
     if _version_tuple(found) < LLGUIDANCE_MIN:
         need = ".".join(map(str, LLGUIDANCE_MIN))
         raise ImportError(f"constrained decoding (json_schema/choices/regex) needs llguidance >= {need}, found "
                           f"{found}: pip install -U 'llguidance>={need}'")
-    return llguidance
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

@@ -17,7 +17,7 @@ computation as the block-by-block prefill's row chunks, so the tokens are those 
 A GPU batch with a shared prefix (`GpuBatch.prefix_len`: a system prompt, few-shot turns) computes it once,
 as its own prefill does: the pass holding the batch's first rows carries the prefix [1, L] through every layer
 before their chunks (`Chunk.prefix`) and keeps each layer's prefix keys/values in `prefixes[(j, k)]` (the
-parked home's own prefix where the home holds it once, else the executor's `kvpark.{j}.{k}.prefix` buffers);
+device buffers `kvpark.{j}.{k}.prefix`, which are the parked home's own prefix where it holds the prefix once);
 every chunk of the batch, in that pass and later ones, attends to them (`suffix_attention`) as the plain
 prefill's row chunks do.
 """

@@ -212,19 +212,16 @@ class Executor:
 
     def _ahead_prefixes(self, state: BlockState) -> PrefixKV:
         """The shared prefixes' keys/values [1, nkv, L, hd] for an ahead prefill, per (attention layer j, GPU
-        batch k with a prefix): the parked home's own where it holds the prefix once, else device buffers
-        `kvpark.{j}.{k}.prefix` kept for the passes (the homes then hold the prefix in every row)."""
+        batch k with a prefix): device buffers `kvpark.{j}.{k}.prefix`, the very ones a parked home that holds
+        its prefix once uses (`KVHome(park_key=...)`); a home that holds the prefix in every row leaves them to
+        the passes alone."""
         c, out = self.config, {}
-        for (j, k), kv in state.kv.items():
+        for j, k in state.kv:
             L = state.batches[k].prefix_len
-            if not L:
-                continue
-            if kv.prefix is not None:
-                out[(j, k)] = kv.prefix
-                continue
-            shape = (1, c.num_key_value_heads, L, c.head_dim)
-            out[(j, k)] = (self.arena.get(f"kvpark.{j}.{k}.prefix.k", Tier.GPU, shape, self.dtype),
-                           self.arena.get(f"kvpark.{j}.{k}.prefix.v", Tier.GPU, shape, self.dtype))
+            if L:
+                shape = (1, c.num_key_value_heads, L, c.head_dim)
+                out[(j, k)] = (self.arena.get(f"kvpark.{j}.{k}.prefix.k", Tier.GPU, shape, self.dtype),
+                               self.arena.get(f"kvpark.{j}.{k}.prefix.v", Tier.GPU, shape, self.dtype))
         return out
 
     def _ahead_bytes(self, batches: list[GpuBatch], per_pass: int) -> int:
