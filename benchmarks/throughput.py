@@ -18,11 +18,15 @@ workload's suite (`SUITES`, the policies the old gpu_offload.py ran), or a Polic
 Every record (one JSONL line per system and configuration in results_path("throughput", workload,
 ".jsonl"), all of one invocation sharing `run_id`) holds run_id, system, workload, model, prompt_len,
 gen_len, num_prompts, gpu_memory_gib, tokens_per_s (generated tokens over prefill + decode wall time),
-rows_per_h (wrangle; and rows_1m_h), roofline (the policy's floors, `roofline.py`), roofline_fraction
+rows_per_h (wrangle; and rows_1m_h, and with three or more blocks rows_per_h_steady: the rows of the blocks
+between the first and the last over their wall seconds, `block_s`; each of those holds one decode and one
+prefill, its own or the next block's run ahead), roofline (the policy's floors, `roofline.py`), roofline_fraction
 (floor time / measured time), peak_device_gib (torch's max allocated; None on a CPU), device, commit,
 command, num_layers (--layers cuts the preset), prefill_chunk_tokens, init_s and init_breakdown_s
 (`WeightHomes.place_s`: placement's read / quantize / homes seconds), step_s (per block, each step's wall
-seconds: the prefill, then every decode step); with --profile also `profile`
+seconds: the prefill, then every decode step), block_s (each measured block's wall seconds, from the start of
+the run or the previous block's end to its end), plan_rows (--plan-rows: the job "auto" planned for, when it is
+not the rows run); with --profile also `profile`
 (`engine.runtime.step_profile`: per layer, prefill and decode); with --trace also `trace`
 (`bench_common.trace_summary`: torch.profiler's kernel and copy seconds against the wall, syncs, top ops) and
 `timeline` (`timeline.timeline_summary`: prefill and decode apart, each stream's busy time, the compute stream's
@@ -140,12 +144,13 @@ def choose(args, config, device, dtype, profile, rows: int | None,
     """Yield (name, policy, predicted) for every --policy. "auto" plans as `LLM(policy="auto")` does unless
     --plan-profile says otherwise: on CUDA with this machine's measured (cached) profile and --trials
     measured trials of the best candidates; `profile` (the roofline's) only with --plan-profile reference.
-    The planned workload's shared prefix is the prompts' (`prefix_len`), as the engine derives it."""
+    The planned workload's shared prefix is the prompts' (`prefix_len`), as the engine derives it; its row count
+    is --plan-rows when given (a job larger than the rows measured: its first blocks), else `rows`."""
     for spec in args.policy or ["auto"]:
         if spec == "auto":
             compress = {"on": True, "off": False, "auto": None}[args.compress]
             est = choose_policy_estimate(
-                config, workload=Workload(args.prompt_len, args.gen_len, num_prompts=rows,
+                config, workload=Workload(args.prompt_len, args.gen_len, num_prompts=args.plan_rows or rows,
                                           shared_prefix_len=prefix_len), device=device,
                 dtype=dtype, gpu_memory=args.gpu_memory, cpu_memory=args.cpu_memory, compress_weights=compress,
                 compress_cache=compress,
@@ -197,6 +202,7 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
     out: dict = {"policy": policy.to_dict(), "allocator_cap_gib": size_gib(args.gpu_memory) if cuda else None}
     ex = None
     step_walls: list[list[float]] = []     # per measured block, each step's wall seconds
+    block_walls: list[float] = []          # per measured block, its wall seconds
     finished: list[float] | None = None    # while measuring: the executor's step list before the block in flight
     cap = device_cap.hold(device, args.gpu_memory)       # torch's allocator capped at the budget, as LLM does
     try:
@@ -221,11 +227,14 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
         tracer = device_tracer(args.trace and cuda)
         with tracer, Timer() as run:              # the timer stops before the profiler's teardown
             progress(f"block 1/{len(blocks)}: {len(blocks[0])} rows x {args.gen_len} new tokens")
+            mark = time.perf_counter()
             for _ in ex.generate_blocks((block, [args.gen_len] * len(block), rec)
                                         for block, rec in zip(blocks, recorders)):
                 prefill, decode, steps = prefill + ex.stats["prefill_s"], decode + ex.stats["decode_s"], steps + 1
                 ahead += int(ex.stats.get("prefill_ahead", 0.0))
                 step_walls.append([round(x, 4) for x in ex.step_s])
+                block_walls.append(round(time.perf_counter() - mark, 4))
+                mark = time.perf_counter()
                 finished = ex.step_s
                 nxt = f"; block {steps + 1}/{len(blocks)}" if steps < len(blocks) else ""
                 progress(f"block {steps} done: prefill {ex.stats['prefill_s']:.1f} s"
@@ -237,7 +246,7 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
             if args.trace_out:
                 write_events(args.trace_out, events, marks)
         out.update(ok=True, total_s=run.seconds, prefill_s=prefill, decode_s=decode, blocks=steps, step_s=step_walls,
-                   blocks_prefilled_ahead=ahead,
+                   block_s=block_walls, block_rows=[len(b) for b in blocks], blocks_prefilled_ahead=ahead,
                    generated_tokens=sum(r.tokens for r in recorders), tokens_digest=tokens_digest(recorders),
                    executor_memory=ex.memory_report(), **peak_gib())
         if prof is not None:
@@ -265,6 +274,8 @@ def finish(record: dict, res: dict, rows: int, floor: dict | None, wrangle: bool
         if wrangle:
             record["rows_per_h"] = rows_per_hour(rows, total)
             record["rows_1m_h"] = 1e6 / record["rows_per_h"] if record["rows_per_h"] else None
+            middle, rows_middle = res.get("block_s", [])[1:-1], sum(res.get("block_rows", [])[1:-1])
+            record["rows_per_h_steady"] = rows_per_hour(rows_middle, sum(middle)) if middle else None
         if floor is not None:
             record["roofline"] = floor
             record["roofline_fraction"] = floor["floor_s"] / total
@@ -304,6 +315,8 @@ def _main(argv: list[str] | None) -> list[dict]:
     ap.add_argument("--prefix-len", type=int, default=None, help="shared leading tokens (wrangle: 150)")
     ap.add_argument("--num-prompts", "--rows", dest="rows", type=int, default=None,
                     help="rows (default: wrangle 1536; flexgen one block of the policy)")
+    ap.add_argument("--plan-rows", type=int, default=None,
+                    help='the job "auto" plans for (default: the rows run), e.g. 1000000 measured on its first blocks')
     ap.add_argument("--gpu-memory", default="16GiB", help='a size, or "none"')
     ap.add_argument("--cpu-memory", default=None)
     ap.add_argument("--disk-dir", default="/tmp/llmops-offload")
@@ -356,6 +369,7 @@ def _main(argv: list[str] | None) -> list[dict]:
         loaded = with_layers(loaded, args.layers)
     config = loaded.config
     rows_arg = args.rows if args.rows is not None else w["rows"]
+    args.plan_rows = args.plan_rows if args.plan_rows != rows_arg else None
     records = []
 
     gpus = sorted(set(args.gpus or [1]))
@@ -365,7 +379,7 @@ def _main(argv: list[str] | None) -> list[dict]:
                          commit=args.commit, run_id=run_id)
         rec.update(prompt_len=args.prompt_len, gen_len=args.gen_len, num_prompts=rows, prefix_len=prefix_len,
                    config_name=name, roofline_fraction=None, num_gpus=num_gpus, num_layers=config.num_hidden_layers,
-                   prefill_chunk_tokens=args.prefill_chunk_tokens)
+                   prefill_chunk_tokens=args.prefill_chunk_tokens, plan_rows=args.plan_rows)
         rec = finish(rec, res, rows, floor, wrangle)
         rewrite_jsonl(out, rec, ("run_id", "system", "config_name", "num_gpus", "commit"))  # (one run id: an A/B)
         records.append(rec)

@@ -49,6 +49,23 @@ def test_wrangle_workload_reports_rows_per_hour(tmp_path):
     assert rec["ok"] and rec["blocks"] == 3 and rec["prefix_len"] == 16
     assert rec["rows_per_h"] == pytest.approx(10 * 3600 / rec["total_s"], rel=1e-3)
     assert rec["rows_1m_h"] == pytest.approx(1e6 / rec["rows_per_h"])
+    assert rec["block_rows"] == [4, 4, 2] and len(rec["block_s"]) == 3
+    assert sum(rec["block_s"]) == pytest.approx(rec["total_s"], rel=0.05)
+    assert rec["rows_per_h_steady"] == pytest.approx(4 * 3600 / rec["block_s"][1], rel=1e-3)
+
+
+def test_auto_plans_for_the_plan_rows_job(tmp_path, monkeypatch):
+    seen = []
+    real = throughput.choose_policy_estimate
+
+    def spy(config, *, workload, **kw):
+        seen.append(workload.num_prompts)
+        return real(config, workload=workload, **kw)
+    monkeypatch.setattr(throughput, "choose_policy_estimate", spy)
+    (rec,) = throughput.main(["--workload", "wrangle", "--model", "tiny-llama", "--prompt-len", "24",
+                              "--prefix-len", "16", "--gen-len", "2", "--rows", "6", "--plan-rows", "1000000",
+                              "--gpu-memory", "none", "--policy", "auto", "--out", str(tmp_path / "w.jsonl")])
+    assert seen == [1_000_000] and rec["plan_rows"] == 1_000_000 and rec["num_prompts"] == 6 and rec["ok"]
 
 
 @pytest.mark.parametrize("policy, parallel", [
