@@ -7,7 +7,7 @@ from engine.models.hf_config import config_from_hf
 from engine.models.presets import PRESETS
 from engine.policy import model_stats as ms
 from engine.policy.affine import placement_vector
-from engine.policy.cost_model import Workload, cost_terms, estimate
+from engine.policy.cost_model import Workload, cost_terms, decode_slack, estimate
 from engine.policy.hardware import GIB, reference_profile
 from engine.policy.memory import model_layout
 from engine.policy.policy import Policy
@@ -169,3 +169,21 @@ def test_estimate_is_consistent():
     assert e.tokens_per_s == pytest.approx(p.block_size * 32 / e.total_s)
     assert e.decode_bottleneck in ("cpu->gpu", "gpu->cpu", "disk->cpu", "cpu->disk", "gpu compute", "cpu compute")
     assert e.peak_memory_bytes["gpu"] < 139 * GIB
+
+
+@pytest.mark.parametrize("shape, cache_gpu", [((512, 8), 0.0), ((1536, 1), 0.4), ((512, 1), 1.0)])
+def test_ahead_prefill_hides_only_in_the_decodes_slack(shape, cache_gpu):
+    """Over unbounded rows a block with the ahead prefill takes its plain decode D plus what of the prefill P
+    the decode's slack (`decode_slack`: the step's share neither compute nor the host fills) cannot hide:
+    D + max(0, P - slack x D). A host-bound decode (Llama-3-70B 512 x 8, the cache on the cpu) hides none."""
+    config = config_from_hf(PRESETS["llama-3-70b"])
+    profile, workload = reference_profile("h200"), Workload(200, 10, shared_prefix_len=150)
+    plain = Policy(gpu_batch_size=shape[0], num_gpu_batches=shape[1], w_gpu=0.0, w_cpu=1.0, cache_gpu=cache_gpu,
+                   cache_cpu=1.0 - cache_gpu, compress_weights=True, compress_cache=True)
+    ahead = replace(plain, prefill_ahead=True)
+    slack = decode_slack(config, ahead, workload, profile)
+    p, a = estimate(config, plain, workload, profile), estimate(config, ahead, workload, profile)
+    assert a.prefill_s == 0.0
+    assert a.decode_s == pytest.approx(p.decode_s + max(0.0, p.prefill_s - slack * p.decode_s), rel=1e-6)
+    assert (slack == 0.0) == (shape == (512, 8)) and 0.0 <= slack < 1.0
+    assert decode_slack(config, replace(ahead, overlap=False), workload, profile) == 0.0

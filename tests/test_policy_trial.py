@@ -220,17 +220,20 @@ def test_extrapolation_arithmetic():
     assert est.policy == cand.policy
 
 
-def test_extrapolation_of_an_ahead_policy_charges_its_hidden_prefill():
-    """A policy with the ahead prefill over 4 blocks: a block pays a quarter of a prefill in series and
-    AHEAD_PREFILL_PAID of the other three quarters inside its decode; one block, or the flag off: all of it."""
+@pytest.mark.parametrize("slack, carried", [(0.0, 0.75), (0.01, 0.75 - 0.01 * 31 * 2), (0.5, 0.0)])
+def test_extrapolation_of_an_ahead_policy_charges_its_hidden_prefill(slack, carried):
+    """A policy with the ahead prefill over 4 blocks: a block pays a quarter of a prefill in series and the other
+    three quarters inside its decode, less the search's decode slack (that share of the decode's own seconds),
+    never below nothing; one block, or the flag off: all of it in series."""
     config = preset("opt-30b")
     cand = search(config, Workload(512, 32, num_prompts=64), Budgets(16 << 30, 100 << 30), reference_profile("h200"))
     L, times = config.num_hidden_layers, TrialTimes(0.01, 0.02)
-    ahead = replace(cand, policy=replace(cand.policy, prefill_ahead=True))
+    ahead = replace(cand, policy=replace(cand.policy, prefill_ahead=True),
+                    context={**cand.context, "decode_slack": slack})
     rows = 4 * ahead.policy.block_size
     est = trial_estimate(config, ahead, Workload(512, 32, num_prompts=rows), times)
     assert est.prefill_s == pytest.approx(L * 0.01 / 4)
-    assert est.decode_s == pytest.approx(L * 31 * 0.02 + L * 0.01 * 0.75 * trial_mod.AHEAD_PREFILL_PAID)
+    assert est.decode_s == pytest.approx(L * 31 * 0.02 + L * 0.01 * carried)
     for workload, policy in ((Workload(512, 32, num_prompts=ahead.policy.block_size), ahead.policy),
                              (Workload(512, 32, num_prompts=rows), replace(ahead.policy, prefill_ahead=False))):
         plain = trial_estimate(config, replace(ahead, policy=policy), workload, times)

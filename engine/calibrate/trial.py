@@ -191,24 +191,19 @@ def slot_seconds(config: ModelConfig, policy: Policy, device: torch.device | str
     return layer_s[0] / slots, min(t for i, t in layer_s.items() if i >= 1) / slots
 
 
-# the share of a prefill run ahead (`Policy.prefill_ahead`) that its carrying decode steps still pay: on the
-# H200 (OPT-30B 192x1, stop 35, two calls) a block carrying the next one's 10.6 s prefill decoded 1.6-6.4 s
-# slower than blocks without it measured in other calls (0.15-0.6; `benchmarks/results/h200/README.md`); a
-# trial runs single blocks, so it cannot see this itself
-AHEAD_PREFILL_PAID = 0.5
-
-
 def full_block(config: ModelConfig, times: TrialTimes, gen_len: int, block_size: int,
-               prefill_in_series: float = 1.0) -> tuple[float, float, float]:
+               prefill_in_series: float = 1.0, slack: float = 0.0) -> tuple[float, float, float]:
     """(prefill seconds, decode seconds, generated tokens/s) of one full-model block from a trial's times.
     `prefill_in_series` < 1 (the ahead prefill over several blocks, `memory.runs_ahead`): a block's share of a
-    prefill run in series, the rest paid at `AHEAD_PREFILL_PAID` inside the decode."""
+    prefill run in series; the rest rides on the decode, which hides `slack` of its own time's worth of it
+    (`cost_model.decode_slack`: the share of a step neither the device's compute nor the host fills) and pays
+    the remainder. A trial runs single blocks, so it cannot see this overlap itself."""
     L = config.num_hidden_layers
     prefill = L * times.prefill_s_per_layer
     prefill_s = prefill * prefill_in_series
-    carried = prefill * (1.0 - prefill_in_series) * AHEAD_PREFILL_PAID
-    decode_s = L * (gen_len - 1) * times.decode_s_per_layer_step + carried
-    return prefill_s, decode_s, block_size * gen_len / (prefill_s + decode_s)
+    decode_s = L * (gen_len - 1) * times.decode_s_per_layer_step
+    carried = max(0.0, prefill * (1.0 - prefill_in_series) - slack * decode_s)
+    return prefill_s, decode_s + carried, block_size * gen_len / (prefill_s + decode_s + carried)
 
 
 def series_share(policy: Policy, workload: Workload) -> float:
@@ -222,10 +217,12 @@ def series_share(policy: Policy, workload: Workload) -> float:
 def trial_estimate(config: ModelConfig, predicted: PolicyEstimate, workload: Workload, times: TrialTimes,
                    trial_info: dict | None = None) -> PolicyEstimate:
     """`predicted` with its times and throughput replaced by the trial's extrapolation (a policy with the
-    ahead prefill: as `full_block` charges it); the context keeps the cost model's numbers under "predicted"
+    ahead prefill: as `full_block` charges it, with the search's `context["decode_slack"]`, 0 when absent:
+    all of the carried prefill paid); the context keeps the cost model's numbers under "predicted"
     and the trial's under "trial"."""
     prefill_s, decode_s, tokens_per_s = full_block(config, times, workload.gen_len, predicted.policy.block_size,
-                                                   series_share(predicted.policy, workload))
+                                                   series_share(predicted.policy, workload),
+                                                   predicted.context.get("decode_slack", 0.0))
     context = dict(predicted.context)
     context["predicted"] = {"tokens_per_s": predicted.predicted_tokens_per_s, "prefill_s": predicted.prefill_s,
                             "decode_s": predicted.decode_s}

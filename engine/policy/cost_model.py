@@ -28,7 +28,8 @@ A block of bls = gpu_batch_size x num_gpu_batches sequences takes
 With `Policy.prefill_ahead` over B > 1 blocks (`memory.runs_ahead`), every prefill but the first runs on the
 previous block's decode steps: (B - 1) / B of a prefill's gpu compute and cache stores (and its gpu cache
 share moved up at the switch) join each decode layer's channels, divided over the n - 1 steps, and T_pre
-counts 1 / B (0 when the rows are unbounded). A shared prefix runs ahead too, computed once per GPU batch.
+counts 1 / B (0 when the rows are unbounded). The prefill's compute joins the host channel too: the slot work
+does not hide behind it (a slot's waits queue behind the prefill launched before it). A shared prefix runs ahead too, computed once per GPU batch.
 With a shared prompt prefix of p tokens (`Workload.shared_prefix_len`, `prefix.batch_prefix_len`) a GPU
 batch's prefill computes the prefix once and each row's own s - p tokens after it; where the prefix's keys
 and values are held once per GPU batch (`prefix.prefix_held_once`: an accelerator or a 4-bit cache), the KV
@@ -332,7 +333,13 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
         hidden = 1.0 if blocks is None else (blocks - 1) / blocks
         in_series = 0.0 if blocks is None else 1.0 / blocks
         compute = "compute" if "compute" in decode else "gpu compute"
-        decode[compute] = decode[compute] + prefill["gpu compute"] * (hidden / (n - 1))
+        ahead = prefill["gpu compute"] * (hidden / (n - 1))
+        decode[compute] = decode[compute] + ahead
+        if host != compute:
+            # the slot work does not hide behind the prefill: on Llama-3-70B at 16 GiB (stop 37) an ahead
+            # block took its decode's slot time plus the prefill, not the larger of the two (likely the slots'
+            # waits on the device, such as a cache load settling its last stores, queue behind the prefill)
+            decode[host] = decode.get(host, const(0.0)) + ahead
         decode["gpu->cpu"] = decode["gpu->cpu"] + (b * s * kv / d2h) * (hidden / (n - 1))
         decode["cpu->gpu"] = decode["cpu->gpu"] + c_gpu * (b * s * kv * hidden / (h2d * (n - 1)))
     return CostTerms(prefill, decode, memory, L, n, b, policy.overlap, prefill_slots, decode_slots, k,
@@ -345,6 +352,24 @@ def layer_seconds(channels: dict[str, np.ndarray], x: np.ndarray, overlap: bool)
     values = {name: evaluate(expr, x) for name, expr in channels.items()}
     worst = max(values, key=values.get)
     return (values[worst] if overlap else sum(values.values())), worst
+
+
+def decode_slack(config: ModelConfig, policy: Policy, workload: Workload, profile: HardwareProfile,
+                 bytes_per_element: int = 2, layout: ModelLayout | None = None) -> float:
+    """The share of a decode layer-step that neither the device's compute nor the executor's slot work fills,
+    at the policy's placement without the ahead prefill: the time a prefill run ahead hides in. The rest of
+    that prefill adds to the decode (`cost_terms`: it joins both the compute and the host channels), so a
+    block with it takes D + max(0, P - slack x D) for a plain decode D and a prefill P. 0 without overlap."""
+    plain = replace(policy, prefill_ahead=False)
+    if not plain.overlap:
+        return 0.0
+    layout = layout or model_layout(config, bytes_per_element, plain.compress_weights)
+    terms = cost_terms(config, plain, workload, profile, bytes_per_element, layout)
+    x = realized_placement(config, layout, plain, profile.device_type)
+    _, decode = terms.at(x)
+    total, _ = layer_seconds(decode, x, True)
+    busy = max(float(evaluate(decode[c], x)) for c in ("gpu compute", "compute", "host") if c in decode)
+    return max(0.0, 1.0 - busy / total) if total > 0 else 0.0
 
 
 def estimate_terms(terms: CostTerms, x: np.ndarray) -> CostEstimate:

@@ -33,7 +33,7 @@ from engine.models.config import ModelConfig
 from engine.policy import model_stats as ms
 from engine.policy.affine import NUM_VARS, VARS
 from engine.policy.cost_model import (
-    TIERS, CostEstimate, CostTerms, Workload, cost_terms, estimate, weight_pages,
+    TIERS, CostEstimate, CostTerms, Workload, cost_terms, decode_slack, estimate, weight_pages,
 )
 from engine.policy.estimate import Budgets, NoFeasiblePolicy, PolicyEstimate, workload_dict
 from engine.policy.hardware import GIB, HardwareProfile
@@ -43,7 +43,7 @@ from engine.policy.memory import (
 from engine.policy.policy import Policy
 from engine.util.sizes import format_size
 
-GPU_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+GPU_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 NUM_GPU_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 _TIME_SCALE = 1e3      # seconds -> ms
 _SNAP = 1e-4           # fractions this close to 0 or 1 are snapped
@@ -323,8 +323,19 @@ def search_top(
     return [PolicyEstimate(c.policy, c.tokens_per_s, c.estimate.prefill_s, c.estimate.decode_s,
                            c.estimate.peak_memory_bytes,
                            {"prefill": c.estimate.prefill_bottleneck, "decode": c.estimate.decode_bottleneck},
-                           {**context, **_held_context(layouts[c.policy.compress_weights], profile.device_type)})
+                           {**context, **_held_context(layouts[c.policy.compress_weights], profile.device_type),
+                            **_slack_context(config, c.policy, workload, profile, bytes_per_element,
+                                             layouts[c.policy.compress_weights])})
             for c in chosen]
+
+
+def _slack_context(config: ModelConfig, policy: Policy, workload: Workload, profile: HardwareProfile,
+                   bytes_per_element: int, layout: ModelLayout) -> dict:
+    """`decode_slack` for a PolicyEstimate's context where the policy runs prefills ahead (`cost_model.
+    decode_slack`: what a trial of single blocks charges the carried prefill with, `calibrate.trial`)."""
+    if not runs_ahead(policy, workload.gen_len, workload.num_prompts):
+        return {}
+    return {"decode_slack": decode_slack(config, policy, workload, profile, bytes_per_element, layout)}
 
 
 def _held_context(layout: ModelLayout, device_type: str) -> dict:
