@@ -264,7 +264,7 @@ class Job:
         os.environ["LLMOPS_BENCH_INPUT"] = str(self.csv)
         os.environ["LLMOPS_BENCH_OUTPUT"] = str(sink)
         overrides = [f"steps.0.llm_map.max_new_tokens={self.spec.max_new_tokens}",
-                     *(f"engine.{k}={v}" for k, v in self.settings.items())]
+                     *(f"engine.{k}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in self.settings.items())]
         argv = ["run", str(self.args.pipeline), "--no-cache", "--json", "--allow-errors", "--no-progress",
                 "--model", self.model, *(x for o in overrides for x in ("--set", o))]
         pipeline = load_pipeline(self.args.pipeline, overrides=[f"model={json.dumps(self.model)}", *overrides])
@@ -537,6 +537,8 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct", help="alias, preset or HF folder")
     ap.add_argument("--gpu-memory", default="16GiB" if cuda else None,
                     help="engine gpu_memory budget (default 16GiB with a GPU, none without; 'none' for none)")
+    ap.add_argument("--policy", default="auto",
+                    help='engine.policy of every path: "auto" (the job is planned once) or a Policy as JSON')
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--device", default="auto", help="engine device (auto|cpu|cuda)")
     ap.add_argument("--dtype", default="auto", help="engine dtype (auto|bfloat16|float16|float32)")
@@ -583,6 +585,8 @@ def main() -> None:
     settings: dict[str, Any] = {}
     if gpu_memory is not None:
         settings["gpu_memory"] = yaml.safe_load(str(gpu_memory))
+    if args.policy != "auto":
+        settings["policy"] = json.loads(args.policy)
     if args.device != "auto":
         settings["device"] = args.device
     if args.dtype != "auto":

@@ -55,7 +55,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from engine import LLM
+from engine import LLM, Policy
 from engine.decoding.params import Completion, SamplingParams
 from llmops import engines
 from llmops.engine_tools import (  # noqa: F401 (the CLI's planning tools, re-exported: see llmops.engine_tools)
@@ -85,7 +85,8 @@ class MapSpec:
     template: `{column}` placeholders (see llmops.templates). system / examples: few-shot chat turns,
     examples being {"input": {column: value}, "output": str | dict}. At most one of schema (any spelling
     `llmops.structured.to_json_schema` accepts; stored as a JSON schema), choices, regex. engine: settings
-    for `engine.LLM(model, **settings)` (policy, gpu_memory, dtype, ...), given as a dict or pairs.
+    for `engine.LLM(model, **settings)` (policy, gpu_memory, dtype, ...), given as a dict or pairs; a fixed
+    `policy` (a mapping of `Policy` fields) is held as a Policy (`engine_policy`).
     on_long_prompt: "error" (the row fails) or "truncate" (the row's data is cut to fit the context).
     on_empty: a row whose placeholder value is empty or whitespace only: "null" (null output, null
     finish_reason, error "row i: column 'c' is empty"), "error" (the same with finish_reason "error") or
@@ -120,7 +121,8 @@ class MapSpec:
         if self.schema is not None:
             put(self, "schema", to_json_schema(self.schema))
         settings = self.engine.items() if isinstance(self.engine, dict) else self.engine
-        put(self, "engine", tuple(sorted((str(k), tuple(v) if isinstance(v, list) else v) for k, v in settings)))
+        put(self, "engine", tuple(sorted((str(k), engine_policy(v) if k == "policy" else
+                                          tuple(v) if isinstance(v, list) else v) for k, v in settings)))
         if self.on_long_prompt not in ("error", "truncate"):
             raise ValueError(f"MapSpec.on_long_prompt must be 'error' or 'truncate', got {self.on_long_prompt!r}")
         if self.on_empty not in ON_EMPTY:
@@ -138,7 +140,7 @@ class MapSpec:
         out["examples"] = [dict(e) for e in self.examples]
         out["stop"] = list(self.stop)
         out["choices"] = list(self.choices) if self.choices is not None else None
-        out["engine"] = dict(self.engine)
+        out["engine"] = {k: v.to_dict() if isinstance(v, Policy) else v for k, v in self.engine}
         return out
 
     @classmethod
@@ -153,6 +155,20 @@ class MapSpec:
             if key in data and data[key] is not None:
                 data[key] = tuple(data[key])
         return cls(**data)
+
+
+def engine_policy(value: Any) -> str | Policy:
+    """The engine setting `policy` as `LLM` takes it: "auto", or a fixed plan given as a Policy or a mapping of
+    its fields (the "policy" object `llmops policy --json` prints), as a Policy. Anything else is a ValueError
+    naming `engine.policy` and what is wrong with it."""
+    if value == "auto" or isinstance(value, Policy):
+        return value
+    if isinstance(value, dict):
+        try:
+            return Policy.from_dict(dict(value))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"engine.policy: {exc}") from None
+    raise ValueError(f"engine.policy: expected 'auto' or a mapping of Policy fields, got {value!r}")
 
 
 def sampling_params(spec: MapSpec) -> SamplingParams:

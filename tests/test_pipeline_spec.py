@@ -198,3 +198,25 @@ def test_engine_devices(tmp_path):
     message = _error(tmp_path, "engine: {devices: [0, true]}\n" + BASE)
     assert "p.yaml:1:" in message and "engine.devices" in message
     assert "engine.parallel" in _error(tmp_path, "engine: {parallel: tensor}\n" + BASE)
+
+
+def test_engine_policy_pins_a_plan(tmp_path):
+    """`engine.policy` is "auto" or a mapping of Policy fields (what `llmops policy --json` prints under
+    "policy"): it reaches `LLM(...)` as a Policy, hashable, round-tripping through MapSpec's dict; an unknown
+    field, an invalid value or another string is an error naming `engine.policy`, with the file and line."""
+    from engine import Policy
+    from llmops.core import MapSpec
+
+    text = "engine:\n  policy: {gpu_batch_size: 64, num_gpu_batches: 2, prefill_ahead: true}\n" + BASE
+    kwargs = _load(tmp_path, text).engine.llm_kwargs()
+    spec = MapSpec("Classify {body}", engine=kwargs)
+    policy = dict(spec.engine)["policy"]
+    assert isinstance(policy, Policy) and (policy.gpu_batch_size, policy.num_gpu_batches) == (64, 2)
+    assert policy.prefill_ahead and MapSpec.from_dict(spec.to_dict()) == spec
+    assert hash(spec) == hash(MapSpec("Classify {body}", engine={"policy": policy.to_dict()}))
+    for bad, says in (("{gpu_batchsize: 64}", "unknown field(s) ['gpu_batchsize']"),
+                      ("{w_gpu: 2.0}", "w_gpu must be in [0, 1]"), ("fast", "auto")):
+        message = _error(tmp_path, f"engine:\n  policy: {bad}\n" + BASE)
+        assert "p.yaml:2:" in message and "engine.policy" in message and says in message, message
+    with pytest.raises(ValueError, match="engine.policy: expected 'auto'"):
+        MapSpec("Classify {body}", engine={"policy": "fast"})

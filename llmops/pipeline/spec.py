@@ -201,12 +201,23 @@ class Sink(_Strict):
         return f"{self.database}:{self.table}" if self.kind == "database" else str(getattr(self, self.kind))
 
 
+def _policy_setting(value: str | dict[str, Any]) -> str | dict[str, Any]:
+    """`engine.policy`: "auto", or a fixed plan as a mapping of Policy fields, checked here (unknown or invalid
+    fields are an error naming them) and kept as the mapping."""
+    if isinstance(value, dict):
+        from llmops.core import engine_policy
+        engine_policy(value)
+    return value
+
+
 class EngineSettings(_Strict):
-    """Arguments of `engine.LLM(...)`. Sizes are bytes or strings like "16GiB"; None: no budget. `devices`:
+    """Arguments of `engine.LLM(...)`. Sizes are bytes or strings like "16GiB"; None: no budget. `policy`:
+    "auto" (the engine plans the job) or a fixed plan, a mapping of Policy fields (what `llmops policy --json`
+    prints under "policy"; fields left out take Policy's defaults). `devices`:
     "auto" (every visible GPU) or a list of CUDA indices / device strings, `parallel` how blocks use them
     ("auto": data-parallel when the model's weights fit each GPU's budget, else pipeline stages)."""
 
-    policy: str = "auto"
+    policy: Annotated[Literal["auto"] | dict[str, Any], AfterValidator(_policy_setting)] = "auto"
     gpu_memory: Annotated[int | str | None, BeforeValidator(_not_bool)] = None
     cpu_memory: Annotated[int | str | None, BeforeValidator(_not_bool)] = None
     disk_dir: PathStr | None = None
