@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine.decoding.chat import ChatTemplateError, check_messages, messages_for, render_chat
-from engine.decoding.constrain import GrammarConstraint, bitmask_to_bool, escape_regex, ll_tokenizer
+from engine.decoding.constrain import GrammarConstraint, bitmask_to_bool, escape_regex, ll_tokenizer, unpack_bits
 from engine.decoding.decoder import BlockDecoder, cut_at_stop
 from engine.decoding.params import SamplingParams
 from engine.decoding.tokenizer import Tokenizer
@@ -110,6 +110,39 @@ def test_bitmask_to_bool():
     assert not allowed[:, 64:].any()
     assert allowed[1].nonzero().flatten().tolist() == [63]
     assert bitmask_to_bool(bitmask, 40).shape == (2, 40)
+
+
+def test_unpacking_the_packed_words_is_numpys_unpacking():
+    """The device path (`unpack_bits` on the packed int32 words) gives numpy's bits, sign bit included."""
+    words = np.random.default_rng(0).integers(-(1 << 31), 1 << 31, size=(5, 7), dtype=np.int64).astype(np.int32)
+    assert torch.equal(unpack_bits(torch.from_numpy(words)), bitmask_to_bool(words, 7 * 32))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bitmask_to_bool_on_cuda_unpacks_there():
+    words = np.array([[0b101, -1], [0, -(1 << 31)]], dtype=np.int32)
+    on_gpu = bitmask_to_bool(words, 70, "cuda")
+    assert on_gpu.is_cuda and torch.equal(on_gpu.cpu(), bitmask_to_bool(words, 70))
+
+
+def test_prefetched_masks_are_the_masks_computed_when_asked(tok):
+    """`prefetch` computes rows' next masks ahead; `allowed` for exactly those rows returns them, for other rows
+    it waits for any prefetch of theirs and computes afresh; a row's matcher is read or advanced only after
+    its prefetch (`advance`, `is_accepting`), so the tokens fed are the same either way."""
+    params = SamplingParams(json_schema={"type": "object", "properties": {"a": {"type": "integer"}}})
+    ahead, plain = constraint(tok, params, 6), constraint(tok, params, 6)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(6):
+        rows = [0, 1, 2, 3, 4, 5] if step % 3 else [0, 2, 4]       # every third step asks for other rows
+        a, b = ahead.allowed(rows, tok.vocab_size), plain.allowed(rows, tok.vocab_size)
+        assert torch.equal(a, b)
+        logits = torch.randn(len(rows), tok.vocab_size, generator=gen).masked_fill(~a, float("-inf"))
+        for row, token in zip(rows, logits.argmax(-1).tolist()):
+            assert ahead.advance(row, token, 20) == plain.advance(row, token, 20)
+        ahead.prefetch(rows)
+        assert [ahead.is_accepting(r) for r in rows] == [plain.is_accepting(r) for r in rows]
+    ahead.settle()
+    assert not ahead._ahead and not ahead._busy
 
 
 def test_escape_regex_matches_literally():

@@ -8,8 +8,11 @@ only end, which is how we force EOS: a row whose grammar is complete finishes at
 
 The llguidance tokenizer is built once per (tokenizer.json, EOS ids, vocab size) per process. Masks are
 computed into an int32 bitmask with llguidance's numpy path (its thread pool for larger batches), unpacked
-with numpy and applied with one masked_fill (llguidance's torch helper is torch.compile'd: seconds on the
-first call).
+(with numpy on the CPU; on a GPU the packed words, 1/8 of the bool mask's bytes, are copied and unpacked
+there) and applied with one masked_fill (llguidance's torch helper is torch.compile'd: seconds on the first
+call). Masks are computed ahead: once a GPU batch's tokens are chosen and fed, `prefetch` computes its rows'
+next masks on one mask thread while the device runs the batch's next step, and `allowed` takes them (or
+computes them there and waits). A row's matcher is touched only after its prefetch is done (`_quiet`).
 
 Budget: given each token's `remaining` count, `GrammarConstraint.advance` keeps every row able to complete
 its grammar before max_new_tokens: it tracks per row a completion from the current state
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -122,18 +126,36 @@ def _constraint_field(params: SamplingParams) -> str:
     return "grammar"
 
 
-def bitmask_to_bool(bitmask: np.ndarray, vocab: int) -> torch.Tensor:
-    """llguidance bitmask int32 [n, w] (bit j of word i = token 32*i + j allowed) -> bool [n, vocab].
+def bitmask_to_bool(bitmask: np.ndarray, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """llguidance bitmask int32 [n, w] (bit j of word i = token 32*i + j allowed) -> bool [n, vocab] on `device`.
 
-    Columns past the bitmask's 32*w tokens (a model vocab wider than the tokenizer's) are disallowed.
+    Columns past the bitmask's 32*w tokens (a model vocab wider than the tokenizer's) are disallowed. On the
+    CPU numpy unpacks the bits; elsewhere the packed words travel and are unpacked there (`unpack_bits`).
     """
+    device = torch.device(device)
     n, w = bitmask.shape
-    bits = np.unpackbits(np.ascontiguousarray(bitmask).view(np.uint8), axis=1, bitorder="little")  # [n, 32w]
-    allowed = torch.from_numpy(bits.view(np.bool_))                     # [n, 32w]
+    if device.type == "cpu":
+        bits = np.unpackbits(np.ascontiguousarray(bitmask).view(np.uint8), axis=1, bitorder="little")  # [n, 32w]
+        allowed = torch.from_numpy(bits.view(np.bool_))                 # [n, 32w]
+    else:
+        allowed = unpack_bits(torch.from_numpy(np.ascontiguousarray(bitmask)).to(device))    # [n, 32w]
     if w * 32 >= vocab:
         return allowed[:, :vocab]
-    pad = torch.zeros(n, vocab - w * 32, dtype=torch.bool)
+    pad = torch.zeros(n, vocab - w * 32, dtype=torch.bool, device=device)
     return torch.cat([allowed, pad], dim=1)                             # [n, vocab]
+
+
+def unpack_bits(words: torch.Tensor) -> torch.Tensor:
+    """int32 [n, w] -> bool [n, 32w]: bit j of word i (least significant first) is column 32*i + j."""
+    n, w = words.shape
+    shifts = torch.arange(32, dtype=torch.int32, device=words.device)  # [32]
+    return ((words.unsqueeze(-1) >> shifts) & 1).bool().view(n, 32 * w)  # [n, w, 32] -> [n, 32w]
+
+
+@lru_cache(maxsize=1)
+def _mask_thread() -> ThreadPoolExecutor:
+    """The one thread every grammar mask is computed on (one llguidance executor, never used concurrently)."""
+    return ThreadPoolExecutor(1, thread_name_prefix="engine-grammar")
 
 
 @lru_cache(maxsize=1)
@@ -168,7 +190,8 @@ class GrammarConstraint:
         self._tokenizer = tokenizer
         self._eos = frozenset(tokenizer.eos_tokens)
         self._matchers = [llg.LLMatcher(tokenizer, grammar, log_level=0) for _ in range(num_rows)]
-        self._bitmask = llg.numpy.allocate_token_bitmask(num_rows, tokenizer.vocab_size)
+        self._ahead: dict[tuple[int, ...], Future] = {}     # rows -> their next masks, computing on the mask thread
+        self._busy: dict[int, Future] = {}                  # row -> the prefetch reading its matcher
         self._probes = _closing_tokens(tokenizer)
         self._tracked = [False] * num_rows
         self._closings: list[list[int] | None] = [None] * num_rows
@@ -182,16 +205,56 @@ class GrammarConstraint:
             return None
         return cls(ll_tokenizer(tokenizer_json, eos_ids, n_vocab), grammar, num_rows, _constraint_field(params))
 
-    def allowed(self, rows: Sequence[int], vocab: int) -> torch.Tensor:
-        """bool [len(rows), vocab] on the CPU: True where the row's grammar allows the token next."""
+    def allowed(self, rows: Sequence[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """bool [len(rows), vocab] on `device`: True where the row's grammar allows the token next. Takes the
+        masks `prefetch` computed for exactly these rows, else computes them (after any prefetch reading one
+        of these rows' matchers is done; such a prefetch is dropped)."""
+        key = tuple(rows)
+        pending = self._ahead.pop(key, None)
+        if pending is None:
+            for other in [k for k, f in self._ahead.items() if not set(k).isdisjoint(key)]:
+                self._ahead.pop(other).exception()                        # waits; its masks are not used
+            pending = _mask_thread().submit(self._fill, key)
+        mask = pending.result()
+        for row in key:
+            self._busy.pop(row, None)
+        return bitmask_to_bool(mask, vocab, device)
+
+    def prefetch(self, rows: Sequence[int]) -> None:
+        """Start computing `rows`' next masks on the mask thread, for the `allowed` call of exactly these rows
+        (each of their matchers waits for it before anything else reads or advances it)."""
+        key = tuple(rows)
+        if not key:
+            return
+        self.settle(key)
+        pending = _mask_thread().submit(self._fill, key)
+        self._ahead[key] = pending
+        self._busy.update((row, pending) for row in key)
+
+    def settle(self, rows: Sequence[int] | None = None) -> None:
+        """Wait for every prefetch (or those reading one of `rows`' matchers) and drop it."""
+        wanted = None if rows is None else set(rows)
+        for key in [k for k in self._ahead if wanted is None or not wanted.isdisjoint(k)]:
+            self._ahead.pop(key).exception()
+        for row in [r for r in self._busy if wanted is None or r in wanted]:
+            self._busy.pop(row)
+
+    def _fill(self, rows: tuple[int, ...]) -> np.ndarray:
+        """The rows' next-token bitmask int32 [len(rows), w] (runs on the mask thread)."""
         llg_numpy = _llguidance().numpy
-        mask = self._bitmask[: len(rows)]
+        mask = llg_numpy.allocate_token_bitmask(len(rows), self._tokenizer.vocab_size)
         if len(rows) >= PARALLEL_ROWS:
             llg_numpy.fill_next_token_bitmask_par(_executor(), [(self._matchers[r], i) for i, r in enumerate(rows)], mask)
         else:
             for i, row in enumerate(rows):
                 llg_numpy.fill_next_token_bitmask(self._matchers[row], mask, i)
-        return bitmask_to_bool(mask, vocab)
+        return mask
+
+    def _quiet(self, row: int) -> None:
+        """Wait for the prefetch reading the row's matcher, if one is (its masks stay for `allowed`)."""
+        pending = self._busy.pop(row, None)
+        if pending is not None:
+            pending.exception()
 
     def advance(self, row: int, token: int, remaining: int | None = None) -> tuple[int, bool]:
         """Feed the row's next token; return (the token fed, whether the grammar is now complete).
@@ -202,6 +265,7 @@ class GrammarConstraint:
         grammar could be completed within its budget at its first token always completes it. A row with no
         completion that short from its first token is left alone (it ends "length"). Raises ValueError on a
         token the grammar rejects (cannot happen when tokens were chosen under `allowed`)."""
+        self._quiet(row)
         matcher = self._matchers[row]
         if remaining is not None and not self._tracked[row]:
             self._tracked[row] = True
@@ -243,4 +307,5 @@ class GrammarConstraint:
 
     def is_accepting(self, row: int) -> bool:
         """True when the row's output so far is a complete match (it may still continue)."""
+        self._quiet(row)
         return self._matchers[row].is_accepting()

@@ -19,7 +19,8 @@ Completion (text decoded then); `completions()` returns those same objects. Rows
 reached are not passed to it (they only exist as "length" rows in `completions()`).
 
 Timing: `grammar_s` and `callback_s` hold the seconds this decoder spent in the grammar (masks and
-advances) and in `on_finished`, per phase: "prefill" for the call choosing the rows' first token, "decode"
+advances; a mask computed ahead on the mask thread counts only the time the call waits for it) and in
+`on_finished`, per phase: "prefill" for the call choosing the rows' first token, "decode"
 for every later one (`engine.runtime.run_stats` charges them apart from the executor's step times).
 """
 from __future__ import annotations
@@ -95,7 +96,7 @@ class BlockDecoder:
         scores = logits
         if self.constraint is not None:
             began = time.perf_counter()
-            allowed = self.constraint.allowed(rows, logits.shape[-1]).to(logits.device)  # [n, v]
+            allowed = self.constraint.allowed(rows, logits.shape[-1], logits.device)      # [n, v]
             scores = logits.masked_fill(~allowed, float("-inf"))                        # [n, v]
             self.grammar_s[phase] += time.perf_counter() - began
         if self.params.temperature == 0:
@@ -125,6 +126,8 @@ class BlockDecoder:
                 began = time.perf_counter()
                 self.on_finished(row, self._done[row])
                 self.callback_s[phase] += time.perf_counter() - began
+        if self.constraint is not None:       # the rows' next masks, while the device runs their next step
+            self.constraint.prefetch([row for row, done in zip(rows, finished) if not done])
         return tokens, finished
 
     def _advance_grammar(self, row: int, token: int) -> tuple[int, FinishReason | None]:

@@ -33,6 +33,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from llmops.core import engine_policy
 from llmops.pipeline.semantic_spec import SEMANTIC_STEP_KINDS, Rules
 from llmops.structured import to_json_schema
 
@@ -205,7 +206,6 @@ def _policy_setting(value: str | dict[str, Any]) -> str | dict[str, Any]:
     """`engine.policy`: "auto", or a fixed plan as a mapping of Policy fields, checked here (unknown or invalid
     fields are an error naming them) and kept as the mapping."""
     if isinstance(value, dict):
-        from llmops.core import engine_policy
         engine_policy(value)
     return value
 
