@@ -30,7 +30,8 @@ Before the paths an untimed warm-up plans the job's workload once (`LLM.plan` ov
 engine has it) and generates 8 tokens (`--warmup-new-tokens`) for one block of other rows (`--warmup-rows`,
 default the plan's block size up to `--warmup-cap`) with that plan, so neither planning nor building the
 executor and its batch buffers is charged to whichever path runs first (`warmup_s`, `warmup` in every record).
-`engine` always runs first.
+`engine` always runs first. `--policy` (a Policy as JSON) runs every path on that fixed plan, set as the
+engine setting `policy` (a pipeline's `engine.policy`), instead of the plan "auto" makes for the job.
 
 Output: one JSON object per path, appended as a line to --out (JSONL; default
 benchmarks/results/job_paths_<device>.jsonl; `--fresh` empties it first) as soon as the path finishes, so a
