@@ -40,7 +40,7 @@ from engine.models.loader import load_model
 from engine.parallel import (
     DeviceSpec, Lanes, Parallel, build_pipeline, choose_parallel, host_share, locked, resolve_devices, run_blocks,
 )
-from engine.policy.policy import Policy
+from engine.policy.policy import Policy, as_policy
 from engine.runtime import executor as executor_mod
 from engine.runtime.run_stats import EngineStats
 from engine.storage import device_cap
@@ -135,10 +135,10 @@ class LLM:
                  disk_dir: str | Path | None = None, dtype: str | torch.dtype = "auto",
                  compress_weights: bool = False, compress_cache: bool = False, device: str = "auto",
                  devices: DeviceSpec = None, parallel: Parallel = "auto") -> None:
-        if isinstance(policy, dict):
-            policy = Policy.from_dict(policy)
-        if not (policy == "auto" or isinstance(policy, Policy)):
-            raise ValueError(f"LLM(policy=...): expected 'auto', a Policy or a dict, got {policy!r}")
+        try:
+            policy = as_policy(policy)
+        except ValueError as exc:
+            raise ValueError(f"LLM(policy=...): {exc}") from None
         began = time.perf_counter()
         self.stats = EngineStats()
         self.devices = resolve_devices(devices, resolve_device(device))

@@ -57,6 +57,7 @@ import pyarrow as pa
 
 from engine import LLM, Policy
 from engine.decoding.params import Completion, SamplingParams
+from engine.policy.policy import as_policy
 from llmops import engines
 from llmops.engine_tools import (  # noqa: F401 (the CLI's planning tools, re-exported: see llmops.engine_tools)
     PINNED_SHARE, Budgets, NoFeasiblePolicy, Workload, cuda_available, default_cpu_budget, device_profile_path,
@@ -158,17 +159,13 @@ class MapSpec:
 
 
 def engine_policy(value: Any) -> str | Policy:
-    """The engine setting `policy` as `LLM` takes it: "auto", or a fixed plan given as a Policy or a mapping of
-    its fields (the "policy" object `llmops policy --json` prints), as a Policy. Anything else is a ValueError
-    naming `engine.policy` and what is wrong with it."""
-    if value == "auto" or isinstance(value, Policy):
-        return value
-    if isinstance(value, dict):
-        try:
-            return Policy.from_dict(dict(value))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"engine.policy: {exc}") from None
-    raise ValueError(f"engine.policy: expected 'auto' or a mapping of Policy fields, got {value!r}")
+    """The engine setting `policy` as `LLM` takes it (`engine.policy.policy.as_policy`): "auto", or a fixed plan
+    given as a Policy or a mapping of its fields (the "policy" object `llmops policy --json` prints). Anything
+    else is a ValueError naming `engine.policy` and what is wrong with it."""
+    try:
+        return as_policy(value)
+    except ValueError as exc:
+        raise ValueError(f"engine.policy: {exc}") from None
 
 
 def sampling_params(spec: MapSpec) -> SamplingParams:

@@ -141,7 +141,7 @@ def test_prefetched_masks_are_the_masks_computed_when_asked(tok):
             assert ahead.advance(row, token, 20) == plain.advance(row, token, 20)
         ahead.prefetch(rows)
         assert [ahead.is_accepting(r) for r in rows] == [plain.is_accepting(r) for r in rows]
-    ahead.settle()
+    ahead.settle(range(6))
     assert not ahead._ahead and not ahead._busy
 
 

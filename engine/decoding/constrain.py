@@ -212,8 +212,7 @@ class GrammarConstraint:
         key = tuple(rows)
         pending = self._ahead.pop(key, None)
         if pending is None:
-            for other in [k for k, f in self._ahead.items() if not set(k).isdisjoint(key)]:
-                self._ahead.pop(other).exception()                        # waits; its masks are not used
+            self.settle(key)
             pending = _mask_thread().submit(self._fill, key)
         mask = pending.result()
         for row in key:
@@ -231,13 +230,13 @@ class GrammarConstraint:
         self._ahead[key] = pending
         self._busy.update((row, pending) for row in key)
 
-    def settle(self, rows: Sequence[int] | None = None) -> None:
-        """Wait for every prefetch (or those reading one of `rows`' matchers) and drop it."""
-        wanted = None if rows is None else set(rows)
-        for key in [k for k in self._ahead if wanted is None or not wanted.isdisjoint(k)]:
-            self._ahead.pop(key).exception()
-        for row in [r for r in self._busy if wanted is None or r in wanted]:
-            self._busy.pop(row)
+    def settle(self, rows: Sequence[int]) -> None:
+        """Wait for the prefetches reading one of `rows`' matchers and drop them (their masks go unused)."""
+        wanted = set(rows)
+        for key in [k for k in self._ahead if not wanted.isdisjoint(k)]:
+            self._ahead.pop(key).exception()                                  # waits
+            for row in key:
+                self._busy.pop(row, None)
 
     def _fill(self, rows: tuple[int, ...]) -> np.ndarray:
         """The rows' next-token bitmask int32 [len(rows), w] (runs on the mask thread)."""

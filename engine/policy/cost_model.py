@@ -29,7 +29,7 @@ With `Policy.prefill_ahead` over B > 1 blocks (`memory.runs_ahead`), every prefi
 previous block's decode steps: (B - 1) / B of a prefill's gpu compute and cache stores (and its gpu cache
 share moved up at the switch) join each decode layer's channels, divided over the n - 1 steps, and T_pre
 counts 1 / B (0 when the rows are unbounded). The prefill's compute joins the host channel too: the slot work
-does not hide behind it (a slot's waits queue behind the prefill launched before it). A shared prefix runs ahead too, computed once per GPU batch.
+does not hide behind it (`decode_slack`). A shared prefix runs ahead too, computed once per GPU batch.
 With a shared prompt prefix of p tokens (`Workload.shared_prefix_len`, `prefix.batch_prefix_len`) a GPU
 batch's prefill computes the prefix once and each row's own s - p tokens after it; where the prefix's keys
 and values are held once per GPU batch (`prefix.prefix_held_once`: an accelerator or a 4-bit cache), the KV
@@ -337,8 +337,8 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
         decode[compute] = decode[compute] + ahead
         if host != compute:
             # the slot work does not hide behind the prefill: on Llama-3-70B at 16 GiB (stop 37) an ahead
-            # block took its decode's slot time plus the prefill, not the larger of the two (likely the slots'
-            # waits on the device, such as a cache load settling its last stores, queue behind the prefill)
+            # block took its decode's slot time plus the prefill, not the larger of the two (not traced; likely
+            # a store's host wait for the staging buffer two stores back, whose copy waits for the prefill)
             decode[host] = decode.get(host, const(0.0)) + ahead
         decode["gpu->cpu"] = decode["gpu->cpu"] + (b * s * kv / d2h) * (hidden / (n - 1))
         decode["cpu->gpu"] = decode["cpu->gpu"] + c_gpu * (b * s * kv * hidden / (h2d * (n - 1)))

@@ -94,3 +94,16 @@ class Policy:
         if unknown:
             raise ValueError(f"Policy: unknown field(s) {unknown}; known: {sorted(known)}")
         return cls(**data)
+
+
+def as_policy(value: Any) -> str | Policy:
+    """A policy setting as the engine takes it: "auto", a Policy, or a mapping of Policy fields as a Policy.
+    Anything else, an unknown field or an invalid value, is a ValueError saying what is wrong."""
+    if value == "auto" or isinstance(value, Policy):
+        return value
+    if isinstance(value, dict):
+        try:
+            return Policy.from_dict(dict(value))
+        except TypeError as exc:
+            raise ValueError(f"Policy: {exc}") from None
+    raise ValueError(f"expected 'auto', a Policy or a mapping of Policy fields, got {value!r}")
