@@ -23,7 +23,9 @@ between the first and the last over their wall seconds, `block_s`; each of those
 prefill, its own or the next block's run ahead), roofline (the policy's floors, `roofline.py`), roofline_fraction
 (floor time / measured time), peak_device_gib (torch's max allocated; None on a CPU), device, commit,
 command, num_layers (--layers cuts the preset), prefill_chunk_tokens, init_s and init_breakdown_s
-(`WeightHomes.place_s`: placement's read / quantize / homes seconds), step_s (per block, each step's wall
+(`WeightHomes.place_s`: placement's read / quantize / homes seconds), with --clock `step_clock` (per block, each
+step as `engine.runtime.step_clock` saw it: host->device and device->host busy, compute, host gaps and waits),
+step_s (per block, each step's wall
 seconds: the prefill, then every decode step), block_s (each measured block's wall seconds, from the start of
 the run or the previous block's end to its end), plan_rows (--plan-rows: the job "auto" planned for, when it is
 not the rows run); with --profile also `profile`
@@ -81,6 +83,7 @@ from engine.policy.hardware import reference_profile  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
 from engine.policy.working import PREFILL_CHUNK_TOKENS  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
+from engine.runtime.step_clock import StepClock  # noqa: E402
 from engine.runtime.step_profile import StepProfile  # noqa: E402
 from engine.storage import device_cap  # noqa: E402
 from engine.util.sizes import parse_size  # noqa: E402
@@ -203,6 +206,8 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
     ex = None
     step_walls: list[list[float]] = []     # per measured block, each step's wall seconds
     block_walls: list[float] = []          # per measured block, its wall seconds
+    clock: StepClock | None = None         # with --clock: the measured blocks' steps (`clocked`, per block)
+    clocked: list[list[dict]] = []
     finished: list[float] | None = None    # while measuring: the executor's step list before the block in flight
     cap = device_cap.hold(device, args.gpu_memory)       # torch's allocator capped at the budget, as LLM does
     try:
@@ -221,6 +226,7 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
             ex.generate_block(blocks[0], [WARMUP_TOKENS] * len(blocks[0]), TokenRecorder())
         prof = StepProfile(device, [s.kind for s in ex.specs]) if args.profile else None
         ex.profiler = prof
+        clock = ex.transfers.clock = StepClock() if args.clock and cuda else None
         reset_peak()
         recorders, prefill, decode, steps, ahead = [TokenRecorder() for _ in blocks], 0.0, 0.0, 0, 0
         finished = ex.step_s                     # the warm-up's (each block starts a new list)
@@ -233,6 +239,8 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
                 prefill, decode, steps = prefill + ex.stats["prefill_s"], decode + ex.stats["decode_s"], steps + 1
                 ahead += int(ex.stats.get("prefill_ahead", 0.0))
                 step_walls.append([round(x, 4) for x in ex.step_s])
+                if clock is not None:
+                    clocked.append(clock.take())
                 block_walls.append(round(time.perf_counter() - mark, 4))
                 mark = time.perf_counter()
                 finished = ex.step_s
@@ -251,12 +259,16 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
                    executor_memory=ex.memory_report(), **peak_gib())
         if prof is not None:
             out["profile"] = prof.report()
+        if clock is not None:
+            out["step_clock"] = clocked
     except (torch.cuda.OutOfMemoryError, MemoryError, RuntimeError, ValueError) as err:
         out.update(failure_fields(err))
     except Cut as err:            # the measured blocks' steps so far, the block in flight last (its own so far)
         begun = finished is not None and ex.step_s is not finished
         in_flight = [[round(x, 4) for x in ex.step_s]] if begun else []
         out.update(failure_fields(err), cut=True, step_s=step_walls + in_flight)
+        if clock is not None:
+            out["step_clock"] = clocked + ([clock.take()] if begun else [])
     finally:
         close_and_release(ex)
         device_cap.release(cap)
@@ -327,6 +339,9 @@ def _main(argv: list[str] | None) -> list[dict]:
     ap.add_argument("--trials", type=int, default=4,
                     help='measured trials of the best candidates for "auto" on CUDA (LLM\'s default: 4)')
     ap.add_argument("--profile", action="store_true", help="write the per-layer step profile (serializes overlap)")
+    ap.add_argument("--clock", action="store_true",
+                    help="per step, the device's view without synchronizing inside it (CUDA, "
+                         "`engine.runtime.step_clock`): transfer and compute busy seconds, host gaps, host waits")
     ap.add_argument("--trace", action="store_true",
                     help="torch.profiler over the measured blocks (CUDA): kernel vs wall seconds, syncs, top ops, "
                          "and the timeline by phase (`timeline.py`)")

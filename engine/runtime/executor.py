@@ -61,7 +61,9 @@ class Executor:
     `on_action(action)` (optional hook) is called before each schedule action; `stats` holds the last
     block's `prefill_s`, `decode_s` (wall clock; the device is synchronized at step ends only when
     `timing` is True) and `steps`, and `step_s` its seconds per step (index 0 the prefill). `profiler` (a
-    `StepProfile`, optional) is told of every action and of the seams inside a compute (`step_profile`). `quant_config`
+    `StepProfile`, optional) is told of every action and of the seams inside a compute (`step_profile`);
+    `transfers.clock` (a `StepClock`, optional, CUDA with `timing` on) gets every step as the device saw it
+    without synchronizing inside the step (`step_clock`). `quant_config`
     is the weights' compression when the policy compresses weights, `cache_quant_config` the KV cache's when
     it compresses the cache (defaults in engine.quant.config). A prefill runs each layer over row chunks of
     about `prefill_chunk_tokens` tokens, and decode dequantizes a compressed device cache
@@ -309,13 +311,17 @@ class Executor:
             if self.on_action is not None:
                 self.on_action(action)
             if action.verb not in skip:
-                prof = self.profiler
+                prof, clock = self.profiler, self.transfers.clock
+                if clock is not None:
+                    clock.compute_start("compute" if action.verb == "compute" else "other")
                 if prof is None:
                     getattr(self, _VERBS[action.verb])(action)
                 else:
                     prof.begin(action)
                     getattr(self, _VERBS[action.verb])(action)
                     prof.end()
+                if clock is not None:
+                    clock.compute_end()
             if action.verb == "compute" and action.k == last_k and action.i > 0 and self.ahead is not None:
                 self._ahead_layer(action)
 
@@ -324,12 +330,16 @@ class Executor:
         batch's compute of that layer, so the weights' buffers are still theirs)."""
         if self.ahead.current is None and (a.j != 0 or not self.ahead.passes):
             return
-        prof = self.profiler
+        prof, clock = self.profiler, self.transfers.clock
         if prof is not None:
             prof.begin(a)
+        if clock is not None:
+            clock.compute_start("ahead")
         w = self._weights_for(a.i, a.j)
         self.ahead.layer(a.j, self.specs[a.j], w, self.config, self.family, self.transfers,
                          last=a.j == len(self.specs) - 1)
+        if clock is not None:
+            clock.compute_end()
         if prof is not None:
             prof.lap("ahead")
             prof.end()
@@ -517,6 +527,8 @@ class Executor:
     def _step_done(self, i: int) -> None:
         if self.timing and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+            if self.transfers.clock is not None:
+                self.transfers.clock.close_step()
         now, blk = time.perf_counter(), self.block
         self.stats["prefill_s" if i == 0 else "decode_s"] += now - blk.t0
         self.step_s.append(now - blk.t0)

@@ -7,36 +7,46 @@ compute stream (and, with `host_wait`, on the host), then runs its `then` callba
 `submit_host` is for device->host copies whose data the host then works on: the copies are issued now and
 a worker thread waits for them and runs `then`, so the compute thread never blocks on them; `wait()` joins.
 With `overlap=False` every transfer is waited for as soon as it is submitted (no concurrency at all).
+`clock` (a `StepClock`, optional, CUDA only) is told of every transfer's span on its stream and of every
+blocking wait.
 """
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 import torch
+
+from engine.runtime.step_clock import StepClock
 
 TransferFn = Callable[["torch.cuda.Stream | None"], "torch.cuda.Event | None"]
 CHANNELS = ("weight", "weight_dense", "load", "store")
 
 
 class Pending:
-    def __init__(self, future: Future | None, event, host_wait: bool, then: Callable[[], None] | None):
+    def __init__(self, future: Future | None, event, host_wait: bool, then: Callable[[], None] | None,
+                 clock: StepClock | None = None, channel: str = ""):
         self._future = future
         self._event = event
         self._host_wait = host_wait
         self._then = then
+        self._clock, self._channel = clock, channel
         self.done = False
 
     def wait(self) -> None:
         """Block until the transfer is usable by the compute stream (and the host, with host_wait)."""
         if self.done:
             return
+        t0 = time.perf_counter()
         event = self._future.result() if self._future is not None else self._event
         if event is not None:
             if self._host_wait:
                 event.synchronize()
             else:
                 torch.cuda.current_stream().wait_event(event)
+        if self._clock is not None:
+            self._clock.host_wait(self._channel, time.perf_counter() - t0)
         if self._then is not None:
             self._then()
         self.done = True
@@ -53,6 +63,7 @@ class Transfers:
         self._pool: ThreadPoolExecutor | None = None
         self._finisher: ThreadPoolExecutor | None = None
         self._io_threads = io_threads
+        self.clock: StepClock | None = None
 
     def submit(self, channel: str, fn: TransferFn, *, threaded: bool = False, host_wait: bool = False,
                then: Callable[[], None] | None = None) -> Pending:
@@ -61,9 +72,10 @@ class Transfers:
         if threaded and self.overlap:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._io_threads, thread_name_prefix="engine-io")
-            pending = Pending(self._pool.submit(self._run, fn, stream), None, host_wait, then)
+            pending = Pending(self._pool.submit(self._run, fn, stream, channel), None, host_wait, then,
+                              self.clock, channel)
         else:
-            pending = Pending(None, self._run(fn, stream), host_wait, then)
+            pending = Pending(None, self._run(fn, stream, channel), host_wait, then, self.clock, channel)
         if not self.overlap:
             pending.wait()
         return pending
@@ -71,7 +83,7 @@ class Transfers:
     def submit_host(self, channel: str, fn: TransferFn, then: Callable[[], None]) -> Pending:
         """Issue `fn`'s copies now on `channel`'s stream; a worker thread waits for their event and runs `then`
         (host work on the copied data). Without CUDA or overlap, everything completes before returning."""
-        event = self._run(fn, self.streams.get(channel))
+        event = self._run(fn, self.streams.get(channel), channel)
         if not (self.cuda and self.overlap):
             if event is not None:
                 event.synchronize()
@@ -87,14 +99,20 @@ class Transfers:
                 then()
         if self._finisher is None:                      # one thread: host work runs in issue order
             self._finisher = ThreadPoolExecutor(1, thread_name_prefix="engine-store")
-        return Pending(self._finisher.submit(finish), None, False, None)
+        return Pending(self._finisher.submit(finish), None, False, None, self.clock, channel)
 
-    def _run(self, fn: TransferFn, stream):
+    def _run(self, fn: TransferFn, stream, channel: str):
         with torch.inference_mode():
             if stream is None:
                 return fn(None)
             with torch.cuda.device(self.device):
-                return fn(stream)
+                clock = self.clock
+                if clock is None:
+                    return fn(stream)
+                start = clock.transfer_start(stream)
+                event = fn(stream)
+                clock.transfer_end(channel, start, stream)
+                return event
 
     def close(self) -> None:
         for pool in (self._pool, self._finisher):

@@ -1,0 +1,116 @@
+"""`StepClock`: each step as the device and the compute thread saw it, from CUDA events and host clocks.
+
+A step profile (`engine.runtime.step_profile`) synchronizes at every seam, so it shows where time goes but not
+what the overlapped step does. The clock synchronizes nowhere inside a step: it records a CUDA event on a
+side stream before and after each transfer (`Transfers`), on the compute stream around each compute action
+(the executor's loop), and times the compute thread while it blocks in `Pending.wait`. The executor closes a
+step after its end-of-step synchronization (`Executor.timing` must be on), when every event has completed.
+
+Per step (`steps`, one dict each, seconds):
+    h2d_busy_s    union of the host->device streams' transfer spans (weights, dense weights, loads); a span
+                  runs from the transfer's issue point on its stream (its waits for buffer releases included)
+                  to its last copy's end
+    d2h_busy_s    the same for the store stream (device->host)
+    compute_s     sum of the compute actions' spans on the compute stream (their waits for loads included)
+    ahead_s       the same for the ahead prefill's layers riding on the step (`engine.runtime.ahead`)
+    other_s       the same for every other action (the work they put on the compute stream: a store's
+                  quantization, a hidden state's copy)
+    host_gap_s    compute-stream time between one span's end and the next one's start: the device idle
+                  because the compute thread had not yet issued the next action
+    span_s        first recorded event to last
+    host_wait_s   the compute thread blocked in `Pending.wait`, per channel (a store's wait is the host-side
+                  write into its home on the store thread)
+CUDA only: on a CPU the executor attaches no clock.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+H2D = ("weight", "weight_dense", "load")
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    """Total length of the union of [a, b) spans (ms in, ms out)."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+class StepClock:
+    """Collects one step's events (`transfer_start/transfer_end`, `compute_start/compute_end`, `host_wait`);
+    `close_step()` (device synchronized) turns them into one entry of `steps`."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict] = []
+        self._transfers: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        self._computes: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        self._open: tuple[str, torch.cuda.Event] | None = None
+        self._waits: dict[str, float] = defaultdict(float)
+
+    @staticmethod
+    def _event(stream: "torch.cuda.Stream | None" = None) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream)
+        return event
+
+    def transfer_start(self, stream: torch.cuda.Stream) -> torch.cuda.Event:
+        """Before a transfer's first operation on `stream`; give the result to `transfer_end`."""
+        return self._event(stream)
+
+    def transfer_end(self, channel: str, start: torch.cuda.Event, stream: torch.cuda.Stream) -> None:
+        """After the transfer's last copy was issued on `stream` (same stream as its start)."""
+        self._transfers.append((channel, start, self._event(stream)))
+
+    def compute_start(self, kind: str = "compute") -> None:
+        """Before an action (on the current stream); `kind` "compute", "ahead" or "other"."""
+        self._open = (kind, self._event())
+
+    def compute_end(self) -> None:
+        """After the action `compute_start` opened."""
+        if self._open is not None:
+            self._computes.append((*self._open, self._event()))
+            self._open = None
+
+    def host_wait(self, channel: str, seconds: float) -> None:
+        """The compute thread blocked `seconds` waiting for a `channel` transfer."""
+        self._waits[channel] += seconds
+
+    def close_step(self) -> None:
+        """Fold the step's events into `steps` (every event recorded so far must have completed)."""
+        if not self._transfers and not self._computes:
+            self._waits.clear()
+            return
+        self._transfers = [t for t in self._transfers if t[2].query()]     # a disk thread's may be in flight
+        ref = self._computes[0][1] if self._computes else self._transfers[0][1]
+
+        def at(e: torch.cuda.Event) -> float:
+            return ref.elapsed_time(e)                      # ms, negative when before ref
+        h2d = [(at(a), at(b)) for c, a, b in self._transfers if c in H2D]
+        d2h = [(at(a), at(b)) for c, a, b in self._transfers if c not in H2D]
+        comp = [(kind, at(a), at(b)) for kind, a, b in self._computes]
+        gap = sum(max(0.0, s1 - e0) for (_, _, e0), (_, s1, _) in zip(comp, comp[1:]))
+        marks = [t for span in h2d + d2h for t in span] + [t for _, a, b in comp for t in (a, b)]
+
+        def busy(kind: str) -> float:
+            return round(sum(b - a for k, a, b in comp if k == kind) / 1e3, 5)
+        self.steps.append({
+            "h2d_busy_s": round(_union(h2d) / 1e3, 5), "d2h_busy_s": round(_union(d2h) / 1e3, 5),
+            "compute_s": busy("compute"), "ahead_s": busy("ahead"), "other_s": busy("other"),
+            "host_gap_s": round(gap / 1e3, 5),
+            "span_s": round((max(marks) - min(marks)) / 1e3, 5),
+            "host_wait_s": {c: round(s, 5) for c, s in sorted(self._waits.items())},
+        })
+        self._transfers.clear()
+        self._computes.clear()
+        self._waits.clear()
+
+    def take(self) -> list[dict]:
+        """The steps closed so far, emptied."""
+        out, self.steps = self.steps, []
+        return out
