@@ -60,10 +60,12 @@ def test_cuda_clock_sees_every_step(tiny_checkpoints, extra):
     seen = clock.take()
     assert got == ref
     assert len(seen) == len(step_s)
-    for entry, wall in zip(seen, step_s):
-        assert entry["h2d_busy_s"] > 0                       # the weights stream from the host every step
-        assert 0 <= entry["host_gap_s"] <= entry["span_s"] <= wall + 1e-3
-        assert entry["compute_s"] > 0 and entry["h2d_busy_s"] <= entry["span_s"] + 1e-6
-        assert all(s >= 0 for s in entry["host_wait_s"].values())
+    for n, (entry, wall) in enumerate(zip(seen, step_s)):
+        assert entry["h2d_busy_s"] > 0, (n, entry)           # the weights stream from the host every step
+        assert 0 <= entry["host_gap_s"] <= entry["span_s"] <= wall + 1e-3, (n, wall, entry)
+        assert entry["compute_s"] > 0 and entry["h2d_busy_s"] <= entry["span_s"] + 1e-6, (n, entry)
+        assert all(s >= 0 for s in entry["host_wait_s"].values()), (n, entry)
+        assert set(entry["allocator"]) == {"retries", "device_allocs", "device_frees"}, (n, entry)
+        assert all(c >= 0 for c in entry["allocator"].values()), (n, entry)
     if extra:
         assert any(e["ahead_s"] > 0 for e in seen)

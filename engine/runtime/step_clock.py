@@ -20,6 +20,9 @@ Per step (`steps`, one dict each, seconds):
     span_s        first recorded event to last
     host_wait_s   the compute thread blocked in `Pending.wait`, per channel (a store's wait is the host-side
                   write into its home on the store thread)
+    allocator     what torch's caching allocator did in the step (`torch.cuda.memory_stats` deltas):
+                  `retries` (an allocation past the cap freed cached blocks, synchronizing the device, and
+                  tried again), `device_allocs`/`device_frees` (memory taken from or given back to the driver)
 CUDA only: on a CPU the executor attaches no clock.
 """
 from __future__ import annotations
@@ -29,6 +32,12 @@ from collections import defaultdict
 import torch
 
 H2D = ("weight", "weight_dense", "load")
+_ALLOCATOR = {"retries": "num_alloc_retries", "device_allocs": "num_device_alloc", "device_frees": "num_device_free"}
+
+
+def _allocator_counts() -> dict[str, int]:
+    stats = torch.cuda.memory_stats() if torch.cuda.is_available() else {}
+    return {name: int(stats.get(key, 0)) for name, key in _ALLOCATOR.items()}
 
 
 def _union(spans: list[tuple[float, float]]) -> float:
@@ -52,6 +61,7 @@ class StepClock:
         self._computes: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
         self._open: tuple[str, torch.cuda.Event] | None = None
         self._waits: dict[str, float] = defaultdict(float)
+        self._counts = _allocator_counts()
 
     @staticmethod
     def _event(stream: "torch.cuda.Stream | None" = None) -> torch.cuda.Event:
@@ -83,6 +93,8 @@ class StepClock:
 
     def close_step(self) -> None:
         """Fold the step's events into `steps` (every event recorded so far must have completed)."""
+        counts, before = _allocator_counts(), self._counts
+        self._counts = counts
         if not self._transfers and not self._computes:
             self._waits.clear()
             return
@@ -98,13 +110,14 @@ class StepClock:
         marks = [t for span in h2d + d2h for t in span] + [t for _, a, b in comp for t in (a, b)]
 
         def busy(kind: str) -> float:
-            return round(sum(b - a for k, a, b in comp if k == kind) / 1e3, 5)
+            return round(sum(b - a for k, a, b in comp if k == kind) / 1e3, 6)
         self.steps.append({
-            "h2d_busy_s": round(_union(h2d) / 1e3, 5), "d2h_busy_s": round(_union(d2h) / 1e3, 5),
+            "h2d_busy_s": round(_union(h2d) / 1e3, 6), "d2h_busy_s": round(_union(d2h) / 1e3, 6),
             "compute_s": busy("compute"), "ahead_s": busy("ahead"), "other_s": busy("other"),
-            "host_gap_s": round(gap / 1e3, 5),
-            "span_s": round((max(marks) - min(marks)) / 1e3, 5),
-            "host_wait_s": {c: round(s, 5) for c, s in sorted(self._waits.items())},
+            "host_gap_s": round(gap / 1e3, 6),
+            "span_s": round((max(marks) - min(marks)) / 1e3, 6),
+            "host_wait_s": {c: round(s, 6) for c, s in sorted(self._waits.items())},
+            "allocator": {name: counts[name] - before[name] for name in _ALLOCATOR},
         })
         self._transfers.clear()
         self._computes.clear()
