@@ -313,7 +313,7 @@ class Executor:
             if action.verb not in skip:
                 prof, clock = self.profiler, self.transfers.clock
                 if clock is not None:
-                    clock.compute_start("compute" if action.verb == "compute" else "other")
+                    clock.compute_start("compute" if action.verb == "compute" else "other", action.verb)
                 if prof is None:
                     getattr(self, _VERBS[action.verb])(action)
                 else:

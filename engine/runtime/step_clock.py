@@ -18,6 +18,12 @@ Per step (`steps`, one dict each, seconds):
     host_gap_s    compute-stream time between one span's end and the next one's start: the device idle
                   because the compute thread had not yet issued the next action
     span_s        first recorded event to last
+    host_s        the compute thread's own time inside the actions, per verb ("ahead" for the ahead layers):
+                  issuing their work, or blocked where an operation synchronizes
+    lead_s        how far the device ran behind the compute thread: per compute-stream action, the time from
+                  its issue on the host to its start on the device (`min`, `median`); near zero, the device
+                  waits for the host (the step is bound by the host), large, the host runs ahead
+    gc_s          time in Python's garbage collector during the step (any thread)
     host_wait_s   the compute thread blocked in `Pending.wait`, per channel (a store's wait is the host-side
                   write into its home on the store thread)
     allocator     what torch's caching allocator did in the step (`torch.cuda.memory_stats` deltas):
@@ -27,12 +33,25 @@ CUDA only: on a CPU the executor attaches no clock.
 """
 from __future__ import annotations
 
+import gc
+import statistics
+import time
 from collections import defaultdict
 
 import torch
 
 H2D = ("weight", "weight_dense", "load")
 _ALLOCATOR = {"retries": "num_alloc_retries", "device_allocs": "num_device_alloc", "device_frees": "num_device_free"}
+
+
+_GC = {"s": 0.0, "t0": 0.0}                     # seconds in Python's collector, this process (`_gc_hook`)
+
+
+def _gc_hook(phase: str, info: dict) -> None:
+    if phase == "start":
+        _GC["t0"] = time.perf_counter()
+    else:
+        _GC["s"] += time.perf_counter() - _GC["t0"]
 
 
 def _allocator_counts() -> dict[str, int]:
@@ -59,9 +78,14 @@ class StepClock:
         self.steps: list[dict] = []
         self._transfers: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
         self._computes: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
-        self._open: tuple[str, torch.cuda.Event] | None = None
+        self._open: tuple[str, str, torch.cuda.Event, float] | None = None
+        self._issued: list[float] = []                       # host issue time of each `_computes` entry
+        self._host: dict[str, float] = defaultdict(float)
         self._waits: dict[str, float] = defaultdict(float)
         self._counts = _allocator_counts()
+        if _gc_hook not in gc.callbacks:
+            gc.callbacks.append(_gc_hook)
+        self._gc = _GC["s"]
 
     @staticmethod
     def _event(stream: "torch.cuda.Stream | None" = None) -> torch.cuda.Event:
@@ -77,14 +101,18 @@ class StepClock:
         """After the transfer's last copy was issued on `stream` (same stream as its start)."""
         self._transfers.append((channel, start, self._event(stream)))
 
-    def compute_start(self, kind: str = "compute") -> None:
-        """Before an action (on the current stream); `kind` "compute", "ahead" or "other"."""
-        self._open = (kind, self._event())
+    def compute_start(self, kind: str = "compute", label: str | None = None) -> None:
+        """Before an action (on the current stream); `kind` "compute", "ahead" or "other"; `label` (default
+        `kind`) names it in `host_s`."""
+        self._open = (kind, label or kind, self._event(), time.perf_counter())
 
     def compute_end(self) -> None:
         """After the action `compute_start` opened."""
         if self._open is not None:
-            self._computes.append((*self._open, self._event()))
+            kind, label, start, t0 = self._open
+            self._computes.append((kind, start, self._event()))
+            self._issued.append(t0)
+            self._host[label] += time.perf_counter() - t0
             self._open = None
 
     def host_wait(self, channel: str, seconds: float) -> None:
@@ -94,10 +122,14 @@ class StepClock:
     def close_step(self) -> None:
         """Fold the step's events into `steps` (every event recorded so far must have completed)."""
         counts, before = _allocator_counts(), self._counts
+        gc_s, self._gc = _GC["s"] - self._gc, _GC["s"]
         self._counts = counts
         if not self._transfers and not self._computes:
             self._waits.clear()
+            self._host.clear()
             return
+        final, host_final = self._event(), time.perf_counter()      # the device is idle: it runs at once
+        final.synchronize()
         self._transfers = [t for t in self._transfers if t[2].query()]     # a disk thread's may be in flight
         ref = self._computes[0][1] if self._computes else self._transfers[0][1]
 
@@ -107,6 +139,8 @@ class StepClock:
         d2h = [(at(a), at(b)) for c, a, b in self._transfers if c not in H2D]
         comp = [(kind, at(a), at(b)) for kind, a, b in self._computes]
         gap = sum(max(0.0, s1 - e0) for (_, _, e0), (_, s1, _) in zip(comp, comp[1:]))
+        end_ms = at(final)
+        lead = [max(0.0, host_final - (end_ms - a) / 1e3 - t0) for (_, a, _), t0 in zip(comp, self._issued)]
         marks = [t for span in h2d + d2h for t in span] + [t for _, a, b in comp for t in (a, b)]
 
         def busy(kind: str) -> float:
@@ -117,10 +151,15 @@ class StepClock:
             "host_gap_s": round(gap / 1e3, 6),
             "span_s": round((max(marks) - min(marks)) / 1e3, 6),
             "host_wait_s": {c: round(s, 6) for c, s in sorted(self._waits.items())},
+            "host_s": {label: round(s, 6) for label, s in sorted(self._host.items())},
+            "lead_s": {"min": round(min(lead), 6), "median": round(statistics.median(lead), 6)} if lead else {},
+            "gc_s": round(gc_s, 6),
             "allocator": {name: counts[name] - before[name] for name in _ALLOCATOR},
         })
         self._transfers.clear()
         self._computes.clear()
+        self._issued.clear()
+        self._host.clear()
         self._waits.clear()
 
     def take(self) -> list[dict]:
