@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # What a function may import: optional dependencies (imported where first needed), each line commented.
 OPTIONAL = ("polars", "duckdb", "triton", "llguidance", "gguf", "transformers",
             "engine.quant._dequant_triton", "engine.quant._quant_triton", "engine.models._elementwise_triton",
+            "engine.models._quant_decode_triton",
             "llmops.polars", "llmops.pipeline.ray_runner", "llmops.ray",
             "llmops.semantic.polars", "llmops.report_html")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.models import attention
+from engine.models import attention, quant_decode
 from engine.models.attention import chunked_decode_attention, cpu_decode_attention, decode_attention
 from engine.models.loader import load_model
 from engine.policy.policy import Policy
@@ -93,13 +93,15 @@ def test_chunked_host_attention_equals_dequantize_then_attend(name, chunk_bytes)
 
 
 def _spy_unrotate(monkeypatch) -> list[int]:
-    """Record the rows of every attention output un-rotated (once per rotated-basis attention call)."""
+    """Record the rows of every attention output un-rotated (once per rotated-basis attention call: the chunked
+    path's, or on CUDA the fused kernel's, `engine.models.quant_decode`)."""
     calls, original = [], attention.unrotate_last
 
     def spy(y, config, d):
         calls.append(y.shape[0])
         return original(y, config, d)
     monkeypatch.setattr(attention, "unrotate_last", spy)
+    monkeypatch.setattr(quant_decode, "unrotate_last", spy)
     return calls
 
 

@@ -66,7 +66,7 @@ def test_cuda_clock_sees_every_step(tiny_checkpoints, extra):
         on_stream = entry["compute_s"] + entry["ahead_s"] + entry["other_s"]   # one stream, spans in this step
         assert on_stream <= wall + 1e-3, (n, wall, entry)
         assert 0 <= entry["lead_s"]["min"] <= entry["lead_s"]["median"] <= wall, (n, wall, entry)
-        assert "compute" in entry["host_s"] and sum(entry["host_s"].values()) <= wall, (n, wall, entry)
+        assert "compute" in entry["host_s"] and all(s >= 0 for s in entry["host_s"].values()), (n, entry)
         assert 0 <= entry["gc_s"] <= wall, (n, wall, entry)
         assert entry["compute_s"] > 0 and entry["h2d_busy_s"] <= entry["span_s"] + 1e-6, (n, entry)
         assert all(s >= 0 for s in entry["host_wait_s"].values()), (n, entry)

@@ -20,11 +20,11 @@ from engine.quant.affine_torch import affine_dequant_torch, as_groups
 
 _BLOCK = 1024          # packed bytes per program (2048 outputs)
 
-_TL_DTYPES = {torch.float16: tl.float16, torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
+TL_DTYPES = {torch.float16: tl.float16, torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
 
 
 @triton.jit
-def _round_as_addcmul(x, MID: tl.constexpr, OUT: tl.constexpr):
+def round_as_addcmul(x, MID: tl.constexpr, OUT: tl.constexpr):
     """float32 x -> OUT through MID (mn's dtype), each step round-to-nearest-even like torch's casts."""
     if MID == tl.float16:
         x = x.to(tl.float16, fp_downcast_rounding="rtne").to(tl.float32)
@@ -49,8 +49,8 @@ def _affine_dequant_kernel(data_ptr, mn_ptr, scale_ptr, out_ptr, M, num_blocks, 
     sc = tl.load(scale_ptr + row * scale_row + grp, mask=mask, other=0.0).to(tl.float32)
     lo = tl.fma((byte & 15).to(tl.float32), sc, mn)                   # float32 with one rounding, as the
     hi = tl.fma((byte >> 4).to(tl.float32), sc, mn)                   # CPU's addcmul; exact for half mn/scale
-    lo = _round_as_addcmul(lo, MID, OUT)
-    hi = _round_as_addcmul(hi, MID, OUT)
+    lo = round_as_addcmul(lo, MID, OUT)
+    hi = round_as_addcmul(hi, MID, OUT)
     o = 2 * start + tl.arange(0, 2 * BLOCK)                           # output index within the row
     tl.store(out_ptr + row * out_row + o, tl.interleave(lo, hi), mask=o < 2 * M)
 
@@ -100,7 +100,7 @@ def affine_dequant_triton(data: torch.Tensor, mn: torch.Tensor, scale: torch.Ten
         with on_device:
             _affine_dequant_kernel[(rows * num_blocks,)](
                 data, mn, scale, dense, M, num_blocks, d_row, m_row, s_row, o_row,
-                HALF=half, MID=_TL_DTYPES[mn.dtype], OUT=_TL_DTYPES[out_dtype], BLOCK=_BLOCK)
+                HALF=half, MID=TL_DTYPES[mn.dtype], OUT=TL_DTYPES[out_dtype], BLOCK=_BLOCK)
     if view is None:
         return dense
     if dense is not view:

@@ -31,6 +31,7 @@ import torch
 
 from engine.models.attention import (chunked_decode_attention, cpu_decode_attention, decode_attention, dense_keys,
                                      prefill_attention, stored_rotation)
+from engine.models.quant_decode import quantized_decode_attention
 from engine.policy.working import DECODE_CHUNK_BYTES, decode_chunk_rows
 from engine.quant.config import QuantConfig
 from engine.quant.group import quantize, rotate_last
@@ -376,6 +377,10 @@ class KVHome:
             if isinstance(seg.k, QTensor):
                 rot = stored_rotation(seg.k, seg.v)
                 pk, pv = self._prefix_of(n, rot)
+                fused = quantized_decode_attention(qs, seg.k, seg.v, tp + 1, key_valid, scale, softcap, rot,
+                                                   None if pk is None else (pk, pv))
+                if fused is not None:
+                    return fused
                 return self._chunked_decode(                                     # [c, hs, t+1, hd|G] chunks
                     qs, lambda r0, r1: (dense_keys(seg.k[r0:r1], tp + 1, rot, pk),
                                         dense_keys(seg.v[r0:r1], tp + 1, rot, pv)),
@@ -388,10 +393,15 @@ class KVHome:
             # the new position quantized once, as the home will hold it: attended so (as a gpu home's own
             # decode does, so every placement gives the same tokens) and staged for `store` as it is
             ks, vs = quantize(ks, bk.config), quantize(vs, bv.config)
-            out = self._chunked_decode(                                          # [c, hs, t+1, hd|G] chunks
-                qs, lambda r0, r1: (dense_keys(bk[r0:r1], tp, rot, pk, ks[r0:r1]),
-                                    dense_keys(bv[r0:r1], tp, rot, pv, vs[r0:r1])),
-                key_valid, scale, softcap, rot)
+            bk[:, :, tp:tp + 1].copy_(ks)              # the loaded copy only: the home gets it on `store`
+            bv[:, :, tp:tp + 1].copy_(vs)
+            out = quantized_decode_attention(qs, bk, bv, tp + 1, key_valid, scale, softcap, rot,
+                                             None if pk is None else (pk, pv))
+            if out is None:
+                out = self._chunked_decode(                                          # [c, hs, t+1, hd|G] chunks
+                    qs, lambda r0, r1: (dense_keys(bk[r0:r1], tp + 1, rot, pk),
+                                        dense_keys(bv[r0:r1], tp + 1, rot, pv)),
+                    key_valid, scale, softcap, rot)
         else:
             _write(bk, ks, tp, None)
             _write(bv, vs, tp, None)

@@ -1,0 +1,150 @@
+"""The fused Triton kernel behind `engine.models.attention.quantized_decode_attention` on CUDA (imports Triton:
+load lazily).
+
+Decode attention of one new query per row over a 4-bit cache, read packed: one program per (row, query
+head) walks the row's keys in blocks of BLOCK_T positions, a shared dense prefix first (when there is one),
+then the 4-bit positions, with an online softmax in float32; each packed byte is unpacked and dequantized in
+registers exactly as `engine.quant.kernels.affine_dequant` writes it (`round_as_addcmul`), so the keys and
+values attended are the dense ones of the chunked path, bit for bit. No dense copy of the cache exists, and
+one launch covers every row: the chunked path launched about ten kernels per chunk of ~20 rows, which on
+OPT-30B at 192 rows made the compute thread, not the link, bound the decode step (stop 39's StepClock).
+
+Layouts (checked by the caller): q [b, nh, 1, D] and the prefix [1, nkv, L, D] with a contiguous last dim;
+the cache's data [b, nkv, S, NG, HALF] uint8 and mn/scale [b, nkv, S, NG, 1] with their two last dims
+contiguous; key_valid [b, L + T] as uint8. D is the logical width (head_dim, or the rotated basis' width)
+and NG * HALF * 2 >= D its stored width. The output [b, nh, 1, D] is contiguous in q's dtype.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.quant._dequant_triton import TL_DTYPES, round_as_addcmul
+
+_BLOCK_T = 32          # key positions per loop step
+
+
+@triton.jit
+def _tanh(x):
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _online(s, m, l, acc_e, acc_o, v_e, v_o):
+    """One block's scores s [BT] (-inf where masked) and values v_e/v_o [BT, W2] into the running max m,
+    sum l and accumulators acc_e/acc_o [W2]."""
+    m_new = tl.maximum(m, tl.max(s, axis=0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_safe)
+    p = tl.exp(s - m_safe)                                                    # [BT]
+    l = l * alpha + tl.sum(p, axis=0)
+    acc_e = acc_e * alpha + tl.sum(p[:, None] * v_e, axis=0)
+    acc_o = acc_o * alpha + tl.sum(p[:, None] * v_o, axis=0)
+    return m_new, l, acc_e, acc_o
+
+
+@triton.jit
+def _scores(s, valid, softcap, SOFTCAP: tl.constexpr):
+    if SOFTCAP:
+        s = _tanh(s / softcap) * softcap
+    return tl.where(valid, s, float("-inf"))
+
+
+@triton.jit
+def _quant_decode_kernel(q_ptr, kd_ptr, kmn_ptr, ksc_ptr, vd_ptr, vmn_ptr, vsc_ptr, pk_ptr, pv_ptr, valid_ptr,
+                         out_ptr, T, L, D, nh, g, scale, softcap,
+                         q_b, q_h, kd_b, kd_h, kd_t, km_b, km_h, km_t, vd_b, vd_h, vd_t, vm_b, vm_h, vm_t,
+                         pk_h, pk_t, pv_h, pv_t, valid_b, out_b, out_h,
+                         HALF: tl.constexpr, W2: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
+                         MID: tl.constexpr, OUT: tl.constexpr, SOFTCAP: tl.constexpr):
+    pid = tl.program_id(0)
+    row = (pid // nh).to(tl.int64)
+    head = pid % nh
+    kvh = (head // g).to(tl.int64)
+    c = tl.arange(0, BLOCK_W)                                                 # byte column: elements 2c, 2c+1
+    in_e = (2 * c < D) & (c < W2)
+    in_o = (2 * c + 1 < D) & (c < W2)
+    qrow = q_ptr + row * q_b + head.to(tl.int64) * q_h
+    q_e = tl.load(qrow + 2 * c, mask=in_e, other=0.0).to(tl.float32) * scale
+    q_o = tl.load(qrow + 2 * c + 1, mask=in_o, other=0.0).to(tl.float32) * scale
+    m = tl.max(tl.full([BLOCK_T], float("-inf"), tl.float32), axis=0)
+    l = tl.sum(tl.zeros([BLOCK_T], tl.float32), axis=0)
+    acc_e = tl.zeros([BLOCK_W], tl.float32)
+    acc_o = tl.zeros([BLOCK_W], tl.float32)
+    tt0 = tl.arange(0, BLOCK_T)
+    for t0 in range(0, L, BLOCK_T):                                           # the shared dense prefix
+        tt = t0 + tt0
+        live = tt < L
+        e_mask = live[:, None] & in_e[None, :]
+        o_mask = live[:, None] & in_o[None, :]
+        kp = pk_ptr + kvh * pk_h + tt[:, None].to(tl.int64) * pk_t
+        vp = pv_ptr + kvh * pv_h + tt[:, None].to(tl.int64) * pv_t
+        k_e = tl.load(kp + 2 * c[None, :], mask=e_mask, other=0.0).to(tl.float32)
+        k_o = tl.load(kp + 2 * c[None, :] + 1, mask=o_mask, other=0.0).to(tl.float32)
+        s = tl.sum(k_e * q_e[None, :] + k_o * q_o[None, :], axis=1)         # [BT]
+        valid = tl.load(valid_ptr + row * valid_b + tt, mask=live, other=0) != 0
+        s = _scores(s, valid & live, softcap, SOFTCAP)
+        v_e = tl.load(vp + 2 * c[None, :], mask=e_mask, other=0.0).to(tl.float32)
+        v_o = tl.load(vp + 2 * c[None, :] + 1, mask=o_mask, other=0.0).to(tl.float32)
+        m, l, acc_e, acc_o = _online(s, m, l, acc_e, acc_o, v_e, v_o)
+    grp = c // HALF
+    for t0 in range(0, T, BLOCK_T):                                           # the 4-bit positions
+        tt = t0 + tt0
+        live = tt < T
+        bmask = live[:, None] & (c < W2)[None, :]
+        t64 = tt[:, None].to(tl.int64)
+        byte = tl.load(kd_ptr + row * kd_b + kvh * kd_h + t64 * kd_t + c[None, :], mask=bmask, other=0)
+        mp = row * km_b + kvh * km_h + t64 * km_t + grp[None, :]
+        mn = tl.load(kmn_ptr + mp, mask=bmask, other=0.0).to(tl.float32)
+        sc = tl.load(ksc_ptr + mp, mask=bmask, other=0.0).to(tl.float32)
+        k_e = round_as_addcmul(tl.fma((byte & 15).to(tl.float32), sc, mn), MID, OUT).to(tl.float32)
+        k_o = round_as_addcmul(tl.fma((byte >> 4).to(tl.float32), sc, mn), MID, OUT).to(tl.float32)
+        s = tl.sum(k_e * q_e[None, :] + k_o * q_o[None, :], axis=1)         # [BT] (q is 0 past D)
+        valid = tl.load(valid_ptr + row * valid_b + L + tt, mask=live, other=0) != 0
+        s = _scores(s, valid & live, softcap, SOFTCAP)
+        byte = tl.load(vd_ptr + row * vd_b + kvh * vd_h + t64 * vd_t + c[None, :], mask=bmask, other=0)
+        mp = row * vm_b + kvh * vm_h + t64 * vm_t + grp[None, :]
+        mn = tl.load(vmn_ptr + mp, mask=bmask, other=0.0).to(tl.float32)
+        sc = tl.load(vsc_ptr + mp, mask=bmask, other=0.0).to(tl.float32)
+        v_e = round_as_addcmul(tl.fma((byte & 15).to(tl.float32), sc, mn), MID, OUT).to(tl.float32)
+        v_o = round_as_addcmul(tl.fma((byte >> 4).to(tl.float32), sc, mn), MID, OUT).to(tl.float32)
+        m, l, acc_e, acc_o = _online(s, m, l, acc_e, acc_o, v_e, v_o)
+    inv = tl.where(l > 0, 1.0 / l, 0.0)                                       # no valid key: zeros, not NaN
+    orow = out_ptr + row * out_b + head.to(tl.int64) * out_h
+    tl.store(orow + 2 * c, (acc_e * inv).to(OUT), mask=in_e)
+    tl.store(orow + 2 * c + 1, (acc_o * inv).to(OUT), mask=in_o)
+
+
+def quant_decode_triton(q: torch.Tensor, k_parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                        v_parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], t: int, width: int,
+                        key_valid: torch.Tensor, scale: float, softcap: float | None,
+                        prefix: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """One launch on the current CUDA stream (asynchronous): q [b, nh, 1, width] over the prefix's L keys then
+    positions [0, t) of k/v (data, mn, scale) -> [b, nh, 1, width]. Layouts as the module doc says."""
+    b, nh = q.shape[0], q.shape[1]
+    kd, kmn, ksc = k_parts
+    vd, vmn, vsc = v_parts
+    nkv, half = kd.shape[1], kd.shape[-1]
+    w2 = kd.shape[-2] * half
+    out = torch.empty((b, nh, 1, width), dtype=q.dtype, device=q.device)     # [b, nh, 1, D]
+    if prefix is None:
+        pk = pv = q                                                           # never read (L = 0)
+        L, pk_s, pv_s = 0, (0, 0), (0, 0)
+    else:
+        pk, pv = prefix
+        L, pk_s, pv_s = pk.shape[2], (pk.stride(1), pk.stride(2)), (pv.stride(1), pv.stride(2))
+    valid = key_valid.view(torch.uint8)
+    on_device = torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext()     # cpu: interpreter
+    with on_device:
+        _quant_decode_kernel[(b * nh,)](
+            q, kd, kmn, ksc, vd, vmn, vsc, pk, pv, valid, out, t, L, width, nh, nh // nkv, scale,
+            1.0 if softcap is None else float(softcap),
+            q.stride(0), q.stride(1), kd.stride(0), kd.stride(1), kd.stride(2), kmn.stride(0), kmn.stride(1),
+            kmn.stride(2), vd.stride(0), vd.stride(1), vd.stride(2), vmn.stride(0), vmn.stride(1), vmn.stride(2),
+            *pk_s, *pv_s, valid.stride(0), out.stride(0), out.stride(1),
+            HALF=half, W2=w2, BLOCK_W=triton.next_power_of_2(w2), BLOCK_T=_BLOCK_T,
+            MID=TL_DTYPES[kmn.dtype], OUT=TL_DTYPES[q.dtype], SOFTCAP=softcap is not None)
+    return out

@@ -1,0 +1,125 @@
+"""`quantized_decode_attention`: decode attention read straight from a 4-bit cache, one fused kernel on CUDA.
+
+The chunked path (`engine.models.attention.chunked_decode_attention`) dequantizes a chunk of rows' keys and
+values into a dense buffer and runs SDPA on it: about ten launches per chunk, and chunks of ~20 rows at
+256 MiB. On the H200 with OPT-30B at 192 rows (4-bit cache, 84% of it loaded from the host every step) that
+was about 1 s of the compute thread's time per decode step, more than the step's 0.93 s transfer floor, so
+the device waited for the host (stop 39's StepClock: `lead_s` ~0 in the slow steps). The fused kernel
+(`engine.models._quant_decode_triton`) reads the packed cache, dequantizes in registers exactly as
+`affine_dequant` does, and runs an online softmax over the shared prefix and the 4-bit positions: one
+launch for every row and head, no dense copy of the cache.
+
+Values: the keys and values are the chunked path's bit for bit; the softmax and the weighted sum run in
+float32 in another order than SDPA's, so outputs differ from it within float rounding. Every device-side
+4-bit segment takes this kernel where it applies, so the placements of one cache agree with each other.
+
+`quantized_decode_attention` returns None where the kernel does not apply (not CUDA, Triton absent or its
+first-use check failed, a dtype or layout it does not take); the caller then takes the chunked path.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from engine.models.attention import chunked_decode_attention, dense_keys
+from engine.quant.config import QuantConfig
+from engine.quant.group import quantize, rotate_last, unrotate_last
+from engine.quant.qtensor import QTensor
+from engine.util.kernel_check import first_use_check
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _parts(x: QTensor, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(data, mn, scale) of positions [0, t) of a [b, h, S, d] QTensor in the kernel's layout, else None."""
+    data, mn, scale = (p[:, :, :t] for p in x.parts())
+    half = data.shape[-1]
+    if data.stride(-1) != 1 or data.stride(-2) != half or mn.stride() != scale.stride() or mn.stride(-2) != 1:
+        return None
+    return data, mn, scale
+
+
+def _applies(q: torch.Tensor, k: QTensor, v: QTensor, prefix: tuple[torch.Tensor, torch.Tensor] | None) -> bool:
+    if not (q.is_cuda and q.dtype in _DTYPES and k.dtype == v.dtype == q.dtype and k.device == q.device):
+        return False
+    if len(k.shape) != 4 or k.config != v.config or q.stride(-1) != 1:
+        return False
+    if prefix is not None and any(p.stride(-1) != 1 or p.dtype != q.dtype for p in prefix):
+        return False
+    return _triton_ready(q.get_device())
+
+
+def quantized_decode_attention(q: torch.Tensor, k: QTensor, v: QTensor, t: int, key_valid: torch.Tensor,
+                               scale: float, softcap: float | None = None, rotation: QuantConfig | None = None,
+                               prefix: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
+    """Decode attention of q [b, nh, 1, hd] over a shared dense `prefix` (k, v [1, nkv, L, w], in `rotation`'s
+    stored basis when given) then positions [0, t) of the 4-bit k/v [b, nkv, S, hd] (the new token's already
+    written), key_valid [b, L + t] bool -> [b, nh, 1, hd]; None where the fused kernel does not apply.
+    `rotation` (`attention.stored_rotation(k, v)`): attend in the rotated basis the cache is stored in, q
+    rotated once and the output un-rotated once; a rotated cache without it (keys to be un-rotated row by
+    row) is not the kernel's."""
+    if (k.config.rotate and rotation != k.config) or not _applies(q, k, v, prefix):
+        return None
+    kp, vp = _parts(k, t), _parts(v, t)
+    if kp is None or vp is None:
+        return None
+    from engine.models import _quant_decode_triton    # optional dependency: Triton, imported on CUDA only
+
+    hd = q.shape[-1]
+    qb = rotate_last(q, rotation) if rotation is not None else q                 # [b, nh, 1, hd|G]
+    qb = qb if qb.stride(-1) == 1 else qb.contiguous()
+    out = _quant_decode_triton.quant_decode_triton(qb, kp, vp, t, qb.shape[-1], key_valid.contiguous(), scale,
+                                                   softcap, prefix)               # [b, nh, 1, hd|G]
+    return out if rotation is None else unrotate_last(out, rotation, hd)       # [b, nh, 1, hd]
+
+
+def _reference(q: torch.Tensor, k: QTensor, v: QTensor, t: int, key_valid: torch.Tensor, scale: float,
+               softcap: float | None, prefix: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The chunked path's answer (one chunk), for the first-use check."""
+    rotation = k.config if k.config.rotate else None
+    pk, pv = prefix if prefix is not None else (None, None)
+    return chunked_decode_attention(q, lambda r0, r1: (dense_keys(k[r0:r1], t, rotation, pk),
+                                                       dense_keys(v[r0:r1], t, rotation, pv)),
+                                    key_valid, scale, q.shape[0], softcap, rotation)
+
+
+def self_check(device: torch.device) -> bool:
+    """The kernel against the chunked path on small inputs on `device` (grouped-query heads, a prefix, a
+    masked key, soft-capping, a rotated cache, fp16 and fp32); raises RuntimeError naming the case on a
+    mismatch (compiles the kernel; synchronizes)."""
+    from engine.models import _quant_decode_triton    # optional dependency: Triton (absent: chunked path)
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for dtype, rotate, softcap, with_prefix in ((torch.float16, False, None, True), (torch.float32, True, 30.0, False),
+                                                (torch.bfloat16, True, None, False)):
+        cfg = QuantConfig(group_size=32, rotate=rotate)
+        b, nkv, g, S, hd, t, L = 3, 2, 2, 40, 48, 37, 5
+        q = torch.randn(b, nkv * g, 1, hd, generator=gen).to(device, dtype)
+        k = quantize(torch.randn(b, nkv, S, hd, generator=gen).to(device, dtype), cfg)
+        v = quantize(torch.randn(b, nkv, S, hd, generator=gen).to(device, dtype), cfg)
+        prefix = None
+        if with_prefix:
+            prefix = tuple(torch.randn(1, nkv, L, hd, generator=gen).to(device, dtype) for _ in range(2))
+        valid = torch.ones(b, (L if with_prefix else 0) + t, dtype=torch.bool, device=device)
+        valid[1, :3] = False
+        rotation = cfg if rotate else None
+        qb = rotate_last(q, rotation) if rotation else q
+        got = _quant_decode_triton.quant_decode_triton(qb, _parts(k, t), _parts(v, t), t, qb.shape[-1], valid,
+                                                       hd ** -0.5, softcap, prefix)
+        got = unrotate_last(got, rotation, hd) if rotation else got
+        want = _reference(q, k, v, t, valid, hd ** -0.5, softcap, prefix)
+        tol = {torch.float16: 2e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5}[dtype]     # about one ulp of 1
+        if not torch.allclose(got.float(), want.float(), rtol=tol, atol=tol):
+            err = (got.float() - want.float()).abs().max().item()
+            raise RuntimeError(f"the fused 4-bit decode kernel differs from the chunked path for {dtype}, "
+                               f"rotate={rotate}, softcap={softcap}, prefix={with_prefix}: max error {err:.3g}")
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_ready(device_index: int) -> bool:
+    """True when Triton imports and the kernel matches the chunked path on cuda:device_index (checked once
+    per device; synchronizes that once). Otherwise warns once (a failed check) and the chunked path is used."""
+    return first_use_check("quantized_decode_attention", f"cuda:{device_index}",
+                           lambda: self_check(torch.device("cuda", device_index)))

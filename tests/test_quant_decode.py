@@ -1,0 +1,111 @@
+"""The fused 4-bit decode attention (`engine.models.quant_decode`): the chunked path's answer within float
+rounding, in Triton's CPU interpreter (where Triton is installed), compiled for sm_90 without a GPU, and on
+CUDA; elsewhere the dispatcher declines (None) and the chunked path runs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import requires_cuda
+from engine.models.quant_decode import _reference, _triton_ready, quantized_decode_attention
+from engine.quant.config import QuantConfig
+from engine.quant.group import quantize
+from triton_helpers import assert_self_check_passes, compile_for_sm90, run_interpreted
+
+_INTERPRETED = """
+import torch
+from engine.models import _quant_decode_triton as T
+from engine.models.quant_decode import _parts, _reference, self_check
+from engine.quant.config import QuantConfig
+from engine.quant.group import quantize, rotate_last, unrotate_last
+
+assert self_check(torch.device("cpu"))
+gen = torch.Generator().manual_seed(1)
+cases = ((torch.float16, False, None, 0, 1, 128, 64), (torch.float16, False, None, 7, 4, 128, 64),
+         (torch.float32, False, 50.0, 3, 2, 96, 64), (torch.bfloat16, True, None, 0, 1, 64, 64))
+for dtype, rot, cap, L, g, hd, gs in cases:          # MHA, GQA + prefix, padded groups + softcap, rotated
+    cfg = QuantConfig(group_size=gs, rotate=rot)
+    b, nkv, S, t = 4, 3, 100, 70
+    width = (hd + gs - 1) // gs * gs if rot else hd
+    q = torch.randn(b, nkv * g, 1, hd, generator=gen).to(dtype)
+    k = quantize(torch.randn(b, nkv, S, hd, generator=gen).to(dtype) * 3, cfg)
+    v = quantize(torch.randn(b, nkv, S, hd, generator=gen).to(dtype), cfg)
+    prefix = tuple(torch.randn(1, nkv, L, width, generator=gen).to(dtype) for _ in range(2)) if L else None
+    valid = torch.rand(b, L + t, generator=gen) > 0.3
+    valid[:, -1] = True
+    valid[2] = False                                   # a row without a valid key gives zeros, not NaN
+    qb = rotate_last(q, cfg) if rot else q
+    got = T.quant_decode_triton(qb, _parts(k, t), _parts(v, t), t, width, valid, hd ** -0.5, cap, prefix)
+    got = unrotate_last(got, cfg, hd) if rot else got
+    assert torch.equal(got[2], torch.zeros_like(got[2])), dtype
+    keep = [0, 1, 3]
+    want = _reference(q[keep], k[keep], v[keep], t, valid[keep], hd ** -0.5, cap, prefix)
+    ulp = {torch.float16: 2e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5}[dtype]
+    err = (got[keep].float() - want.float()).abs().max().item()
+    assert err <= ulp * want.float().abs().max().item(), (dtype, rot, cap, L, g, hd, err)
+"""
+
+
+def test_kernel_in_interpreter():
+    pytest.importorskip("triton")
+    run_interpreted(_INTERPRETED)
+
+
+@pytest.mark.parametrize("dt", ["*fp16", "*bf16", "*fp32"])
+def test_kernel_compiles_for_sm90(dt):
+    pytest.importorskip("triton")
+    import triton.language as tl    # optional dependency: Triton
+
+    from engine.models._quant_decode_triton import _quant_decode_kernel
+
+    out = {"*fp16": tl.float16, "*bf16": tl.bfloat16, "*fp32": tl.float32}[dt]
+    mid = tl.float32 if dt == "*fp32" else tl.float16
+    sc = "*fp32" if dt == "*fp32" else "*fp16"
+    ints = ("T", "L", "D", "nh", "g", "q_b", "q_h", "kd_b", "kd_h", "kd_t", "km_b", "km_h", "km_t", "vd_b", "vd_h",
+            "vd_t", "vm_b", "vm_h", "vm_t", "pk_h", "pk_t", "pv_h", "pv_t", "valid_b", "out_b", "out_h")
+    sig = {"q_ptr": dt, "kd_ptr": "*u8", "kmn_ptr": sc, "ksc_ptr": sc, "vd_ptr": "*u8", "vmn_ptr": sc,
+           "vsc_ptr": sc, "pk_ptr": dt, "pv_ptr": dt, "valid_ptr": "*u8", "out_ptr": dt,
+           **{k: "i64" for k in ints}, "scale": "fp32", "softcap": "fp32",
+           **{k: "constexpr" for k in ("HALF", "W2", "BLOCK_W", "BLOCK_T", "MID", "OUT", "SOFTCAP")}}
+    for softcap in (False, True):
+        ptx = compile_for_sm90(_quant_decode_kernel, sig, {"HALF": 32, "W2": 64, "BLOCK_W": 64, "BLOCK_T": 32,
+                                                           "MID": mid, "OUT": out, "SOFTCAP": softcap})
+        assert "ex2.approx" in ptx                                        # the online softmax's exp
+
+
+def test_declines_off_cuda():
+    cfg = QuantConfig(group_size=32)
+    k = quantize(torch.randn(2, 2, 8, 32), cfg)
+    got = quantized_decode_attention(torch.randn(2, 2, 1, 32), k, k, 5, torch.ones(2, 5, dtype=torch.bool), 0.2)
+    assert got is None
+
+
+@requires_cuda
+def test_a_rotated_cache_without_its_rotation_is_declined():
+    cfg = QuantConfig(group_size=32, rotate=True)
+    k = quantize(torch.randn(2, 2, 8, 32, device="cuda"), cfg)
+    q, valid = torch.randn(2, 2, 1, 32, device="cuda"), torch.ones(2, 5, dtype=torch.bool, device="cuda")
+    assert quantized_decode_attention(q, k, k, 5, valid, 0.2) is None
+    assert quantized_decode_attention(q, k, k, 5, valid, 0.2, rotation=cfg) is not None
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype, rotate, g, L", [(torch.float16, False, 1, 0), (torch.float16, False, 4, 9),
+                                                 (torch.bfloat16, True, 2, 0), (torch.float32, False, 8, 3)])
+def test_cuda_matches_the_chunked_path(dtype, rotate, g, L):
+    assert_self_check_passes(_triton_ready)
+    gen = torch.Generator().manual_seed(3)
+    cfg = QuantConfig(group_size=64, rotate=rotate)
+    b, nkv, S, t, hd = 48, 4, 600, 555, 128
+    dev = torch.device("cuda")
+    q = torch.randn(b, nkv * g, 1, hd, generator=gen).to(dev, dtype)
+    k = quantize(torch.randn(b, nkv, S, hd, generator=gen).to(dev, dtype), cfg)
+    v = quantize(torch.randn(b, nkv, S, hd, generator=gen).to(dev, dtype), cfg)
+    prefix = tuple(torch.randn(1, nkv, L, hd, generator=gen).to(dev, dtype) for _ in range(2)) if L else None
+    valid = (torch.rand(b, L + t, generator=gen) > 0.2).to(dev)
+    valid[:, -1] = True
+    got = quantized_decode_attention(q, k, v, t, valid, hd ** -0.5, None, cfg if rotate else None, prefix)
+    want = _reference(q, k, v, t, valid, hd ** -0.5, None, prefix)
+    ulp = {torch.float16: 2e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5}[dtype]
+    assert got is not None and got.shape == want.shape
+    assert (got.float() - want.float()).abs().max().item() <= ulp * want.float().abs().max().item()
