@@ -12,7 +12,8 @@ runtime's `KVHome` (engine.runtime.kv_cache) only decides *where* the cache segm
 `engine.runtime.prefill_chunks`) with its KV home and GPU batch (the `CacheAttention` and
 `AttentionBatch` protocols below). The 4-bit cache is dequantized with `engine.quant` (pure maths); a rotated
 4-bit cache (`QuantConfig.rotate`) only to its stored, rotated basis: decode attends there with a rotated
-query and un-rotates the output once (`chunked_decode_attention`), never a cache row.
+query and un-rotates the output once (`chunked_decode_attention`), never a cache row. On CUDA a 4-bit cache
+is read packed by one fused kernel instead (`engine.models.quant_decode`, which falls back to these cores).
 
 Decode uses grouped-query attention without repeating K/V: the g query heads of each kv head are laid out
 as g "positions" of one query block (they all sit at the same position, so no causal mask is needed).

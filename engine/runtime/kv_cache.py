@@ -15,10 +15,12 @@ policy's cache fractions (`split_ranges`); each segment's keys/values live on on
     the new positions back to the home after compute.
 Stores never block the compute thread: the new positions go to a pinned staging buffer (the home's slice is
 strided; one buffer per prefill row chunk, `KVHome.rows`) and a worker thread copies them into the home
-(`Transfers.submit_host`). Decode over a 4-bit segment on the device dequantizes it in chunks of rows
-(`engine.policy.working.decode_chunk_rows`), so its dense keys/values never span the whole batch; a rotated
-4-bit segment is dequantized to its rotated basis only and attended there (`chunked_decode_attention`, the
-new dense k/v rotated to join it), never un-rotated row by row. A home waits for its own
+(`Transfers.submit_host`). Decode over a 4-bit segment on the device reads it packed in one fused kernel
+(`engine.models.quant_decode`: CUDA with Triton; a loaded segment's device copy gets the new position
+first), else dequantizes it in chunks of rows (`engine.policy.working.decode_chunk_rows`), so its dense
+keys/values never span the whole batch; a rotated 4-bit segment is attended in its rotated basis either
+way (`chunked_decode_attention`, the new k/v quantized into it), never un-rotated row by row. The memory
+model still counts the chunked path's dense chunk, which the fused kernel does not allocate. A home waits for its own
 stores before it is read or compacted (`settle`); a staging buffer waits for its previous store before it
 is reused (`StagingClaims`).
 On a machine without a GPU the cpu tier is the compute memory, so "loading" a dense cpu home is aliasing.
