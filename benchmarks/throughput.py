@@ -24,11 +24,11 @@ prefill, its own or the next block's run ahead), roofline (the policy's floors, 
 (floor time / measured time), peak_device_gib (torch's max allocated; None on a CPU), device, commit,
 command, num_layers (--layers cuts the preset), prefill_chunk_tokens, init_s and init_breakdown_s
 (`WeightHomes.place_s`: placement's read / quantize / homes seconds), with --clock `step_clock` (per block, each
-step as `engine.runtime.step_clock` saw it: host->device and device->host busy, compute, host gaps and waits),
-step_s (per block, each step's wall
-seconds: the prefill, then every decode step), block_s (each measured block's wall seconds, from the start of
-the run or the previous block's end to its end), plan_rows (--plan-rows: the job "auto" planned for, when it is
-not the rows run); with --profile also `profile`
+step as `engine.runtime.step_clock` saw it: host->device and device->host busy, compute, host gaps and waits,
+the compute thread's time per action verb and how far the device runs behind it, collector time, allocator
+retries), step_s (per block, each step's wall seconds: the prefill, then every decode step), block_s (each
+measured block's wall seconds, from the start of the run or the previous block's end to its end), plan_rows
+(--plan-rows: the job "auto" planned for, when it is not the rows run); with --profile also `profile`
 (`engine.runtime.step_profile`: per layer, prefill and decode); with --trace also `trace`
 (`bench_common.trace_summary`: torch.profiler's kernel and copy seconds against the wall, syncs, top ops) and
 `timeline` (`timeline.timeline_summary`: prefill and decode apart, each stream's busy time, the compute stream's
