@@ -19,6 +19,7 @@ from engine.runtime.kv_cache import DecodeJoin, KVHome, StagingClaims
 from engine.runtime.selector import TokenSelector
 from engine.runtime.transfers import Pending
 
+Block = tuple[list[list[int]], list[int], TokenSelector]     # (prompts, max_new_tokens, select) of one block
 
 
 class AttentionInFlight(NamedTuple):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-import logging
 from typing import Callable, Iterable, Iterator
 
 import torch
@@ -26,14 +25,15 @@ from engine.policy.policy import Policy
 from engine.policy.prefix import MIN_SHARED_PREFIX, prefix_held_once
 from engine.policy.weight_slots import WeightSlots, held_whole
 from engine.policy.working import (
-    DECODE_CHUNK_BYTES, PREFILL_CHUNK_TOKENS, row_chunks, rows_per_pass, staged_kv_heads, working_bytes,
+    DECODE_CHUNK_BYTES, PREFILL_CHUNK_TOKENS, row_chunks, staged_kv_heads, working_bytes,
 )
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT, QuantConfig
 from engine.runtime.act_homes import ActHomes
-from engine.runtime.ahead import AheadPrefill, PrefixKV
+from engine.runtime.ahead import AheadPrefill
 from engine.runtime.arena import Arena
 from engine.runtime.batch import GpuBatch
-from engine.runtime.block_state import AttentionInFlight, BlockState, StepResult
+from engine.runtime.block_state import AttentionInFlight, Block, BlockState, StepResult
+from engine.runtime.executor_ahead import AheadDriver
 from engine.runtime.host_attention import HostAttention
 from engine.runtime.kv_cache import BufferReleases, KVHome
 from engine.runtime.moe_schedule import moe_block_schedule
@@ -43,10 +43,7 @@ from engine.runtime.selector import TokenSelector
 from engine.runtime.step_profile import StepProfile
 from engine.runtime.transfers import Transfers
 from engine.runtime.weight_homes import WeightHomes
-from engine.storage.tiers import BudgetExceeded, MemoryBudget, Tier
-
-log = logging.getLogger(__name__)
-Block = tuple[list[list[int]], list[int], TokenSelector]     # (prompts, max_new_tokens, select) of one block
+from engine.storage.tiers import MemoryBudget, Tier
 
 # schedule verb -> method name (looked up per action: a dict of bound methods would make the executor a
 # reference cycle, so its device tensors would outlive `close()` until the cyclic GC happened to run)
@@ -55,7 +52,7 @@ _VERBS = {verb: f"_{verb}" for verb in
            "join_attention")}
 
 
-class Executor:
+class Executor(AheadDriver):
     """Runs blocks for one loaded model under one policy. Not thread-safe; `close()` frees everything.
 
     `on_action(action)` (optional hook) is called before each schedule action; `stats` holds the last
@@ -66,10 +63,12 @@ class Executor:
     without synchronizing inside the step (`step_clock`). `quant_config`
     is the weights' compression when the policy compresses weights, `cache_quant_config` the KV cache's when
     it compresses the cache (defaults in engine.quant.config). A prefill runs each layer over row chunks of
-    about `prefill_chunk_tokens` tokens, and decode dequantizes a compressed device cache
-    `decode_chunk_bytes` at a time (`engine.policy.working`; the defaults are what the memory model assumes).
+    about `prefill_chunk_tokens` tokens, and decode over a compressed device cache runs the fused kernel
+    (`engine.models.quant_decode`) or, where it does not apply, dequantizes `decode_chunk_bytes` at a time
+    (`engine.policy.working`; the defaults are what the memory model assumes).
     `stage` (optional, `engine.policy.partition.Stage`): run only that pipeline stage's layers (its weights are
-    the only ones placed); `engine.runtime.stage_executor` drives such an executor step by step."""
+    the only ones placed); `engine.runtime.stage_executor` drives such an executor step by step. The ahead
+    prefill's methods are `AheadDriver`'s (`engine.runtime.executor_ahead`)."""
 
     def __init__(self, loaded, policy: Policy, *, device: torch.device, dtype: torch.dtype,
                  gpu_memory: int | None = None, cpu_memory: int | None = None, disk_dir: Path | None = None,
@@ -189,79 +188,6 @@ class Executor:
             self._drop_block_state()
         return self._switch()
 
-    def _start_ahead(self, nxt: Block, decode_steps: int) -> AheadPrefill | None:
-        """Block `nxt`'s ahead prefill over `decode_steps` passes, or None where it cannot run ahead (the
-        policy says not to, a pipeline stage, or the budgets cannot hold it)."""
-        if not self.policy.prefill_ahead or self.stage is not None:
-            return None
-        prompts, max_new_tokens, select = nxt
-        batches = self._batches(prompts, max_new_tokens)
-        reserve_positions(self.family, max(b.length for b in batches), self.device, self.dtype)
-        per_pass = rows_per_pass(len(prompts), decode_steps)
-        tag = "kvx" if self._host_tag == "kv" else "kv"
-        work = self._ahead_bytes(batches, per_pass)
-        try:
-            self.budget.reserve(Tier.GPU, work, "working memory of the ahead prefill")
-            self._ahead_work = work
-            state = self._block_state(batches, select, host=tag, park=True)
-            prefixes = self._ahead_prefixes(state)
-        except BudgetExceeded as err:
-            self._drop_ahead()
-            log.info("the next block runs its own prefill: %s", err)
-            return None
-        self._next_tag = tag
-        return AheadPrefill(state, per_pass, self.prefill_chunk_tokens, prefixes)
-
-    def _ahead_prefixes(self, state: BlockState) -> PrefixKV:
-        """The shared prefixes' keys/values [1, nkv, L, hd] for an ahead prefill, per (attention layer j, GPU
-        batch k with a prefix): device buffers `kvpark.{j}.{k}.prefix`, the very ones a parked home that holds
-        its prefix once uses (`KVHome(park_key=...)`); a home that holds the prefix in every row leaves them to
-        the passes alone."""
-        c, out = self.config, {}
-        for j, k in state.kv:
-            L = state.batches[k].prefix_len
-            if L:
-                shape = (1, c.num_key_value_heads, L, c.head_dim)
-                out[(j, k)] = (self.arena.get(f"kvpark.{j}.{k}.prefix.k", Tier.GPU, shape, self.dtype),
-                               self.arena.get(f"kvpark.{j}.{k}.prefix.v", Tier.GPU, shape, self.dtype))
-        return out
-
-    def _ahead_bytes(self, batches: list[GpuBatch], per_pass: int) -> int:
-        """Device working memory of one ahead pass (`per_pass` rows of the longest batch; every cache
-        segment's new keys/values staged for their store, the gpu share being parked)."""
-        c, cc = self.config, self.cquant is not None
-        staged = staged_kv_heads(c.num_key_value_heads, 0.0, 1.0, self.device.type, cc)
-        return max(working_bytes(c, min(per_pass, b.size), b.prompt_len, b.length, self.dtype, cc, staged,
-                                 self.prefill_chunk_tokens, self.decode_chunk_bytes, b.prefix_len) for b in batches)
-
-    def _switch(self) -> BlockState | None:
-        """After a block: the next block's state if its prefill ran ahead (its gpu cache moved to the device)."""
-        ahead, self.ahead = self.ahead, None
-        if ahead is None:
-            return None
-        with torch.inference_mode():
-            try:
-                state = ahead.finish()
-            finally:
-                self._release_ahead_work()
-        self._host_tag = self._next_tag
-        return state
-
-    def _drop_ahead(self) -> None:
-        """Abandon an ahead prefill (an error, or budgets that cannot hold it): its stores settled, its
-        reservation and parked/alternate host homes given back."""
-        ahead, self.ahead = self.ahead, None
-        if ahead is not None:
-            for kv in ahead.state.kv.values():
-                kv.settle()
-        self._release_ahead_work()
-        self.arena.drop(("kvpark.", "kvx." if self._host_tag == "kv" else "kv."), keep_tier=Tier.GPU)
-
-    def _release_ahead_work(self) -> None:
-        if self._ahead_work:
-            self.budget.release(Tier.GPU, self._ahead_work, "working memory of the ahead prefill")
-            self._ahead_work = 0
-
     def _batches(self, prompts: list[list[int]], max_new_tokens: list[int]) -> list[GpuBatch]:
         """The block's rows cut into GPU batches of policy.gpu_batch_size, in order."""
         gbs, c = self.policy.gpu_batch_size, self.config
@@ -324,25 +250,6 @@ class Executor:
                     clock.compute_end()
             if action.verb == "compute" and action.k == last_k and action.i > 0 and self.ahead is not None:
                 self._ahead_layer(action)
-
-    def _ahead_layer(self, a: Action) -> None:
-        """The ahead prefill's layer a.j on the weights block a.i loaded for it (after the block's last GPU
-        batch's compute of that layer, so the weights' buffers are still theirs)."""
-        if self.ahead.current is None and (a.j != 0 or not self.ahead.passes):
-            return
-        prof, clock = self.profiler, self.transfers.clock
-        if prof is not None:
-            prof.begin(a)
-        if clock is not None:
-            clock.compute_start("ahead")
-        w = self._weights_for(a.i, a.j)
-        self.ahead.layer(a.j, self.specs[a.j], w, self.config, self.family, self.transfers,
-                         last=a.j == len(self.specs) - 1)
-        if clock is not None:
-            clock.compute_end()
-        if prof is not None:
-            prof.lap("ahead")
-            prof.end()
 
     def _schedule(self, num_steps: int, K: int, first: int = 0):
         """The block's actions for steps [first, num_steps): the MoE schedule for MoE models (pages: the
