@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|wrangle|wrangle-ab|flexgen-ab|multigpu|multigpu-wrangle|multigpu-one]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one]
+# flexgen-pair (~4.5 min): OPT-30B ours (192x1 + ahead, --clock) and FlexGen in one call; moe-p512 (~8 min): Mixtral-8x7B
+# at prompt 512 / gen 128 / 16 GiB, auto and its ablation.
 # models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
 # wrangling workload on the qwen3-30b-a3b and qwen3-32b dummies (auto from the reference profile, no trials).
 # moe / moe-peers (not in all; moe ~9 min, moe-peers ~6): issue 17's MoE tests and Mixtral-8x7B runs / HF Accelerate on it;
@@ -28,13 +30,14 @@ what=${1:-all}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
 python3 -c 'import torch, platform; print(torch.__version__, torch.version.cuda, platform.python_version())' | tee -a "$OUT/machine.txt"
 if [[ $what == tests || $what == all ]]; then
-  { python3 -m pytest -q -p no:cacheprovider tests/test_gpu_runtime.py tests/test_gpu_prefix.py tests/test_dummy_source.py
+  { python3 -m pytest -q -p no:cacheprovider tests/test_gpu_runtime.py tests/test_gpu_prefix.py tests/test_dummy_source.py \
+      tests/test_step_clock.py tests/test_gpu_prefill_ahead.py
     python3 -m pytest -q -p no:cacheprovider tests/test_int4_runtime.py -k "cuda or gpu"
   } 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 fi
 if [[ $what == kernels || $what == all ]]; then
   { python3 -m pytest -q -p no:cacheprovider tests/test_quant_kernels.py tests/test_quant.py tests/test_policy_trial.py \
-      tests/test_quant_fused.py tests/test_elementwise_kernels.py
+      tests/test_quant_fused.py tests/test_elementwise_kernels.py tests/test_quant_decode.py
     python3 benchmarks/dequant_speed.py --repeat 50              # $OUT/dequant_speed_opt-6.7b.json
     python3 benchmarks/fused_kernels_speed.py --repeat 50        # $OUT/fused_kernels_speed_llama-3-70b-prefill.json
     python3 benchmarks/cpu_attention_speed.py                    # $OUT/cpu_attention_speed_opt-30b.json
@@ -149,6 +152,24 @@ if [[ $what == moe-pair ]]; then
     python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --system accelerate \
       --peer-rows 256 --peer-gen-len "${MOE_PEER_GEN:-4}" --out "$OUT/throughput_moe-accelerate.jsonl"
   } 2>&1 | tee "$OUT/moe_pair.log" | tail -10
+fi
+if [[ $what == flexgen-pair ]]; then
+  # issue 16's ratio in one call (stop 39 call 3, ~4.5 min): ours 192x1 + ahead with the step clock over
+  # FLEXGEN_ROWS (576 = 3 blocks) rows, then FlexGen 0.1.8's best-measured policy; one run id
+  export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-flexgen-pair-$(date -u +%Y%m%dT%H%M%SZ)}
+  pol='{"gpu_batch_size":192,"num_gpu_batches":1,"w_gpu":0.0,"w_cpu":1.0,"cache_gpu":0.161,"cache_cpu":0.839,"compress_weights":true,"compress_cache":true,"prefill_ahead":true}'
+  { python3 benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB --cpu-memory 110GiB \
+      --num-prompts "${FLEXGEN_ROWS:-576}" --policy "$pol" --clock --system llmops --out "$OUT/throughput_flexgen.jsonl"
+    python3 benchmarks/throughput.py --workload flexgen --model opt-30b --gpu-memory 16GiB --system flexgen \
+      --out "$OUT/throughput_flexgen.jsonl"
+  } 2>&1 | grep -v '^{' | tee "$OUT/flexgen_pair.log" | tail -12
+fi
+if [[ $what == moe-p512 ]]; then
+  # issue 17's missing cell (prompt 512, gen 128, 16 GiB; ~7-8 min): auto from the reference profile and its ablation
+  python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --prompt-len 512 --gen-len 128 \
+    --gpu-memory 16GiB --rows 512 --plan-profile reference --trials 0 --policy auto --system llmops \
+    --system llmops-no-pipeline --clock --out "$OUT/throughput_moe.jsonl" 2>&1 | grep -v '^{' \
+    | tee "$OUT/moe_p512.log" | tail -12
 fi
 if [[ $what == moe-peers ]]; then
   # Accelerate streams 93 GB of fp16 from pageable RAM: ~16 s per step at batch 256 (ENVIRONMENT.md), so a few steps
