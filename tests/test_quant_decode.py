@@ -67,8 +67,8 @@ def test_kernel_compiles_for_sm90(dt):
            "vsc_ptr": sc, "pk_ptr": dt, "pv_ptr": dt, "valid_ptr": "*u8", "out_ptr": dt,
            **{k: "i64" for k in ints}, "scale": "fp32", "softcap": "fp32",
            **{k: "constexpr" for k in ("HALF", "W2", "BLOCK_W", "BLOCK_T", "MID", "OUT", "SOFTCAP")}}
-    for softcap in (False, True):
-        ptx = compile_for_sm90(_quant_decode_kernel, sig, {"HALF": 32, "W2": 64, "BLOCK_W": 64, "BLOCK_T": 32,
+    for softcap, w2 in ((False, 64), (True, 64), (False, 32), (False, 128)):    # head_dim 128, 64, 256
+        ptx = compile_for_sm90(_quant_decode_kernel, sig, {"HALF": 32, "W2": w2, "BLOCK_W": w2, "BLOCK_T": 2048 // w2,
                                                            "MID": mid, "OUT": out, "SOFTCAP": softcap})
         assert "ex2.approx" in ptx                                        # the online softmax's exp
 

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from engine.quant._dequant_triton import TL_DTYPES, round_as_addcmul
 
-_BLOCK_T = 32          # key positions per loop step
+_TILE = 2048           # key positions x packed bytes per loop step (32 positions of a 128-wide head)
 
 
 @triton.jit
@@ -137,6 +137,7 @@ def quant_decode_triton(q: torch.Tensor, k_parts: tuple[torch.Tensor, torch.Tens
         pk, pv = prefix
         L, pk_s, pv_s = pk.shape[2], (pk.stride(1), pk.stride(2)), (pv.stride(1), pv.stride(2))
     valid = key_valid.view(torch.uint8)
+    block_w = triton.next_power_of_2(w2)
     on_device = torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext()     # cpu: interpreter
     with on_device:
         _quant_decode_kernel[(b * nh,)](
@@ -145,6 +146,6 @@ def quant_decode_triton(q: torch.Tensor, k_parts: tuple[torch.Tensor, torch.Tens
             q.stride(0), q.stride(1), kd.stride(0), kd.stride(1), kd.stride(2), kmn.stride(0), kmn.stride(1),
             kmn.stride(2), vd.stride(0), vd.stride(1), vd.stride(2), vmn.stride(0), vmn.stride(1), vmn.stride(2),
             *pk_s, *pv_s, valid.stride(0), out.stride(0), out.stride(1),
-            HALF=half, W2=w2, BLOCK_W=triton.next_power_of_2(w2), BLOCK_T=_BLOCK_T,
+            HALF=half, W2=w2, BLOCK_W=block_w, BLOCK_T=max(8, _TILE // block_w),
             MID=TL_DTYPES[kmn.dtype], OUT=TL_DTYPES[q.dtype], SOFTCAP=softcap is not None)
     return out
