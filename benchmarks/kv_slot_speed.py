@@ -31,7 +31,8 @@ import torch  # noqa: E402
 
 from engine.quant.config import CACHE_QUANT  # noqa: E402
 from engine.runtime.arena import Arena  # noqa: E402
-from engine.runtime.kv_cache import KVHome, StagingClaims  # noqa: E402
+from engine.runtime.kv_buffers import StagingClaims  # noqa: E402
+from engine.runtime.kv_cache import KVHome  # noqa: E402
 from engine.runtime.transfers import Transfers  # noqa: E402
 from engine.storage.tiers import MemoryBudget, Tier, stored_nbytes  # noqa: E402
 

@@ -226,7 +226,7 @@ class _Recorded:
 
 
 def test_staging_claims_wait_for_the_buffers_previous_store_only():
-    from engine.runtime.kv_cache import StagingClaims
+    from engine.runtime.kv_buffers import StagingClaims
 
     claims = StagingClaims()
     first, other = _Recorded(), _Recorded()

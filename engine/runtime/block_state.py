@@ -15,7 +15,8 @@ import torch
 
 from engine.runtime.act_homes import ActHomes
 from engine.runtime.batch import GpuBatch
-from engine.runtime.kv_cache import DecodeJoin, KVHome, StagingClaims
+from engine.runtime.kv_buffers import StagingClaims
+from engine.runtime.kv_cache import DecodeJoin, KVHome
 from engine.runtime.selector import TokenSelector
 from engine.runtime.transfers import Pending
 

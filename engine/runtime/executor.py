@@ -35,7 +35,8 @@ from engine.runtime.batch import GpuBatch
 from engine.runtime.block_state import AttentionInFlight, Block, BlockState, StepResult
 from engine.runtime.executor_ahead import AheadDriver
 from engine.runtime.host_attention import HostAttention
-from engine.runtime.kv_cache import BufferReleases, KVHome
+from engine.runtime.kv_buffers import BufferReleases
+from engine.runtime.kv_cache import KVHome
 from engine.runtime.moe_schedule import moe_block_schedule
 from engine.runtime.prefill_chunks import attention_prefill, mlp_prefill
 from engine.runtime.schedule import Action, block_schedule

@@ -22,7 +22,7 @@ keys/values never span the whole batch; a rotated 4-bit segment is attended in i
 way (`chunked_decode_attention`, the new k/v quantized into it), never un-rotated row by row. The memory
 model still counts the chunked path's dense chunk, which the fused kernel does not allocate. A home waits for its own
 stores before it is read or compacted (`settle`); a staging buffer waits for its previous store before it
-is reused (`StagingClaims`).
+is reused (`StagingClaims`, `engine.runtime.kv_buffers`).
 On a machine without a GPU the cpu tier is the compute memory, so "loading" a dense cpu home is aliasing.
 """
 from __future__ import annotations
@@ -40,6 +40,7 @@ from engine.quant.group import quantize, rotate_last
 from engine.quant.qtensor import QTensor
 from engine.runtime.arena import Arena
 from engine.runtime.host_attention import HostAttention, HostJob
+from engine.runtime.kv_buffers import BufferReleases, StagingClaims, address
 from engine.runtime.transfers import Pending, Transfers
 from engine.storage.copy import copy
 from engine.storage.placement import split_ranges
@@ -68,45 +69,6 @@ def _write(dst: Stored, src: torch.Tensor, t0: int, quant: QuantConfig | None, r
         dst[index].copy_(src if isinstance(src, QTensor) else quantize(src, quant))
     else:
         dst[index].copy_(src)
-
-
-class StagingClaims:
-    """Which store last used each (shared, slot-keyed) staging buffer: a new store waits for it first."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, Pending] = {}
-
-    def claim(self, key: str) -> None:
-        pending = self._last.pop(key, None)
-        if pending is not None:
-            pending.wait()
-
-    def record(self, key: str, pending: Pending) -> None:
-        self._last[key] = pending
-
-
-class BufferReleases:
-    """When each shared device cache buffer (`kvbuf{slot}.s{n}`) was last read: the event recorded after the
-    decode compute that read it, and the buffer's address. A load into the same allocation waits for that
-    event only, not for every compute issued before it (an ahead prefill's chunk, `engine.runtime.ahead`,
-    runs between a decode attention and the next cache load, and must not hold the link back)."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, tuple[torch.cuda.Event, int]] = {}
-
-    def record(self, key: str, ptr: int) -> None:
-        event = torch.cuda.Event()
-        event.record()
-        self._last[key] = (event, ptr)
-
-    def after(self, key: str, ptr: int) -> list[torch.cuda.Event] | None:
-        """The events a load into `key` at `ptr` waits for (None: everything issued, as for a new buffer)."""
-        held = self._last.get(key)
-        return [held[0]] if held is not None and held[1] == ptr else None
-
-
-def _address(x: Stored) -> int:
-    return (x.data if isinstance(x, QTensor) else x).data_ptr()
 
 
 class KVHome:
@@ -241,7 +203,7 @@ class KVHome:
                 relay = (self.arena.get(f"kvrelay{slot}.s{n}.k", Tier.CPU, shape, self.dtype, quant),
                          self.arena.get(f"kvrelay{slot}.s{n}.v", Tier.CPU, shape, self.dtype, quant))
 
-            after = None if self.releases is None else self.releases.after(f"kvbuf{slot}.s{n}", _address(bk))
+            after = None if self.releases is None else self.releases.after(f"kvbuf{slot}.s{n}", address(bk))
 
             def fn(stream, seg=seg, bk=bk, bv=bv, relay=relay, after=after):
                 e1 = copy(bk, seg.k, stream=stream, relay=relay[0] if relay else None, after=after)
@@ -411,7 +373,7 @@ class KVHome:
         if not self._aliased(seg):
             seg.staged.append((ks, vs, tp, 0))
         if self.releases is not None:
-            self.releases.record(f"kvbuf{seg.buf_slot}.s{n}", _address(bk))
+            self.releases.record(f"kvbuf{seg.buf_slot}.s{n}", address(bk))
         seg.buf = None
         return out
 
