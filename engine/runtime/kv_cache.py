@@ -20,9 +20,9 @@ strided; one buffer per prefill row chunk, `KVHome.rows`) and a worker thread co
 first), else dequantizes it in chunks of rows (`engine.policy.working.decode_chunk_rows`), so its dense
 keys/values never span the whole batch; a rotated 4-bit segment is attended in its rotated basis either
 way (`chunked_decode_attention`, the new k/v quantized into it), never un-rotated row by row. The memory
-model still counts the chunked path's dense chunk, which the fused kernel does not allocate. A home waits for its own
-stores before it is read or compacted (`settle`); a staging buffer waits for its previous store before it
-is reused (`StagingClaims`, `engine.runtime.kv_buffers`).
+model still counts the chunked path's dense chunk, which the fused kernel does not allocate. A home waits
+for its own stores before it is read or compacted (`settle`); a staging buffer waits for its previous store
+before it is reused (`StagingClaims`, `engine.runtime.kv_buffers`).
 On a machine without a GPU the cpu tier is the compute memory, so "loading" a dense cpu home is aliasing.
 """
 from __future__ import annotations
