@@ -7,9 +7,13 @@ import pytest
 import torch
 
 from conftest import requires_cuda
+from engine.models.loader import load_model
 from engine.models.quant_decode import _reference, _triton_ready, quantized_decode_attention
+from engine.policy.policy import Policy
 from engine.quant.config import QuantConfig
 from engine.quant.group import quantize
+from engine.runtime import kv_cache
+from test_executor import make_prompts, run_policy
 from triton_helpers import assert_self_check_passes, compile_for_sm90, run_interpreted
 
 _INTERPRETED = """
@@ -109,3 +113,28 @@ def test_cuda_matches_the_chunked_path(dtype, rotate, g, L):
     ulp = {torch.float16: 2e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5}[dtype]
     assert got is not None and got.shape == want.shape
     assert (got.float() - want.float()).abs().max().item() <= ulp * want.float().abs().max().item()
+
+
+@requires_cuda
+@pytest.mark.parametrize("kind", ["llama", "opt"])
+def test_cuda_executor_takes_the_kernel_for_every_device_segment(tiny_checkpoints, kind, monkeypatch):
+    """A 4-bit cache split between a gpu home and a loaded cpu home (shared prefix rows too): every decode
+    attention over it runs the fused kernel (none falls back to the chunked path), and the tokens are the
+    all-gpu cache's."""
+    calls: list[bool] = []
+
+    def spy(*args, **kwargs):
+        out = quantized_decode_attention(*args, **kwargs)
+        calls.append(out is not None)
+        return out
+    monkeypatch.setattr(kv_cache, "quantized_decode_attention", spy)
+    loaded = load_model(tiny_checkpoints[kind], dtype=torch.float16)
+    prefix = make_prompts(1, loaded.config.vocab_size, seed=5, lo=8, hi=9)[0]
+    prompts = [prefix + p for p in make_prompts(6, loaded.config.vocab_size, seed=6, lo=1, hi=9)]
+    max_new = [6, 3, 6, 5, 2, 6]
+    base = dict(gpu_batch_size=3, num_gpu_batches=2, compress_cache=True)
+    ref, _ = run_policy(loaded, Policy(**base), prompts, max_new, device="cuda", dtype=torch.float16)
+    got, _ = run_policy(loaded, Policy(**base, w_gpu=0.0, w_cpu=1.0, cache_gpu=0.5, cache_cpu=0.5), prompts,
+                        max_new, device="cuda", dtype=torch.float16)
+    assert calls and all(calls), calls
+    assert got == ref
