@@ -18,10 +18,9 @@ from triton_helpers import assert_self_check_passes, compile_for_sm90, run_inter
 
 _INTERPRETED = """
 import torch
-from engine.models import _quant_decode_triton as T
-from engine.models.quant_decode import _parts, _reference, self_check
+from engine.models.quant_decode import _parts, _reference, fused, self_check
 from engine.quant.config import QuantConfig
-from engine.quant.group import quantize, rotate_last, unrotate_last
+from engine.quant.group import quantize
 
 assert self_check(torch.device("cpu"))
 gen = torch.Generator().manual_seed(1)
@@ -38,9 +37,7 @@ for dtype, rot, cap, L, g, hd, gs in cases:          # MHA, GQA + prefix, padded
     valid = torch.rand(b, L + t, generator=gen) > 0.3
     valid[:, -1] = True
     valid[2] = False                                   # a row without a valid key gives zeros, not NaN
-    qb = rotate_last(q, cfg) if rot else q
-    got = T.quant_decode_triton(qb, _parts(k, t), _parts(v, t), t, width, valid, hd ** -0.5, cap, prefix)
-    got = unrotate_last(got, cfg, hd) if rot else got
+    got = fused(q, _parts(k, t), _parts(v, t), t, valid, hd ** -0.5, cap, cfg if rot else None, prefix)
     assert torch.equal(got[2], torch.zeros_like(got[2])), dtype
     keep = [0, 1, 3]
     want = _reference(q[keep], k[keep], v[keep], t, valid[keep], hd ** -0.5, cap, prefix)

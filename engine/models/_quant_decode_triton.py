@@ -6,7 +6,7 @@ head) walks the row's keys in blocks of BLOCK_T positions, a shared dense prefix
 then the 4-bit positions, with an online softmax in float32; each packed byte is unpacked and dequantized in
 registers exactly as `engine.quant.kernels.affine_dequant` writes it (`round_as_addcmul`), so the keys and
 values attended are the dense ones of the chunked path, bit for bit. No dense copy of the cache exists, and
-one launch covers every row: the chunked path launched about ten kernels per chunk of ~20 rows, which on
+one launch covers every row: the chunked path launched several kernels per chunk of ~20 rows, which on
 OPT-30B at 192 rows made the compute thread, not the link, bound the decode step (stop 39's StepClock).
 
 Layouts (checked by the caller): q [b, nh, 1, D] and the prefix [1, nkv, L, D] with a contiguous last dim;
@@ -54,6 +54,26 @@ def _scores(s, valid, softcap, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
+def _dense_pair(rows, c, e_mask, o_mask):
+    """Elements 2c and 2c+1 of dense rows (pointers [BT, 1]) -> two [BT, BLOCK_W] float32 tiles."""
+    even = tl.load(rows + 2 * c[None, :], mask=e_mask, other=0.0).to(tl.float32)
+    odd = tl.load(rows + 2 * c[None, :] + 1, mask=o_mask, other=0.0).to(tl.float32)
+    return even, odd
+
+
+@triton.jit
+def _q4_pair(data_ptr, mn_ptr, scale_ptr, d_off, m_off, c, grp, bmask, MID: tl.constexpr, OUT: tl.constexpr):
+    """Packed bytes c of 4-bit rows (offsets d_off / m_off [BT, 1] of data / mn and scale) dequantized as
+    `affine_dequant` writes them -> the low and high nibbles' [BT, BLOCK_W] float32 tiles."""
+    byte = tl.load(data_ptr + d_off + c[None, :], mask=bmask, other=0)
+    mn = tl.load(mn_ptr + m_off + grp[None, :], mask=bmask, other=0.0).to(tl.float32)
+    sc = tl.load(scale_ptr + m_off + grp[None, :], mask=bmask, other=0.0).to(tl.float32)
+    lo = round_as_addcmul(tl.fma((byte & 15).to(tl.float32), sc, mn), MID, OUT).to(tl.float32)
+    hi = round_as_addcmul(tl.fma((byte >> 4).to(tl.float32), sc, mn), MID, OUT).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
 def _quant_decode_kernel(q_ptr, kd_ptr, kmn_ptr, ksc_ptr, vd_ptr, vmn_ptr, vsc_ptr, pk_ptr, pv_ptr, valid_ptr,
                          out_ptr, T, L, D, nh, g, scale, softcap,
                          q_b, q_h, kd_b, kd_h, kd_t, km_b, km_h, km_t, vd_b, vd_h, vd_t, vm_b, vm_h, vm_t,
@@ -80,15 +100,12 @@ def _quant_decode_kernel(q_ptr, kd_ptr, kmn_ptr, ksc_ptr, vd_ptr, vmn_ptr, vsc_p
         live = tt < L
         e_mask = live[:, None] & in_e[None, :]
         o_mask = live[:, None] & in_o[None, :]
-        kp = pk_ptr + kvh * pk_h + tt[:, None].to(tl.int64) * pk_t
-        vp = pv_ptr + kvh * pv_h + tt[:, None].to(tl.int64) * pv_t
-        k_e = tl.load(kp + 2 * c[None, :], mask=e_mask, other=0.0).to(tl.float32)
-        k_o = tl.load(kp + 2 * c[None, :] + 1, mask=o_mask, other=0.0).to(tl.float32)
+        t64 = tt[:, None].to(tl.int64)
+        k_e, k_o = _dense_pair(pk_ptr + kvh * pk_h + t64 * pk_t, c, e_mask, o_mask)
         s = tl.sum(k_e * q_e[None, :] + k_o * q_o[None, :], axis=1)         # [BT]
         valid = tl.load(valid_ptr + row * valid_b + tt, mask=live, other=0) != 0
         s = _scores(s, valid & live, softcap, SOFTCAP)
-        v_e = tl.load(vp + 2 * c[None, :], mask=e_mask, other=0.0).to(tl.float32)
-        v_o = tl.load(vp + 2 * c[None, :] + 1, mask=o_mask, other=0.0).to(tl.float32)
+        v_e, v_o = _dense_pair(pv_ptr + kvh * pv_h + t64 * pv_t, c, e_mask, o_mask)
         m, l, acc_e, acc_o = _online(s, m, l, acc_e, acc_o, v_e, v_o)
     grp = c // HALF
     for t0 in range(0, T, BLOCK_T):                                           # the 4-bit positions
@@ -96,21 +113,13 @@ def _quant_decode_kernel(q_ptr, kd_ptr, kmn_ptr, ksc_ptr, vd_ptr, vmn_ptr, vsc_p
         live = tt < T
         bmask = live[:, None] & (c < W2)[None, :]
         t64 = tt[:, None].to(tl.int64)
-        byte = tl.load(kd_ptr + row * kd_b + kvh * kd_h + t64 * kd_t + c[None, :], mask=bmask, other=0)
-        mp = row * km_b + kvh * km_h + t64 * km_t + grp[None, :]
-        mn = tl.load(kmn_ptr + mp, mask=bmask, other=0.0).to(tl.float32)
-        sc = tl.load(ksc_ptr + mp, mask=bmask, other=0.0).to(tl.float32)
-        k_e = round_as_addcmul(tl.fma((byte & 15).to(tl.float32), sc, mn), MID, OUT).to(tl.float32)
-        k_o = round_as_addcmul(tl.fma((byte >> 4).to(tl.float32), sc, mn), MID, OUT).to(tl.float32)
+        k_e, k_o = _q4_pair(kd_ptr, kmn_ptr, ksc_ptr, row * kd_b + kvh * kd_h + t64 * kd_t,
+                            row * km_b + kvh * km_h + t64 * km_t, c, grp, bmask, MID, OUT)
         s = tl.sum(k_e * q_e[None, :] + k_o * q_o[None, :], axis=1)         # [BT] (q is 0 past D)
         valid = tl.load(valid_ptr + row * valid_b + L + tt, mask=live, other=0) != 0
         s = _scores(s, valid & live, softcap, SOFTCAP)
-        byte = tl.load(vd_ptr + row * vd_b + kvh * vd_h + t64 * vd_t + c[None, :], mask=bmask, other=0)
-        mp = row * vm_b + kvh * vm_h + t64 * vm_t + grp[None, :]
-        mn = tl.load(vmn_ptr + mp, mask=bmask, other=0.0).to(tl.float32)
-        sc = tl.load(vsc_ptr + mp, mask=bmask, other=0.0).to(tl.float32)
-        v_e = round_as_addcmul(tl.fma((byte & 15).to(tl.float32), sc, mn), MID, OUT).to(tl.float32)
-        v_o = round_as_addcmul(tl.fma((byte >> 4).to(tl.float32), sc, mn), MID, OUT).to(tl.float32)
+        v_e, v_o = _q4_pair(vd_ptr, vmn_ptr, vsc_ptr, row * vd_b + kvh * vd_h + t64 * vd_t,
+                            row * vm_b + kvh * vm_h + t64 * vm_t, c, grp, bmask, MID, OUT)
         m, l, acc_e, acc_o = _online(s, m, l, acc_e, acc_o, v_e, v_o)
     inv = tl.where(l > 0, 1.0 / l, 0.0)                                       # no valid key: zeros, not NaN
     orow = out_ptr + row * out_b + head.to(tl.int64) * out_h

@@ -1,7 +1,7 @@
 """`quantized_decode_attention`: decode attention read straight from a 4-bit cache, one fused kernel on CUDA.
 
 The chunked path (`engine.models.attention.chunked_decode_attention`) dequantizes a chunk of rows' keys and
-values into a dense buffer and runs SDPA on it: about ten launches per chunk, and chunks of ~20 rows at
+values into a dense buffer and runs SDPA on it: several launches per chunk, and chunks of ~20 rows at
 256 MiB. On the H200 with OPT-30B at 192 rows (4-bit cache, 84% of it loaded from the host every step) that
 was about 1 s of the compute thread's time per decode step, more than the step's 0.93 s transfer floor, so
 the device waited for the host (stop 39's StepClock: `lead_s` ~0 in the slow steps). The fused kernel
@@ -65,13 +65,22 @@ def quantized_decode_attention(q: torch.Tensor, k: QTensor, v: QTensor, t: int, 
     kp, vp = _parts(k, t), _parts(v, t)
     if kp is None or vp is None:
         return None
+    return fused(q, kp, vp, t, key_valid, scale, softcap, rotation, prefix)
+
+
+def fused(q: torch.Tensor, k_parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+          v_parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], t: int, key_valid: torch.Tensor, scale: float,
+          softcap: float | None, rotation: QuantConfig | None,
+          prefix: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The kernel's launch with no checks (`_parts` layouts; the first-use check and the interpreter tests call
+    it directly): q rotated into the stored basis and the output rotated back when `rotation` is given."""
     from engine.models import _quant_decode_triton    # optional dependency: Triton, imported on CUDA only
 
     hd = q.shape[-1]
     qb = rotate_last(q, rotation) if rotation is not None else q                 # [b, nh, 1, hd|G]
     qb = qb if qb.stride(-1) == 1 else qb.contiguous()
-    out = _quant_decode_triton.quant_decode_triton(qb, kp, vp, t, qb.shape[-1], key_valid.contiguous(), scale,
-                                                   softcap, prefix)               # [b, nh, 1, hd|G]
+    out = _quant_decode_triton.quant_decode_triton(qb, k_parts, v_parts, t, qb.shape[-1], key_valid.contiguous(),
+                                                   scale, softcap, prefix)        # [b, nh, 1, hd|G]
     return out if rotation is None else unrotate_last(out, rotation, hd)       # [b, nh, 1, hd]
 
 
@@ -89,8 +98,6 @@ def self_check(device: torch.device) -> bool:
     """The kernel against the chunked path on small inputs on `device` (grouped-query heads, a prefix, a
     masked key, soft-capping, a rotated cache, fp16 and fp32); raises RuntimeError naming the case on a
     mismatch (compiles the kernel; synchronizes)."""
-    from engine.models import _quant_decode_triton    # optional dependency: Triton (absent: chunked path)
-
     gen = torch.Generator(device="cpu").manual_seed(0)
     for dtype, rotate, softcap, with_prefix in ((torch.float16, False, None, True), (torch.float32, True, 30.0, False),
                                                 (torch.bfloat16, True, None, False)):
@@ -104,11 +111,7 @@ def self_check(device: torch.device) -> bool:
             prefix = tuple(torch.randn(1, nkv, L, hd, generator=gen).to(device, dtype) for _ in range(2))
         valid = torch.ones(b, (L if with_prefix else 0) + t, dtype=torch.bool, device=device)
         valid[1, :3] = False
-        rotation = cfg if rotate else None
-        qb = rotate_last(q, rotation) if rotation else q
-        got = _quant_decode_triton.quant_decode_triton(qb, _parts(k, t), _parts(v, t), t, qb.shape[-1], valid,
-                                                       hd ** -0.5, softcap, prefix)
-        got = unrotate_last(got, rotation, hd) if rotation else got
+        got = fused(q, _parts(k, t), _parts(v, t), t, valid, hd ** -0.5, softcap, cfg if rotate else None, prefix)
         want = _reference(q, k, v, t, valid, hd ** -0.5, softcap, prefix)
         tol = {torch.float16: 2e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5}[dtype]     # about one ulp of 1
         if not torch.allclose(got.float(), want.float(), rtol=tol, atol=tol):

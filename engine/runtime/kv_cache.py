@@ -357,8 +357,8 @@ class KVHome:
             # the new position quantized once, as the home will hold it: attended so (as a gpu home's own
             # decode does, so every placement gives the same tokens) and staged for `store` as it is
             ks, vs = quantize(ks, bk.config), quantize(vs, bv.config)
-            bk[:, :, tp:tp + 1].copy_(ks)              # the loaded copy only: the home gets it on `store`
-            bv[:, :, tp:tp + 1].copy_(vs)
+            _write(bk, ks, tp, None)                   # the loaded copy only: the home gets it on `store`
+            _write(bv, vs, tp, None)
             out = quantized_decode_attention(qs, bk, bv, tp + 1, key_valid, scale, softcap, rot,
                                              None if pk is None else (pk, pv))
             if out is None:

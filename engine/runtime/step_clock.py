@@ -77,9 +77,8 @@ class StepClock:
     def __init__(self) -> None:
         self.steps: list[dict] = []
         self._transfers: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
-        self._computes: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        self._computes: list[tuple[str, torch.cuda.Event, torch.cuda.Event, float]] = []   # kind, events, issued
         self._open: tuple[str, str, torch.cuda.Event, float] | None = None
-        self._issued: list[float] = []                       # host issue time of each `_computes` entry
         self._host: dict[str, float] = defaultdict(float)
         self._waits: dict[str, float] = defaultdict(float)
         self._counts = _allocator_counts()
@@ -110,8 +109,7 @@ class StepClock:
         """After the action `compute_start` opened."""
         if self._open is not None:
             kind, label, start, t0 = self._open
-            self._computes.append((kind, start, self._event()))
-            self._issued.append(t0)
+            self._computes.append((kind, start, self._event(), t0))
             self._host[label] += time.perf_counter() - t0
             self._open = None
 
@@ -137,10 +135,10 @@ class StepClock:
             return ref.elapsed_time(e)                      # ms, negative when before ref
         h2d = [(at(a), at(b)) for c, a, b in self._transfers if c in H2D]
         d2h = [(at(a), at(b)) for c, a, b in self._transfers if c not in H2D]
-        comp = [(kind, at(a), at(b)) for kind, a, b in self._computes]
+        comp = [(kind, at(a), at(b)) for kind, a, b, _ in self._computes]
         gap = sum(max(0.0, s1 - e0) for (_, _, e0), (_, s1, _) in zip(comp, comp[1:]))
         end_ms = at(final)
-        lead = [max(0.0, host_final - (end_ms - a) / 1e3 - t0) for (_, a, _), t0 in zip(comp, self._issued)]
+        lead = [max(0.0, host_final - (end_ms - at(a)) / 1e3 - t0) for _, a, _, t0 in self._computes]
         marks = [t for span in h2d + d2h for t in span] + [t for _, a, b in comp for t in (a, b)]
 
         def busy(kind: str) -> float:
@@ -158,7 +156,6 @@ class StepClock:
         })
         self._transfers.clear()
         self._computes.clear()
-        self._issued.clear()
         self._host.clear()
         self._waits.clear()
 
