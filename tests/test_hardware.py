@@ -109,7 +109,7 @@ def test_tiny_real_measure_on_cpu(tmp_path):
                  "gpu_mem_gib_s", "cpu_gflops", "cpu_mem_gib_s", "layer_overhead_ms", "slot_prefill_ms",
                  "slot_decode_ms", "cpu_attention_slot_ms", "cpu_attention_gib_s", "cpu_attention_q4_gib_s",
                  "dequant_gib_s", "slot_gpu_cache_q4_ms", "slot_off_cache_ms", "slot_off_cache_q4_ms",
-                 "slot_off_act_ms", "slot_off_weights_ms", "layer_q4_weights_ms"):
+                 "slot_off_weights_ms", "layer_q4_weights_ms"):
         assert getattr(p, name) > 0, name
     assert p.cpu_memory_bytes > 0 and not list(tmp_path.iterdir())   # the probe file is removed
 

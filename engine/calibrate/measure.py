@@ -152,8 +152,8 @@ def measure_executor_slots(device: torch.device, dtype: torch.dtype, repeats: in
     """Milliseconds per (decoder layer, GPU batch) slot of the real executor on a tiny OPT (`_PROBE_BATCHES` GPU
     batches of one row), as `HardwareProfile` fields: the resident path at prefill and decode, then what a decode slot
     adds with a 4-bit cache on the gpu, the cache on the cpu tier (dense or 4-bit) with GPU attention, the
-    hidden states on the cpu tier, the weights on the cpu tier, and the cache on the cpu tier with CPU
-    attention: the host cost the cost model charges per slot (`cost_model.SlotCosts`); and what 4-bit
+    weights on the cpu tier, and the cache on the cpu tier with CPU attention (a decode step's hidden states
+    never leave the gpu, whatever the act placement: nothing to measure): the host cost the cost model charges per slot (`cost_model.SlotCosts`); and what 4-bit
     weights add per layer and step. Each is the best of `repeats` runs."""
     config = config_from_hf(PRESETS["tiny-opt"])
 
@@ -173,7 +173,6 @@ def measure_executor_slots(device: torch.device, dtype: torch.dtype, repeats: in
         "slot_gpu_cache_q4_ms": extra(compress_cache=True),
         "slot_off_cache_ms": extra(**off),
         "slot_off_cache_q4_ms": extra(**off, compress_cache=True),
-        "slot_off_act_ms": extra(act_gpu=0.0, act_cpu=1.0),
         "slot_off_weights_ms": extra(w_gpu=0.0, w_cpu=1.0),
         # weights are dequantized once per layer and step, in the first of the slots
         "layer_q4_weights_ms": _PROBE_BATCHES * extra(compress_weights=True),

@@ -9,8 +9,8 @@ A layer's time is the max over its channels when `overlap` (Algorithm 1's six th
 "host" is the executor's own time per (decoder layer, GPU batch) slot, measured on the real executor: many
 small GPU batches cost what they really cost. It depends on what a slot does (`SlotCosts`): the resident
 path, plus an extra for a 4-bit cache segment on the gpu, for a cache segment off the gpu (loaded, staged
-and stored around a GPU attention, or attended on the host), for hidden states parked off the gpu, and for
-weights off the gpu (a page of copies); 4-bit weights add host time once per layer and step. Each
+and stored around a GPU attention, or attended on the host) and for weights off the gpu (a page of
+copies); 4-bit weights add host time once per layer and step. Each
 extra is a step in the placement (any share off the gpu pays it), so it is not affine: the terms keep it
 apart (`CostTerms.*_slots`), `estimate_terms` adds it at the exact placement, and the search solves one LP
 per slot regime (`SlotCosts.regime_seconds`). With CPU attention the executor waits for each GPU batch's q/k/v, attends
@@ -35,7 +35,8 @@ batch's prefill computes the prefix once and each row's own s - p tokens after i
 and values are held once per GPU batch (`prefix.prefix_held_once`: an accelerator or a 4-bit cache), the KV
 cache, its stores, its quantization and the decode's cache traffic count each row's own positions
 (s - p + n / 2 on average), while attention still reads the mean context ctx; the prefill's hidden state is
-not parked.
+not parked. A decode step's hidden states never leave the gpu (`engine.runtime.act_homes`): the act placement
+moves only the prefill's.
 Symbols: L layers, b = bls, g = gpu_batch_size, k = num_gpu_batches, s prompt length, n tokens generated,
 ctx = s + n / 2 the mean decode context (the KV cache grows from s to s + n), W a layer's stored weight
 bytes as the executor stores them (embed and head spread over the L layers), kv / kv16 the KV bytes per
@@ -101,20 +102,19 @@ class SlotCosts:
     """Executor host seconds per (decoder layer, GPU batch) slot of one step: `base` on the resident path,
     plus what a slot pays for each feature present: `gpu_cache` a 4-bit cache segment on the gpu (quantize
     the new k/v, dequantize for attention), `off_cache` a cache segment off the gpu (loaded, dequantized,
-    staged and stored around GPU attention; or sent to the host with CPU attention), `off_act` hidden
-    states parked off the gpu (stored and loaded back), `off_weights` weights off the gpu (a page of copies
-    into the layer's device buffer)."""
+    staged and stored around GPU attention; or sent to the host with CPU attention), `off_weights` weights
+    off the gpu (a page of copies into the layer's device buffer). Hidden states cost a decode slot nothing:
+    a decode step's never leave the gpu (`engine.runtime.act_homes`)."""
 
     base: float
     gpu_cache: float = 0.0
     off_cache: float = 0.0
-    off_act: float = 0.0
     off_weights: float = 0.0
 
     def seconds(self, x: np.ndarray) -> float:
         """Per-slot seconds at placement x [6] (VARS order): each feature's extra once any share has it."""
         return (self.base + self.gpu_cache * (x[2] > _ANY) + self.off_cache * (x[2] < 1.0 - _ANY)
-                + self.off_act * (x[4] < 1.0 - _ANY) + self.off_weights * (x[0] < 1.0 - _ANY))
+                + self.off_weights * (x[0] < 1.0 - _ANY))
 
     def regime_seconds(self, resident: bool) -> float:
         """The LP's per-slot charge: the whole cache and every hidden state on the gpu (`resident`), or
@@ -122,7 +122,7 @@ class SlotCosts:
         Weights may leave the gpu in both regimes: their extra is always charged."""
         if resident:
             return self.base + self.gpu_cache + self.off_weights
-        return self.base + self.gpu_cache + self.off_cache + self.off_act + self.off_weights
+        return self.base + self.gpu_cache + self.off_cache + self.off_weights
 
 
 @dataclass(frozen=True)
@@ -286,14 +286,14 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     kv_to_cpu = (q_bytes + kv) if cpu_att else kv                    # cpu attention ships q with new k/v
     decode = {
         # offloaded weights + (gpu attention) the offloaded cache over mean context, (cpu attention) the
-        # attention output back + offloaded hidden states
-        "cpu->gpu": (W * w_off + (b * q_bytes if cpu_att else b * ctx_own * kv) * c_off + b * hb * h_off) / h2d,
-        # the new token's k/v (and q with cpu attention) for the offloaded cache + offloaded hidden
-        "gpu->cpu": (b * kv_to_cpu * c_off + b * hb * h_off) / d2h,
-        # disk weights, disk cache over mean context, disk hidden
-        "disk->cpu": (W * w_disk + b * ctx_own * kv * c_disk + b * hb * h_disk) / d_read,
-        # the new token's k/v and hidden states homed on disk
-        "cpu->disk": (b * kv * c_disk + b * hb * h_disk) / d_write,
+        # attention output back (a decode step's hidden states never leave the gpu: `act_homes`)
+        "cpu->gpu": (W * w_off + (b * q_bytes if cpu_att else b * ctx_own * kv) * c_off) / h2d,
+        # the new token's k/v (and q with cpu attention) for the offloaded cache
+        "gpu->cpu": (b * kv_to_cpu * c_off) / d2h,
+        # disk weights, disk cache over mean context
+        "disk->cpu": (W * w_disk + b * ctx_own * kv * c_disk) / d_read,
+        # the new token's k/v homed on disk
+        "cpu->disk": (b * kv * c_disk) / d_write,
     }
     # matmuls per GPU batch (roofline) + dequantization of the weights
     matmul_s = k * _roofline(g * mm, weight_read(g), gpu_flops, gpu_bw) + dequant_w

@@ -48,7 +48,6 @@ class HardwareProfile:
     slot_gpu_cache_q4_ms: float = 0.0    # a 4-bit cache segment on the gpu (quantize new k/v, dequantize)
     slot_off_cache_ms: float = 0.0       # a cache segment off the gpu: load, stage, store
     slot_off_cache_q4_ms: float = 0.0    # the same for a 4-bit cache (plus quantize and dequantize)
-    slot_off_act_ms: float = 0.0         # hidden states parked off the gpu: store, load
     slot_off_weights_ms: float = 0.0     # weights off the gpu: a page of copies into the layer buffer
     layer_q4_weights_ms: float = 0.0     # per layer and step (not slot): dequantizing 4-bit weights
     cpu_attention_gib_s: float = 0.0     # cpu_decode_attention, dense K+V bytes read per second
@@ -76,16 +75,15 @@ class HardwareProfile:
         """Extra seconds per (decoder layer, GPU batch) of a decode step with CPU attention (default 0.1 ms)."""
         return (self.cpu_attention_slot_ms or 0.1) * 1e-3
 
-    def decode_slot_extras_s(self, compressed_cache: bool, cpu_attention: bool) -> tuple[float, float, float, float]:
+    def decode_slot_extras_s(self, compressed_cache: bool, cpu_attention: bool) -> tuple[float, float, float]:
         """Seconds a decode slot adds over `decode_slot_s` for (a cache segment on the gpu, a cache segment
-        off the gpu, hidden states off the gpu, weights off the gpu) under these flags
-        (`cost_model.SlotCosts`)."""
+        off the gpu, weights off the gpu) under these flags (`cost_model.SlotCosts`)."""
         gpu_cache = self.slot_gpu_cache_q4_ms * 1e-3 if compressed_cache else 0.0
         if cpu_attention:
             off_cache = self.cpu_attention_slot_s
         else:
             off_cache = (self.slot_off_cache_q4_ms if compressed_cache else self.slot_off_cache_ms) * 1e-3
-        return gpu_cache, off_cache, self.slot_off_act_ms * 1e-3, self.slot_off_weights_ms * 1e-3
+        return gpu_cache, off_cache, self.slot_off_weights_ms * 1e-3
 
     @property
     def cpu_attention_bytes_s(self) -> float:
@@ -161,7 +159,7 @@ def reference_profile(name: str) -> HardwareProfile:
             cpu_gflops=1550.0, cpu_mem_gib_s=105e9 / GIB,
             gpu_memory_bytes=139 * GIB, cpu_memory_bytes=126 * GIB, disk_free_bytes=60 * GIB,
             layer_overhead_ms=0.5, slot_prefill_ms=0.95, slot_decode_ms=0.77, slot_gpu_cache_q4_ms=1.64,
-            slot_off_cache_ms=0.58, slot_off_cache_q4_ms=2.69, slot_off_act_ms=0.85, slot_off_weights_ms=0.95,
+            slot_off_cache_ms=0.58, slot_off_cache_q4_ms=2.69, slot_off_weights_ms=0.95,
             layer_q4_weights_ms=0.075, cpu_attention_gib_s=58.9, cpu_attention_q4_gib_s=2.10,
             hostname="reference", torch_version="", source="reference:h200",
         )

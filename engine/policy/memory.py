@@ -20,8 +20,8 @@ cache positions):
     `kvbuf{slot}` device copies of non-gpu segments
     (decode without CPU attention), `kvrelay{slot}` for disk segments, `kvstage{slot}.s{n}.r{c}` pinned staging
     of the new positions, one per prefill row chunk c (CUDA; slot = the store's count in the block % 2);
-  - hidden-state homes `act.{k}.{n}` of the non-gpu hidden parts (with a shared prefix computed once, only
-    the decode steps' [g, 1] hidden states are parked: `engine.policy.prefix`);
+  - hidden-state homes `act.{k}.{n}` of the non-gpu parts of the prefill's hidden states (a decode step's
+    [g, 1, h] never leaves the gpu; with a shared prefix computed once nothing is parked: `engine.policy.prefix`);
   - MoE pipeline with CPU attention (CUDA): `hattn.{k}.s{n}.q/k/v/out`, pinned staging of one GPU batch's
     new q/k/v and its attention output per host cache segment n (`engine.runtime.host_attention`).
 `memory_terms` gives the same sums as affine expressions in the placement fractions (for the LP), with
@@ -207,9 +207,10 @@ def _decode_steps(gen_len: int) -> tuple[int, ...]:
 
 
 def _act_home_len(prompt_len: int, gen_len: int, prefix: int) -> int:
-    """Positions of a GPU batch's largest parked hidden state: the prefill's [g, P, h]; with a prefix computed
-    once (`prefix.batch_prefix_len`), whose prefill hidden is never parked, a decode step's [g, 1, h]."""
-    return prompt_len if not prefix else (1 if gen_len > 1 else 0)
+    """Positions of a GPU batch's parked hidden state: the prefill's [g, P, h]. Nothing is parked with a prefix
+    computed once (`prefix.batch_prefix_len`: its prefill pair stays on the gpu), nor a single position (a
+    decode step's [g, 1, h] never leaves the gpu: `engine.runtime.act_homes`)."""
+    return prompt_len if not prefix and prompt_len > 1 else 0
 
 
 def runs_ahead(policy: Policy, gen_len: int, num_prompts: int | None) -> bool:
@@ -312,8 +313,9 @@ def _untracked_terms(config: ModelConfig, policy: Policy, prompt_len: int, bytes
     `untracked_gpu_bytes`."""
     g, K, P, e = policy.gpu_batch_size, policy.num_gpu_batches, prompt_len, bytes_per_element
     p, h, nh = batch_prefix_len(shared_prefix_len, g), config.hidden_size, config.num_attention_heads
-    placed = 0.0 if p else (K - 1) * g * P * h * e              # hidden [g, P, h] parked by the act placement
-    kept = (K - 1) * (p + g * (P - p)) * h * e if p else 0.0    # the prefill's (prefix, rows) pair stays on the gpu
+    decode = (K - 1) * g * h * e                                # a decode step's hidden [g, 1, h]: never parked
+    placed = 0.0 if p else (K - 1) * g * P * h * e - decode     # hidden [g, P, h] parked by the act placement
+    kept = (K - 1) * (p + g * (P - p)) * h * e if p else decode  # the prefill's (prefix, rows) pair stays on the gpu
     if device_type == "cpu":                                    # scores [c, nh, P - p, P]; the prefix's [1, nh, p, p]
         kept += max(chunk_rows(g, P - p) * nh * (P - p) * P, nh * p * p) * e
     return placed, kept
@@ -322,8 +324,10 @@ def _untracked_terms(config: ModelConfig, policy: Policy, prompt_len: int, bytes
 def untracked_gpu_bytes(config: ModelConfig, policy: Policy, prompt_len: int, bytes_per_element: int,
                         device_type: str, *, shared_prefix_len: int = 0) -> int:
     """Device memory the executor uses but does not reserve: the hidden states of the other GPU batches
-    between layers (with a prefix computed once, its prefill's (prefix, rows) pairs, which are never parked),
-    and on a CPU device the attention scores of the math SDPA path (one prefill row chunk)."""
+    between layers (with a prefix computed once, its prefill's (prefix, rows) pairs, which are never parked;
+    the prefill's by the gpu share of hidden states, a decode step's, never parked, by the rest: affine in
+    act_gpu, exact at 0 and 1, above the larger of the two between), and on a CPU device the attention scores
+    of the math SDPA path (one prefill row chunk)."""
     placed, kept = _untracked_terms(config, policy, prompt_len, bytes_per_element, device_type, shared_prefix_len)
     return int(placed * policy.act_gpu + kept)
 

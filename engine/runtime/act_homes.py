@@ -1,5 +1,11 @@
-"""Homes of the hidden states between layers, per GPU batch, split along the hidden dim by the policy's
+"""Homes of the prefill's hidden states between layers, per GPU batch, split along the hidden dim by the policy's
 act fractions. With all activations on the gpu tier (the usual case) every method is a no-op.
+
+Only a hidden state of more than one position is parked. A decode step's [b, 1, h] (a few MiB) stays on the
+device: parking it buys no memory worth having and puts a device->host->device round trip on every (layer,
+GPU batch) of the step's critical path, queued behind the cache loads on the load stream (H200, Mixtral-8x7B,
+1024x2, cache on the host, 16 GiB: 0.934 s per decode step with the hidden states parked, 0.735 s with them on
+the device; `benchmarks/results/h200/README.md`, stop 40).
 
 `store` moves the non-gpu part of a batch's hidden [b, s, h] to its cpu/disk home and keeps only the gpu
 part on the device; `load` starts bringing it back; `ready` reassembles [b, s, h] on the device once
@@ -30,8 +36,8 @@ class ActHomes:
         self.active = act_gpu < 1.0 and not (self.device.type == "cpu" and act_gpu + act_cpu >= 1.0)
 
     def store(self, k: int, x, transfers: Transfers):
-        """x [b, s, h] on the device -> a parked hidden (or x itself when nothing moves)."""
-        if not self.active or not isinstance(x, torch.Tensor):
+        """x [b, s, h] on the device -> a parked hidden (or x itself when nothing moves: s == 1 included)."""
+        if not self.active or not isinstance(x, torch.Tensor) or x.shape[-2] <= 1:
             return x
         parts = []
         for n, (tier, a, b) in enumerate(split_ranges(x.shape[-1], self.act_gpu, self.act_cpu)):

@@ -1,0 +1,84 @@
+"""Hidden states between layers: the act placement parks only the prefill's; a decode step's [b, 1, h] stays
+on the device, in the runtime (`ActHomes.store`), the memory model and the cost model alike."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine.models.hf_config import config_from_hf
+from engine.models.presets import PRESETS
+from engine.policy.affine import placement_vector
+from engine.policy.cost_model import Workload, cost_terms
+from engine.policy.hardware import reference_profile
+from engine.policy.memory import executor_memory, model_layout, untracked_gpu_bytes
+from engine.policy.policy import Policy
+from engine.runtime.act_homes import ActHomes
+
+H200 = reference_profile("h200")
+
+
+class _Transfers:
+    """Records what would be copied; runs nothing."""
+
+    def __init__(self):
+        self.submitted: list[str] = []
+
+    def submit(self, channel, fn, **kwargs):
+        self.submitted.append(channel)
+        return None
+
+
+def _homes(act_gpu: float, act_cpu: float) -> ActHomes:
+    # an accelerator's arena (the cpu tier is then a separate home); homes are plain host tensors
+    arena = SimpleNamespace(device=torch.device("meta"), get=lambda name, tier, shape, dtype: torch.empty(shape))
+    return ActHomes(arena, act_gpu, act_cpu, num_batches=2)
+
+
+def test_a_decode_steps_hidden_state_is_never_parked():
+    homes, transfers = _homes(0.0, 1.0), _Transfers()
+    decode = torch.randn(4, 1, 8)                                  # [b, 1, h]
+    assert homes.active
+    assert homes.store(0, decode, transfers) is decode
+    assert transfers.submitted == []
+
+
+def test_a_prefill_hidden_state_moves_by_the_act_fractions():
+    homes, transfers = _homes(0.5, 0.5), _Transfers()
+    parked = homes.store(0, torch.randn(4, 6, 8), transfers)      # [b, P, h]: half the features to the host
+    assert parked is not None and not isinstance(parked, torch.Tensor)
+    assert transfers.submitted == ["store"]
+
+
+def _mixtral():
+    return config_from_hf(PRESETS["mixtral-8x7b"])
+
+
+@pytest.mark.parametrize("prompt_len", [77, 1])
+def test_memory_counts_a_decode_hidden_on_the_device_and_homes_only_for_the_prefill(prompt_len):
+    config = _mixtral()
+    g, K, h, e = 1024, 2, config.hidden_size, 2
+    layout = model_layout(config, e, True)
+    parked = Policy(gpu_batch_size=g, num_gpu_batches=K, act_gpu=0.0, act_cpu=1.0)
+    resident = Policy(gpu_batch_size=g, num_gpu_batches=K)
+    decode = (K - 1) * g * h * e                                   # the other batch's decode hidden [g, 1, h]
+    prefill = (K - 1) * g * prompt_len * h * e                     # ... and its prefill hidden [g, P, h]
+    assert untracked_gpu_bytes(config, parked, prompt_len, e, "cuda") == decode
+    assert untracked_gpu_bytes(config, resident, prompt_len, e, "cuda") == prefill
+    homes = (executor_memory(config, layout, parked, prompt_len, 128, e, "cuda")["cpu"]
+             - executor_memory(config, layout, resident, prompt_len, 128, e, "cuda")["cpu"])
+    assert homes == (K * g * prompt_len * h * e if prompt_len > 1 else 0)     # act.{k}.{n}: prefill only
+
+
+def test_decode_channels_do_not_depend_on_the_act_placement():
+    config, workload = _mixtral(), Workload(77, 128, num_prompts=2048)
+    base = dict(gpu_batch_size=1024, num_gpu_batches=2, w_gpu=0.5, w_cpu=0.5, cache_gpu=0.0, cache_cpu=1.0,
+                compress_weights=True, compress_cache=True)
+    times = []
+    for act in (dict(act_gpu=1.0, act_cpu=0.0), dict(act_gpu=0.0, act_cpu=1.0)):
+        policy = Policy(**base, **act)
+        terms, x = cost_terms(config, policy, workload, H200, 2), placement_vector(policy)
+        times.append(({c: terms.decode[c] @ [*x, 1] for c in terms.decode}, terms.decode_slots.seconds(x),
+                      terms.prefill["cpu->gpu"] @ [*x, 1]))
+    (on_gpu, slot_gpu, pre_gpu), (parked, slot_parked, pre_parked) = times
+    assert on_gpu == pytest.approx(parked) and slot_gpu == pytest.approx(slot_parked)
+    assert pre_parked > pre_gpu                                    # the prefill's hidden crosses the link
