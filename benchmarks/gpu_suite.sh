@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one]
 # flexgen-pair (~4.5 min): OPT-30B ours (192x1 + ahead, --clock) and FlexGen in one call; moe-p512 (~8 min): Mixtral-8x7B
 # at prompt 512 / gen 128 / 16 GiB, auto and its ablation.
 # models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
@@ -170,6 +170,19 @@ if [[ $what == moe-p512 ]]; then
     --gpu-memory 16GiB --rows 512 --plan-profile reference --trials 0 --policy auto --system llmops \
     --system llmops-no-pipeline --clock --out "$OUT/throughput_moe.jsonl" 2>&1 | grep -v '^{' \
     | tee "$OUT/moe_p512.log" | tail -12
+fi
+if [[ $what == moe-hostatt ]]; then
+  # issue 17's CGOPipe policies (~8 min): bf16 as LLM's dtype="auto" on CUDA, 4-bit weights, the search deciding
+  # the cache (--compress weights: a 16-bit host cache read by host attention where it predicts faster); 1,024 rows
+  # auto and its ablation, then 2,048 rows auto and the host-attention 256x8 the search ranks second; one run id
+  export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-hostatt-$(date -u +%Y%m%dT%H%M%SZ)}
+  args=(--workload moe --model mixtral-8x7b --gpu-memory 16GiB --dtype bfloat16 --plan-profile reference --trials 0
+        --compress weights --out "$OUT/throughput_moe.jsonl")
+  pol8='{"gpu_batch_size": 256, "num_gpu_batches": 8, "w_gpu": 0.0, "w_cpu": 1.0, "cache_gpu": 0.125, "cache_cpu": 0.875, "act_gpu": 0.0, "act_cpu": 1.0, "cpu_attention": true, "compress_weights": true, "compress_cache": false, "weight_pages": 27}'
+  { timeout "${MOE_T1:-330}" python3 benchmarks/throughput.py "${args[@]}" --rows 1024 --policy auto --clock \
+      --system llmops --system llmops-no-pipeline
+    timeout "${MOE_T2:-240}" python3 benchmarks/throughput.py "${args[@]}" --rows 2048 --policy "$pol8" --policy auto
+  } 2>&1 | grep -v '^{' | tee "$OUT/moe_hostatt.log" | tail -14
 fi
 if [[ $what == moe-peers ]]; then
   # Accelerate streams 93 GB of fp16 from pageable RAM: ~16 s per step at batch 256 (ENVIRONMENT.md), so a few steps

@@ -151,12 +151,13 @@ def choose(args, config, device, dtype, profile, rows: int | None,
     is --plan-rows when given (a job larger than the rows measured: its first blocks), else `rows`."""
     for spec in args.policy or ["auto"]:
         if spec == "auto":
-            compress = {"on": True, "off": False, "auto": None}[args.compress]
+            cw, cc = {"on": (True, True), "off": (False, False), "auto": (None, None),
+                      "weights": (True, None)}[args.compress]
             est = choose_policy_estimate(
                 config, workload=Workload(args.prompt_len, args.gen_len, num_prompts=args.plan_rows or rows,
                                           shared_prefix_len=prefix_len), device=device,
-                dtype=dtype, gpu_memory=args.gpu_memory, cpu_memory=args.cpu_memory, compress_weights=compress,
-                compress_cache=compress,
+                dtype=dtype, gpu_memory=args.gpu_memory, cpu_memory=args.cpu_memory, compress_weights=cw,
+                compress_cache=cc,
                 profile=profile if device.type == "cuda" and args.plan_profile == "reference" else None,
                 trials=args.trials if device.type == "cuda" else 0)
             yield "auto", est.policy, {"tokens_per_s": est.predicted_tokens_per_s, "prefill_s": est.prefill_s,
@@ -321,7 +322,10 @@ def _main(argv: list[str] | None) -> list[dict]:
     ap.add_argument("--model", default=None, help="dummy preset (default: the workload's)")
     ap.add_argument("--system", action="append", choices=["llmops", "llmops-no-pipeline", "flexgen", "accelerate"])
     ap.add_argument("--policy", action="append", help='"auto", a suite name or a Policy as JSON (repeatable)')
-    ap.add_argument("--compress", choices=["on", "off", "auto"], default="on", help="4-bit for --policy auto")
+    ap.add_argument("--compress", choices=["on", "off", "auto", "weights"], default="on",
+                    help="4-bit for --policy auto: on (weights and cache), off, auto (the search decides both), "
+                         "weights (4-bit weights; the search decides the cache, e.g. a 16-bit host cache for CPU "
+                         "attention)")
     ap.add_argument("--prompt-len", type=int, default=None)
     ap.add_argument("--gen-len", type=int, default=None)
     ap.add_argument("--prefix-len", type=int, default=None, help="shared leading tokens (wrangle: 150)")
