@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one]
 # flexgen-pair (~4.5 min): OPT-30B ours (192x1 + ahead, --clock) and FlexGen in one call; moe-p512 (~8 min): Mixtral-8x7B
 # at prompt 512 / gen 128 / 16 GiB, auto and its ablation.
 # models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
@@ -183,6 +183,13 @@ if [[ $what == moe-hostatt ]]; then
       --system llmops --system llmops-no-pipeline
     timeout "${MOE_T2:-240}" python3 benchmarks/throughput.py "${args[@]}" --rows 2048 --policy "$pol8" --policy auto
   } 2>&1 | grep -v '^{' | tee "$OUT/moe_hostatt.log" | tail -14
+fi
+if [[ $what == moe-2048 ]]; then
+  # issue 17's main shape on a 2,048-row block (~5 min): auto (4-bit weights and cache; the search's pick, 1024x2 with
+  # the cache streamed to GPU attention) and its ablation, where the larger batch's compute has more to hide
+  python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --dtype bfloat16 \
+    --rows 2048 --plan-profile reference --trials 0 --policy auto --system llmops --system llmops-no-pipeline \
+    --out "$OUT/throughput_moe.jsonl" 2>&1 | grep -v '^{' | tee "$OUT/moe_2048.log" | tail -8
 fi
 if [[ $what == moe-peers ]]; then
   # Accelerate streams 93 GB of fp16 from pageable RAM: ~16 s per step at batch 256 (ENVIRONMENT.md), so a few steps
