@@ -20,8 +20,11 @@ runs (`memory.pipelines_host_attention`: MoE-Lightning's CGOPipe, `engine.runtim
 attends GPU batch k on its own thread while the device runs the MoE layers of the batches before it, so gpu
 work G and host attention A overlap up to a bubble of one GPU batch's share of the other (the first batch's
 attention and the last batch's experts have nothing to hide behind): channels "gpu compute" G + A / k and
-"cpu attention" A + G / k, the slots on the "host" channel; and each GPU batch's attention output waits on
-average half a weight page (`weight_pages`) behind the layer's weight transfer on the link, added to G.
+"cpu attention" A + G / k; the executor's slot work joins the "cpu attention" channel, since it runs on the
+cores the host attention's threads hold. A MoE slot with host attention, pipelined or not, costs the executor
+`HardwareProfile.moe_cpu_attention_slot_ms` (job start and join, the router's sync; measured), each weight page
+past one per GPU batch `weight_page_ms`; and each GPU batch's attention output waits on average half a weight
+page (`weight_pages`) behind the layer's weight transfer on the link, added to G.
 On a CPU device the host is the device: host time adds to compute.
 A block of bls = gpu_batch_size x num_gpu_batches sequences takes
     T = L * T_pre + L * (n - 1) * T_gen,   throughput = bls * n / T   (generated tokens per second).
@@ -316,10 +319,19 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     else:
         # gpu attention over the whole cache (moved in as needed), dequantized first when compressed
         decode["gpu compute"] = const(matmul_s + attn_gpu_s + dequant_cache_s)
-    # the executor's host time, per (decoder layer, GPU batch) slot (on a CPU device it is the compute)
-    host = "compute" if cpu_att and not pipelined else ("gpu compute" if on_cpu else "host")
-    slots = profile.decode_slot_extras_s(compressed_cache=cc, cpu_attention=cpu_att)
-    decode_slots = SlotCosts(profile.decode_slot_s, *slots)
+    # the executor's host time, per (decoder layer, GPU batch) slot (on a CPU device it is the compute); with
+    # pipelined host attention it shares the host's cores with that attention (stop 40: the step took the
+    # compute thread's own time plus its waits for the host jobs), so it joins the "cpu attention" channel
+    host = "compute" if cpu_att and not pipelined else ("gpu compute" if on_cpu else
+                                                         "cpu attention" if pipelined else "host")
+    gpu_cache_slot, off_cache_slot, off_weights_slot = profile.decode_slot_extras_s(compressed_cache=cc,
+                                                                                    cpu_attention=cpu_att)
+    if cpu_att and config.is_moe and not on_cpu:
+        off_cache_slot = profile.moe_cpu_attention_slot_s
+    # a slot issues one weight page; a MoE layer paged finer issues pages - k more per decoder layer
+    extra_pages = max(0, pages - k) if config.is_moe else 0
+    off_weights_slot += extra_pages * profile.weight_page_s / k
+    decode_slots = SlotCosts(profile.decode_slot_s, gpu_cache_slot, off_cache_slot, off_weights_slot)
     prefill_slots = SlotCosts(profile.prefill_slot_s)
 
     memory = memory_terms(config, layout, policy, workload.memory_prompt_len, n, B, profile.device_type,

@@ -50,6 +50,9 @@ class HardwareProfile:
     slot_off_cache_q4_ms: float = 0.0    # the same for a 4-bit cache (plus quantize and dequantize)
     slot_off_weights_ms: float = 0.0     # weights off the gpu: a page of copies into the layer buffer
     layer_q4_weights_ms: float = 0.0     # per layer and step (not slot): dequantizing 4-bit weights
+    # MoE with host attention, measured on the MoE executor itself (0 = not measured)
+    moe_cpu_attention_slot_ms: float = 0.0   # extra per decode slot: host job start/join, the router's host sync
+    weight_page_ms: float = 0.0          # per weight page of a decoder layer beyond one per GPU batch
     cpu_attention_gib_s: float = 0.0     # cpu_decode_attention, dense K+V bytes read per second
     cpu_attention_q4_gib_s: float = 0.0  # the same over a 4-bit cache, in dense-equivalent bytes per second
     dequant_gib_s: float = 0.0           # 4-bit dequantization on the device, dense bytes written per second
@@ -84,6 +87,19 @@ class HardwareProfile:
         else:
             off_cache = (self.slot_off_cache_q4_ms if compressed_cache else self.slot_off_cache_ms) * 1e-3
         return gpu_cache, off_cache, self.slot_off_weights_ms * 1e-3
+
+    @property
+    def moe_cpu_attention_slot_s(self) -> float:
+        """Extra executor host seconds per (decoder layer, GPU batch) slot of a MoE decode with host attention
+        (`cost_model`): starting and joining the host job and the MoE layer's router sync, run while the host
+        attention's threads hold the cores (default: `cpu_attention_slot_s`)."""
+        return self.moe_cpu_attention_slot_ms * 1e-3 if self.moe_cpu_attention_slot_ms else self.cpu_attention_slot_s
+
+    @property
+    def weight_page_s(self) -> float:
+        """Executor host seconds to issue one weight page of a decoder layer (its attention and MoE layers'
+        slices) beyond the one page per GPU batch a slot's `slot_off_weights_ms` covers (default: that)."""
+        return (self.weight_page_ms or self.slot_off_weights_ms or self.layer_overhead_ms) * 1e-3
 
     @property
     def cpu_attention_bytes_s(self) -> float:
@@ -149,7 +165,12 @@ def reference_profile(name: str) -> HardwareProfile:
     run 12, `policy_validation_opt-6.7b.json`); without them the 4-bit rate defaulted to 105 / 8 = 12.3 GiB/s,
     and auto from this profile chose host attention for Mixtral-8x7B at prompt 512 (256 x 2, 626 tok/s
     predicted), which did not finish a 512-row block in 95 s on the H200 (stop 34, results/h200/README.md).
-    The 4-bit host path has been 1.3-1.6x faster on the dev CPU since (088840c, 5b96b70), unmeasured there."""
+    The 4-bit host path has been 1.3-1.6x faster on the dev CPU since (088840c, 5b96b70), unmeasured there.
+    The MoE host-attention executor costs (`moe_cpu_attention_slot_ms` 2.73, `weight_page_ms` 0.42) are the step clock's
+    on that host (stop 40 call 1, Mixtral-8x7B 256 x 4, 27 weight pages, bf16 host cache, `throughput_moe.jsonl`):
+    per decode step the compute thread spent 0.407 s in compute actions, 0.361 s issuing 27 x 32 weight pages
+    and 0.041 s in the rest over 128 slots, then waited 0.504 s on host attention; without them the model
+    predicted 2,752 tok/s for that policy, which made 719."""
     if name == "h200":
         return HardwareProfile(
             device_name="NVIDIA H200", device_type="cuda",
@@ -161,6 +182,7 @@ def reference_profile(name: str) -> HardwareProfile:
             layer_overhead_ms=0.5, slot_prefill_ms=0.95, slot_decode_ms=0.77, slot_gpu_cache_q4_ms=1.64,
             slot_off_cache_ms=0.58, slot_off_cache_q4_ms=2.69, slot_off_weights_ms=0.95,
             layer_q4_weights_ms=0.075, cpu_attention_gib_s=58.9, cpu_attention_q4_gib_s=2.10,
+            moe_cpu_attention_slot_ms=2.73, weight_page_ms=0.42,
             hostname="reference", torch_version="", source="reference:h200",
         )
     raise ValueError(f"unknown reference hardware {name!r}; known: ['h200']")
