@@ -70,7 +70,8 @@ def _moe_shape(r: dict, model: str, prompt_len: int, gen_len: int) -> bool:
 
 def best_moe(records: list[dict]) -> str:
     """Mixtral-8x7B at prompt 77 / gen 128 / 16 GiB: our fastest record of the latest device call that ran the
-    shape; the ablation (`llmops-no-pipeline`, the same policy) of the latest call that ran both; and HF
+    shape; the ablation (`llmops-no-pipeline`, the same policy) of the latest call that finished both, its policy
+    and rows stated (a call that cut one of them has no pair); and HF
     Accelerate's record of the latest call that ran it beside ours (its own batch and gen length, stated)."""
     done = [r for r in records if r.get("ok") and r.get("tokens_per_s") and r.get("system") != "accelerate"
             and _moe_shape(r, "mixtral-8x7b", 77, 128)]
@@ -88,7 +89,8 @@ def best_moe(records: list[dict]) -> str:
              for o in in_call(a["run_id"], "llmops") if o["config_name"] == a["config_name"]]
     if pairs:
         a, o = max(pairs, key=lambda p: p[0]["timestamp"])
-        text += (f"; its ablation (pipelining off) {a['tokens_per_s']:.0f}, "
+        text += (f"; the ablation (pipelining off) of `{o['config_name']}` over {o['num_prompts']} rows "
+                 f"{a['tokens_per_s']:.0f} against ours {o['tokens_per_s']:.0f}, "
                  f"**{o['tokens_per_s'] / a['tokens_per_s']:.2f}x**, one call")
     calls = [r["run_id"] for r in done if r["system"] == "accelerate" and in_call(r["run_id"], "llmops")]
     if calls:
