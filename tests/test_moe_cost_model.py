@@ -141,3 +141,16 @@ def test_memory_model_counts_host_attention_staging(split):
     cpu_only = executor_memory(c, layout, policy, w.prompt_len, w.gen_len, 2, "cpu")
     assert cpu_only == executor_memory(c, layout, replace(policy, pipeline=False), w.prompt_len, w.gen_len, 2,
                                        "cpu")
+
+
+def test_search_pages_coarsely_where_pages_cost_the_executor():
+    """Host attention forced: on the H200's measured executor costs one page per GPU batch prices faster than
+    the finest paging (27 pages of 0.42 ms each a layer, stop 40); with a free executor the finest paging wins
+    (the test above)."""
+    best = search(MIXTRAL, ISSUE_WORKLOAD, Budgets(16 * GIB, 88 * GIB), H200, compress_weights=True,
+                  compress_cache=False, cpu_attention=True, model_name="mixtral-8x7b")
+    p = best.policy
+    assert p.cpu_attention and 1 < p.num_gpu_batches == p.weight_pages
+    fine = estimate(MIXTRAL, replace(p, weight_pages=weight_pages(MIXTRAL, model_layout(MIXTRAL, 2, True),
+                                                                  p.num_gpu_batches, True)), ISSUE_WORKLOAD, H200)
+    assert best.predicted_tokens_per_s > fine.tokens_per_s

@@ -186,9 +186,10 @@ PAGE_BYTES = 32 << 20   # the most a MoE weight page holds: an urgent copy waits
 
 
 def weight_pages(config: ModelConfig, layout: ModelLayout, num_gpu_batches: int, cpu_attention: bool) -> int:
-    """`Policy.weight_pages` for a MoE model that attends on the host (CGOPipe: small urgent q/k/v and output
-    copies interleave with the weights): one per GPU batch at least, and enough that no page of the largest
-    layer kind exceeds PAGE_BYTES. 0 (one page per GPU batch, the executor's default) for dense models and
+    """The finest `Policy.weight_pages` the search tries for a MoE model that attends on the host (CGOPipe:
+    small urgent q/k/v and output copies interleave with the weights; it also tries one page per GPU batch,
+    since each page costs the executor host time): one per GPU batch at least, and enough that no page of the
+    largest layer kind exceeds PAGE_BYTES. 0 (one page per GPU batch, the executor's default) for dense models and
     for GPU attention, which has no urgent copies to let through: Mixtral-8x7B at 512 x 1 with GPU attention
     decoded in 77.5 s with 27 pages and in 61.2 s with one (H200, one device call, `throughput_moe.jsonl`)."""
     if not (config.is_moe and cpu_attention):

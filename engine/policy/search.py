@@ -17,7 +17,8 @@ none fits, the LP is solved again with the weights fixed at each weight setting 
 tensors can land far from the LP's share), and then, if still none fits, with the overshoot (doubled at each
 retry) taken off the budgets. On CUDA the embedding and the head are held on the device (`w_gpu >= their
 share`: `weight_slots.held_whole`).
-The shape with the highest predicted throughput wins (ties: the smaller block, then fewer GPU batches);
+A MoE model attending on the host is paged finely (`cost_model.weight_pages`) or, where the model prices it
+faster at the realized placement, one page per GPU batch (`_coarser_pages`: pages cost the executor host time). The shape with the highest predicted throughput wins (ties: the smaller block, then fewer GPU batches);
 `search_top` returns the best few for trials. Times are scaled to ms and bytes to GiB inside the LP for conditioning.
 """
 from __future__ import annotations
@@ -306,6 +307,7 @@ def search_top(
                 infeasible_from[(k, flags)] = g
             if best is None:
                 continue
+            best = _coarser_pages(config, layouts[cw], best, workload, profile, bytes_per_element, limits)
             if cpu_attention is None and cpu_att and best.policy.cache_gpu >= 1.0:
                 continue                # no cache off the gpu, no host attention: the same run as without
             found.append(best)
@@ -327,6 +329,20 @@ def search_top(
                             **_slack_context(config, c.policy, workload, profile, bytes_per_element,
                                              layouts[c.policy.compress_weights])})
             for c in chosen]
+
+
+def _coarser_pages(config: ModelConfig, layout: ModelLayout, found: _Candidate, workload: Workload,
+                   profile: HardwareProfile, bytes_per_element: int, limits: dict[str, float]) -> _Candidate:
+    """`found`, or the same placement with one weight page per GPU batch where the model prices that faster
+    and it fits: each page costs the executor host time (`HardwareProfile.weight_page_ms`), a finer page lets
+    host attention's outputs through sooner. Re-costed at the realized placement, no LP."""
+    policy = found.policy
+    if policy.weight_pages <= policy.num_gpu_batches:
+        return found
+    coarse, _ = _fitting_best(config, layout, [replace(policy, weight_pages=policy.num_gpu_batches)], cost_terms(
+        config, replace(policy, weight_pages=policy.num_gpu_batches), workload, profile, bytes_per_element, layout),
+        workload, profile, bytes_per_element, limits)
+    return coarse if coarse is not None and coarse.tokens_per_s > found.tokens_per_s * (1 + 1e-9) else found
 
 
 def _slack_context(config: ModelConfig, policy: Policy, workload: Workload, profile: HardwareProfile,
