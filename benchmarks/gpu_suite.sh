@@ -96,7 +96,7 @@ if [[ $what == models ]]; then
   } 2>&1 | tee "$OUT/models.log" | tail -40
 fi
 if [[ $what == moe ]]; then
-  { python3 -m pytest -q -p no:cacheprovider tests/test_moe_pipeline.py tests/test_moe_schedule.py
+  { python3 -m pytest -q -p no:cacheprovider tests/test_moe_pipeline.py tests/test_moe_schedule.py tests/test_moe_experts.py
     python3 benchmarks/cpu_attention_speed.py --shape mixtral-8x7b        # $OUT/cpu_attention_speed_mixtral-8x7b.json
     # auto from the reference profile, no trials (bounded time; MOE_PLAN="--plan-profile measured --trials 4"
     # plans as LLM(policy="auto") does, +1-4 min); the ablation runs the same policy with pipeline off
@@ -172,24 +172,27 @@ if [[ $what == moe-p512 ]]; then
     | tee "$OUT/moe_p512.log" | tail -12
 fi
 if [[ $what == moe-hostatt ]]; then
-  # issue 17's CGOPipe policies (~8 min): bf16 as LLM's dtype="auto" on CUDA, 4-bit weights, the search deciding
-  # the cache (--compress weights: a 16-bit host cache read by host attention where it predicts faster); 1,024 rows
-  # auto and its ablation, then 2,048 rows auto and the host-attention 256x8 the search ranks second; one run id
+  # issue 17's CGOPipe policies (~8 min): bf16 as LLM's dtype="auto" on CUDA, 4-bit weights, a 16-bit host cache
+  # read by host attention, 1,024 rows: the search's host-attention pick (512x2, one weight page per GPU batch since
+  # stop 40 priced pages) with its ablation, then stop 40 call 1's 256x4 with 4 pages instead of 27; one run id
   export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-hostatt-$(date -u +%Y%m%dT%H%M%SZ)}
-  args=(--workload moe --model mixtral-8x7b --gpu-memory 16GiB --dtype bfloat16 --plan-profile reference --trials 0
-        --compress weights --out "$OUT/throughput_moe.jsonl")
-  pol8='{"gpu_batch_size": 256, "num_gpu_batches": 8, "w_gpu": 0.0, "w_cpu": 1.0, "cache_gpu": 0.125, "cache_cpu": 0.875, "act_gpu": 0.0, "act_cpu": 1.0, "cpu_attention": true, "compress_weights": true, "compress_cache": false, "weight_pages": 27}'
-  { timeout "${MOE_T1:-330}" python3 benchmarks/throughput.py "${args[@]}" --rows 1024 --policy auto --clock \
+  args=(--workload moe --model mixtral-8x7b --gpu-memory 16GiB --dtype bfloat16 --rows 1024 --clock
+        --out "$OUT/throughput_moe.jsonl")
+  host='"act_gpu": 0.0, "act_cpu": 1.0, "cpu_attention": true, "compress_weights": true, "compress_cache": false'
+  pol2='{"gpu_batch_size": 512, "num_gpu_batches": 2, "w_gpu": 0.0, "w_cpu": 1.0, "cache_gpu": 0.375, "cache_cpu": 0.625, '$host', "weight_pages": 2}'
+  pol4='{"gpu_batch_size": 256, "num_gpu_batches": 4, "w_gpu": 0.5, "w_cpu": 0.5, "cache_gpu": 0.0, "cache_cpu": 1.0, '$host', "weight_pages": 4}'
+  { timeout "${MOE_T1:-330}" python3 benchmarks/throughput.py "${args[@]}" --policy "$pol2" \
       --system llmops --system llmops-no-pipeline
-    timeout "${MOE_T2:-240}" python3 benchmarks/throughput.py "${args[@]}" --rows 2048 --policy "$pol8" --policy auto
+    timeout "${MOE_T2:-200}" python3 benchmarks/throughput.py "${args[@]}" --policy "$pol4"
   } 2>&1 | grep -v '^{' | tee "$OUT/moe_hostatt.log" | tail -14
 fi
 if [[ $what == moe-2048 ]]; then
-  # issue 17's main shape on a 2,048-row block (~5 min): auto (4-bit weights and cache; the search's pick, 1024x2 with
-  # the cache streamed to GPU attention) and its ablation, where the larger batch's compute has more to hide
+  # issue 17's main shape on a 2,048-row block (~5.5 min; stop 40: ours 2.2 min, the ablation 2.8): the ablation
+  # first, then auto (4-bit weights and cache; the search's pick, 1024x2 with the cache streamed to GPU attention),
+  # with the step clock, in one call
   python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --dtype bfloat16 \
-    --rows 2048 --plan-profile reference --trials 0 --policy auto --system llmops --system llmops-no-pipeline \
-    --out "$OUT/throughput_moe.jsonl" 2>&1 | grep -v '^{' | tee "$OUT/moe_2048.log" | tail -8
+    --rows 2048 --plan-profile reference --trials 0 --policy auto --system llmops-no-pipeline --system llmops \
+    --clock --out "$OUT/throughput_moe.jsonl" 2>&1 | grep -v '^{' | tee "$OUT/moe_2048.log" | tail -8
 fi
 if [[ $what == moe-peers ]]; then
   # Accelerate streams 93 GB of fp16 from pageable RAM: ~16 s per step at batch 256 (ENVIRONMENT.md), so a few steps

@@ -2,7 +2,8 @@
 tolerance for every routing shape (experts without tokens, one token, uneven counts, every token on one
 expert), padded rows never reaching the output, the grouped path and the one-expert-per-group fallback
 (a tiny cap) agreeing, the group plan (`expert_groups`) as documented, the peak bytes as the memory model
-counts them, and (CUDA) one host sync per call."""
+counts them, and (CUDA) one host sync per call; the sync-free grouped-matmul path (`experts_grouped_mm`) against
+the loop on the CPU for every routing and chunking, and on CUDA sm90+ in bfloat16 with no host sync."""
 from __future__ import annotations
 
 import warnings
@@ -14,7 +15,8 @@ import torch.nn.functional as F
 from conftest import requires_cuda
 from engine.models.layers import linear
 from engine.models import moe
-from engine.models.moe import EXPERT_GROUP_BYTES, expert_groups, expert_slot_bytes, moe_experts
+from engine.models.moe import (EXPERT_GROUP_BYTES, expert_groups, expert_slot_bytes, experts_grouped_mm,
+                               grouped_mm_self_check, moe_experts)
 
 N, H, I, E, K = 37, 16, 24, 6, 2
 
@@ -165,11 +167,64 @@ def test_expert_buffers_reach_and_stay_within_the_memory_model(cap_rows):
     assert buffers <= live.peak(inputs) <= moe_mlp_bytes(_config(), N, 4, cap)
 
 
+@pytest.mark.parametrize("chunk_rows", [1, 7, 2 * N, None])
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_grouped_mm_path_equals_the_per_expert_loop(routing, chunk_rows):
+    """`experts_grouped_mm` on the CPU (torch's reference loop of `_grouped_mm`): the loop's result within fp32
+    tolerance for every routing, in chunks of one pair, of 7 (chunks that split an expert's pairs), of every
+    pair, and at the default cap."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(N, H, generator=g)
+    w1, w2, w3 = _weights(g)
+    top_e, top_w = _routing(routing, g), torch.rand(N, K, generator=g)
+    cap = EXPERT_GROUP_BYTES if chunk_rows is None else chunk_rows * expert_slot_bytes(H, I, 4)
+    got = experts_grouped_mm(x, top_w, top_e, w1, w2, w3, F.silu, cap)
+    want = per_expert_loop(x, top_w, top_e, w1, w2, w3, F.silu)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def test_grouped_mm_self_check_passes_on_the_cpu_and_names_a_mismatch(monkeypatch):
+    assert grouped_mm_self_check(torch.device("cpu")) and grouped_mm_self_check(torch.device("cpu"), torch.float32)
+    monkeypatch.setattr(moe, "experts_grouped_mm", lambda x, *a: torch.zeros_like(x))
+    with pytest.raises(RuntimeError, match="experts_grouped_mm differs"):
+        grouped_mm_self_check(torch.device("cpu"))
+
+
+def test_the_cpu_keeps_the_grouped_bmm():
+    """The sync-free path is for bfloat16 on CUDA sm90+ only: a CPU tensor of any dtype takes the bmm groups."""
+    assert not moe._sync_free(torch.zeros(2, 2, dtype=torch.bfloat16))
+    assert not moe._sync_free(torch.zeros(2, 2))
+
+
+@pytest.mark.parametrize("cap_rows", [None, 3 * N])
+def test_grouped_mm_buffers_stay_within_the_memory_model(cap_rows):
+    """The sync-free path's peak bytes stay within `moe_mlp_bytes` (its chunks hold at most the cap's rows, no
+    padding), for the routing that pads the bmm groups most."""
+    from test_prefill_chunks import LiveBytes
+
+    from engine.policy.working import moe_mlp_bytes
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(N, H, generator=g)
+    w1, w2, w3 = _weights(g)
+    top_e = torch.stack((torch.zeros(N, dtype=torch.int64), 1 + torch.arange(N) % (E - 1)), dim=1)
+    top_w = torch.rand(N, K, generator=g)
+    cap = EXPERT_GROUP_BYTES if cap_rows is None else cap_rows * expert_slot_bytes(H, I, 4)
+    with LiveBytes() as live:
+        experts_grouped_mm(x, top_w, top_e, w1, w2, w3, F.silu, cap)
+    inputs = {t.untyped_storage().data_ptr() for t in (x, top_w, top_e, w1, w2, w3)}
+    assert 0 < live.peak(inputs) <= moe_mlp_bytes(_config(), N, 4, cap)
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_moe_experts_on_cuda_match_the_loop_with_one_host_sync(dtype):
     """On the GPU: the loop's result (fp32 within 1e-5 of the largest value, bf16 within 2e-2) and exactly one
-    synchronizing call (the per-expert counts), grouped or one expert per group."""
+    synchronizing call (the per-expert counts), grouped or one expert per group; none for bfloat16 on sm90+,
+    where the grouped matmuls run (after their first-use check)."""
+    sync_free = dtype == torch.bfloat16 and torch.cuda.get_device_capability() >= (9, 0)
+    if sync_free:
+        assert moe._grouped_mm_ready(torch.cuda.current_device())      # the check passes (and syncs) first
     g = torch.Generator().manual_seed(5)
     x = torch.randn(N, H, generator=g)
     w1, w2, w3 = _weights(g)
@@ -187,7 +242,7 @@ def test_moe_experts_on_cuda_match_the_loop_with_one_host_sync(dtype):
                 got = moe_experts(*cuda, F.silu, **cap)
         finally:
             torch.cuda.set_sync_debug_mode(0)
-        assert sum("synchroniz" in str(w.message) for w in caught) == 1
+        assert sum("synchroniz" in str(w.message) for w in caught) == (0 if sync_free else 1)
         torch.testing.assert_close(got.float().cpu(), want, rtol=tol, atol=tol * want.abs().max().item())
 
 

@@ -22,16 +22,25 @@ against milliseconds of expert compute, so padded rows cost more than the launch
 thread, float32, Qwen3-30B-A3B / DeepSeek-V2-Lite / Mixtral-8x7B shapes at 16-4096 tokens: grouped 0.75-1.00x
 the old loop's speed, one expert per group 0.93-1.13x; `benchmarks/results/moe_experts_speed_*-float32.json`).
 
-Not `torch._grouped_mm`: in torch 2.11-2.13 its CUDA kernel covers bfloat16 on sm90/sm100 only; other
-dtypes take a fallback that copies the offsets to the host and loops over groups.
+With no host sync (`experts_grouped_mm`) where `torch._grouped_mm` has a kernel: bfloat16 on CUDA sm90 and
+newer (in torch 2.11-2.13 other dtypes and chips take a fallback that copies the offsets to the host and loops
+over groups). The (token, slot) pairs sorted by expert go through the gate, up and down projections as one
+grouped matmul each, against views of the stacked weights, with the experts' end offsets on the device, in
+chunks of at most `group_bytes` of buffers (`expert_slot_bytes` per pair, no padding). The host then never
+waits for the device inside a MoE layer, so it can run ahead of it (the H200's step clock showed the device
+waiting on the host in every step of a many-GPU-batch MoE decode, stop 40). Checked once per device against the
+per-expert products (`first_use_check`; a failure warns and keeps the grouped bmm). Tested on the CPU (where `_grouped_mm`
+runs its reference loop); not yet measured on a GPU.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
 
 from engine.models.layers import linear
+from engine.util.kernel_check import first_use_check
 
 EXPERT_GROUP_BYTES = 128 << 20   # padded buffers of one expert group (`expert_slot_bytes` per padded row)
 CPU_GROUP_BYTES = 0              # on a CPU device: one expert per group (no padding; module docstring)
@@ -88,9 +97,12 @@ def moe_experts(
 
     In groups of experts (module docstring), each group's padded buffers within `group_bytes` (a single
     expert over it excepted; None: `EXPERT_GROUP_BYTES`, on a CPU device `CPU_GROUP_BYTES`); one host sync
-    per call (the per-expert counts). `gaps` (`expert_groups`; None: on an accelerator, not on a CPU device)."""
+    per call (the per-expert counts), none where `experts_grouped_mm` runs (bfloat16 on CUDA sm90+). `gaps`
+    (`expert_groups`; None: on an accelerator, not on a CPU device)."""
     if group_bytes is None:
         group_bytes = CPU_GROUP_BYTES if x.device.type == "cpu" else EXPERT_GROUP_BYTES
+    if _sync_free(x):
+        return experts_grouped_mm(x, top_w, top_e, w1, w2, w3, act, group_bytes)
     n, h = x.shape
     k, (E, i, _) = top_e.shape[1], w1.shape
     out = torch.zeros_like(x)  # [n, h]
@@ -123,3 +135,73 @@ def moe_experts(
         y = y.index_select(0, dest) if padded else y  # [m, h] the real rows only
         out.index_add_(0, tok, y.mul_(weight[s0:s1]))
     return out
+
+
+def experts_grouped_mm(x: torch.Tensor, top_w: torch.Tensor, top_e: torch.Tensor, w1: torch.Tensor,
+                       w2: torch.Tensor, w3: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor],
+                       group_bytes: int) -> torch.Tensor:
+    """`moe_experts`' sum with no host sync: the pairs sorted by expert, in chunks of at most
+    max(1, group_bytes // `expert_slot_bytes`) pairs, each through three `torch._grouped_mm` with the experts'
+    end offsets clamped to the chunk (on the device). x [n, h], top_w [n, k] float32, top_e [n, k] -> [n, h]."""
+    n, h = x.shape
+    k, (E, i, _) = top_e.shape[1], w1.shape
+    out = torch.zeros_like(x)  # [n, h]
+    experts, order = torch.sort(top_e.reshape(-1), stable=True)  # [n*k] x 2
+    ends = torch.searchsorted(experts, torch.arange(1, E + 1, device=x.device))  # [E] each expert's end pair
+    token = order // k  # [n*k]
+    weight = top_w.reshape(-1)[order, None]  # [n*k, 1] float32
+    w1t, w3t, w2t = w1.transpose(1, 2), w3.transpose(1, 2), w2.transpose(1, 2)  # [E, h, i] x 2, [E, i, h] views
+    rows = max(1, group_bytes // expert_slot_bytes(h, i, x.element_size()))
+    for r0 in range(0, n * k, rows):
+        r1 = min(n * k, r0 + rows)
+        offs = (ends.clamp(r0, r1) - r0).to(torch.int32)  # [E] the chunk's cumulative rows per expert
+        tok = token[r0:r1]  # [m]
+        xs = x.index_select(0, tok)  # [m, h]
+        a = act(torch._grouped_mm(xs, w1t, offs=offs))  # [m, i]
+        a.mul_(torch._grouped_mm(xs, w3t, offs=offs))  # [m, i]
+        del xs
+        y = torch._grouped_mm(a, w2t, offs=offs)  # [m, h]
+        del a
+        out.index_add_(0, tok, y.mul_(weight[r0:r1]))
+    return out
+
+
+def _sync_free(x: torch.Tensor) -> bool:
+    """Whether `moe_experts` takes `experts_grouped_mm` for x: bfloat16 on a CUDA device of compute capability
+    9.0 or newer whose first-use check passed."""
+    return (x.device.type == "cuda" and x.dtype == torch.bfloat16
+            and torch.cuda.get_device_capability(x.device) >= (9, 0) and _grouped_mm_ready(x.device.index or 0))
+
+
+@functools.lru_cache(maxsize=None)
+def _grouped_mm_ready(device_index: int) -> bool:
+    """`experts_grouped_mm` against the per-expert products on cuda:device_index, once (it synchronizes that
+    once); a failure or a mismatch warns and the grouped bmm is kept."""
+    return first_use_check("moe grouped_mm", f"cuda:{device_index}",
+                           lambda: grouped_mm_self_check(torch.device("cuda", device_index)))
+
+
+def grouped_mm_self_check(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """True when `experts_grouped_mm` matches the per-expert products (one expert at a time, float32 routing
+    weights) on `device` for a small routing with an expert without tokens, over several chunks; raises
+    RuntimeError naming the error otherwise."""
+    g = torch.Generator().manual_seed(0)
+    n, h, i, e, k = 40, 64, 128, 8, 2
+    x = torch.randn(n, h, generator=g).to(device, dtype)
+    w1, w3 = (torch.randn(e, i, h, generator=g).div(h ** 0.5).to(device, dtype) for _ in range(2))
+    w2 = torch.randn(e, h, i, generator=g).div(i ** 0.5).to(device, dtype)
+    top_e = torch.stack([torch.randperm(e - 1, generator=g)[:k] for _ in range(n)]).to(device)
+    top_w = torch.rand(n, k, generator=g).to(device)
+    act = torch.nn.functional.silu
+    got = experts_grouped_mm(x, top_w, top_e, w1, w2, w3, act, 24 * expert_slot_bytes(h, i, x.element_size()))
+    want = torch.zeros_like(x)
+    for ex in range(e):
+        tok, slot = torch.where(top_e == ex)
+        y = linear(act(linear(x[tok], w1[ex])) * linear(x[tok], w3[ex]), w2[ex])  # [m, h]
+        want.index_add_(0, tok, (y.float() * top_w[tok, slot, None]).to(x.dtype))
+    scale = want.float().abs().max().item()
+    err = (got.float() - want.float()).abs().max().item()
+    if not err <= 2e-2 * max(scale, 1.0):
+        raise RuntimeError(f"experts_grouped_mm differs from the per-expert products by {err:.3g} "
+                           f"(largest value {scale:.3g}) for {dtype}")
+    return True
