@@ -192,8 +192,9 @@ def test_grouped_mm_self_check_passes_on_the_cpu_and_names_a_mismatch(monkeypatc
 
 def test_the_cpu_keeps_the_grouped_bmm():
     """The sync-free path is for bfloat16 on CUDA sm90+ only: a CPU tensor of any dtype takes the bmm groups."""
-    assert not moe._sync_free(torch.zeros(2, 2, dtype=torch.bfloat16))
-    assert not moe._sync_free(torch.zeros(2, 2))
+    w1 = torch.zeros(4, 8, 8, dtype=torch.bfloat16)
+    assert not moe._sync_free(torch.zeros(2, 8, dtype=torch.bfloat16), w1)
+    assert not moe._sync_free(torch.zeros(2, 8), w1.float())
 
 
 @pytest.mark.parametrize("cap_rows", [None, 3 * N])

@@ -101,7 +101,7 @@ def moe_experts(
     (`expert_groups`; None: on an accelerator, not on a CPU device)."""
     if group_bytes is None:
         group_bytes = CPU_GROUP_BYTES if x.device.type == "cpu" else EXPERT_GROUP_BYTES
-    if _sync_free(x):
+    if _sync_free(x, w1):
         return experts_grouped_mm(x, top_w, top_e, w1, w2, w3, act, group_bytes)
     n, h = x.shape
     k, (E, i, _) = top_e.shape[1], w1.shape
@@ -166,10 +166,11 @@ def experts_grouped_mm(x: torch.Tensor, top_w: torch.Tensor, top_e: torch.Tensor
     return out
 
 
-def _sync_free(x: torch.Tensor) -> bool:
-    """Whether `moe_experts` takes `experts_grouped_mm` for x: bfloat16 on a CUDA device of compute capability
-    9.0 or newer whose first-use check passed."""
-    return (x.device.type == "cuda" and x.dtype == torch.bfloat16
+def _sync_free(x: torch.Tensor, w1: torch.Tensor) -> bool:
+    """Whether `moe_experts` takes `experts_grouped_mm` for x [n, h] and w1 [E, i, h]: bfloat16 on a CUDA
+    device of compute capability 9.0 or newer whose first-use check passed, h and i multiples of 8 (the
+    grouped kernel's 16-byte row alignment)."""
+    return (x.device.type == "cuda" and x.dtype == torch.bfloat16 and x.shape[-1] % 8 == 0 and w1.shape[1] % 8 == 0
             and torch.cuda.get_device_capability(x.device) >= (9, 0) and _grouped_mm_ready(x.device.index or 0))
 
 
