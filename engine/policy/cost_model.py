@@ -381,7 +381,8 @@ def decode_slack(config: ModelConfig, policy: Policy, workload: Workload, profil
     x = realized_placement(config, layout, plain, profile.device_type)
     _, decode = terms.at(x)
     total, _ = layer_seconds(decode, x, True)
-    busy = max(float(evaluate(decode[c], x)) for c in ("gpu compute", "compute", "host") if c in decode)
+    busy = max(float(evaluate(decode[c], x)) for c in ("gpu compute", "compute", "host", "cpu attention")
+               if c in decode)                    # "cpu attention": pipelined, it holds the slot work
     return max(0.0, 1.0 - busy / total) if total > 0 else 0.0
 
 
