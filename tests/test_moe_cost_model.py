@@ -85,8 +85,9 @@ def test_slow_host_4bit_attention_moves_mixtral_attention_to_the_gpu():
 
 def test_pipeline_overlaps_host_attention_with_gpu_work():
     """With a free executor a layer costs about max(G, A) + min(G, A) / k pipelined, G + A without; more GPU
-    batches, less bubble (on the H200 each slot's host cost outweighs that: see the test below; weights resident, so neither is hidden behind the weight transfer and no page is issued; memory is not
-    checked here)."""
+    batches, less bubble (on the H200 each slot's host cost outweighs that: see the test below; weights
+    resident, so neither is hidden behind the weight transfer and no page is issued; memory is not checked
+    here)."""
     times = {}
     for k in (1, 2, 4):
         policy = Policy(gpu_batch_size=512 // k, num_gpu_batches=k, weight_pages=32,

@@ -29,8 +29,8 @@ grouped matmul each, against views of the stacked weights, with the experts' end
 chunks of at most `group_bytes` of buffers (`expert_slot_bytes` per pair, no padding). The host then never
 waits for the device inside a MoE layer, so it can run ahead of it (the H200's step clock showed the device
 waiting on the host in every step of a many-GPU-batch MoE decode, stop 40). Checked once per device against the
-per-expert products (`first_use_check`; a failure warns and keeps the grouped bmm). Tested on the CPU (where `_grouped_mm`
-runs its reference loop); not yet measured on a GPU.
+per-expert products (`first_use_check`; a failure warns and keeps the grouped bmm). Tested on the CPU (where
+`_grouped_mm` runs its reference loop); not yet measured on a GPU.
 """
 from __future__ import annotations
 

@@ -18,7 +18,8 @@ tensors can land far from the LP's share), and then, if still none fits, with th
 retry) taken off the budgets. On CUDA the embedding and the head are held on the device (`w_gpu >= their
 share`: `weight_slots.held_whole`).
 A MoE model attending on the host is paged finely (`cost_model.weight_pages`) or, where the model prices it
-faster at the realized placement, one page per GPU batch (`_coarser_pages`: pages cost the executor host time). The shape with the highest predicted throughput wins (ties: the smaller block, then fewer GPU batches);
+faster at the realized placement, one page per GPU batch (`_coarser_pages`: pages cost the executor host time).
+The shape with the highest predicted throughput wins (ties: the smaller block, then fewer GPU batches);
 `search_top` returns the best few for trials. Times are scaled to ms and bytes to GiB inside the LP for conditioning.
 """
 from __future__ import annotations
