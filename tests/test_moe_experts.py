@@ -186,7 +186,7 @@ def test_grouped_mm_path_equals_the_per_expert_loop(routing, chunk_rows):
 def test_grouped_mm_self_check_passes_on_the_cpu_and_names_a_mismatch(monkeypatch):
     assert grouped_mm_self_check(torch.device("cpu")) and grouped_mm_self_check(torch.device("cpu"), torch.float32)
     monkeypatch.setattr(moe, "experts_grouped_mm", lambda x, *a: torch.zeros_like(x))
-    with pytest.raises(RuntimeError, match="experts_grouped_mm differs"):
+    with pytest.raises(RuntimeError, match="experts_grouped_mm differs from the grouped bmm"):
         grouped_mm_self_check(torch.device("cpu"))
 
 

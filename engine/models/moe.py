@@ -29,7 +29,7 @@ grouped matmul each, against views of the stacked weights, with the experts' end
 chunks of at most `group_bytes` of buffers (`expert_slot_bytes` per pair, no padding). The host then never
 waits for the device inside a MoE layer, so it can run ahead of it (the H200's step clock showed the device
 waiting on the host in every step of a many-GPU-batch MoE decode, stop 40). Checked once per device against the
-per-expert products (`first_use_check`; a failure warns and keeps the grouped bmm). Tested on the CPU (where
+grouped bmm (`first_use_check`; a failure warns and keeps the grouped bmm). Tested on the CPU (where
 `_grouped_mm` runs its reference loop); not yet measured on a GPU.
 """
 from __future__ import annotations
@@ -103,6 +103,13 @@ def moe_experts(
         group_bytes = CPU_GROUP_BYTES if x.device.type == "cpu" else EXPERT_GROUP_BYTES
     if _sync_free(x, w1):
         return experts_grouped_mm(x, top_w, top_e, w1, w2, w3, act, group_bytes)
+    return experts_bmm(x, top_w, top_e, w1, w2, w3, act, group_bytes, gaps)
+
+
+def experts_bmm(x: torch.Tensor, top_w: torch.Tensor, top_e: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                w3: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor], group_bytes: int,
+                gaps: bool | None = None) -> torch.Tensor:
+    """`moe_experts`' sum in padded expert groups through `torch.bmm` (module docstring), one host sync."""
     n, h = x.shape
     k, (E, i, _) = top_e.shape[1], w1.shape
     out = torch.zeros_like(x)  # [n, h]
@@ -171,21 +178,21 @@ def _sync_free(x: torch.Tensor, w1: torch.Tensor) -> bool:
     device of compute capability 9.0 or newer whose first-use check passed, h and i multiples of 8 (the
     grouped kernel's 16-byte row alignment)."""
     return (x.device.type == "cuda" and x.dtype == torch.bfloat16 and x.shape[-1] % 8 == 0 and w1.shape[1] % 8 == 0
-            and torch.cuda.get_device_capability(x.device) >= (9, 0) and _grouped_mm_ready(x.device.index or 0))
+            and _grouped_mm_ready(x.device.index or 0))
 
 
 @functools.lru_cache(maxsize=None)
 def _grouped_mm_ready(device_index: int) -> bool:
-    """`experts_grouped_mm` against the per-expert products on cuda:device_index, once (it synchronizes that
-    once); a failure or a mismatch warns and the grouped bmm is kept."""
-    return first_use_check("moe grouped_mm", f"cuda:{device_index}",
-                           lambda: grouped_mm_self_check(torch.device("cuda", device_index)))
+    """Whether cuda:device_index is sm90 or newer and `experts_grouped_mm` matches `experts_bmm` there, found
+    once (the check synchronizes that once); a failure or a mismatch warns and the grouped bmm is kept."""
+    device = torch.device("cuda", device_index)
+    return torch.cuda.get_device_capability(device) >= (9, 0) and first_use_check(
+        "moe grouped_mm", str(device), lambda: grouped_mm_self_check(device))
 
 
 def grouped_mm_self_check(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> bool:
-    """True when `experts_grouped_mm` matches the per-expert products (one expert at a time, float32 routing
-    weights) on `device` for a small routing with an expert without tokens, over several chunks; raises
-    RuntimeError naming the error otherwise."""
+    """True when `experts_grouped_mm` matches `experts_bmm` on `device` for a small routing with an expert
+    without tokens, over several chunks; raises RuntimeError naming the error otherwise."""
     g = torch.Generator().manual_seed(0)
     n, h, i, e, k = 40, 64, 128, 8, 2
     x = torch.randn(n, h, generator=g).to(device, dtype)
@@ -193,16 +200,12 @@ def grouped_mm_self_check(device: torch.device, dtype: torch.dtype = torch.bfloa
     w2 = torch.randn(e, h, i, generator=g).div(i ** 0.5).to(device, dtype)
     top_e = torch.stack([torch.randperm(e - 1, generator=g)[:k] for _ in range(n)]).to(device)
     top_w = torch.rand(n, k, generator=g).to(device)
-    act = torch.nn.functional.silu
-    got = experts_grouped_mm(x, top_w, top_e, w1, w2, w3, act, 24 * expert_slot_bytes(h, i, x.element_size()))
-    want = torch.zeros_like(x)
-    for ex in range(e):
-        tok, slot = torch.where(top_e == ex)
-        y = linear(act(linear(x[tok], w1[ex])) * linear(x[tok], w3[ex]), w2[ex])  # [m, h]
-        want.index_add_(0, tok, (y.float() * top_w[tok, slot, None]).to(x.dtype))
+    args = (x, top_w, top_e, w1, w2, w3, torch.nn.functional.silu)
+    got = experts_grouped_mm(*args, 24 * expert_slot_bytes(h, i, x.element_size()))
+    want = experts_bmm(*args, EXPERT_GROUP_BYTES)
     scale = want.float().abs().max().item()
     err = (got.float() - want.float()).abs().max().item()
     if not err <= 2e-2 * max(scale, 1.0):
-        raise RuntimeError(f"experts_grouped_mm differs from the per-expert products by {err:.3g} "
+        raise RuntimeError(f"experts_grouped_mm differs from the grouped bmm by {err:.3g} "
                            f"(largest value {scale:.3g}) for {dtype}")
     return True

@@ -323,8 +323,12 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     # the executor's host time, per (decoder layer, GPU batch) slot (on a CPU device it is the compute); with
     # pipelined host attention it shares the host's cores with that attention (stop 40: the step took the
     # compute thread's own time plus its waits for the host jobs), so it joins the "cpu attention" channel
-    host = "compute" if cpu_att and not pipelined else ("gpu compute" if on_cpu else
-                                                         "cpu attention" if pipelined else "host")
+    if cpu_att and not pipelined:
+        host = "compute"
+    elif on_cpu:
+        host = "gpu compute"
+    else:
+        host = "cpu attention" if pipelined else "host"
     gpu_cache_slot, off_cache_slot, off_weights_slot = profile.decode_slot_extras_s(compressed_cache=cc,
                                                                                     cpu_attention=cpu_att)
     if cpu_att and config.is_moe and not on_cpu:

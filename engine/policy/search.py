@@ -340,9 +340,9 @@ def _coarser_pages(config: ModelConfig, layout: ModelLayout, found: _Candidate, 
     policy = found.policy
     if policy.weight_pages <= policy.num_gpu_batches:
         return found
-    coarse, _ = _fitting_best(config, layout, [replace(policy, weight_pages=policy.num_gpu_batches)], cost_terms(
-        config, replace(policy, weight_pages=policy.num_gpu_batches), workload, profile, bytes_per_element, layout),
-        workload, profile, bytes_per_element, limits)
+    one_each = replace(policy, weight_pages=policy.num_gpu_batches)
+    terms = cost_terms(config, one_each, workload, profile, bytes_per_element, layout)
+    coarse, _ = _fitting_best(config, layout, [one_each], terms, workload, profile, bytes_per_element, limits)
     return coarse if coarse is not None and coarse.tokens_per_s > found.tokens_per_s * (1 + 1e-9) else found
 
 
