@@ -240,6 +240,35 @@ def test_staging_claims_wait_for_the_buffers_previous_store_only():
     assert not again.waited
 
 
+@pytest.mark.parametrize("layers, batches, slots", [(1, 2, 2), (32, 2, 16)])
+def test_decode_stores_stage_through_their_own_ring(layers, batches, slots):
+    """On CUDA a decode step's cache stores take `decode_stage_slots` staging sets in turn (keys and values
+    [g, heads, 1, hd] each: up to 16, fewer when a step stores less), counted alike by the executor's
+    accounting and the LP's terms; with CPU attention (the host writes its homes) or no decode step, none."""
+    from dataclasses import replace
+
+    from engine.models.hf_config import config_from_hf
+    from engine.models.presets import PRESETS
+    from engine.policy.cost_model import Workload, estimate
+    from engine.policy.hardware import reference_profile
+    from engine.policy.memory import _kv_bytes, decode_stage_slots, executor_memory, model_layout
+
+    config = replace(config_from_hf(PRESETS["llama-3-70b"]), num_hidden_layers=layers)
+    layout = model_layout(config, 2, True)
+    policy = Policy(gpu_batch_size=96, num_gpu_batches=batches, w_gpu=0.0, w_cpu=1.0, cache_gpu=0.0,
+                    cache_cpu=1.0, compress_weights=True, compress_cache=True)
+    assert decode_stage_slots(layers * batches) == slots
+
+    def cpu(pol, gen_len):
+        return executor_memory(config, layout, pol, 200, gen_len, 2, "cuda")["cpu"]
+    host_attention = replace(policy, cpu_attention=True)
+    ring = slots * 2 * _kv_bytes(96, config.num_key_value_heads, 1, config.head_dim, torch.float16, True)
+    assert cpu(policy, 10) - cpu(host_attention, 10) == ring
+    assert cpu(policy, 1) == cpu(host_attention, 1)
+    assert estimate(config, policy, Workload(200, 10), reference_profile("h200")).peak_memory_bytes["cpu"] \
+        == cpu(policy, 10)
+
+
 def test_host_side_store_completes_inline_without_cuda():
     """Without CUDA, `submit_host` runs the copy and the host work before returning (nothing to overlap)."""
     from engine.runtime.transfers import Transfers

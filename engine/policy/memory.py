@@ -19,7 +19,8 @@ cache positions):
     `prefix_host.s{n}` of each off-gpu segment's heads), segments cut along kv heads by `split_ranges`;
     `kvbuf{slot}` device copies of non-gpu segments
     (decode without CPU attention), `kvrelay{slot}` for disk segments, `kvstage{slot}.s{n}.r{c}` pinned staging
-    of the new positions, one per prefill row chunk c (CUDA; slot = the store's count in the block % 2);
+    of the prefill's positions, one per prefill row chunk c (CUDA; slot = the store's count in the block % 2),
+    and `kvstaged{slot}.s{n}.r0` of a decode step's new position (CUDA; `decode_stage_slots` of them in turn);
   - hidden-state homes `act.{k}.{n}` of the non-gpu parts of the prefill's hidden states (a decode step's
     [g, 1, h] never leaves the gpu; with a shared prefix computed once nothing is parked: `engine.policy.prefix`);
   - MoE pipeline with CPU attention (CUDA): `hattn.{k}.s{n}.q/k/v/out`, pinned staging of one GPU batch's
@@ -165,24 +166,40 @@ def _kv_slots(layout: ModelLayout, steps: tuple[int, ...], num_batches: int) -> 
 
 
 def _stage_slots(layout: ModelLayout, policy: Policy) -> int:
-    """How many staging buffers the block's cache stores use: they alternate per store, so two once a step
-    stores twice (the prefill's size is the largest)."""
+    """How many staging buffers the prefill's cache stores use: they alternate per store, so two once a step
+    stores twice."""
     return min(2, len(layout.attention_js) * policy.num_gpu_batches)
+
+
+DECODE_STAGE_SLOTS = 16
+
+
+def decode_stage_slots(stores_per_step: int) -> int:
+    """How many staging buffers a decode step's cache stores take in turn (`kvstaged{slot}`): a store waits for
+    the store that last used its buffer (its host-side write), so with two the compute thread could run at most
+    a layer ahead of the device (stop 41: Mixtral-8x7B at 1024x2 waited 0.19 s of a 0.68 s step there); with
+    up to DECODE_STAGE_SLOTS it runs that many stores ahead. A decode store is one position per row, small."""
+    return min(DECODE_STAGE_SLOTS, stores_per_step)
+
+
+def _decode_stage_bytes(layout: ModelLayout, policy: Policy, heads: int, head_dim: int, dtype: torch.dtype,
+                        gen_len: int) -> int:
+    """Bytes of the decode stores' staging (keys + values [rows, heads, 1, hd], `decode_stage_slots` sets) for
+    `heads` kv heads off the gpu; none without a decode step or with CPU attention (the host writes its homes)."""
+    if gen_len <= 1 or policy.cpu_attention:
+        return 0
+    slots = decode_stage_slots(len(layout.attention_js) * policy.num_gpu_batches)
+    return slots * 2 * _kv_bytes(policy.gpu_batch_size, heads, 1, head_dim, dtype, policy.compress_cache)
 
 
 def _stage_bytes(rows: int, heads: int, prompt_len: int, head_dim: int, dtype: torch.dtype, compressed: bool,
                  prefix_len: int = 0, held_once: bool = True) -> int:
-    """Bytes of one set of staging buffers (keys + values) `kvstage{slot}.s{n}.r{c}`: one per prefill row chunk
-    (`row_chunks` by the rows' own tokens past a prefix of `prefix_len` computed once; each chunk's keys hold
-    the rows' own prompt positions when the prefix is `held_once` on the device, else the whole prompt), the
-    first also holding the decode stores [rows, heads, 1, hd]."""
-    total, stored = 0, prompt_len - (prefix_len if held_once else 0)
-    for c, (r0, r1) in enumerate(row_chunks(rows, prompt_len - prefix_len)):
-        size = _kv_bytes(r1 - r0, heads, stored, head_dim, dtype, compressed)
-        if c == 0:
-            size = max(size, _kv_bytes(rows, heads, 1, head_dim, dtype, compressed))
-        total += 2 * size
-    return total
+    """Bytes of one set of the prefill's staging buffers (keys + values) `kvstage{slot}.s{n}.r{c}`: one per row
+    chunk (`row_chunks` by the rows' own tokens past a prefix of `prefix_len` computed once; each chunk's keys
+    hold the rows' own prompt positions when the prefix is `held_once` on the device, else the whole prompt)."""
+    stored = prompt_len - (prefix_len if held_once else 0)
+    return sum(2 * _kv_bytes(r1 - r0, heads, stored, head_dim, dtype, compressed)
+               for r0, r1 in row_chunks(rows, prompt_len - prefix_len))
 
 
 def pipelines_host_attention(config: ModelConfig, policy: Policy) -> bool:
@@ -293,6 +310,7 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
                 mem["cpu"] += decode_slots * home                           # kvrelay
         if cuda:
             mem["cpu"] += stage_slots * _stage_bytes(g, h1 - h0, P, hd, dtype, cc, prefix, once)   # kvstage
+            mem["cpu"] += _decode_stage_bytes(layout, policy, h1 - h0, hd, dtype, gen_len)       # kvstaged
             if pipelines_host_attention(config, policy):
                 mem["cpu"] += K * _host_stage_bytes(config, g, h1 - h0, e)         # hattn
     act_len = _act_home_len(P, gen_len, prefix)
@@ -383,7 +401,8 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
     if cuda:
         if pipelines_host_attention(config, policy):
             cpu = cpu + share("cache", "off") * (K * _host_stage_bytes(config, g, nkv, e))
-        cpu = (cpu + share("w", "disk") * buffers + share("cache", "off") * (stage_slots * stage)
+        stages = stage_slots * stage + _decode_stage_bytes(layout, policy, nkv, hd, dtype, gen_len)
+        cpu = (cpu + share("w", "disk") * buffers + share("cache", "off") * stages
                + share("act", "cpu") * hidden
                + (share("cache", "disk") * (decode_slots * home) if not policy.cpu_attention else const(0.0)))
     disk = share("w", "disk") * layout.total_bytes + share("cache", "disk") * (L * K * home)

@@ -19,7 +19,7 @@ import torch
 
 from engine.models.attention import attention_layer, attention_output, decode_inputs
 from engine.models.layers import reserve_positions
-from engine.policy.memory import pipelines_host_attention
+from engine.policy.memory import decode_stage_slots, pipelines_host_attention
 from engine.policy.partition import Stage
 from engine.policy.policy import Policy
 from engine.policy.prefix import MIN_SHARED_PREFIX, prefix_held_once
@@ -303,10 +303,12 @@ class Executor(AheadDriver):
         blk = self.block
         kv = blk.kv.get((a.j, a.k))
         if kv is not None:
-            # staging buffers alternate per store, so a store waits for the one two stores back (keyed by
-            # the slot's parity, every attention layer of a one-GPU-batch step would share one buffer and
-            # each store would wait for the previous layer's: the host could run at most a layer ahead)
-            kv.store(self.transfers, blk.stores % 2, blk.claims)
+            # a store waits for the store that last used its staging buffer: the prefill's (large) buffers
+            # alternate per store (keyed by the slot's parity, every attention layer of a one-GPU-batch step
+            # would share one buffer), a decode step's (one position a row) take `decode_stage_slots` turns
+            # so the compute thread can run that many stores ahead of the store thread
+            slot = blk.stores % 2 if a.i == 0 else f"d{blk.stores % decode_stage_slots(len(blk.kv))}"
+            kv.store(self.transfers, slot, blk.claims)
             blk.stores += 1
 
     def _load_hidden(self, a: Action) -> None:
