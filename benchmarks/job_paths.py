@@ -40,7 +40,8 @@ system "llmops", rows, seconds, rows_per_h, tokens_per_s, first_result_s (+ firs
 (rows_per_h over the engine record's of the same run_id; with `--interleave` the engine runs before and
 after every path, ratio_to_engine is against the one just before and ratio_to_engine_bracketed against the
 mean of both, rewritten into the file atomically), peak_device_gib / peak_reserved_gib (torch's peaks
-since the path started; null on CPU), gpu_memory_gib, device, machine, commit, command, workload, model,
+since the path started; null on CPU), gpu_memory_gib, device, machine, commit, command, workload, model (its
+shape, with num_local_experts and int4: the checkpoint's AWQ/GPTQ tag, e.g. awq-g128, null for float weights),
 non_null_rows (rows whose output struct is non-null), generated_tokens, engine_calls, engine_first_block_s
 (when the engine finished its first block, seen from inside), plans (the engine's plan(s) used),
 prefill_ahead (whether the plan(s) of the path's engine calls had `Policy.prefill_ahead`: true / false, or
@@ -470,7 +471,9 @@ def model_info(llm: Any, model: str) -> dict[str, Any]:
                             "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
                             "num_key_value_heads": c.num_key_value_heads, "intermediate_size": c.intermediate_size,
                             "vocab_size": c.vocab_size, "tie_word_embeddings": c.tie_word_embeddings,
-                            "dtype": str(llm.dtype).removeprefix("torch."), "fingerprint": getattr(llm, "fingerprint", None)}
+                            "dtype": str(llm.dtype).removeprefix("torch."), "fingerprint": getattr(llm, "fingerprint", None),
+                            "num_local_experts": getattr(c, "num_local_experts", None),
+                            "int4": c.quantization_config.tag if getattr(c, "quantization_config", None) else None}
     try:
         specs = llm.loaded.family.layer_specs()
         info["params"] = sum({ws.sources: ws.numel for s in specs for ws in s.weights.values()}.values())
