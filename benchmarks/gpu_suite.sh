@@ -187,12 +187,13 @@ if [[ $what == moe-hostatt ]]; then
   } 2>&1 | grep -v '^{' | tee "$OUT/moe_hostatt.log" | tail -14
 fi
 if [[ $what == moe-2048 ]]; then
-  # issue 17's main shape on a 2,048-row block (~5.5 min; stop 40: ours 2.2 min, the ablation 2.8): the ablation
+  # issue 17's main shape on a 2,048-row block (~5 min; stop 41: ours 1.9 min, the ablation 2.7): the ablation
   # first, then auto (4-bit weights and cache; the search's pick, 1024x2 with the cache streamed to GPU attention),
-  # with the step clock, in one call
+  # with the step clock, in one call. MOE_ROWS=4096: auto picks 4096x1, every weight streamed (~8 min)
+  rows=${MOE_ROWS:-2048}
   python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --dtype bfloat16 \
-    --rows 2048 --plan-profile reference --trials 0 --policy auto --system llmops-no-pipeline --system llmops \
-    --clock --out "$OUT/throughput_moe.jsonl" 2>&1 | grep -v '^{' | tee "$OUT/moe_2048.log" | tail -8
+    --rows "$rows" --plan-profile reference --trials 0 --policy auto --system llmops-no-pipeline --system llmops \
+    --clock --out "$OUT/throughput_moe.jsonl" 2>&1 | grep -v '^{' | tee "$OUT/moe_$rows.log" | tail -8
 fi
 if [[ $what == moe-peers ]]; then
   # Accelerate streams 93 GB of fp16 from pageable RAM: ~16 s per step at batch 256 (ENVIRONMENT.md), so a few steps
