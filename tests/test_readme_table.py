@@ -45,4 +45,4 @@ def test_a_failed_path_shows_no_ratio_and_keeps_the_run_before_it():
     failed = {"path": "pipeline", "timestamp": "2026-12-03T00:00:00", "ratio_to_engine": None,
               "error": "ModuleNotFoundError: No module named 'pydantic'"}
     engine = {"path": "engine", "timestamp": "2026-12-03T00:00:00", "ratio_to_engine": 1.0}
-    assert readme_table.job_paths([ok, engine, failed]) == "pipeline 0.97"
+    assert readme_table.job_paths([ok, engine, failed]) == "pipeline 0.970"        # three places: 0.898 is no 0.90
