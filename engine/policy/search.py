@@ -206,8 +206,8 @@ def _regime_realization(config: ModelConfig, layout: ModelLayout, shape: Policy,
     fixed there, and the cache and hidden states placed around them (the weights on the cpu with part of the
     cache on the gpu, where the LP's weights past a tensor boundary fit neither way). When that finds none
     either, tighten the LP's limits by the overshoot (doubled at every retry: a small step can leave the
-    rounding where it was) and solve again. Returns (candidate or None, whether the first LP, at `limits`,
-    was feasible)."""
+    rounding where it was) and solve again. The candidate found then fills the device memory left with cache
+    (`_fill_cache`). Returns (candidate or None, whether the first LP, at `limits`, was feasible)."""
     args = (terms, workload, profile, bytes_per_element, limits)
     lp_limits = dict(limits)
     for attempt in range(retries + 1):
@@ -219,11 +219,30 @@ def _regime_realization(config: ModelConfig, layout: ModelLayout, shape: Policy,
         if best is None and attempt == 0:
             best = _weight_branches(config, layout, shape, rounded, resident, *args)
         if best is not None:
-            return best, True
+            return _fill_cache(config, layout, best, *args), True
         for tier in TIERS:
             if overshoot[tier] > 0:
                 lp_limits[tier] -= overshoot[tier] * 2 ** attempt
     return None, True
+
+
+def _fill_cache(config: ModelConfig, layout: ModelLayout, best: _Candidate, terms: CostTerms, workload: Workload,
+                profile: HardwareProfile, bytes_per_element: int, limits: dict[str, float]) -> _Candidate:
+    """`best` with as many more kv heads of its host cache on the gpu as still fit `limits`, when that is
+    faster. The LP prices a byte of weights and a byte of cache on the link alike, so it can give the device
+    memory to weights that then round down to a tensor boundary, leaving that memory empty (Mixtral-8x7B over
+    4,096 rows at 16 GiB: 4096x1 with every weight streamed and 10 of 16 GiB used)."""
+    nkv = config.num_key_value_heads
+    on_gpu = round(best.policy.cache_gpu * nkv)
+    on_cpu = round((best.policy.cache_gpu + best.policy.cache_cpu) * nkv) - on_gpu   # heads, as split_ranges
+    for moved in range(1, on_cpu + 1):
+        more = replace(best.policy, cache_gpu=(on_gpu + moved) / nkv, cache_cpu=(on_cpu - moved) / nkv)
+        est = estimate(config, more, workload, profile, bytes_per_element, layout=layout, terms=terms)
+        if est.peak_memory_bytes["gpu"] > limits["gpu"]:
+            break
+        if est.tokens_per_s > best.tokens_per_s * (1 + 1e-9):
+            best = _Candidate(est.tokens_per_s, more, est)
+    return best
 
 
 def _weight_branches(config: ModelConfig, layout: ModelLayout, shape: Policy, rounded: list[Policy],
