@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one|moe-paths]
 # flexgen-pair (~4.5 min): OPT-30B ours (192x1 + ahead, --clock) and FlexGen in one call; moe-p512 (~8 min): Mixtral-8x7B
 # at prompt 512 / gen 128 / 16 GiB, auto and its ablation.
 # models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
@@ -194,6 +194,21 @@ if [[ $what == moe-2048 ]]; then
   python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB --dtype bfloat16 \
     --rows "$rows" --plan-profile reference --trials 0 --policy auto --system llmops-no-pipeline --system llmops \
     --clock --out "$OUT/throughput_moe.jsonl" 2>&1 | grep -v '^{' | tee "$OUT/moe_$rows.log" | tail -8
+fi
+if [[ $what == moe-paths ]]; then
+  # issue 17 on the product paths (carry .whl with pydantic, duckdb, llguidance >= 1.9 and
+  # .bench_assets/smollm2_tokenizer): a random AWQ int4 Mixtral-8x7B (MOE_LAYERS=4 cuts it; stop 41 ran 4 layers
+  # in 94 s), then the engine and `llmops run` over MOE_ROWS (2048) invoice rows, auto unless MOE_POLICY (a Policy
+  # as JSON) fixes the plan; ~6-8 min in full
+  layers=()
+  [[ -n ${MOE_LAYERS:-} ]] && layers=(--layers "$MOE_LAYERS")
+  policy=()
+  [[ -n ${MOE_POLICY:-} ]] && policy=(--policy "$MOE_POLICY")
+  { python3 benchmarks/build_bench_model.py --out /tmp/mixtral_awq --tokenizer .bench_assets/smollm2_tokenizer \
+      --shape mixtral-8x7b "${layers[@]}" | tail -n 4
+    python3 benchmarks/job_paths.py --model /tmp/mixtral_awq --gpu-memory 16GiB --rows "${MOE_ROWS:-2048}" \
+      --paths engine,pipeline "${policy[@]}" --out "$OUT/job_paths_moe.jsonl" | grep -v '^{'
+  } 2>&1 | tee "$OUT/moe_paths.log" | tail -20
 fi
 if [[ $what == moe-peers ]]; then
   # Accelerate streams 93 GB of fp16 from pageable RAM: ~16 s per step at batch 256 (ENVIRONMENT.md), so a few steps
