@@ -183,3 +183,32 @@ def test_unsupported_settings_are_named(floats, tmp_path, qc, match):
     (dst / "config.json").write_text(json.dumps({**d, "quantization_config": qc}))
     with pytest.raises(ValueError, match=match):
         load_model(dst)
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+@pytest.mark.parametrize("in_f, group", [(256, 64), (256, 256), (96, 32), (200, 64)])
+def test_packed_bytes_path_equals_the_per_code_path(method, in_f, group):
+    """Whole even groups take the byte path (AWQ: the nibbles of two rows in one int32 op; GPTQ: its int32s
+    transposed are our bytes); it gives the per-code path's QTensor bit for bit, on every nibble value and
+    sign bit (a ragged last group, 200 inputs in groups of 64, takes the per-code path)."""
+    from engine.quant import int4_checkpoint as ic
+
+    g = torch.Generator().manual_seed(in_f + group)
+    out_f, groups = 48, -(-in_f // group)
+    words = (in_f, out_f // 8) if method == "awq" else (in_f // 8, out_f)
+    qweight = torch.randint(-2**31, 2**31 - 1, words, dtype=torch.int32, generator=g)
+    qzeros = torch.randint(-2**31, 2**31 - 1, (groups, out_f // 8), dtype=torch.int32, generator=g)
+    scales = torch.rand((groups, out_f), generator=g).to(torch.float16)
+    if method == "awq":
+        got = ic.awq_qtensor(qweight, qzeros, scales, group, torch.bfloat16)
+        codes = ic.unpack_nibbles(qweight, 1, ic.AWQ_ORDER).t().contiguous()
+        zeros = ic.unpack_nibbles(qzeros, 1, ic.AWQ_ORDER).t()
+    else:
+        got = ic.gptq_qtensor(qweight, qzeros, scales, None, group, torch.bfloat16, zero_offset=1)
+        codes = ic.unpack_nibbles(qweight, 0).t().contiguous()
+        zeros = ic.unpack_nibbles(qzeros, 1).t().to(torch.int16) + 1
+    want = ic.pack_qtensor(codes, zeros, scales.t(), group, torch.bfloat16)
+    assert ic._whole_bytes(in_f, group) == (in_f % group == 0)
+    for name in ("data", "mn", "scale"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert got.shape == want.shape == torch.Size((out_f, in_f))

@@ -20,6 +20,8 @@ be expressed in our format (`gptq_qtensor` raises).
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from engine.quant.config import QuantConfig
@@ -49,25 +51,65 @@ def pack_qtensor(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
     of (codes - zeros) * scales with groups of `group_size` inputs (the last group zero-padded)."""
     out_f, in_f = codes.shape
     groups = -(-in_f // group_size)
-    if zeros.shape != (out_f, groups) or scales.shape != (out_f, groups):
-        raise UnsupportedInt4(f"zeros {list(zeros.shape)} / scales {list(scales.shape)} do not give one value per "
-                              f"output and group of {group_size} of a weight [{out_f}, {in_f}] ({groups} groups)")
+    _check_groups(out_f, in_f, zeros, scales, group_size)
     padded = torch.zeros((out_f, groups * group_size), dtype=torch.uint8)
     padded[:, :in_f] = codes
     grouped = padded.view(out_f, groups, group_size)                                # [out, g, gs]
     data = grouped[..., 0::2] | (grouped[..., 1::2] << 4)                           # [out, g, gs/2] low nibble first
+    return _qtensor(data.reshape(out_f, -1), in_f, zeros, scales, group_size, dtype)
+
+
+def _check_groups(out_f: int, in_f: int, zeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> None:
+    groups = -(-in_f // group_size)
+    if zeros.shape != (out_f, groups) or scales.shape != (out_f, groups):
+        raise UnsupportedInt4(f"zeros {list(zeros.shape)} / scales {list(scales.shape)} do not give one value per "
+                              f"output and group of {group_size} of a weight [{out_f}, {in_f}] ({groups} groups)")
+
+
+def _qtensor(data: torch.Tensor, in_f: int, zeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+             dtype: torch.dtype) -> QTensor:
+    """Packed bytes [out, groups * gs / 2] (inputs 2m, 2m + 1 in the low, high nibble of byte m), zeros / scales
+    [out, groups] -> the QTensor of W [out, in_f]."""
+    out_f, groups = data.shape[0], -(-in_f // group_size)
+    _check_groups(out_f, in_f, zeros, scales, group_size)
     sdt = scale_dtype(dtype)
     scale = scales.to(sdt)[..., None]                                               # [out, g, 1]
     mn = (-zeros.to(sdt) * scales.to(sdt))[..., None]                               # [out, g, 1]
-    return QTensor(data.contiguous(), mn.contiguous(), scale.contiguous(), torch.Size((out_f, in_f)),
-                   QuantConfig(bits=4, group_size=group_size), dtype)
+    return QTensor(data.reshape(out_f, groups, -1).contiguous(), mn.contiguous(), scale.contiguous(),
+                   torch.Size((out_f, in_f)), QuantConfig(bits=4, group_size=group_size), dtype)
+
+
+def _whole_bytes(in_f: int, group_size: int) -> bool:
+    """Whether the packed bytes need no padding or regrouping: whole groups of an even size, and int32 bytes in
+    little-endian order (the fast paths read nibbles through a byte view)."""
+    return in_f % group_size == 0 and group_size % 2 == 0 and sys.byteorder == "little"
+
+
+_NIBBLES = 0x0F0F0F0F
+
+
+def _awq_bytes(qweight: torch.Tensor) -> torch.Tensor:
+    """AWQ qweight int32 [in, out / 8] (in even) -> packed bytes [out, in / 2] without a byte per code: the
+    nibbles of rows 2m and 2m + 1 side by side in one int32 op, then each byte to its output column."""
+    a, b = qweight[0::2].to(torch.int32), qweight[1::2].to(torch.int32)            # [in/2, out/8]
+    low = ((a & _NIBBLES) | ((b & _NIBBLES) << 4)).view(torch.uint8)               # byte j: nibble 2j of a and b
+    high = (((a >> 4) & _NIBBLES) | (((b >> 4) & _NIBBLES) << 4)).view(torch.uint8)   # nibble 2j + 1
+    rows, cols = a.shape
+    out = torch.empty((rows, cols, 8), dtype=torch.uint8)                          # [in/2, out/8, 8] by column
+    for k in range(8):
+        src = low if k % 2 == 0 else high
+        out[..., AWQ_ORDER[k]] = src.view(rows, cols, 4)[..., k // 2]
+    return out.view(rows, cols * 8).t().contiguous()                               # [out, in/2]
 
 
 def awq_qtensor(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
                 dtype: torch.dtype) -> QTensor:
     """AWQ GEMM tensors (module docstring) -> QTensor of W [out, in]."""
-    codes = unpack_nibbles(qweight, 1, AWQ_ORDER).t()                              # [out, in]
     zeros = unpack_nibbles(qzeros, 1, AWQ_ORDER).t()                               # [out, groups]
+    in_f = qweight.shape[0]
+    if _whole_bytes(in_f, group_size):
+        return _qtensor(_awq_bytes(qweight), in_f, zeros, scales.t(), group_size, dtype)
+    codes = unpack_nibbles(qweight, 1, AWQ_ORDER).t()                              # [out, in]
     return pack_qtensor(codes.contiguous(), zeros, scales.t(), group_size, dtype)
 
 
@@ -82,8 +124,13 @@ def check_g_idx(g_idx: torch.Tensor, in_features: int, group_size: int) -> None:
 def gptq_qtensor(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor | None,
                  group_size: int, dtype: torch.dtype, zero_offset: int = 1) -> QTensor:
     """GPTQ tensors (module docstring) -> QTensor of W [out, in]; UnsupportedInt4 when g_idx is not i // gs."""
-    codes = unpack_nibbles(qweight, 0).t()                                         # [out, in]
+    in_f = qweight.shape[0] * 8
     if g_idx is not None:
-        check_g_idx(g_idx, codes.shape[1], group_size)
+        check_g_idx(g_idx, in_f, group_size)
     zeros = unpack_nibbles(qzeros, 1).t().to(torch.int16) + zero_offset           # [out, groups]
+    if _whole_bytes(in_f, group_size):
+        # an int32 of GPTQ's holds inputs 8r..8r+7 low nibble first: our bytes already, once transposed
+        data = qweight.to(torch.int32).t().contiguous().view(torch.uint8)          # [out, in/2]
+        return _qtensor(data, in_f, zeros, scales.t(), group_size, dtype)
+    codes = unpack_nibbles(qweight, 0).t()                                         # [out, in]
     return pack_qtensor(codes.contiguous(), zeros, scales.t(), group_size, dtype)
