@@ -158,20 +158,24 @@ def test_search_pages_coarsely_where_pages_cost_the_executor():
 
 
 def test_search_fills_the_device_memory_weights_left_with_cache():
-    """Mixtral-8x7B over 4,096 rows at 16 GiB: the LP gives the device memory to weights, which round down to
-    a tensor boundary (a third of the experts a step), so the search used to stream every weight and leave
-    6 of 16 GiB empty (4096x1, the cache all on the host: 4,110 tok/s predicted). Filling the rest with kv heads
-    of the cache (`search._fill_cache`) moves fewer bytes over the link each step."""
+    """Mixtral-8x7B over 4,096 rows at 16 GiB, 4096x1 with every weight streamed (call 3 of stop 41's auto
+    pick: weights rounded down to a tensor boundary, 6 of 16 GiB left empty): `search._fill_cache` moves kv
+    heads of the cache to the gpu while they fit and are faster, so fewer bytes cross the link each step."""
+    from engine.policy.cost_model import cost_terms
+    from engine.policy.search import _Candidate, _fill_cache
+
     workload = replace(ISSUE_WORKLOAD, num_prompts=4096)
-    budgets = Budgets(16 * GIB, 88 * GIB)
-    found = search(MIXTRAL, workload, budgets, H200, compress_weights=True, compress_cache=True,
-                   cpu_attention=None, model_name="mixtral-8x7b")
-    p = found.policy
-    assert p.cache_gpu > 0 and found.peak_memory_bytes["gpu"] <= budgets.gpu_bytes
-    host_cache = replace(p, cache_gpu=0.0, cache_cpu=p.cache_gpu + p.cache_cpu)
-    assert found.predicted_tokens_per_s > estimate(MIXTRAL, host_cache, workload, H200).tokens_per_s
-    step = 1 / MIXTRAL.num_key_value_heads
-    if p.cache_cpu >= step:                         # one more head does not fit (or is no faster)
-        more = replace(p, cache_gpu=p.cache_gpu + step, cache_cpu=p.cache_cpu - step)
-        est = estimate(MIXTRAL, more, workload, H200)
-        assert est.peak_memory_bytes["gpu"] > budgets.gpu_bytes or est.tokens_per_s <= found.predicted_tokens_per_s
+    limits = {"gpu": 16 * GIB, "cpu": 88 * GIB, "disk": 0}
+    streamed = Policy(gpu_batch_size=4096, num_gpu_batches=1, w_gpu=0.0, w_cpu=1.0, cache_gpu=0.0, cache_cpu=1.0,
+                      act_gpu=1.0, act_cpu=0.0, compress_weights=True, compress_cache=True)
+    layout = model_layout(MIXTRAL, 2, True)
+    terms = cost_terms(MIXTRAL, streamed, workload, H200, 2, layout)
+    before = estimate(MIXTRAL, streamed, workload, H200, layout=layout, terms=terms)
+    assert before.peak_memory_bytes["gpu"] < limits["gpu"] - 4 * GIB
+    found = _fill_cache(MIXTRAL, layout, _Candidate(before.tokens_per_s, streamed, before), terms, workload, H200,
+                        2, limits)
+    p, step = found.policy, 1 / MIXTRAL.num_key_value_heads
+    assert p.cache_gpu > 0 and p.cache_gpu + p.cache_cpu == 1.0
+    assert found.estimate.peak_memory_bytes["gpu"] <= limits["gpu"] and found.tokens_per_s > before.tokens_per_s
+    more = replace(p, cache_gpu=p.cache_gpu + step, cache_cpu=p.cache_cpu - step)   # one more head: too much
+    assert estimate(MIXTRAL, more, workload, H200).peak_memory_bytes["gpu"] > limits["gpu"]
