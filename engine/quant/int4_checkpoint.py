@@ -51,7 +51,6 @@ def pack_qtensor(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
     of (codes - zeros) * scales with groups of `group_size` inputs (the last group zero-padded)."""
     out_f, in_f = codes.shape
     groups = -(-in_f // group_size)
-    _check_groups(out_f, in_f, zeros, scales, group_size)
     padded = torch.zeros((out_f, groups * group_size), dtype=torch.uint8)
     padded[:, :in_f] = codes
     grouped = padded.view(out_f, groups, group_size)                                # [out, g, gs]
@@ -59,19 +58,14 @@ def pack_qtensor(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
     return _qtensor(data.reshape(out_f, -1), in_f, zeros, scales, group_size, dtype)
 
 
-def _check_groups(out_f: int, in_f: int, zeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> None:
-    groups = -(-in_f // group_size)
-    if zeros.shape != (out_f, groups) or scales.shape != (out_f, groups):
-        raise UnsupportedInt4(f"zeros {list(zeros.shape)} / scales {list(scales.shape)} do not give one value per "
-                              f"output and group of {group_size} of a weight [{out_f}, {in_f}] ({groups} groups)")
-
-
 def _qtensor(data: torch.Tensor, in_f: int, zeros: torch.Tensor, scales: torch.Tensor, group_size: int,
              dtype: torch.dtype) -> QTensor:
     """Packed bytes [out, groups * gs / 2] (inputs 2m, 2m + 1 in the low, high nibble of byte m), zeros / scales
     [out, groups] -> the QTensor of W [out, in_f]."""
     out_f, groups = data.shape[0], -(-in_f // group_size)
-    _check_groups(out_f, in_f, zeros, scales, group_size)
+    if zeros.shape != (out_f, groups) or scales.shape != (out_f, groups):
+        raise UnsupportedInt4(f"zeros {list(zeros.shape)} / scales {list(scales.shape)} do not give one value per "
+                              f"output and group of {group_size} of a weight [{out_f}, {in_f}] ({groups} groups)")
     sdt = scale_dtype(dtype)
     scale = scales.to(sdt)[..., None]                                               # [out, g, 1]
     mn = (-zeros.to(sdt) * scales.to(sdt))[..., None]                               # [out, g, 1]
