@@ -37,8 +37,8 @@ With a shared prompt prefix of p tokens (`Workload.shared_prefix_len`, `prefix.b
 batch's prefill computes the prefix once and each row's own s - p tokens after it; where the prefix's keys
 and values are held once per GPU batch (`prefix.prefix_held_once`: an accelerator or a 4-bit cache), the KV
 cache, its stores, its quantization and the decode's cache traffic count each row's own positions
-(s - p + n / 2 on average; a decode load moves a row's whole home, s - p + n - 1), while attention still reads
-the mean context ctx; the prefill's hidden state is
+(s - p + n / 2 on average; a decode load moves a row's written positions, its padded prompt and the tokens so
+far), while attention still reads the mean context ctx; the prefill's hidden state is
 not parked. A decode step's hidden states never leave the gpu (`engine.runtime.act_homes`): the act placement
 moves only the prefill's.
 Symbols: L layers, b = bls, g = gpu_batch_size, k = num_gpu_batches, s prompt length, n tokens generated,
@@ -249,9 +249,9 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     sx = s - p
     held = p if prefix_held_once(profile.device_type, cc) else 0   # prefix positions held once, not per row
     sx_own, ctx_own = s - held, ctx - held   # the positions a row's own cache stores / holds on average
-    # a decode load copies a row's whole home, every position the block will hold (`KVHome.load`): on the
-    # H200 (stop 41) the link moved exactly that for Mixtral-8x7B, 1.45x the mean context's bytes at gen 128
-    home_own = workload.memory_prompt_len + n - 1 - held
+    # a decode load copies a row's written positions (`KVHome.load`): the batch's padded prompt and the tokens
+    # before the step's, P + i - 1 at decode step i = 1 .. n - 1
+    home_own = workload.memory_prompt_len + max(n - 2, 0) / 2 - held
     hs = 0.0 if p else b * s * hb          # prefill hidden bytes parked off the gpu (a prefix pair stays on it)
 
     def matmuls(tokens: int) -> float:
@@ -293,12 +293,12 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     dequant_cache_s = b * ctx_own * kv16 / dq_bw if cc else 0.0      # a compressed cache read on the device
     kv_to_cpu = (q_bytes + kv) if cpu_att else kv                    # cpu attention ships q with new k/v
     decode = {
-        # offloaded weights + (gpu attention) the offloaded cache's whole homes, (cpu attention) the
+        # offloaded weights + (gpu attention) the offloaded cache's written positions, (cpu attention) the
         # attention output back (a decode step's hidden states never leave the gpu: `act_homes`)
         "cpu->gpu": (W * w_off + (b * q_bytes if cpu_att else b * home_own * kv) * c_off) / h2d,
         # the new token's k/v (and q with cpu attention) for the offloaded cache
         "gpu->cpu": (b * kv_to_cpu * c_off) / d2h,
-        # disk weights, the disk cache's whole homes
+        # disk weights, the disk cache's written positions
         "disk->cpu": (W * w_disk + b * home_own * kv * c_disk) / d_read,
         # the new token's k/v homed on disk
         "cpu->disk": (b * kv * c_disk) / d_write,

@@ -10,9 +10,10 @@ policy's cache fractions (`split_ranges`); each segment's keys/values live on on
   - cpu/disk home, decode, cpu_attention: the new q/k/v go to the host, attention runs there, only the
     output comes back (`decode`: in the calling thread; `decode_start`: on the `HostAttention` thread, joined
     later by the MoE pipeline, `engine.runtime.moe_schedule`);
-  - cpu/disk home otherwise: `load` copies the whole home into a device buffer before compute (the
-    executor overlaps it with the previous GPU batch), attention runs on the device, and `store` writes
-    the new positions back to the home after compute.
+  - cpu/disk home otherwise: `load` copies the home's written positions (`KVHome.written`, [0, t - L) before
+    the decode at t: a pitched copy, `engine.storage.pitched`) into a device buffer before compute (the
+    executor overlaps it with the previous GPU batch), attention runs on the device over those and the new
+    position, and `store` writes the new positions back to the home after compute.
 Stores never block the compute thread: the new positions go to a pinned staging buffer (the home's slice is
 strided; one buffer per prefill row chunk, `KVHome.rows`) and a worker thread copies them into the home
 (`Transfers.submit_host`). Decode over a 4-bit segment on the device reads it packed in one fused kernel
@@ -110,6 +111,7 @@ class KVHome:
                            arena.get(f"{name}.prefix.v", Tier.GPU, shape, dtype))
         self._prefix_parts: dict[tuple[int, bool, bool], tuple[torch.Tensor, torch.Tensor]] = {}
         self.pending: list[Pending] = []            # this home's stores not yet complete on the host
+        self.written = 0                            # home positions [0, written) hold keys/values
         self.segments: list[KVSegment] = []
         for n, (tier, h0, h1) in enumerate(split_ranges(num_kv_heads, cache_gpu, cache_cpu)):
             shape = (rows, h1 - h0, length - prefix_len, head_dim)
@@ -183,7 +185,9 @@ class KVHome:
             seg.k, seg.v, seg.tier, seg.parked = k, v, Tier.GPU, None
 
     def load(self, transfers: Transfers, slot: int) -> list[Pending]:
-        """Copy each cpu/disk home (not handled on the host) into a device buffer for a decode compute."""
+        """Copy each cpu/disk home (not handled on the host) into a device buffer for a decode compute: its
+        written positions [0, `written`) only (the buffer's later positions are stale; the decode writes the
+        new one and reads no further)."""
         self.settle()
         pendings = []
         for n, seg in enumerate(self.segments):
@@ -205,9 +209,9 @@ class KVHome:
 
             after = None if self.releases is None else self.releases.after(f"kvbuf{slot}.s{n}", address(bk))
 
-            def fn(stream, seg=seg, bk=bk, bv=bv, relay=relay, after=after):
-                e1 = copy(bk, seg.k, stream=stream, relay=relay[0] if relay else None, after=after)
-                e2 = copy(bv, seg.v, stream=stream, relay=relay[1] if relay else None, after=after)
+            def fn(stream, seg=seg, bk=bk, bv=bv, relay=relay, after=after, first=(2, self.written)):
+                e1 = copy(bk, seg.k, stream=stream, relay=relay[0] if relay else None, after=after, first=first)
+                e2 = copy(bv, seg.v, stream=stream, relay=relay[1] if relay else None, after=after, first=first)
                 return e2 or e1
             pendings.append(transfers.submit("load", fn, threaded=seg.tier is Tier.DISK))
         return pendings
@@ -252,6 +256,7 @@ class KVHome:
         soft-capping (Gemma2). Returns [b, nh, s, hd]."""
         out = prefill_attention(q, k, v, mask, scale, softcap)
         L = self.prefix_len
+        self.written = max(self.written, k.shape[2] - L)
         if L:
             if row0 == 0:
                 self.prefix[0].copy_(k[:1, :, :L])
@@ -286,6 +291,7 @@ class KVHome:
         g = q.shape[1] // k.shape[1]
         if self.cpu_attention:
             self.settle()                       # the host reads the homes the prefill's stores fill
+        self.written = t - self.prefix_len + 1
         outs = []
         for n, seg in enumerate(self.segments):
             qs, ks, vs = q[:, seg.h0 * g:seg.h1 * g], k[:, seg.h0:seg.h1], v[:, seg.h0:seg.h1]
@@ -305,6 +311,7 @@ class KVHome:
         `stage_key` names the staging buffers (one key per GPU batch: at most one job of it in flight)."""
         g = q.shape[1] // k.shape[1]
         self.settle()
+        self.written = t - self.prefix_len + 1
         parts: list[torch.Tensor | HostJob] = []
         for n, seg in enumerate(self.segments):
             qs, ks, vs = q[:, seg.h0 * g:seg.h1 * g], k[:, seg.h0:seg.h1], v[:, seg.h0:seg.h1]

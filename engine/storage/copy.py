@@ -11,7 +11,10 @@ from typing import Sequence
 import torch
 
 from engine.quant.qtensor import QTensor
+from engine.storage.pitched import prefix_copy
 from engine.storage.tiers import Stored
+
+_ALL = slice(None)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -19,8 +22,11 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def copy(dst: Stored, src: Stored, *, stream: "torch.cuda.Stream | None" = None,
-         relay: Stored | None = None, after: "Sequence[torch.cuda.Event] | None" = None) -> "torch.cuda.Event | None":
+         relay: Stored | None = None, after: "Sequence[torch.cuda.Event] | None" = None,
+         first: tuple[int, int] | None = None) -> "torch.cuda.Event | None":
     """Copy `src` into `dst` (same logical shape and kind: both dense or both QTensor with equal layout).
+    `first` = (dim, n): copy only indices [0, n) of that leading dim (a KV home's written positions); a
+    host <-> device one is a single pitched copy per tensor (`engine.storage.pitched`).
 
     Completion: when neither side is on a CUDA device, the copy is complete when this returns (it runs in
     the calling thread: call it from a worker thread to overlap disk reads). When either side is on CUDA,
@@ -38,15 +44,16 @@ def copy(dst: Stored, src: Stored, *, stream: "torch.cuda.Stream | None" = None,
     if isinstance(dst, QTensor) != isinstance(src, QTensor):
         raise TypeError(f"copy: cannot copy {type(src).__name__} into {type(dst).__name__}")
     cuda = any(t.is_cuda for t in (*dst_parts, *src_parts))
+    cut = _ALL if first is None else (_ALL,) * first[0] + (slice(0, first[1]),)
     if not cuda:
         for d, s in zip(dst_parts, src_parts):
             if not _same(d, s):
-                d.copy_(s)
+                d[cut].copy_(s[cut])
         return None
     if relay is not None:
         relay_parts = relay.parts() if isinstance(relay, QTensor) else (relay,)
         for r, s in zip(relay_parts, src_parts):
-            r.copy_(s)
+            r[cut].copy_(s[cut])
         src_parts = relay_parts
     current = torch.cuda.current_stream()
     stream = stream or current
@@ -58,7 +65,10 @@ def copy(dst: Stored, src: Stored, *, stream: "torch.cuda.Stream | None" = None,
     with torch.cuda.stream(stream):
         for d, s in zip(dst_parts, src_parts):
             if not _same(d, s):
-                d.copy_(s, non_blocking=True)
+                if first is None:
+                    d.copy_(s, non_blocking=True)
+                else:
+                    prefix_copy(d, s, first[1], first[0], stream)
                 for t in (d, s):
                     if t.is_cuda and stream != current:
                         t.record_stream(stream)             # the allocator must not reuse it before the copy
