@@ -251,7 +251,7 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     sx_own, ctx_own = s - held, ctx - held   # the positions a row's own cache stores / holds on average
     # a decode load copies a row's written positions (`KVHome.load`): the batch's padded prompt and the tokens
     # before the step's, P + i - 1 at decode step i = 1 .. n - 1
-    home_own = workload.memory_prompt_len + max(n - 2, 0) / 2 - held
+    loaded_own = workload.memory_prompt_len + max(n - 2, 0) / 2 - held
     hs = 0.0 if p else b * s * hb          # prefill hidden bytes parked off the gpu (a prefix pair stays on it)
 
     def matmuls(tokens: int) -> float:
@@ -295,11 +295,11 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     decode = {
         # offloaded weights + (gpu attention) the offloaded cache's written positions, (cpu attention) the
         # attention output back (a decode step's hidden states never leave the gpu: `act_homes`)
-        "cpu->gpu": (W * w_off + (b * q_bytes if cpu_att else b * home_own * kv) * c_off) / h2d,
+        "cpu->gpu": (W * w_off + (b * q_bytes if cpu_att else b * loaded_own * kv) * c_off) / h2d,
         # the new token's k/v (and q with cpu attention) for the offloaded cache
         "gpu->cpu": (b * kv_to_cpu * c_off) / d2h,
         # disk weights, the disk cache's written positions
-        "disk->cpu": (W * w_disk + b * home_own * kv * c_disk) / d_read,
+        "disk->cpu": (W * w_disk + b * loaded_own * kv * c_disk) / d_read,
         # the new token's k/v homed on disk
         "cpu->disk": (b * kv * c_disk) / d_write,
     }

@@ -4,9 +4,9 @@ A KV-cache home is [b, h, S, *x] with S every position the block will hold; a de
 positions written so far, [0, n). That slice is b*h runs of n*x elements, each S*x elements apart: torch's
 `copy_` of such a strided host <-> device slice stages it through a contiguous temporary on the CPU (a
 host-side gather as slow as the link), so the copy is issued as one `cudaMemcpy2DAsync` (rows b*h, width n*x
-bytes, pitch S*x bytes on both sides) on the CUDA runtime torch itself loaded. `prefix_copy` falls back to a
-torch copy of the slices where that runtime is not found or a tensor's layout is not rows of runs; every
-caller still gets a correct copy, and `pitched_available()` says which path runs.
+bytes, each side at its own pitch, S*x bytes for a whole home) on the CUDA runtime torch itself loaded.
+`prefix_copy` falls back to a torch copy of the slices where that runtime is not found or a tensor's layout
+is not rows of runs; every caller still gets a correct copy, and `pitched_available()` says which path runs.
 """
 from __future__ import annotations
 
