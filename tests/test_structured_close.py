@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from engine import LLM, Policy
-from engine.decoding.closing import ClosingTokens, closing_path
+from engine.decoding.closing import ClosingTokens, closing_path, hints_after
 from engine.decoding.constrain import GrammarConstraint
 from engine.decoding.decoder import BlockDecoder
 from engine.decoding.params import Completion, SamplingParams
@@ -215,3 +215,54 @@ def test_polars_meta_has_the_text():
     assert m.columns == ["output", "finish_reason", "error", "text", "prompt_tokens", "completion_tokens"]
     assert m["error"].to_list()[0] is None and "max_new_tokens=64" in m["error"].to_list()[1]
     assert all(t.startswith('{"n"') for t in m["text"].to_list())
+
+
+def _matcher_after(tok: Tokenizer, params: SamplingParams, text: str) -> tuple[GrammarConstraint, ClosingTokens]:
+    con = constraint(tok, params, 1)
+    assert con._matchers[0].consume_tokens(tok.encode(text, add_special_tokens=False))
+    return con, ClosingTokens.for_tokenizer(con._tokenizer)
+
+
+def test_hinted_search_reuses_the_old_closing(tok):
+    """After a token that replaced, began or needs one token before the row's closing, the search ends with
+    the old closing's tail: the same completion the full walk finds, in one validate or one step."""
+    params = SamplingParams(json_schema=PATTERNED)
+    con, probes = _matcher_after(tok, params, '{"amount": "12')
+    matcher, ll = con._matchers[0], con._tokenizer
+    closing = closing_path(matcher, ll, probes, 1000)
+    assert closing is not None and ll.decode_bytes(closing).startswith(b'"')
+    for text in [".", ".5", '"']:      # needs a digit first; a digit took the closing's place; begins it
+        ids = tok.encode(text, add_special_tokens=False)
+        work = matcher.deep_copy()
+        assert work.consume_tokens(ids)
+        hints = hints_after(ll, closing, ids[-1]) if len(ids) == 1 else [closing]
+        hinted = closing_path(work, ll, probes, 1000, hints)
+        full = closing_path(work, ll, probes, 1000)
+        assert hinted is not None and full is not None and len(hinted) <= len(full), text
+        assert work.validate_tokens([*hinted, probes.eos]) == len(hinted) + 1
+        done = json.loads((b'{"amount": "12' + ll.decode_bytes(ids + hinted)).decode())
+        assert done["amount"].startswith("12" + text.strip('"')) and set(done) == set(PATTERNED["properties"])
+
+
+@pytest.mark.parametrize("schema", [NESTED, PATTERNED], ids=["nested", "patterned"])
+def test_hinted_closings_are_valid_and_never_longer(tok, schema):
+    """Along random constrained walks, the closing each step keeps (from the previous step's hints)
+    completes the grammar and is no longer than a fresh search from the same state."""
+    params = SamplingParams(json_schema=schema)
+    con = constraint(tok, params, 1)
+    matcher, ll = con._matchers[0], con._tokenizer
+    probes = ClosingTokens.for_tokenizer(ll)
+    gen = torch.Generator().manual_seed(5)
+    closing = closing_path(matcher, ll, probes, 1000)
+    steps = 0
+    while closing and steps < 60:
+        allowed = con.allowed([0], tok.vocab_size)[0].nonzero().flatten().tolist()
+        choices = [t for t in allowed if t not in tok.eos_token_ids]
+        token = choices[int(torch.randint(len(choices), (1,), generator=gen))]
+        assert matcher.consume_token(token)
+        hinted = closing_path(matcher, ll, probes, 1000, hints_after(ll, closing, token))
+        full = closing_path(matcher, ll, probes, 1000)
+        assert hinted is not None and (full is None or len(hinted) <= len(full))  # None: the walk dead-ends
+        assert matcher.validate_tokens([*hinted, probes.eos]) == len(hinted) + 1 if hinted else matcher.is_accepting()
+        closing, steps = hinted, steps + 1
+    assert steps >= 10

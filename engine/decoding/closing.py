@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -62,11 +62,6 @@ def _accepts_after(matcher: "llguidance.LLMatcher", tokens: list[int], eos: int)
     return matcher.validate_tokens([*tokens, eos]) == len(tokens) + 1
 
 
-def still_closes(matcher: "llguidance.LLMatcher", path: list[int], probes: ClosingTokens) -> bool:
-    """True when `path` takes the matcher's current state to an accepting one (no state is changed)."""
-    return _accepts_after(matcher, path, probes.eos)
-
-
 def _mask_token(matcher: "llguidance.LLMatcher", eos: int) -> int | None:
     """From the grammar's mask: the first allowed token after which the grammar accepts, else the lowest."""
     bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
@@ -78,17 +73,27 @@ def _mask_token(matcher: "llguidance.LLMatcher", eos: int) -> int | None:
 
 
 def closing_path(matcher: "llguidance.LLMatcher", tokenizer: "llguidance.LLTokenizer", probes: ClosingTokens,
-                 limit: int) -> list[int] | None:
+                 limit: int, hints: Sequence[list[int]] = ()) -> list[int] | None:
     """Tokens completing the grammar from the matcher's current state (at most `limit`), or None (see the
-    module docstring). The matcher itself is not changed. [] when the grammar already accepts."""
+    module docstring). The matcher itself is not changed. [] when the grammar already accepts.
+
+    hints: candidate completions taken from an earlier state (`hints_after`), shortest first. Before each
+    step, the first hint that completes the grammar from where the search stands ends the path: after a token that replaced the old closing's first (a digit for its `0`), began it (a `"` of
+    its `", "`) or needs one token more (a `.` before `0"}`), the search is a validate or one step, not
+    the whole walk (a matcher copy, then a consume per step)."""
     if matcher.is_accepting():
         return []
     if matcher.is_error() or limit <= 0:
         return None
     limit = min(limit, MAX_CLOSING)
+    tail = _fitting_hint(matcher, hints, probes.eos, limit)
+    if tail is not None:
+        return tail
     work = matcher.deep_copy()
     path: list[int] = []
     while len(path) < limit:
+        if path and (tail := _fitting_hint(work, hints, probes.eos, limit - len(path))) is not None:
+            return path + tail
         forced = work.compute_ff_bytes()
         step = list(tokenizer.tokenize_bytes(forced)) if forced else _probe_step(work, probes)
         if not step or not work.consume_tokens(step[: limit - len(path)]):
@@ -97,6 +102,24 @@ def closing_path(matcher: "llguidance.LLMatcher", tokenizer: "llguidance.LLToken
         if work.is_accepting():
             return path
     return None
+
+
+def hints_after(tokenizer: "llguidance.LLTokenizer", closing: list[int], token: int) -> list[list[int]]:
+    """Completions to try (`closing_path`'s hints), shortest first, after `token` was fed where `closing`
+    completed the grammar: `closing[1:]`, `closing`, and, when the token's bytes begin the closing's, the
+    rest re-tokenized (shortest first: a `2` after `.` is closed by `", ...`, not by the `0", ...` that
+    still fits)."""
+    hints = [closing[1:], closing] if closing else []
+    done = tokenizer.decode_bytes([token])
+    whole = tokenizer.decode_bytes(closing)
+    if done and len(whole) > len(done) and whole.startswith(done):
+        hints.append(list(tokenizer.tokenize_bytes(whole[len(done):])))
+    return sorted(hints, key=len)
+
+
+def _fitting_hint(matcher: "llguidance.LLMatcher", hints: Sequence[list[int]], eos: int, room: int) -> list[int] | None:
+    """The first non-empty hint of at most `room` tokens that completes the grammar from the matcher's state."""
+    return next((h for h in hints if h and len(h) <= room and _accepts_after(matcher, h, eos)), None)
 
 
 def _probe_step(matcher: "llguidance.LLMatcher", probes: ClosingTokens) -> list[int]:

@@ -18,8 +18,10 @@ Budget: given each token's `remaining` count, `GrammarConstraint.advance` keeps 
 its grammar before max_new_tokens: it tracks per row a completion from the current state
 (`engine.decoding.closing.closing_path`) and replaces a token after which no completion fits the remaining budget by
 the next token of the completion that fit before it. A row far from its budget pays one `validate_tokens`
-call per token (~1 us), plus a new search after a structural token (a string or container opened or
-closed); only rows at their reserve have tokens replaced.
+call per token (~1 us); when the old completion no longer fits, the search starts from hints taken from it
+(`closing.hints_after`: its tail, or its bytes after the token re-tokenized) and walks the grammar only
+when none fits (stop 44, `llmops run pipelines/extract_invoices.yaml --limit 80`: `advance` 48 -> 28 us
+per row-token on the dev CPU); only rows at their reserve have tokens replaced.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from engine.decoding.closing import ClosingTokens, closing_path, still_closes
+from engine.decoding.closing import ClosingTokens, closing_path, hints_after
 from engine.decoding.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -290,10 +292,9 @@ class GrammarConstraint:
         matcher = self._matchers[row]
         if closing and token == closing[0]:
             after: list[int] | None = closing[1:]
-        elif len(closing) <= remaining and still_closes(matcher, closing, self._probes):
-            after = closing
         else:
-            after = closing_path(matcher, self._tokenizer, self._probes, remaining)
+            hints = hints_after(self._tokenizer, closing, token)
+            after = closing_path(matcher, self._tokenizer, self._probes, remaining, hints)
         if after is None:
             matcher.rollback(1)
             if not closing:
