@@ -217,18 +217,13 @@ def test_polars_meta_has_the_text():
     assert all(t.startswith('{"n"') for t in m["text"].to_list())
 
 
-def _matcher_after(tok: Tokenizer, params: SamplingParams, text: str) -> tuple[GrammarConstraint, ClosingTokens]:
-    con = constraint(tok, params, 1)
-    assert con._matchers[0].consume_tokens(tok.encode(text, add_special_tokens=False))
-    return con, ClosingTokens.for_tokenizer(con._tokenizer)
-
-
 def test_hinted_search_reuses_the_old_closing(tok):
     """After a token that replaced, began or needs one token before the row's closing, the search ends with
     the old closing's tail: the same completion the full walk finds, in one validate or one step."""
-    params = SamplingParams(json_schema=PATTERNED)
-    con, probes = _matcher_after(tok, params, '{"amount": "12')
+    con = constraint(tok, SamplingParams(json_schema=PATTERNED), 1)
     matcher, ll = con._matchers[0], con._tokenizer
+    probes = ClosingTokens.for_tokenizer(ll)
+    assert matcher.consume_tokens(tok.encode('{"amount": "12', add_special_tokens=False))
     closing = closing_path(matcher, ll, probes, 1000)
     assert closing is not None and ll.decode_bytes(closing).startswith(b'"')
     for text in [".", ".5", '"']:      # needs a digit first; a digit took the closing's place; begins it

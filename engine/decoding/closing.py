@@ -78,9 +78,10 @@ def closing_path(matcher: "llguidance.LLMatcher", tokenizer: "llguidance.LLToken
     module docstring). The matcher itself is not changed. [] when the grammar already accepts.
 
     hints: candidate completions taken from an earlier state (`hints_after`), shortest first. Before each
-    step, the first hint that completes the grammar from where the search stands ends the path: after a token that replaced the old closing's first (a digit for its `0`), began it (a `"` of
-    its `", "`) or needs one token more (a `.` before `0"}`), the search is a validate or one step, not
-    the whole walk (a matcher copy, then a consume per step)."""
+    step, the first hint that completes the grammar from where the search stands ends the path: after a
+    token that replaced the old closing's first (a digit for its `0`), began it (a `"` of its `", "`) or
+    needs one token more (a `.` before `0"}`), the search is a validate or one step, not the whole walk (a
+    matcher copy, then a consume per step)."""
     if matcher.is_accepting():
         return []
     if matcher.is_error() or limit <= 0:
