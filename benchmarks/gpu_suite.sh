@@ -197,10 +197,10 @@ if [[ $what == moe-2048 ]]; then
 fi
 if [[ $what == moe-matrix-a || $what == moe-matrix-b ]]; then
   # issue 17's whole matrix (Mixtral-8x7B, 4-bit, bf16, auto from the reference profile) in two calls of one
-  # lease, one LLMOPS_RUN_ID: part a (~9 min) the headline shape (prompt 77, gen 128, 16 GiB, 2,048 rows) with
+  # lease, one LLMOPS_RUN_ID: part a (~10 min) the headline shape (prompt 77, gen 128, 16 GiB, 2,048 rows) with
   # its ablation, then Accelerate on prompt 77 (256 rows x MOE_PEER_GEN new tokens, projected to gen 128) and
   # prompt 77 / gen 32 at 16 and 24 GiB; part b (~9.5 min) prompt 77 / gen 128 / 24 GiB and prompt 512 (512
-  # rows) at gen 32 and 128, 16 and 24 GiB. Each configuration has its own timeout (a cut one writes its record)
+  # rows) at gen 32 and 128, 16 and 24 GiB. Each configuration has its own timeout (stop 45: 290 s cut ours on the headline shape, no record)
   export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-matrix-$(date -u +%Y%m%dT%H%M%SZ)}
   cell() {  # cell SECONDS PROMPT GEN GIB ROWS [more throughput.py args]
     local t=$1 p=$2 g=$3 m=$4 r=$5; shift 5
@@ -209,7 +209,7 @@ if [[ $what == moe-matrix-a || $what == moe-matrix-b ]]; then
       --policy auto --clock --out "$OUT/throughput_moe.jsonl" "$@"
   }
   { if [[ $what == moe-matrix-a ]]; then
-      cell 290 77 128 16 2048 --system llmops-no-pipeline --system llmops
+      cell 345 77 128 16 2048 --system llmops-no-pipeline --system llmops
       timeout 100 python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB \
         --system accelerate --peer-rows 256 --peer-gen-len "${MOE_PEER_GEN:-3}" --out "$OUT/throughput_moe.jsonl"
       cell 80 77 32 16 2048 --system llmops
