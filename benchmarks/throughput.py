@@ -198,6 +198,13 @@ def progress(message: str) -> None:
     print(f"[throughput {time.perf_counter() - _START:7.1f} s] {message}", file=sys.stderr, flush=True)
 
 
+RECORD_KEY = ("run_id", "commit", "system", "config_name", "num_gpus", "workload", "model", "num_layers",
+              "prompt_len", "gen_len", "num_prompts", "gpu_memory_gib", "prefill_chunk_tokens", "plan_rows")
+"""The fields naming one configuration of one device call: a rerun of it replaces its record, any other (another
+commit of an A/B, another cell of a matrix sharing LLMOPS_RUN_ID) is appended (stop 46: a key without the shape
+let the next cell's record replace the headline one)."""
+
+
 def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, dtype) -> dict:
     """Blocks of policy.block_size rows through one executor (a warm-up block of WARMUP_TOKENS first), with
     torch's caching allocator capped at --gpu-memory for the run (`engine.storage.device_cap`, as `LLM` does:
@@ -400,7 +407,7 @@ def _main(argv: list[str] | None) -> list[dict]:
                    config_name=name, roofline_fraction=None, num_gpus=num_gpus, num_layers=config.num_hidden_layers,
                    prefill_chunk_tokens=args.prefill_chunk_tokens, plan_rows=args.plan_rows)
         rec = finish(rec, res, rows, floor, wrangle)
-        rewrite_jsonl(out, rec, ("run_id", "system", "config_name", "num_gpus", "commit"))  # (one run id: an A/B)
+        rewrite_jsonl(out, rec, RECORD_KEY)
         records.append(rec)
         print(json.dumps({k: rec.get(k) for k in ("system", "config_name", "ok", "skipped", "tokens_per_s",
                                                   "rows_per_h", "roofline_fraction", "peak_device_gib", "error",
