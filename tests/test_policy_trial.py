@@ -244,8 +244,8 @@ def test_extrapolation_of_an_ahead_policy_charges_its_hidden_prefill(slack, carr
 def test_layer_clock_times_the_first_decoder_layer_only(num_batches):
     """Inside the clock's window of each step: every GPU batch's compute of the first decoder layer (specs 1
     and 2) and the weight loads issued with them (specs 2 and 3); never the head's load or compute."""
-    clock = trial_mod._LayerClock(torch.device("cpu"), num_batches)
     steps, specs = 3, 2 + 2 * 2                                   # embed, 2 x (attention, mlp), head
+    clock = trial_mod._LayerClock(torch.device("cpu"), num_batches, specs)
     seen = []                                                    # (window start, verb, i, j, k)
     for action in block_schedule(steps, specs, num_batches):
         clock(action)

@@ -6,6 +6,8 @@ memory or parked homes) run their own prefill, with the same tokens. Also: the s
 `first` (a block whose prefill ran ahead starts at step 1) and the executor's teardown after ahead blocks."""
 from __future__ import annotations
 
+from collections import Counter
+
 import gc
 import weakref
 
@@ -20,7 +22,7 @@ from engine.policy.weight_slots import WeightSlots
 from engine.runtime.batch import shared_prefix_len
 from engine.runtime.executor import Executor
 from engine.runtime.moe_schedule import moe_block_schedule
-from engine.runtime.schedule import block_schedule, slots
+from engine.runtime.schedule import Action, block_schedule, slots
 from test_executor import GreedyRecorder, make_prompts
 
 KINDS = ["llama", "opt", "mixtral"]
@@ -281,17 +283,23 @@ def test_block_schedule_from_first(steps, layers, batches, paged, first):
         key = (a.verb, a.i, a.j, a.page if a.verb == "load_weight" else a.k)
         assert key not in seen or a.verb == "sync", f"{key} issued twice"
         seen.setdefault(key, n)
+    previous = None                                         # the last compute's batch
     for n, a in enumerate(actions):
         if a.verb == "compute":
             for p in range(pages):
                 assert seen[("load_weight", a.i, a.j, p)] < n
-            assert seen[("load_cache", a.i, a.j, a.k)] < n and seen[("load_hidden", a.i, a.j, a.k)] < n
+            assert seen[("load_cache", a.i, a.j, a.k)] < n
+            assert previous == a.k or seen[("load_hidden", a.i, a.j, a.k)] < n    # the same batch: no reload
+            previous = a.k
         elif a.verb in ("store_cache", "store_hidden"):
             assert seen[("compute", a.i, a.j, a.k)] < n
     # the cache/hidden moves of the full schedule's steps [first, steps), each once
     moves = ("load_cache", "load_hidden", "store_cache", "store_hidden")
     full = block_schedule(steps, layers, batches, paged=paged)
-    assert sorted(a for a in actions if a.verb in moves) == sorted(a for a in full if a.verb in moves and a.i >= first)
+    ours = Counter(a for a in actions if a.verb in moves)
+    theirs = Counter(a for a in full if a.verb in moves and a.i >= first)
+    assert not theirs - ours                  # the prologue's hidden load may be extra (its batch follows another
+    assert ours - theirs <= Counter([Action("load_hidden", first, 0, 0)])    # step's last layer in the full one)
 
 
 def test_block_schedule_first_at_or_past_the_end_is_empty():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from engine.policy.weight_slots import WeightSlots
-from engine.runtime.schedule import block_schedule, slots
+from engine.runtime.schedule import batch_order, block_schedule, slots
 
 
 @pytest.mark.parametrize("steps,layers,batches", [(1, 4, 1), (3, 6, 1), (2, 6, 2), (3, 5, 3), (2, 8, 4)])
@@ -17,13 +17,16 @@ def test_covers_and_respects_dependencies(steps, layers, batches, paged):
     for n, a in enumerate(actions):
         seen.setdefault((a.verb, a.i, a.j, a.k if a.verb != "load_weight" else a.page), n)
     pages = batches if paged else 1
+    previous = None                                                         # the last compute's batch
     for n, a in enumerate(actions):
         if a.verb != "compute":
             continue
         for p in range(pages):
             assert seen[("load_weight", a.i, a.j, p)] < n                   # weights (all pages) before compute
         assert seen[("load_cache", a.i, a.j, a.k)] < n
-        assert seen[("load_hidden", a.i, a.j, a.k)] < n
+        if previous != a.k:                                                 # the same batch again: no reload
+            assert seen[("load_hidden", a.i, a.j, a.k)] < n
+        previous = a.k
         if (a.i, a.j, a.k) != (0, 0, 0):                                   # prefetched cache: a sync in between
             syncs = [m for m in range(seen[("load_cache", a.i, a.j, a.k)], n) if actions[m].verb == "sync"]
             assert syncs
@@ -41,13 +44,37 @@ def test_hidden_load_after_producer_store(batches):
         pos.setdefault((a.verb, a.i, a.j, a.k), n)
     order = list(slots(steps, layers, batches))
     for m, (i, j, k) in enumerate(order):
-        if m < batches:
+        earlier = [n for n in range(m) if order[n][2] == k]
+        if not earlier:
             continue
-        producer = order[m - batches]
+        producer = order[earlier[-1]]                                     # the slot that last computed batch k
+        if earlier[-1] == m - 1:                                          # right before: the hidden stays
+            assert ("store_hidden", *producer) not in pos and ("load_hidden", i, j, k) not in pos
+            continue
         assert pos[("store_hidden", *producer)] < pos[("load_hidden", i, j, k)]
         sync_between = [n for n in range(pos[("store_hidden", *producer)], pos[("load_hidden", i, j, k)])
                         if actions[n].verb == "sync"]
-        assert sync_between or batches == 1, "a store and the dependent load must be separated by a sync"
+        assert sync_between, "a store and the dependent load must be separated by a sync"
+
+
+@pytest.mark.parametrize("batches", [1, 2, 3])
+def test_the_prefill_snakes_and_keeps_the_last_batch_on_the_device(batches):
+    """At the prefill the batch computed last in a layer is computed first in the next, and nothing parks it
+    in between; the head and the decode steps run the batches in ascending order; one GPU batch never parks."""
+    steps, layers = 3, 6
+    order = list(slots(steps, layers, batches))
+    for j in range(layers):
+        ks = [k for i, jj, k in order if i == 0 and jj == j]
+        assert ks == (list(range(batches)) if (layers - 1 - j) % 2 == 0 else list(range(batches))[::-1])
+        for i in (1, 2):
+            assert [k for ii, jj, k in order if ii == i and jj == j] == list(range(batches))
+    assert batch_order(0, layers - 1, layers, batches) == range(batches)      # the head: ascending
+    actions = list(block_schedule(steps, layers, batches))
+    parked = [(a.i, a.j, a.k) for a in actions if a.verb == "store_hidden"]
+    switches = [order[n] for n in range(len(order) - 1) if order[n][2] != order[n + 1][2]]
+    assert parked == switches + [order[-1]]
+    if batches == 1:
+        assert parked == [order[-1]]
 
 
 def test_weight_pages_spread_over_batches():

@@ -41,7 +41,7 @@ from engine.policy.estimate import Budgets, PolicyEstimate
 from engine.policy.memory import runs_ahead
 from engine.policy.policy import Policy
 from engine.runtime.executor import Executor
-from engine.runtime.schedule import Action
+from engine.runtime.schedule import Action, batch_order
 from engine.runtime.selector import GreedyToEnd
 
 TRIAL_LAYERS = (2, 6)     # decoder layers of the two truncated copies a trial runs
@@ -74,14 +74,16 @@ class _LayerClock:
     head. Host launches and device work of the layer run in series inside the window: right for the
     slot probes' tiny configs (negligible device work), not for timing a real model's layer."""
 
-    def __init__(self, device: torch.device, num_batches: int, specs_per_layer: int = 2):
-        self.device, self.last_k, self.end_j = device, num_batches - 1, specs_per_layer
+    def __init__(self, device: torch.device, num_batches: int, num_specs: int, specs_per_layer: int = 2):
+        self.device, self.num_batches, self.num_specs, self.end_j = device, num_batches, num_specs, specs_per_layer
         self.start: dict[int, float] = {}
         self.end: dict[int, float] = {}
 
     def __call__(self, action) -> None:
-        if action.verb != "sync" or action.k != self.last_k or action.j not in (0, self.end_j):
+        if action.verb != "sync" or action.j not in (0, self.end_j):
             return
+        if action.k != batch_order(action.i, action.j, self.num_specs, self.num_batches)[-1]:
+            return                                   # not the layer's last slot
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         if action.j == 0:
@@ -131,7 +133,7 @@ def _clocked_run(loaded: LoadedModel, policy: Policy, prompts: list[list[int]], 
     """`step_seconds` under `_LayerClock`: one decoder layer's seconds per step index."""
     if loaded.config.num_hidden_layers < 2:
         raise ValueError("a clocked run needs >= 2 decoder layers (the last one also loads the head)")
-    clock = _LayerClock(device, -(-len(prompts) // policy.gpu_batch_size))
+    clock = _LayerClock(device, -(-len(prompts) // policy.gpu_batch_size), 2 + 2 * loaded.config.num_hidden_layers)
     step_seconds(loaded, policy, prompts, steps, device, dtype, on_action=clock)
     layer_s = clock.layer_s
     if 0 not in layer_s or not any(i >= 1 for i in layer_s):

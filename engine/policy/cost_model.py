@@ -40,7 +40,8 @@ cache, its stores, its quantization and the decode's cache traffic count each ro
 (s - p + n / 2 on average; a decode load moves a row's written positions, its padded prompt and the tokens so
 far), while attention still reads the mean context ctx; the prefill's hidden state is
 not parked. A decode step's hidden states never leave the gpu (`engine.runtime.act_homes`): the act placement
-moves only the prefill's.
+moves only the prefill's, and of those only k - 1 GPU batches' per layer (the prefill's snake order,
+`engine.runtime.schedule.batch_order`, keeps the batch computed last in a layer on the device for the next).
 Symbols: L layers, b = bls, g = gpu_batch_size, k = num_gpu_batches, s prompt length, n tokens generated,
 ctx = s + n / 2 the mean decode context (the KV cache grows from s to s + n), W a layer's stored weight
 bytes as the executor stores them (embed and head spread over the L layers), kv / kv16 the KV bytes per
@@ -252,7 +253,8 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     # a decode load copies a row's written positions (`KVHome.load`): the batch's padded prompt and the tokens
     # before the step's, P + i - 1 at decode step i = 1 .. n - 1
     loaded_own = workload.memory_prompt_len + max(n - 2, 0) / 2 - held
-    hs = 0.0 if p else b * s * hb          # prefill hidden bytes parked off the gpu (a prefix pair stays on it)
+    hs = 0.0 if p else (k - 1) * g * s * hb    # prefill hidden bytes parked off the gpu per layer: the batch
+    # computed last stays on it (`batch_order`), and so does a prefix pair
 
     def matmuls(tokens: int) -> float:
         """Seconds of one layer's matmuls over `tokens` tokens of one GPU batch (roofline over weight reads)."""

@@ -1,7 +1,8 @@
 """The MoE block schedule (MoE-Lightning's CGOPipe over FlexGen's zig-zag) as a torch-free iterator of actions.
 
 Indices as in `engine.runtime.schedule`: i step (0 = prefill), j layer in `family.layer_specs()` order, k GPU
-batch; a GPU batch is CGOPipe's micro-batch. The compute order is the zig-zag's, (i, j, k) with k fastest;
+batch; a GPU batch is CGOPipe's micro-batch. The compute order is `block_schedule`'s, (i, j, k) with k fastest
+(the prefill's layers snaking through the GPU batches);
 what changes is when weights move and when host attention is joined:
 
   - paged weights: the next layer's weight transfer is cut into `pages` pages (slices of dim 0 of every
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from engine.runtime.schedule import Action, block_schedule
+from engine.runtime.schedule import Action, batch_order, block_schedule
 
 
 def _page_range(k: int, num_batches: int, pages: int) -> range:
@@ -69,17 +70,18 @@ def moe_block_schedule(num_steps: int, kinds: Sequence[str], num_batches: int, *
                     yield a
             continue
         i, j, k = compute.i, compute.j, compute.k
+        place = batch_order(i, j, J, K).index(k)      # the slot's place in its layer (the prefill snakes)
         loads = [a for a in chunk if a.verb == "load_weight"]
         if loads:
             target = (loads[0].i, loads[0].j)
-        elif k == 0:
+        elif place == 0:
             target = None                              # the last step's last layer: nothing follows
         page_loads = []
         if target is not None:
             wi, wj = target
-            span = range(pages) if k == K - 1 else range(0)
+            span = range(pages) if place == K - 1 else range(0)
             page_loads = [Action("load_weight", wi, wj, k, p, pages)
-                          for p in (span if deferred(wi, wj) else _page_range(k, K, pages))]
+                          for p in (span if deferred(wi, wj) else _page_range(place, K, pages))]
         late = target is not None and deferred(*target)
         if not late:
             yield from page_loads

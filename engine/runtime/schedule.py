@@ -10,10 +10,19 @@ are loaded once and reused by every GPU batch of the block. Within the slot of (
     compute       (i, j, k)
     sync          wait for everything issued in this slot
 
-A hidden load of slot n+1 depends on the hidden store of the slot that produced it (n+1-K); with K <= 2 that
-store is issued in the same slot or later, so the load is issued just before its compute instead. Paged
-weights (MoE-Lightning's CGOPipe) cut the next layer's weight transfer into K pages, one per GPU batch, so
-small urgent transfers never wait behind a whole layer.
+At the prefill (i = 0) the GPU batches of every other layer run in reverse (`batch_order`, a snake counted
+from the last layer, so the head runs them in ascending order): the batch computed last in a layer is
+computed first in the next, its hidden stays on the device (no store or load between those two slots), and
+every other batch's parked hidden has two computes to cover its round trip. In FlexGen's order each parked
+hidden had one: Mixtral-8x7B at 1024x2 with the hidden states on the host, H100, the device waited ~14 ms
+at every (attention, MoE) boundary for a 646 MB hidden to come back (25% of the prefill; stop 46's trace).
+Decode steps keep the ascending order (their hidden states are never parked; the MoE schedule joins host
+attention in that order).
+
+A hidden load depends on the store of the slot that last computed its batch; with K <= 2 that store is issued
+in the same slot or later, so the load is issued just before its compute instead. Paged weights (MoE-Lightning's
+CGOPipe) cut the next layer's weight transfer into K pages, one per slot of the current layer, so small urgent
+transfers never wait behind a whole layer.
 """
 from __future__ import annotations
 
@@ -34,11 +43,19 @@ class Action(NamedTuple):
     pages: int = 1
 
 
+def batch_order(i: int, j: int, num_layers: int, num_batches: int) -> range:
+    """The GPU batches of layer j at step i in compute order: descending at the prefill's layers an odd
+    number of layers before the last, else ascending (module docstring)."""
+    if i == 0 and (num_layers - 1 - j) % 2:
+        return range(num_batches - 1, -1, -1)
+    return range(num_batches)
+
+
 def slots(num_steps: int, num_layers: int, num_batches: int, first: int = 0) -> Iterator[tuple[int, int, int]]:
-    """The compute order (i, j, k) of the naive nested loop, steps [first, num_steps)."""
+    """The compute order (i, j, k), steps [first, num_steps): the nested loop, GPU batches in `batch_order`."""
     for i in range(first, num_steps):
         for j in range(num_layers):
-            for k in range(num_batches):
+            for k in batch_order(i, j, num_layers, num_batches):
                 yield i, j, k
 
 
@@ -56,24 +73,27 @@ def block_schedule(num_steps: int, num_layers: int, num_batches: int, *, paged: 
     yield Action("load_hidden", *order[0])
     yield Action("sync", *order[0])
     for n, (i, j, k) in enumerate(order):
+        prev = order[n - 1] if n > 0 else None
         nxt = order[n + 1] if n + 1 < len(order) else None
         if j + 1 < num_layers:
             wi, wj = i, j + 1
         else:
             wi, wj = i + 1, 0
-        if wi < num_steps and (paged or k == 0):
+        place = batch_order(i, j, num_layers, K).index(k)          # the slot's place in its layer
+        if wi < num_steps and (paged or place == 0):
             if paged:
-                yield Action("load_weight", wi, wj, k, k, pages)
+                yield Action("load_weight", wi, wj, k, place, pages)
             else:
                 yield Action("load_weight", wi, wj, 0, 0, 1)
-        if n > 0:
-            yield Action("store_cache", *order[n - 1])
-            yield Action("store_hidden", *order[n - 1])
+        if prev is not None:
+            yield Action("store_cache", *prev)
+            if prev[2] != k:                                      # the same batch again: its hidden stays
+                yield Action("store_hidden", *prev)
         if nxt is not None:
             yield Action("load_cache", *nxt)
-            if K > 2:
+            if K > 2 and nxt[2] != k:
                 yield Action("load_hidden", *nxt)
-        if n > 0 and K <= 2:
+        if prev is not None and K <= 2 and prev[2] != k:
             yield Action("load_hidden", i, j, k)
         yield Action("compute", i, j, k)
         yield Action("sync", i, j, k)

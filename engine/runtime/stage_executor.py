@@ -33,9 +33,9 @@ MicroBlock = tuple[list[list[int]], list[int], TokenSelector]   # prompts, max_n
 
 
 def step_actions(i: int, num_layers: int, num_batches: int, *, paged: bool) -> Iterator[Action]:
-    """The block schedule of one step at step index i (its loads, computes, stores and syncs)."""
-    for a in block_schedule(1, num_layers, num_batches, paged=paged):
-        yield a._replace(i=i)
+    """The block schedule of one step at step index i (its loads, computes, stores and syncs; step 0, the
+    prefill, in its snake order)."""
+    return block_schedule(i + 1, num_layers, num_batches, paged=paged, first=i)
 
 
 def on_device(device: torch.device) -> ContextManager:
