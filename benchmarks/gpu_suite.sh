@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one|moe-paths|moe-matrix-a|moe-matrix-b]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one|moe-paths|moe-matrix-a|moe-matrix-b|moe-prefill-ab]
 # flexgen-pair (~4.5 min): OPT-30B ours (192x1 + ahead, --clock) and FlexGen in one call; moe-p512 (~8 min): Mixtral-8x7B
 # at prompt 512 / gen 128 / 16 GiB, auto and its ablation.
 # models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
@@ -222,6 +222,28 @@ if [[ $what == moe-matrix-a || $what == moe-matrix-b ]]; then
       cell 145 512 128 24 512 --system llmops
     fi
   } 2>&1 | grep -v '^{' | tee "$OUT/$what.log" | tail -30
+fi
+if [[ $what == moe-prefill-ab ]]; then
+  # the prefill's snake order (d4b5506) against every ab/<sha>/ (benchmarks/ab_prepare.sh; carry "ab"), one run id
+  # (~5 min with one ab tree): Mixtral-8x7B cut to 4 layers under MOE_AB_POLICY (default: the 16 GiB headline's
+  # 1024x2 plan, hidden states on the host) over 2,048 rows x 4 new tokens, and the whole model at prompt 77 /
+  # gen 32 / 16 GiB (auto from the reference profile); then from this tree only the 4-layer run at 16,384-token
+  # prefill chunks and prompt 512 / gen 32 / 16 GiB over 512 rows
+  export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-prefill-ab-$(date -u +%Y%m%dT%H%M%SZ)}
+  pol=${MOE_AB_POLICY:-'{"gpu_batch_size": 1024, "num_gpu_batches": 2, "w_gpu": 0.500016624511734, "w_cpu": 0.499983375, "cache_gpu": 0.0, "cache_cpu": 1.0, "act_gpu": 0.0, "act_cpu": 1.0, "overlap": true, "cpu_attention": false, "compress_weights": true, "compress_cache": true, "pipeline": true, "weight_pages": 0, "prefill_ahead": false}'}
+  moe=(--workload moe --model mixtral-8x7b --dtype bfloat16 --gpu-memory 16GiB --plan-profile reference --trials 0
+       --system llmops --out "$OUT/throughput_moe-prefill-ab.jsonl")
+  { for tree in ab/*/ ./; do
+      sha=$(basename "$tree"); [[ $tree == ./ ]] && sha=${LLMOPS_COMMIT:-head}
+      (cd "$tree" && PYTHONPATH=$PWD:${PYTHONPATH#*:} LLMOPS_COMMIT=$sha timeout 100 python3 benchmarks/throughput.py "${moe[@]}" \
+        --layers 4 --rows 2048 --gen-len 4 --policy "$pol"
+       PYTHONPATH=$PWD:${PYTHONPATH#*:} LLMOPS_COMMIT=$sha timeout 120 python3 benchmarks/throughput.py "${moe[@]}" \
+        --rows 2048 --prompt-len 77 --gen-len 32 --policy auto)
+    done
+    timeout 100 python3 benchmarks/throughput.py "${moe[@]}" --layers 4 --rows 2048 --gen-len 4 --policy "$pol" \
+      --prefill-chunk-tokens 16384
+    timeout 120 python3 benchmarks/throughput.py "${moe[@]}" --rows 512 --prompt-len 512 --gen-len 32 --policy auto
+  } 2>&1 | grep -v '^{' | tee "$OUT/moe-prefill-ab.log" | tail -30
 fi
 if [[ $what == moe-paths ]]; then
   # issue 17 on the product paths (carry .whl with pydantic, duckdb, llguidance >= 1.9 and
