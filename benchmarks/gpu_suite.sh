@@ -27,6 +27,8 @@ if [ -d .whl ]; then
     && export PYTHONPATH=$PWD:/tmp/site
 fi
 what=${1:-all}
+# issue 17's Mixtral-8x7B runs (moe-matrix-*, moe-prefill-ab): 4-bit, bf16, auto planned from the reference profile
+mixtral=(--workload moe --model mixtral-8x7b --dtype bfloat16 --plan-profile reference --trials 0)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
 python3 -c 'import torch, platform; print(torch.__version__, torch.version.cuda, platform.python_version())' | tee -a "$OUT/machine.txt"
 if [[ $what == tests || $what == all ]]; then
@@ -204,9 +206,8 @@ if [[ $what == moe-matrix-a || $what == moe-matrix-b ]]; then
   export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-matrix-$(date -u +%Y%m%dT%H%M%SZ)}
   cell() {  # cell SECONDS PROMPT GEN GIB ROWS [more throughput.py args]
     local t=$1 p=$2 g=$3 m=$4 r=$5; shift 5
-    timeout "$t" python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --dtype bfloat16 \
-      --prompt-len "$p" --gen-len "$g" --gpu-memory "${m}GiB" --rows "$r" --plan-profile reference --trials 0 \
-      --policy auto --clock --out "$OUT/throughput_moe.jsonl" "$@"
+    timeout "$t" python3 benchmarks/throughput.py "${mixtral[@]}" --prompt-len "$p" --gen-len "$g" \
+      --gpu-memory "${m}GiB" --rows "$r" --policy auto --clock --out "$OUT/throughput_moe.jsonl" "$@"
   }
   { if [[ $what == moe-matrix-a ]]; then
       cell 345 77 128 16 2048 --system llmops-no-pipeline --system llmops
@@ -231,8 +232,7 @@ if [[ $what == moe-prefill-ab ]]; then
   # prefill chunks and prompt 512 / gen 32 / 16 GiB over 512 rows
   export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-prefill-ab-$(date -u +%Y%m%dT%H%M%SZ)}
   pol=${MOE_AB_POLICY:-'{"gpu_batch_size": 1024, "num_gpu_batches": 2, "w_gpu": 0.500016624511734, "w_cpu": 0.499983375, "cache_gpu": 0.0, "cache_cpu": 1.0, "act_gpu": 0.0, "act_cpu": 1.0, "overlap": true, "cpu_attention": false, "compress_weights": true, "compress_cache": true, "pipeline": true, "weight_pages": 0, "prefill_ahead": false}'}
-  moe=(--workload moe --model mixtral-8x7b --dtype bfloat16 --gpu-memory 16GiB --plan-profile reference --trials 0
-       --system llmops --out "$OUT/throughput_moe-prefill-ab.jsonl")
+  moe=("${mixtral[@]}" --gpu-memory 16GiB --system llmops --out "$OUT/throughput_moe-prefill-ab.jsonl")
   { for tree in ab/*/ ./; do
       sha=$(basename "$tree"); [[ $tree == ./ ]] && sha=${LLMOPS_COMMIT:-head}
       (cd "$tree" && PYTHONPATH=$PWD:${PYTHONPATH#*:} LLMOPS_COMMIT=$sha timeout 100 python3 benchmarks/throughput.py "${moe[@]}" \

@@ -124,7 +124,8 @@ def test_run_id_from_the_environment_joins_invocations(tmp_path, monkeypatch):
     lines = [json.loads(line) for line in out.read_text().splitlines()]            # one file, both commits kept
     assert [r["commit"]["sha"] for r in lines] == ["aaaaaaa", "bbbbbbb"]
     assert one["ok"] and len(one["step_s"]) == 1 and len(one["step_s"][0]) == 2   # the prefill, one decode step
-    shape = [a if a != "2" else "3" for a in args]                                  # another cell of the matrix
+    shape = list(args)                                                              # another cell of the matrix
+    shape[shape.index("--gen-len") + 1] = "3"
     (three,) = throughput.main(shape + ["--out", str(out), "--commit", "aaaaaaa"])
     (again,) = throughput.main(shape + ["--out", str(out), "--commit", "aaaaaaa"])   # a rerun replaces its cell
     lines = [json.loads(line) for line in out.read_text().splitlines()]

@@ -133,7 +133,7 @@ def _clocked_run(loaded: LoadedModel, policy: Policy, prompts: list[list[int]], 
     """`step_seconds` under `_LayerClock`: one decoder layer's seconds per step index."""
     if loaded.config.num_hidden_layers < 2:
         raise ValueError("a clocked run needs >= 2 decoder layers (the last one also loads the head)")
-    clock = _LayerClock(device, -(-len(prompts) // policy.gpu_batch_size), 2 + 2 * loaded.config.num_hidden_layers)
+    clock = _LayerClock(device, -(-len(prompts) // policy.gpu_batch_size), len(loaded.family.layer_specs()))
     step_seconds(loaded, policy, prompts, steps, device, dtype, on_action=clock)
     layer_s = clock.layer_s
     if 0 not in layer_s or not any(i >= 1 for i in layer_s):

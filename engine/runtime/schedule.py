@@ -15,7 +15,7 @@ from the last layer, so the head runs them in ascending order): the batch comput
 computed first in the next, its hidden stays on the device (no store or load between those two slots), and
 every other batch's parked hidden has two computes to cover its round trip. In FlexGen's order each parked
 hidden had one: Mixtral-8x7B at 1024x2 with the hidden states on the host, H100, the device waited ~14 ms
-at every (attention, MoE) boundary for a 646 MB hidden to come back (25% of the prefill; stop 46's trace).
+at every (attention, MoE) boundary for a 646 MB hidden to come back (~23% of the prefill; stop 46's trace).
 Decode steps keep the ascending order (their hidden states are never parked; the MoE schedule joins host
 attention in that order).
 
