@@ -75,6 +75,29 @@ def test_the_prefill_snakes_and_keeps_the_last_batch_on_the_device(batches):
     assert parked == switches + [order[-1]]                   # one GPU batch: no switch, only the block's end
 
 
+@pytest.mark.parametrize("batches", [2, 3, 4])
+def test_parked_hiddens_load_a_slot_ahead_at_the_prefill(batches):
+    """Every hidden the prefill parks is loaded before the previous slot's compute is issued, so it crosses the
+    link under that compute (stop 46's trace: issued just before its own compute at K = 2, the device waited
+    for each whole hidden); in FlexGen's order at K = 2 (the decode steps) the next slot's batch is the one
+    parked now, and its load waits for its own slot."""
+    layers = 6
+    actions = list(block_schedule(2, layers, batches))
+    computes = [n for n, a in enumerate(actions) if a.verb == "compute"]
+    pos: dict[tuple, int] = {}
+    for n, a in enumerate(actions):
+        pos.setdefault((a.verb, a.i, a.j, a.k), n)
+    order = list(slots(2, layers, batches))
+    switches = [m for m in range(1, len(order)) if order[m][2] != order[m - 1][2]]
+    prefill = [m for m in switches if order[m][0] == 0]
+    assert len(prefill) == layers * (batches - 1)                        # within layers only: the snake
+    for m in prefill:
+        assert pos[("load_hidden", *order[m])] < computes[m - 1], order[m]
+    if batches == 2:
+        late = [m for m in switches if order[m][0] == 1 and order[m][2] == order[m - 2][2] and m >= 2]
+        assert late and all(computes[m - 1] < pos[("load_hidden", *order[m])] < computes[m] for m in late)
+
+
 def test_weight_pages_spread_over_batches():
     actions = list(block_schedule(1, 3, 4, paged=True))
     loads = [(a.j, a.page, a.k) for a in actions if a.verb == "load_weight" and a.j == 1]

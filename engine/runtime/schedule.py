@@ -19,8 +19,12 @@ at every (attention, MoE) boundary for a 646 MB hidden to come back (~23% of the
 Decode steps keep the ascending order (their hidden states are never parked; the MoE schedule joins host
 attention in that order).
 
-A hidden load depends on the store of the slot that last computed its batch; with K <= 2 that store is issued
-in the same slot or later, so the load is issued just before its compute instead. Paged weights (MoE-Lightning's
+A hidden load depends on the store of the slot that last computed its batch. It is issued a slot ahead, so
+it crosses the link during the previous slot's compute, unless that store is issued in that very slot
+(FlexGen's order with K = 2: the next slot's batch is the one parked now); then it is issued just before its
+compute and the device waits for it. Before the snake's loads were issued a slot ahead at K = 2 (d4b5506 to
+this change) every switch of batch at the prefill waited for a whole hidden: the snake alone halved the
+waits, this removes most of the rest (hidden load and weight page share the link for one slot). Paged weights (MoE-Lightning's
 CGOPipe) cut the next layer's weight transfer into K pages, one per slot of the current layer, so small urgent
 transfers never wait behind a whole layer.
 """
@@ -72,6 +76,7 @@ def block_schedule(num_steps: int, num_layers: int, num_batches: int, *, paged: 
     yield Action("load_cache", *order[0])
     yield Action("load_hidden", *order[0])
     yield Action("sync", *order[0])
+    late = None                                      # the next slot's batch when this slot parks it
     for n, (i, j, k) in enumerate(order):
         prev = order[n - 1] if n > 0 else None
         nxt = order[n + 1] if n + 1 < len(order) else None
@@ -85,16 +90,18 @@ def block_schedule(num_steps: int, num_layers: int, num_batches: int, *, paged: 
                 yield Action("load_weight", wi, wj, k, place, pages)
             else:
                 yield Action("load_weight", wi, wj, 0, 0, 1)
+        parked = prev[2] if prev is not None and prev[2] != k else None    # the batch this slot parks
         if prev is not None:
             yield Action("store_cache", *prev)
-            if prev[2] != k:                                      # the same batch again: its hidden stays
+            if parked is not None:                                # the same batch again: its hidden stays
                 yield Action("store_hidden", *prev)
         if nxt is not None:
             yield Action("load_cache", *nxt)
-            if K > 2 and nxt[2] != k:
+            if nxt[2] not in (k, parked):                          # a slot ahead (module docstring)
                 yield Action("load_hidden", *nxt)
-        if prev is not None and K <= 2 and prev[2] != k:
+        if parked is not None and k == late:                      # not loaded ahead: parked the slot before
             yield Action("load_hidden", i, j, k)
+        late = parked if nxt is not None and nxt[2] == parked else None
         yield Action("compute", i, j, k)
         yield Action("sync", i, j, k)
     last = order[-1]
