@@ -76,33 +76,46 @@ def record_roofline(config: ModelConfig, record: dict, profile: HardwareProfile)
 
 def roofline(config: ModelConfig, policy: Policy, profile: HardwareProfile, *, rows: int, prefill_tokens: int,
              prompt_len: int, gen_len: int, bytes_per_element: int = 2, prefix_len: int = 0) -> dict[str, float]:
-    """The floor of generating `gen_len` tokens for `rows` rows in blocks of `policy.block_size`:
-    per-step weight, cache-load and compute floors, prefill/decode/total floor seconds (every block), and
-    the bound in generated tokens per second. `prefill_tokens`: tokens the prefill computes over all rows (a
-    shared prefix once per GPU batch); `prefix_len`: the run's shared prefix (held once on the device where
-    `prefix.prefix_held_once` says, so the decode loads only the rows' own positions). With
+    """The floor of generating `gen_len` tokens for `rows` rows in blocks of `policy.block_size` rows (the last
+    one holds the rest: 512 rows at 384 a block are 384 + 128, not two of 256): per-step weight, cache-load
+    and compute floors, prefill/decode/total floor seconds (every block), and the bound in generated tokens
+    per second. `prefill_tokens`: tokens the prefill computes over all rows (a shared prefix once per GPU
+    batch; each block computes its rows' share); `prefix_len`: the run's shared prefix (held once on the
+    device where `prefix.prefix_held_once` says, so the decode loads only the rows' own positions). With
     `policy.prefill_ahead` every block's prefill after the first is compute added to the previous block's
-    decode steps (`decode_floor_step_s` is then the last block's step)."""
+    decode steps; the first block's prefill stays in series (`decode_floor_step_s` is the last block's step;
+    the `cache_load_step_bytes` and `decode_transfer_floor_step_s` those of a whole block)."""
     blocks = -(-rows // policy.block_size)
+    sizes = [policy.block_size] * (blocks - 1) + [rows - policy.block_size * (blocks - 1)]   # rows per block
     off, disk = _weight_bytes_off(config, policy, profile, bytes_per_element)
     w = _link_floor_s(off, disk, profile, 0.0)
     held = batch_prefix_len(prefix_len, policy.gpu_batch_size) \
         if prefix_held_once(profile.device_type, policy.compress_cache) else 0
-    kv = cache_load_bytes(config, policy, profile, bytes_per_element, rows=min(rows, policy.block_size),
-                          own_context_len=prompt_len - held + gen_len / 2)
-    w_decode = _link_floor_s(off, disk, profile, kv)
+
+    def kv(r: int) -> float:
+        """One decode step's cache bytes loaded onto the device for a block of r rows."""
+        return cache_load_bytes(config, policy, profile, bytes_per_element, rows=r,
+                                own_context_len=prompt_len - held + gen_len / 2)
+
+    def step(r: int, carried_s: float = 0.0) -> float:
+        """One decode step of a block of r rows, with `carried_s` of another block's prefill compute on it."""
+        compute = compute_floor_s(config, r, prompt_len + gen_len / 2, r, profile) + carried_s
+        return max(_link_floor_s(off, disk, profile, kv(r)), compute)
+
     prefill_c = compute_floor_s(config, prefill_tokens, prompt_len / 2, rows, profile)
-    decode_c = compute_floor_s(config, rows, prompt_len + gen_len / 2, rows, profile) / blocks
+    pre = [prefill_c * r / rows for r in sizes]                                  # each block's prefill compute
+    n = gen_len - 1
     if policy.prefill_ahead and blocks > 1 and gen_len > 1 and not batch_prefix_len(prefix_len, policy.gpu_batch_size):
         # every block's prefill but the first rides on the previous block's decode steps (engine.runtime.ahead)
-        prefill = max(w, prefill_c / blocks)
-        carried = max(w_decode, (decode_c + prefill_c / (gen_len - 1)) / blocks)
-        decode = (gen_len - 1) * ((blocks - 1) * carried + max(w_decode, decode_c / blocks))
+        prefill = max(w, pre[0])
+        decode = sum(n * step(r, pre[b + 1] / n) for b, r in enumerate(sizes[:-1])) + n * step(sizes[-1])
     else:
-        prefill = blocks * max(w, prefill_c / blocks)
-        decode = blocks * (gen_len - 1) * max(w_decode, decode_c / blocks)
+        prefill = sum(max(w, p) for p in pre)
+        decode = sum(n * step(r) for r in sizes)
     total = prefill + decode
-    return {"weight_floor_step_s": w, "cache_load_step_bytes": kv, "decode_transfer_floor_step_s": w_decode,
+    return {"weight_floor_step_s": w, "cache_load_step_bytes": kv(sizes[0]),
+            "decode_transfer_floor_step_s": _link_floor_s(off, disk, profile, kv(sizes[0])),
             "prefill_compute_floor_s": prefill_c, "prefill_floor_s": prefill,
-            "decode_floor_step_s": max(w_decode, decode_c / blocks), "decode_floor_s": decode, "floor_s": total,
-            "roofline_tokens_per_s": rows * gen_len / total if total > 0 else None, "blocks": blocks}
+            "decode_floor_step_s": step(sizes[-1]), "decode_floor_s": decode, "floor_s": total,
+            "roofline_tokens_per_s": rows * gen_len / total if total > 0 else None, "blocks": blocks,
+            "block_rows": sizes}

@@ -42,3 +42,23 @@ def test_decode_floor_adds_the_cache_to_the_weights_on_the_link():
     shared = roofline(MIXTRAL, HOST_CACHE, H200, **{**kw, "prompt_len": 200}, prefix_len=150)
     alone = roofline(MIXTRAL, HOST_CACHE, H200, **{**kw, "prompt_len": 200})
     assert shared["cache_load_step_bytes"] < alone["cache_load_step_bytes"] / 2
+
+
+def test_the_last_block_holds_the_rest_of_the_rows():
+    """512 rows at 384 a block run as 384 + 128: with the ahead prefill the first block's prefill (3/4 of the
+    compute) stays in series and the second's rides on its decode steps; two blocks of 256 would put half in
+    series. Without it every block's prefill is in series and each decode step costs at least its transfer."""
+    pol = Policy(gpu_batch_size=384, w_gpu=0.5, w_cpu=0.5, compress_weights=True, compress_cache=True,
+                 prefill_ahead=True)
+    kw = dict(rows=512, prefill_tokens=512 * 512, prompt_len=512, gen_len=32)
+    uneven = roofline(MIXTRAL, pol, H200, **kw)
+    assert uneven["block_rows"] == [384, 128]
+    assert uneven["prefill_floor_s"] == pytest.approx(
+        max(uneven["weight_floor_step_s"], 0.75 * uneven["prefill_compute_floor_s"]))
+    even = roofline(MIXTRAL, Policy.from_dict({**pol.to_dict(), "gpu_batch_size": 256}), H200, **kw)
+    assert even["block_rows"] == [256, 256]
+    assert even["prefill_floor_s"] == pytest.approx(max(even["weight_floor_step_s"], 0.5 * even["prefill_compute_floor_s"]))
+    assert uneven["floor_s"] > even["floor_s"]
+    series = roofline(MIXTRAL, Policy.from_dict({**pol.to_dict(), "prefill_ahead": False}), H200, **kw)
+    assert series["prefill_floor_s"] >= series["prefill_compute_floor_s"]
+    assert series["decode_floor_s"] >= 2 * 31 * series["weight_floor_step_s"]
