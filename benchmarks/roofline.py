@@ -119,3 +119,42 @@ def roofline(config: ModelConfig, policy: Policy, profile: HardwareProfile, *, r
             "decode_floor_step_s": step(sizes[-1]), "decode_floor_s": decode, "floor_s": total,
             "roofline_tokens_per_s": rows * gen_len / total if total > 0 else None, "blocks": blocks,
             "block_rows": sizes}
+
+
+def refloor(record: dict) -> dict[str, float] | None:
+    """A finished `throughput.py` record's floor under this module's roofline (the h200 reference profile its
+    records were measured against), for records written before a correction of the floor: its `floor_s`, the
+    recorded fraction and the fraction now. None for a peer's record (another system's policy) or one without
+    a measured total."""
+    import dataclasses
+
+    from engine.models.hf_config import config_from_hf
+    from engine.models.presets import PRESETS
+    from engine.policy.hardware import reference_profile
+
+    ours = str(record.get("system", "")).startswith("llmops")
+    if not (ours and record.get("ok") and record.get("tokens_per_s") and record.get("model") in PRESETS):
+        return None
+    config = config_from_hf(PRESETS[record["model"]])
+    if record.get("num_layers"):
+        config = dataclasses.replace(config, num_hidden_layers=record["num_layers"])
+    floor = record_roofline(config, record, reference_profile("h200"))
+    total = record["generated_tokens"] / record["tokens_per_s"]
+    return {"floor_s": floor["floor_s"], "recorded_fraction": record.get("roofline_fraction"),
+            "fraction": floor["floor_s"] / total, "block_rows": floor["block_rows"]}
+
+
+if __name__ == "__main__":
+    # python benchmarks/roofline.py RECORDS.jsonl...: each finished record's roofline fraction, recorded and now
+    import json
+    import sys
+
+    for path in sys.argv[1:]:
+        for line in open(path):
+            rec = json.loads(line)
+            now = refloor(rec)
+            if now is not None:
+                print(rec.get("run_id"), rec.get("system"), rec.get("config_name"),
+                      f"{rec['prompt_len']}/{rec['gen_len']}/{rec['gpu_memory_gib']:g} GiB", rec.get("num_prompts"),
+                      "rows: recorded", None if now["recorded_fraction"] is None else round(now["recorded_fraction"], 3),
+                      "now", round(now["fraction"], 3), "blocks", now["block_rows"])

@@ -6,7 +6,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from roofline import cache_load_bytes, roofline  # noqa: E402
+from roofline import cache_load_bytes, refloor, roofline  # noqa: E402
 
 from engine.models.hf_config import config_from_hf  # noqa: E402
 from engine.models.presets import PRESETS  # noqa: E402
@@ -62,3 +62,19 @@ def test_the_last_block_holds_the_rest_of_the_rows():
     series = roofline(MIXTRAL, Policy.from_dict({**pol.to_dict(), "prefill_ahead": False}), H200, **kw)
     assert series["prefill_floor_s"] >= series["prefill_compute_floor_s"]
     assert series["decode_floor_s"] >= 2 * 31 * series["weight_floor_step_s"]
+
+
+def test_refloor_recomputes_a_records_fraction_and_skips_peers():
+    """An old record's fraction under the current floor: its total (tokens / tok/s) against `roofline` of its
+    own policy and shape; a peer's record (Accelerate's policy is not ours) and an unfinished one give None."""
+    pol = Policy(gpu_batch_size=384, w_gpu=0.5, w_cpu=0.5, compress_weights=True, compress_cache=True,
+                 prefill_ahead=True)
+    floor = roofline(MIXTRAL, pol, H200, rows=512, prefill_tokens=512 * 512, prompt_len=512, gen_len=32)
+    rec = {"system": "llmops", "ok": True, "model": "mixtral-8x7b", "policy": pol.to_dict(), "num_prompts": 512,
+           "prompt_len": 512, "gen_len": 32, "generated_tokens": 16384, "tokens_per_s": 16384 / 40.0,
+           "roofline_fraction": 0.5}
+    now = refloor(rec)
+    assert now["fraction"] == pytest.approx(floor["floor_s"] / 40.0) and now["recorded_fraction"] == 0.5
+    assert now["block_rows"] == [384, 128]
+    assert refloor({**rec, "system": "accelerate", "policy": {"batch": 256}}) is None
+    assert refloor({**rec, "ok": False}) is None
