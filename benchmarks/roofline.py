@@ -113,8 +113,9 @@ def roofline(config: ModelConfig, policy: Policy, profile: HardwareProfile, *, r
         prefill = sum(max(w, p) for p in pre)
         decode = sum(n * step(r) for r in sizes)
     total = prefill + decode
-    return {"weight_floor_step_s": w, "cache_load_step_bytes": kv(sizes[0]),
-            "decode_transfer_floor_step_s": _link_floor_s(off, disk, profile, kv(sizes[0])),
+    whole = kv(sizes[0])                                                          # a whole block's step
+    return {"weight_floor_step_s": w, "cache_load_step_bytes": whole,
+            "decode_transfer_floor_step_s": _link_floor_s(off, disk, profile, whole),
             "prefill_compute_floor_s": prefill_c, "prefill_floor_s": prefill,
             "decode_floor_step_s": step(sizes[-1]), "decode_floor_s": decode, "floor_s": total,
             "roofline_tokens_per_s": rows * gen_len / total if total > 0 else None, "blocks": blocks,
@@ -156,5 +157,6 @@ if __name__ == "__main__":
             if now is not None:
                 print(rec.get("run_id"), rec.get("system"), rec.get("config_name"),
                       f"{rec['prompt_len']}/{rec['gen_len']}/{rec['gpu_memory_gib']:g} GiB", rec.get("num_prompts"),
-                      "rows: recorded", None if now["recorded_fraction"] is None else round(now["recorded_fraction"], 3),
+                      "rows; recorded",
+                      None if now["recorded_fraction"] is None else round(now["recorded_fraction"], 3),
                       "now", round(now["fraction"], 3), "blocks", now["block_rows"])

@@ -57,7 +57,8 @@ def test_the_last_block_holds_the_rest_of_the_rows():
         max(uneven["weight_floor_step_s"], 0.75 * uneven["prefill_compute_floor_s"]))
     even = roofline(MIXTRAL, Policy.from_dict({**pol.to_dict(), "gpu_batch_size": 256}), H200, **kw)
     assert even["block_rows"] == [256, 256]
-    assert even["prefill_floor_s"] == pytest.approx(max(even["weight_floor_step_s"], 0.5 * even["prefill_compute_floor_s"]))
+    assert even["prefill_floor_s"] == pytest.approx(
+        max(even["weight_floor_step_s"], 0.5 * even["prefill_compute_floor_s"]))
     assert uneven["floor_s"] > even["floor_s"]
     series = roofline(MIXTRAL, Policy.from_dict({**pol.to_dict(), "prefill_ahead": False}), H200, **kw)
     assert series["prefill_floor_s"] >= series["prefill_compute_floor_s"]

@@ -22,11 +22,10 @@ attention in that order).
 A hidden load depends on the store of the slot that last computed its batch. It is issued a slot ahead, so
 it crosses the link during the previous slot's compute, unless that store is issued in that very slot
 (FlexGen's order with K = 2: the next slot's batch is the one parked now); then it is issued just before its
-compute and the device waits for it. Before the snake's loads were issued a slot ahead at K = 2 (d4b5506 to
-this change) every switch of batch at the prefill waited for a whole hidden: the snake alone halved the
-waits, this removes most of the rest (hidden load and weight page share the link for one slot). Paged weights (MoE-Lightning's
-CGOPipe) cut the next layer's weight transfer into K pages, one per slot of the current layer, so small urgent
-transfers never wait behind a whole layer.
+compute and the device waits for it.
+
+Paged weights (MoE-Lightning's CGOPipe) cut the next layer's weight transfer into K pages, one per slot of the
+current layer, so small urgent transfers never wait behind a whole layer.
 """
 from __future__ import annotations
 
@@ -63,6 +62,13 @@ def slots(num_steps: int, num_layers: int, num_batches: int, first: int = 0) -> 
                 yield i, j, k
 
 
+def _parked(order: list[tuple[int, int, int]], n: int) -> int | None:
+    """The GPU batch whose hidden slot n of `order` parks (the previous slot's, when it is another), else None."""
+    if n < 1 or order[n - 1][2] == order[n][2]:
+        return None
+    return order[n - 1][2]
+
+
 def block_schedule(num_steps: int, num_layers: int, num_batches: int, *, paged: bool = True,
                    first: int = 0) -> Iterator[Action]:
     """Every action for a block's steps [first, num_steps), in issue order (first = 1: a block whose prefill
@@ -76,7 +82,6 @@ def block_schedule(num_steps: int, num_layers: int, num_batches: int, *, paged: 
     yield Action("load_cache", *order[0])
     yield Action("load_hidden", *order[0])
     yield Action("sync", *order[0])
-    late = None                                      # the next slot's batch when this slot parks it
     for n, (i, j, k) in enumerate(order):
         prev = order[n - 1] if n > 0 else None
         nxt = order[n + 1] if n + 1 < len(order) else None
@@ -90,7 +95,7 @@ def block_schedule(num_steps: int, num_layers: int, num_batches: int, *, paged: 
                 yield Action("load_weight", wi, wj, k, place, pages)
             else:
                 yield Action("load_weight", wi, wj, 0, 0, 1)
-        parked = prev[2] if prev is not None and prev[2] != k else None    # the batch this slot parks
+        parked = _parked(order, n)
         if prev is not None:
             yield Action("store_cache", *prev)
             if parked is not None:                                # the same batch again: its hidden stays
@@ -99,9 +104,8 @@ def block_schedule(num_steps: int, num_layers: int, num_batches: int, *, paged: 
             yield Action("load_cache", *nxt)
             if nxt[2] not in (k, parked):                          # a slot ahead (module docstring)
                 yield Action("load_hidden", *nxt)
-        if parked is not None and k == late:                      # not loaded ahead: parked the slot before
+        if parked is not None and k == _parked(order, n - 1):      # not loaded ahead: parked the slot before
             yield Action("load_hidden", i, j, k)
-        late = parked if nxt is not None and nxt[2] == parked else None
         yield Action("compute", i, j, k)
         yield Action("sync", i, j, k)
     last = order[-1]
