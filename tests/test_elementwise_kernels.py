@@ -63,6 +63,17 @@ def test_gated_activation_fuses_silu_only():
         gated_activation("nope")
 
 
+def test_silu_mul_writes_into_out_and_in_place():
+    """out=gate computes in place (the routed experts' one pass, `moe._gate_up`) and another out receives the
+    product; both equal the product silu_mul returns."""
+    torch.manual_seed(1)
+    gate, up = torch.randn(2, 6, 16), torch.randn(2, 6, 16)
+    want = F.silu(gate) * up
+    other = torch.empty_like(gate)
+    assert silu_mul(gate, up, out=other) is other and torch.equal(other, want)
+    assert silu_mul(gate, up, out=gate) is gate and torch.equal(gate, want)
+
+
 def test_close_to_torch_counts_ulps():
     want = torch.tensor([1.0, -2.0, 1e-3], dtype=torch.float16)
     one_up = torch.nextafter(want.float(), torch.tensor(9.0)).to(torch.float16)     # float16 rounds up to next
@@ -168,6 +179,8 @@ def test_silu_mul_kernel_on_cuda(dtype, shape):
     got = silu_mul_triton(gate, up)
     check_close(got, silu_mul_torch(gate, up), exact_factor=False)
     assert torch.equal(silu_mul(gate, up), got)
+    inplace = gate.contiguous()
+    assert silu_mul(inplace, up, out=inplace) is inplace and torch.equal(inplace, got)   # one pass, in place
 
 
 @requires_cuda

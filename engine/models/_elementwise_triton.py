@@ -104,11 +104,12 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     return out
 
 
-def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """`F.silu(gate) * up` in one launch: gate, up [*lead, n] of one float16/bfloat16/float32 dtype
-    (checked by the caller) -> [*lead, n] contiguous."""
+    (checked by the caller) -> [*lead, n] contiguous: `out` when given (contiguous, gate's shape and dtype;
+    gate itself works in place: each element is read before it is written)."""
     g, u = _rows(gate), _rows(up)                                               # [R, n] x 2
-    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device) if out is None else out
     if g.numel():
         with _on(gate.device):
             _silu_mul_kernel[(g.shape[0], triton.cdiv(g.shape[1], _SILU_BLOCK))](

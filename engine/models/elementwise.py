@@ -73,20 +73,24 @@ def rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """F.silu(gate) * up (SwiGLU's gated activation) in the inputs' dtype: gate, up [*lead, n] -> [*lead, n];
-    one fused kernel on CUDA when both have one shape and dtype."""
+    one fused kernel on CUDA when both have one shape and dtype. `out` (gate itself, for one pass in place)
+    receives the result when given: a contiguous tensor of gate's shape and dtype."""
+    fits = out is None or (out.is_contiguous() and out.shape == gate.shape and out.dtype == gate.dtype)
     if (gate.is_cuda and gate.dtype in _FUSED_DTYPES and up.dtype == gate.dtype and up.shape == gate.shape
-            and up.device == gate.device and gate.dim() >= 1 and _triton_ready(gate.get_device(), gate.dtype)):
+            and up.device == gate.device and gate.dim() >= 1 and fits and _triton_ready(gate.get_device(), gate.dtype)):
         from engine.models import _elementwise_triton    # optional dependency: Triton, imported on CUDA only
 
-        return _elementwise_triton.silu_mul_triton(gate, up)
-    return silu_mul_torch(gate, up)
+        return _elementwise_triton.silu_mul_triton(gate, up, out)
+    return silu_mul_torch(gate, up, out)
 
 
-def silu_mul_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """`silu_mul` by torch ops (any device; the reference)."""
-    return F.silu(gate) * up
+def silu_mul_torch(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`silu_mul` by torch ops (any device; the reference); with out=gate in place, no third buffer."""
+    if out is gate:
+        return F.silu(gate, inplace=True).mul_(up)
+    return torch.mul(F.silu(gate), up, out=out)
 
 
 @functools.lru_cache(maxsize=None)

@@ -11,7 +11,8 @@ the experts between them that received none: H200, bf16, Qwen3-30B-A3B's shape a
 128 experts took 0.73 ms against 3.8 ms for 29 groups of hit experts only, `benchmarks/results/h200/
 moe_experts_speed_bfloat16.log`); a group of G experts whose largest
 count is C gathers its tokens into a zero-padded [G, C, h] and runs the gate, up and down projections as
-three `torch.bmm` against views of the stacked weights (no weight is copied); only the real rows are scaled
+three `torch.bmm` against views of the stacked weights (no weight is copied; SiLU's act(gate) * up as one
+fused pass written into the gate's buffer, `_gate_up`); only the real rows are scaled
 by their routing weights and added back (one `index_add_`), so padded rows never reach the output. A group's
 padded buffers stay within `group_bytes` (`EXPERT_GROUP_BYTES`: `expert_slot_bytes` per padded row); an
 expert whose own tokens exceed it is a group alone (no padding: the per-expert path, for big prefills).
@@ -38,7 +39,9 @@ import functools
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
+from engine.models.elementwise import silu_mul
 from engine.models.layers import linear
 from engine.util.kernel_check import first_use_check
 
@@ -134,8 +137,7 @@ def experts_bmm(x: torch.Tensor, top_w: torch.Tensor, top_e: torch.Tensor, w1: t
             rows = x.new_zeros(g * c, h).index_copy_(0, dest, rows)  # [g*c, h] zero rows for padding
         xp = rows.view(g, c, h)  # [g, c, h]
         del rows
-        a = act(torch.bmm(xp, w1t[e0:e1]))  # [g, c, i]
-        a.mul_(torch.bmm(xp, w3t[e0:e1]))  # [g, c, i]
+        a = _gate_up(act, lambda: torch.bmm(xp, w1t[e0:e1]), lambda: torch.bmm(xp, w3t[e0:e1]))  # [g, c, i]
         del xp
         y = torch.bmm(a, w2t[e0:e1]).view(g * c, h)  # [g*c, h]
         del a
@@ -164,13 +166,24 @@ def experts_grouped_mm(x: torch.Tensor, top_w: torch.Tensor, top_e: torch.Tensor
         offs = (ends.clamp(r0, r1) - r0).to(torch.int32)  # [E] the chunk's cumulative rows per expert
         tok = token[r0:r1]  # [m]
         xs = x.index_select(0, tok)  # [m, h]
-        a = act(torch._grouped_mm(xs, w1t, offs=offs))  # [m, i]
-        a.mul_(torch._grouped_mm(xs, w3t, offs=offs))  # [m, i]
+        a = _gate_up(act, lambda: torch._grouped_mm(xs, w1t, offs=offs),
+                     lambda: torch._grouped_mm(xs, w3t, offs=offs))  # [m, i]
         del xs
         y = torch._grouped_mm(a, w2t, offs=offs)  # [m, h]
         del a
         out.index_add_(0, tok, y.mul_(weight[r0:r1]))
     return out
+
+
+def _gate_up(act: Callable[[torch.Tensor], torch.Tensor], gate: Callable[[], torch.Tensor],
+             up: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """act(gate()) * up() from the gate and up projections (thunks), holding at most two buffers of their shape
+    (`expert_slot_bytes` counts two): SiLU as one fused pass written into the gate's buffer
+    (`elementwise.silu_mul`), any other activation by its output then a product in place."""
+    if act is F.silu:
+        g = gate()
+        return silu_mul(g, up(), out=g)
+    return act(gate()).mul_(up())
 
 
 def _sync_free(x: torch.Tensor, w1: torch.Tensor) -> bool:
