@@ -45,7 +45,7 @@ from engine.models.elementwise import silu_mul
 from engine.models.layers import linear
 from engine.util.kernel_check import first_use_check
 
-EXPERT_GROUP_BYTES = 128 << 20   # padded buffers of one expert group (`expert_slot_bytes` per padded row)
+EXPERT_GROUP_BYTES = 256 << 20   # padded buffers of one expert group (`expert_slot_bytes` per padded row)
 CPU_GROUP_BYTES = 0              # on a CPU device: one expert per group (no padding; module docstring)
 
 
