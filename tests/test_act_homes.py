@@ -69,6 +69,25 @@ def test_memory_counts_a_decode_hidden_on_the_device_and_homes_only_for_the_pref
     assert homes == (K * g * prompt_len * h * e if prompt_len > 1 else 0)     # act.{k}.{n}: prefill only
 
 
+@pytest.mark.parametrize("prompt_len", [77, 1])
+def test_memory_counts_the_hidden_loaded_ahead_past_two_batches(prompt_len):
+    """With K > 2 the schedule loads the next GPU batch's parked prefill hidden a slot ahead (`load_hidden`),
+    so the device holds it during a compute: counted by the share off the gpu, at the prefill only (a decode
+    step's [g, 1, h] is never parked); on a CPU device nothing crosses a link."""
+    config = _mixtral()
+    g, K, h, e = 256, 4, config.hidden_size, 2
+    decode = (K - 1) * g * h * e
+    ahead = g * prompt_len * h * e if prompt_len > 1 else 0
+    parked = Policy(gpu_batch_size=g, num_gpu_batches=K, act_gpu=0.0, act_cpu=1.0)
+    split = Policy(gpu_batch_size=g, num_gpu_batches=K, act_gpu=0.25, act_cpu=0.75)
+    assert untracked_gpu_bytes(config, parked, prompt_len, e, "cuda") == max(ahead, decode)
+    placed = (K - 1) * g * prompt_len * h * e - decode
+    want = placed * 0.25 + decode + max(0, ahead - decode) * 0.75
+    assert untracked_gpu_bytes(config, split, prompt_len, e, "cuda") == int(want)
+    two = Policy(gpu_batch_size=g, num_gpu_batches=2, act_gpu=0.0, act_cpu=1.0)
+    assert untracked_gpu_bytes(config, two, prompt_len, e, "cuda") == g * h * e     # K = 2: loaded in its slot
+
+
 def test_decode_channels_do_not_depend_on_the_act_placement():
     config, workload = _mixtral(), Workload(77, 128, num_prompts=2048)
     base = dict(gpu_batch_size=1024, num_gpu_batches=2, w_gpu=0.5, w_cpu=0.5, cache_gpu=0.0, cache_cpu=1.0,

@@ -34,9 +34,9 @@ def preset(name):
 
 @pytest.mark.parametrize("name, policy, prefill_s, decode_s, peak", [
     ("llama-3-70b", LLAMA_96X16, 62.22810316112912, 11.685691269455251,      # gpu: + the GQA fold's q copy
-     {"gpu": 8296105728, "cpu": 77446643712, "disk": 0}),                     # and masks (was 8186912768)
+     {"gpu": 8587085568, "cpu": 77446643712, "disk": 0}),                     # and masks (was 8186912768)
     ("mixtral-8x7b", MIXTRAL_64X4, 1.9900291050823231, 6.396034630642483,      # gpu: the grouped experts'
-     {"gpu": 5276649312, "cpu": 31034310656, "disk": 0}),                     # working memory and the fold
+     {"gpu": 5282940768, "cpu": 31034310656, "disk": 0}),                     # working memory and the fold
 ])
 def test_no_prefix_predicts_what_it_did_before(name, policy, prefill_s, decode_s, peak):
     """Prefix 0, a prefix under the executor's minimum, or one row per GPU batch: the numbers of the cost
@@ -120,8 +120,8 @@ def test_prefill_hidden_with_a_prefix_is_never_parked():
     e0, e1 = (estimate(c, LLAMA_96X16, replace(WRANGLE, shared_prefix_len=p), H200) for p in (0, 150))
     kept = (k - 1) * (150 + g * 50) * h * 2
     assert e1.peak_memory_bytes["gpu"] - m1["gpu"] == kept
-    decode = (k - 1) * g * h * 2                                    # act_gpu 0 without a prefix: only the other
-    assert e0.peak_memory_bytes["gpu"] - m0["gpu"] == decode        # batches' decode hidden is untracked
+    ahead = g * 200 * h * 2                                         # act_gpu 0 without a prefix, K = 16: the next
+    assert e0.peak_memory_bytes["gpu"] - m0["gpu"] == ahead         # batch's prefill hidden loaded ahead is untracked
 
 
 def test_moe_experts_see_the_prefix_once():

@@ -76,11 +76,10 @@ def test_the_prefill_snakes_and_keeps_the_last_batch_on_the_device(batches):
 
 
 @pytest.mark.parametrize("batches", [2, 3, 4])
-def test_parked_hiddens_load_a_slot_ahead_at_the_prefill(batches):
-    """Every hidden the prefill parks is loaded before the previous slot's compute is issued, so it crosses the
-    link under that compute (stop 46's trace: issued just before its own compute at K = 2, the device waited
-    for each whole hidden); in FlexGen's order at K = 2 (the decode steps) the next slot's batch is the one
-    parked now, and its load waits for its own slot."""
+def test_parked_hiddens_load_a_slot_ahead_at_the_prefill_only_past_two_batches(batches):
+    """With K > 2 every hidden the prefill parks is loaded before the previous slot's compute is issued, so it
+    crosses the link under that compute; with K = 2 each parked hidden is loaded between the previous slot's
+    compute and its own (no second prefill hidden on the device during a compute: stop 48's out-of-memory)."""
     layers = 6
     actions = list(block_schedule(2, layers, batches))
     computes = [n for n, a in enumerate(actions) if a.verb == "compute"]
@@ -92,10 +91,8 @@ def test_parked_hiddens_load_a_slot_ahead_at_the_prefill(batches):
     prefill = [m for m in switches if order[m][0] == 0]
     assert len(prefill) == layers * (batches - 1)                        # within layers only: the snake
     for m in prefill:
-        assert pos[("load_hidden", *order[m])] < computes[m - 1], order[m]
-    if batches == 2:
-        late = [m for m in switches if order[m][0] == 1 and order[m][2] == order[m - 2][2] and m >= 2]
-        assert late and all(computes[m - 1] < pos[("load_hidden", *order[m])] < computes[m] for m in late)
+        load = pos[("load_hidden", *order[m])]
+        assert load < computes[m - 1] if batches > 2 else computes[m - 1] < load < computes[m], order[m]
 
 
 def test_weight_pages_spread_over_batches():

@@ -326,17 +326,21 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
 
 
 def _untracked_terms(config: ModelConfig, policy: Policy, prompt_len: int, bytes_per_element: int,
-                     device_type: str, shared_prefix_len: int) -> tuple[float, float]:
-    """(bytes scaled by the gpu share of hidden states, bytes on the device whatever the placement) of
-    `untracked_gpu_bytes`."""
+                     device_type: str, shared_prefix_len: int) -> tuple[float, float, float]:
+    """(bytes scaled by the gpu share of hidden states, bytes on the device whatever the placement, bytes
+    scaled by the share off the gpu) of `untracked_gpu_bytes`."""
     g, K, P, e = policy.gpu_batch_size, policy.num_gpu_batches, prompt_len, bytes_per_element
     p, h, nh = batch_prefix_len(shared_prefix_len, g), config.hidden_size, config.num_attention_heads
     decode = (K - 1) * g * h * e                                # a decode step's hidden [g, 1, h]: never parked
     placed = 0.0 if p else (K - 1) * g * P * h * e - decode     # hidden [g, P, h] parked by the act placement
     kept = (K - 1) * (p + g * (P - p)) * h * e if p else decode  # the prefill's (prefix, rows) pair stays on the gpu
+    # with K > 2 the next GPU batch's parked hidden, loaded a slot ahead (`runtime.schedule`) while this one
+    # computes: its parts off the gpu come back into device memory the executor does not reserve, at the
+    # prefill, when the decode's hiddens are not there (the larger of the two)
+    ahead = max(0.0, g * P * h * e - decode) if K > 2 and not p and P > 1 and device_type != "cpu" else 0.0
     if device_type == "cpu":                                    # scores [c, nh, P - p, P]; the prefix's [1, nh, p, p]
         kept += max(chunk_rows(g, P - p) * nh * (P - p) * P, nh * p * p) * e
-    return placed, kept
+    return placed, kept, ahead
 
 
 def untracked_gpu_bytes(config: ModelConfig, policy: Policy, prompt_len: int, bytes_per_element: int,
@@ -344,10 +348,12 @@ def untracked_gpu_bytes(config: ModelConfig, policy: Policy, prompt_len: int, by
     """Device memory the executor uses but does not reserve: the hidden states of the other GPU batches
     between layers (with a prefix computed once, its prefill's (prefix, rows) pairs, which are never parked;
     the prefill's by the gpu share of hidden states, a decode step's, never parked, by the rest: affine in
-    act_gpu, exact at 0 and 1, above the larger of the two between), and on a CPU device the attention scores
+    act_gpu, exact at 0 and 1, above the larger of the two between), on an accelerator with K > 2 the next GPU
+    batch's parked hidden loaded a slot ahead (by the share off the gpu), and on a CPU device the attention scores
     of the math SDPA path (one prefill row chunk)."""
-    placed, kept = _untracked_terms(config, policy, prompt_len, bytes_per_element, device_type, shared_prefix_len)
-    return int(placed * policy.act_gpu + kept)
+    placed, kept, ahead = _untracked_terms(config, policy, prompt_len, bytes_per_element, device_type,
+                                           shared_prefix_len)
+    return int(placed * policy.act_gpu + kept + ahead * (1.0 - policy.act_gpu))
 
 
 def peak_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, prompt_len: int, gen_len: int,
@@ -386,7 +392,7 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
     decode_slots = _kv_slots(layout, _decode_steps(gen_len), K)
     stage_slots = _stage_slots(layout, policy)
     hidden = K * g * _act_home_len(P, gen_len, prefix) * config.hidden_size * e
-    placed, kept = _untracked_terms(config, policy, P, e, device_type, shared_prefix_len)
+    placed, kept, ahead = _untracked_terms(config, policy, P, e, device_type, shared_prefix_len)
     w_moved = share("w", "off") if cuda else share("w", "disk")
     c_loaded = share("cache", "off") if (cuda or cc) else share("cache", "disk")
     gpu = (share("w", "gpu") * layout.total_bytes + w_moved * buffers + const(dequant)
@@ -394,7 +400,7 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
            + (c_loaded * (decode_slots * home) if not policy.cpu_attention else const(0.0))
            + const(working_bytes(config, g, P, S, dtype, cc, prefix_len=prefix))
            + c_loaded * staged
-           + share("act", "gpu") * placed + const(kept) + const(prefix_kv))
+           + share("act", "gpu") * placed + const(kept) + share("act", "off") * ahead + const(prefix_kv))
     cpu = share("w", "cpu") * layout.total_bytes + share("cache", "cpu") * (L * K * home)
     if policy.cpu_attention:
         cpu = cpu + share("cache", "off") * prefix_kv                       # host copies for host attention

@@ -81,4 +81,4 @@ class ActHomes:
             if pending is not None:
                 pending.wait()
             pieces.append(t if tier is Tier.GPU else t.to(self.device))
-        return torch.cat(pieces, dim=-1)                                                 # [b, s, h]
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)             # [b, s, h]
