@@ -1,0 +1,100 @@
+"""Micro-benchmark: the routed experts' kernels of `engine.models.moe.experts_grouped_mm` at Mixtral-8x7B's
+shape (E = 8 experts, h = 4096, i = 14336, bfloat16) by (token, expert) pairs per call, the number that
+`EXPERT_GROUP_BYTES` sets (`expert_slot_bytes` per pair: 2,048 pairs at 128 MiB, 4,096 at 256 MiB).
+
+Per --pairs m (spread evenly over the experts): the gate (or up) projection `torch._grouped_mm` [m, h] x
+[E, h, i], the gate and up fused into one [E, h, 2i] weight, the down projection [m, i] x [E, i, h] (each
+with its TFLOP/s), SiLU then a product in place against `elementwise.silu_mul` (one fused pass), the routing
+weight's product in float32 and in bfloat16, and the `index_add_` that sums two pairs per token. Times are
+means over --repeat runs after 3 warm-up runs (CUDA events). Writes one record (common fields, one entry per
+pair count) to --out, default grouped_mm_speed_mixtral-8x7b.json in $OUT or benchmarks/results/.
+
+    python benchmarks/grouped_mm_speed.py                                  # GPU (bfloat16, sm90)
+    python benchmarks/grouped_mm_speed.py --scale 64 --pairs 64 --repeat 2 --out /tmp/gmm.json   # CPU smoke
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
+from bench_common import add_record_args, new_record, results_path, save_record, torch_device  # noqa: E402
+from engine.models.elementwise import silu_mul  # noqa: E402
+
+E, H, I = 8, 4096, 14336          # Mixtral-8x7B's experts, hidden and expert intermediate sizes
+
+
+def mean_us(fn: Callable[[], object], device: torch.device, repeat: int) -> float:
+    """Mean microseconds of fn() over `repeat` runs after 3 warm-up runs (CUDA events; perf_counter on CPU)."""
+    import time
+
+    for _ in range(3):
+        fn()
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        return (time.perf_counter() - t0) / repeat * 1e6
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize(device)
+    start.record()
+    for _ in range(repeat):
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    return start.elapsed_time(end) / repeat * 1e3
+
+
+def measure(m: int, h: int, i: int, device: torch.device, dtype: torch.dtype, repeat: int) -> dict[str, float]:
+    """The kernels of one `experts_grouped_mm` call over m pairs (module docstring)."""
+    w1 = torch.randn(E, i, h, device=device, dtype=dtype) * 0.01                 # [E, i, h]
+    w2 = torch.randn(E, h, i, device=device, dtype=dtype) * 0.01                 # [E, h, i]
+    w13 = torch.randn(E, 2 * i, h, device=device, dtype=dtype) * 0.01            # [E, 2i, h]
+    offs = torch.tensor([(j + 1) * m // E for j in range(E)], device=device, dtype=torch.int32)   # [E]
+    xs = torch.randn(m, h, device=device, dtype=dtype)                           # [m, h]
+    a = torch.randn(m, i, device=device, dtype=dtype)                            # [m, i]
+    g, u = torch.randn(m, i, device=device, dtype=dtype), torch.randn(m, i, device=device, dtype=dtype)
+    y = torch.randn(m, h, device=device, dtype=dtype)                            # [m, h]
+    weight = torch.rand(m, 1, device=device)                                     # [m, 1] float32
+    out = torch.zeros(m // 2, h, device=device, dtype=dtype)                     # [m / 2, h]: two pairs a token
+    tok = torch.randperm(m, device=device) // 2                                  # [m]
+    up = mean_us(lambda: torch._grouped_mm(xs, w1.transpose(1, 2), offs=offs), device, repeat)
+    fused_up = mean_us(lambda: torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs), device, repeat)
+    down = mean_us(lambda: torch._grouped_mm(a, w2.transpose(1, 2), offs=offs), device, repeat)
+    flop = 2 * m * h * i
+    return {"up_us": up, "up_tflops": flop / up / 1e6, "w13_us": fused_up, "w13_tflops": 2 * flop / fused_up / 1e6,
+            "down_us": down, "down_tflops": flop / down / 1e6,
+            "silu_then_mul_us": mean_us(lambda: torch.nn.functional.silu(g).mul_(u), device, repeat),
+            "fused_us": mean_us(lambda: silu_mul(g, u), device, repeat),
+            "wmul_f32_us": mean_us(lambda: y.mul(weight), device, repeat),
+            "wmul_bf16_us": mean_us(lambda: y.mul(weight.to(dtype)), device, repeat),
+            "index_add_us": mean_us(lambda: out.index_add_(0, tok, y), device, repeat)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=int, action="append", help="pairs per call (repeatable; default 1024-16384)")
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--scale", type=int, default=1, help="divide h and i by this (a CPU smoke run)")
+    ap.add_argument("--device", default="auto")
+    add_record_args(ap)
+    args = ap.parse_args(argv)
+    device = torch_device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    h, i = H // args.scale, I // args.scale
+    rec = new_record("grouped_mm_speed", "mixtral-8x7b", "mixtral-8x7b")
+    rec.update(experts=E, hidden_size=h, intermediate_size=i, dtype=str(dtype).removeprefix("torch."),
+               repeat=args.repeat, per_pairs={})
+    for m in args.pairs or [1024, 2048, 4096, 8192, 16384]:
+        rec["per_pairs"][str(m)] = res = measure(m, h, i, device, dtype, args.repeat)
+        print(m, {k: round(v, 1) for k, v in res.items()}, flush=True)
+    save_record(args.out or results_path("grouped_mm_speed", "mixtral-8x7b"), rec)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
