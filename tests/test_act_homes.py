@@ -49,6 +49,28 @@ def test_a_prefill_hidden_state_moves_by_the_act_fractions():
     assert transfers.submitted == ["store"]
 
 
+class _Running(_Transfers):
+    """Runs each copy at once, on no stream."""
+
+    def submit(self, channel, fn, **kwargs):
+        super().submit(channel, fn)
+        fn(None)
+        return None
+
+
+def test_a_hidden_parked_whole_comes_back_without_a_copy():
+    """All of a prefill hidden parked off the device comes back as the one buffer its load filled: `ready`
+    reassembles with torch.cat only a hidden split over tiers (a whole [b, P, h] copy at every batch switch
+    was device memory the model did not count)."""
+    arena = SimpleNamespace(device=torch.device("cpu"), get=lambda name, tier, shape, dtype: torch.empty(shape))
+    homes, transfers = ActHomes(arena, 0.0, 0.0, num_batches=2), _Running()      # the disk tier: it moves
+    x = torch.randn(4, 6, 8)                                                       # [b, P, h]
+    loaded = homes.load(0, homes.store(0, x, transfers), transfers)
+    back = homes.ready(0, loaded)
+    assert back is loaded.parts[0][3] and torch.equal(back, x)
+    assert transfers.submitted == ["store", "load"]
+
+
 def _mixtral():
     return config_from_hf(PRESETS["mixtral-8x7b"])
 
