@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one|moe-paths|moe-matrix-a|moe-matrix-b|moe-prefill-ab]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one|moe-paths|moe-matrix-a|moe-matrix-b|moe-prefill-ab|moe-trace]
 # flexgen-pair (~4.5 min): OPT-30B ours (192x1 + ahead, --clock) and FlexGen in one call; moe-p512 (~8 min): Mixtral-8x7B
 # at prompt 512 / gen 128 / 16 GiB, auto and its ablation.
 # models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
@@ -244,6 +244,27 @@ if [[ $what == moe-prefill-ab ]]; then
       --prefill-chunk-tokens 16384
     timeout 120 python3 benchmarks/throughput.py "${moe[@]}" --rows 512 --prompt-len 512 --gen-len 32 --policy auto
   } 2>&1 | grep -v '^{' | tee "$OUT/moe-prefill-ab.log" | tail -30
+fi
+if [[ $what == moe-trace ]]; then
+  # where the MoE prefill's time goes past its compute floor (~4 min; stop 48: every prefill at 0.65-0.68 of it):
+  # Mixtral-8x7B cut to 4 layers, 2,048 rows x 4 new tokens, traced (timeline_moe-4L-<plan>-<commit>.json.gz,
+  # read by benchmarks/timeline.py) under the 77/32/24 GiB plan's shape (2048x1, hidden states on the device) and
+  # the 16 GiB headline's (1024x2, hidden states on the host); then the 512/32/16 GiB cell, which went out of
+  # memory at c371a70 (stop 48); one run id
+  export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-trace-$(date -u +%Y%m%dT%H%M%SZ)}
+  on='"act_gpu": 1.0, "act_cpu": 0.0, "cache_gpu": 1.0, "cache_cpu": 0.0'
+  off='"act_gpu": 0.0, "act_cpu": 1.0, "cache_gpu": 0.0, "cache_cpu": 1.0'
+  w='"w_gpu": 0.5, "w_cpu": 0.5, "compress_weights": true, "compress_cache": true'
+  { for plan in "2048x1:{\"gpu_batch_size\": 2048, \"num_gpu_batches\": 1, $w, $on}" \
+                "1024x2:{\"gpu_batch_size\": 1024, \"num_gpu_batches\": 2, $w, $off}"; do
+      name=${plan%%:*}
+      timeout 120 python3 benchmarks/throughput.py "${mixtral[@]}" --gpu-memory 24GiB --layers 4 --rows 2048 \
+        --gen-len 4 --policy "${plan#*:}" --clock --trace \
+        --trace-out "$OUT/timeline_moe-4L-$name-${LLMOPS_COMMIT:-head}.json.gz" --out "$OUT/throughput_moe-4L-trace.jsonl"
+    done
+    timeout 90 python3 benchmarks/throughput.py "${mixtral[@]}" --prompt-len 512 --gen-len 32 --gpu-memory 16GiB \
+      --rows 512 --policy auto --clock --out "$OUT/throughput_moe.jsonl"
+  } 2>&1 | grep -v '^{' | tee "$OUT/moe-trace.log" | tail -20
 fi
 if [[ $what == moe-paths ]]; then
   # issue 17 on the product paths (carry .whl with pydantic, duckdb, llguidance >= 1.9 and
