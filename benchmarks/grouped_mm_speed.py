@@ -6,8 +6,10 @@ Per --pairs m (spread evenly over the experts): the gate (or up) projection `tor
 [E, h, i], the gate and up fused into one [E, h, 2i] weight, the down projection [m, i] x [E, i, h] (each
 with its TFLOP/s), SiLU then a product in place against `elementwise.silu_mul` (one fused pass), the routing
 weight's product in float32 and in bfloat16, and the `index_add_` that sums two pairs per token. Times are
-means over --repeat runs after 3 warm-up runs (CUDA events). Writes one record (common fields, one entry per
-pair count) to --out, default grouped_mm_speed_mixtral-8x7b.json in $OUT or benchmarks/results/.
+medians over --repeat runs (`bench_common.median_ms`, in microseconds). Writes one record (common fields,
+one entry per pair count) to --out, default grouped_mm_speed_mixtral-8x7b.json in $OUT or benchmarks/results/.
+The stop-48 record (`results/h200/`) came from the probe this was committed from: the same kernels and
+shapes, timed as the mean of 20 back-to-back runs after 3 warm-up runs.
 
     python benchmarks/grouped_mm_speed.py                                  # GPU (bfloat16, sm90)
     python benchmarks/grouped_mm_speed.py --scale 64 --pairs 64 --repeat 2 --out /tmp/gmm.json   # CPU smoke
@@ -17,36 +19,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # benchmarks/: bench_common
-from bench_common import add_record_args, new_record, results_path, save_record, torch_device  # noqa: E402
+from bench_common import add_record_args, median_ms, new_record, results_path, save_record, torch_device  # noqa: E402
 from engine.models.elementwise import silu_mul  # noqa: E402
 
 E, H, I = 8, 4096, 14336          # Mixtral-8x7B's experts, hidden and expert intermediate sizes
-
-
-def mean_us(fn: Callable[[], object], device: torch.device, repeat: int) -> float:
-    """Mean microseconds of fn() over `repeat` runs after 3 warm-up runs (CUDA events; perf_counter on CPU)."""
-    import time
-
-    for _ in range(3):
-        fn()
-    if device.type != "cuda":
-        t0 = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        return (time.perf_counter() - t0) / repeat * 1e6
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize(device)
-    start.record()
-    for _ in range(repeat):
-        fn()
-    end.record()
-    torch.cuda.synchronize(device)
-    return start.elapsed_time(end) / repeat * 1e3
 
 
 def measure(m: int, h: int, i: int, device: torch.device, dtype: torch.dtype, repeat: int) -> dict[str, float]:
@@ -62,17 +42,18 @@ def measure(m: int, h: int, i: int, device: torch.device, dtype: torch.dtype, re
     weight = torch.rand(m, 1, device=device)                                     # [m, 1] float32
     out = torch.zeros(m // 2, h, device=device, dtype=dtype)                     # [m / 2, h]: two pairs a token
     tok = torch.randperm(m, device=device) // 2                                  # [m]
-    up = mean_us(lambda: torch._grouped_mm(xs, w1.transpose(1, 2), offs=offs), device, repeat)
-    fused_up = mean_us(lambda: torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs), device, repeat)
-    down = mean_us(lambda: torch._grouped_mm(a, w2.transpose(1, 2), offs=offs), device, repeat)
+    def us(fn) -> float:
+        return median_ms(fn, device, repeat, warmup=3) * 1e3
+
+    up = us(lambda: torch._grouped_mm(xs, w1.transpose(1, 2), offs=offs))
+    fused_up = us(lambda: torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs))
+    down = us(lambda: torch._grouped_mm(a, w2.transpose(1, 2), offs=offs))
     flop = 2 * m * h * i
     return {"up_us": up, "up_tflops": flop / up / 1e6, "w13_us": fused_up, "w13_tflops": 2 * flop / fused_up / 1e6,
             "down_us": down, "down_tflops": flop / down / 1e6,
-            "silu_then_mul_us": mean_us(lambda: torch.nn.functional.silu(g).mul_(u), device, repeat),
-            "fused_us": mean_us(lambda: silu_mul(g, u), device, repeat),
-            "wmul_f32_us": mean_us(lambda: y.mul(weight), device, repeat),
-            "wmul_bf16_us": mean_us(lambda: y.mul(weight.to(dtype)), device, repeat),
-            "index_add_us": mean_us(lambda: out.index_add_(0, tok, y), device, repeat)}
+            "silu_then_mul_us": us(lambda: torch.nn.functional.silu(g).mul_(u)), "fused_us": us(lambda: silu_mul(g, u)),
+            "wmul_f32_us": us(lambda: y.mul(weight)), "wmul_bf16_us": us(lambda: y.mul(weight.to(dtype))),
+            "index_add_us": us(lambda: out.index_add_(0, tok, y))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -95,7 +95,7 @@ def test_memory_counts_a_decode_hidden_on_the_device_and_homes_only_for_the_pref
 def test_memory_counts_the_hidden_loaded_ahead_past_two_batches(prompt_len):
     """With K > 2 the schedule loads the next GPU batch's parked prefill hidden a slot ahead (`load_hidden`),
     so the device holds it during a compute: counted by the share off the gpu, at the prefill only (a decode
-    step's [g, 1, h] is never parked); on a CPU device nothing crosses a link."""
+    step's [g, 1, h] is never parked); with K = 2 the load waits for its own slot and nothing is added."""
     config = _mixtral()
     g, K, h, e = 256, 4, config.hidden_size, 2
     decode = (K - 1) * g * h * e

@@ -20,9 +20,9 @@ Decode steps keep the ascending order (their hidden states are never parked; the
 attention in that order).
 
 A hidden load depends on the store of the slot that last computed its batch. With K > 2 it is issued a slot
-ahead, so it crosses the link during the previous slot's compute (unless that store is issued in that very
-slot; then just before its own compute), and the memory model counts the second prefill hidden it puts on
-the device (`engine.policy.memory`, `_untracked_terms`). With K <= 2 it is issued just before its own
+ahead, so it crosses the link during the previous slot's compute (that store was issued a slot earlier still:
+with more than two batches no batch comes back the slot after it was parked), and the memory model counts the
+second prefill hidden it puts on the device (`engine.policy.memory`, `_untracked_terms`). With K <= 2 it is issued just before its own
 compute: loading it a slot ahead there too (f09c451 to stop 48) held a second prefill hidden on the device for
 a whole compute, and Mixtral-8x7B at prompt 512 / gen 32 / 16 GiB (256x2, cache on the device, hidden states
 on the host) went out of memory on an H100 (stop 48); what it bought at K = 2 was small (the prefill's
@@ -106,9 +106,9 @@ def block_schedule(num_steps: int, num_layers: int, num_batches: int, *, paged: 
                 yield Action("store_hidden", *prev)
         if nxt is not None:
             yield Action("load_cache", *nxt)
-            if K > 2 and nxt[2] not in (k, parked):                # a slot ahead (module docstring)
+            if K > 2 and nxt[2] != k:                              # a slot ahead (module docstring)
                 yield Action("load_hidden", *nxt)
-        if parked is not None and (K <= 2 or k == _parked(order, n - 1)):   # not loaded ahead
+        if K <= 2 and parked is not None:                         # just before its compute
             yield Action("load_hidden", i, j, k)
         yield Action("compute", i, j, k)
         yield Action("sync", i, j, k)
