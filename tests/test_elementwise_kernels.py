@@ -74,6 +74,19 @@ def test_silu_mul_writes_into_out_and_in_place():
     assert silu_mul(gate, up, out=gate) is gate and torch.equal(gate, want)
 
 
+def test_silu_mul_scales_each_row_by_its_float32_weight():
+    """scale [*lead] float32 multiplies each row of the product (a routed expert's routing weight, folded into
+    the SiLU pass by `moe.experts_grouped_mm`), rounded as `.mul_(scale[..., None])` does; in place too."""
+    torch.manual_seed(3)
+    gate, up = torch.randn(3, 5, 16).bfloat16(), torch.randn(3, 5, 16).bfloat16()
+    scale = torch.rand(3, 5)
+    want = (F.silu(gate) * up).mul_(scale[..., None])
+    assert want.dtype == torch.bfloat16 and not torch.equal(want, F.silu(gate) * up)
+    assert torch.equal(silu_mul(gate, up, scale=scale), want)
+    inplace = gate.clone()
+    assert silu_mul(inplace, up, out=inplace, scale=scale) is inplace and torch.equal(inplace, want)
+
+
 def test_close_to_torch_counts_ulps():
     want = torch.tensor([1.0, -2.0, 1e-3], dtype=torch.float16)
     one_up = torch.nextafter(want.float(), torch.tensor(9.0)).to(torch.float16)     # float16 rounds up to next
@@ -97,6 +110,9 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32):
         both = (torch.randn(*shape[:-1], 2 * h) * 2).to(dtype)         # [*lead, 2h]: gate and up halves
         gate, up = both.chunk(2, dim=-1)
         check_close(silu_mul_triton(gate, up), silu_mul_torch(gate, up), exact_factor=False)
+        scale = 2.0 ** -torch.randint(0, 4, shape[:-1]).float()          # exact row scales: a row's ulps stay
+        check_close(silu_mul_triton(gate, up, scale=scale), silu_mul_torch(gate, up, scale=scale),
+                    exact_factor=False)
         for w, exact in ((torch.ones(h, dtype=dtype), True), ((1 + 0.3 * torch.randn(h)).to(dtype), False)):
             check_close(rms_norm_triton(gate, w, 1e-5), rms_norm_torch(gate, w, 1e-5), exact)
     q = torch.randn(2, 5, 4, 64).to(dtype).transpose(1, 2)              # [b, nh, s, hd] per-head norm (Qwen3)
@@ -133,10 +149,12 @@ def test_kernels_compile_for_sm90(xdt):
         ptx = compile_for_sm90(_rms_norm_kernel, sig, {"ROWS": rows, "BLOCK": block, "OUT": out},
                                num_warps=_norm_warps(block), enable_fp_fusion=False)
         assert "rsqrt" in ptx and "fma.rn" not in ptx
-    sig = {"gate_ptr": xdt, "up_ptr": xdt, "out_ptr": xdt, "n_cols": "i32", "gate_row": "i64", "up_row": "i64",
-           "OUT": "constexpr", "BLOCK": "constexpr"}
-    ptx = compile_for_sm90(_silu_mul_kernel, sig, {"OUT": out, "BLOCK": 1024}, enable_fp_fusion=False)
-    assert "ex2.approx" in ptx and "div.rn.f32" in ptx
+    sig = {"gate_ptr": xdt, "up_ptr": xdt, "scale_ptr": "*fp32", "out_ptr": xdt, "n_cols": "i32", "gate_row": "i64",
+           "up_row": "i64", "OUT": "constexpr", "BLOCK": "constexpr", "SCALED": "constexpr"}
+    for scaled in (False, True):
+        ptx = compile_for_sm90(_silu_mul_kernel, sig, {"OUT": out, "BLOCK": 1024, "SCALED": scaled},
+                               enable_fp_fusion=False)
+        assert "ex2.approx" in ptx and "div.rn.f32" in ptx and "fma.rn" not in ptx
     from engine.models._elementwise_triton import _ROPE_HEADS, _rope_kernel
 
     sig = {"x_ptr": xdt, "cos_ptr": xdt, "sin_ptr": xdt, "out_ptr": xdt, **{k: "i64" for k in (
@@ -181,6 +199,10 @@ def test_silu_mul_kernel_on_cuda(dtype, shape):
     assert torch.equal(silu_mul(gate, up), got)
     inplace = gate.contiguous()
     assert silu_mul(inplace, up, out=inplace) is inplace and torch.equal(inplace, got)   # one pass, in place
+    scale = 2.0 ** -torch.randint(0, 4, shape[:-1], device="cuda").float()              # exact row scales
+    scaled = silu_mul(gate, up, scale=scale)
+    check_close(scaled, silu_mul_torch(gate, up, scale=scale), exact_factor=False)
+    assert torch.equal(scaled, got.float().mul(scale.unsqueeze(-1)).to(dtype))           # the same rounded product
 
 
 @requires_cuda

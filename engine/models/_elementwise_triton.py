@@ -5,7 +5,8 @@
     rounded again, as the torch ops do; ROWS rows per program when h is small.
   - `silu_mul_triton`: silu(gate) * up over [R, n] views (gate/up may be the two halves of one projection):
     silu in float32 rounded to the input dtype, then the product in float32 rounded again, as torch's
-    F.silu(gate) * up does.
+    F.silu(gate) * up does; with a float32 row scale [R] (a routed expert's routing weight) that product
+    times its row's scale in float32, rounded a third time, as torch's `.mul_(scale[:, None])` does.
   - `rope_triton`: RoPE's rotation x * cos + rotate_half(x) * sin of x [b, n, s, hd] (any strides, the last
     dim contiguous) in one pass: each product rounded to x's dtype, then their sum rounded, as torch's three
     ops do (bit for bit), written contiguous [b, n, s, hd] (the layout attention takes without another copy).
@@ -40,14 +41,18 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_rows, n_cols, x_row, eps,
 
 
 @triton.jit
-def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n_cols, gate_row, up_row, OUT: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gate_ptr, up_ptr, scale_ptr, out_ptr, n_cols, gate_row, up_row, OUT: tl.constexpr,
+                     BLOCK: tl.constexpr, SCALED: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)             # [BLOCK]
     mask = c < n_cols
     g = tl.load(gate_ptr + r * gate_row + c, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(up_ptr + r * up_row + c, mask=mask, other=0.0).to(tl.float32)
     silu = round_to(tl.math.div_rn(g, 1.0 + tl.exp(-g)), OUT).to(tl.float32)   # F.silu in the input dtype
-    tl.store(out_ptr + r * n_cols + c, round_to(silu * u, OUT), mask=mask)
+    y = round_to(silu * u, OUT)
+    if SCALED:
+        y = round_to(y.to(tl.float32) * tl.load(scale_ptr + r), OUT)            # the row's float32 scale
+    tl.store(out_ptr + r * n_cols + c, y, mask=mask)
 
 
 @triton.jit
@@ -104,17 +109,19 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     return out
 
 
-def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None,
+                    scale: torch.Tensor | None = None) -> torch.Tensor:
     """`F.silu(gate) * up` in one launch: gate, up [*lead, n] of one float16/bfloat16/float32 dtype
     (checked by the caller) -> [*lead, n] contiguous: `out` when given (contiguous, gate's shape and dtype;
-    gate itself works in place: each element is read before it is written)."""
+    gate itself works in place: each element is read before it is written); `scale` [*lead] float32
+    (contiguous) multiplies each row of the product."""
     g, u = _rows(gate), _rows(up)                                               # [R, n] x 2
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device) if out is None else out
     if g.numel():
         with _on(gate.device):
             _silu_mul_kernel[(g.shape[0], triton.cdiv(g.shape[1], _SILU_BLOCK))](
-                g, u, out, g.shape[1], g.stride(0), u.stride(0), OUT=TL_DTYPES[gate.dtype], BLOCK=_SILU_BLOCK,
-                enable_fp_fusion=False)
+                g, u, g if scale is None else scale, out, g.shape[1], g.stride(0), u.stride(0),
+                OUT=TL_DTYPES[gate.dtype], BLOCK=_SILU_BLOCK, SCALED=scale is not None, enable_fp_fusion=False)
     return out
 
 

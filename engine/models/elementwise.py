@@ -73,24 +73,30 @@ def rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None,
+             scale: torch.Tensor | None = None) -> torch.Tensor:
     """F.silu(gate) * up (SwiGLU's gated activation) in the inputs' dtype: gate, up [*lead, n] -> [*lead, n];
     one fused kernel on CUDA when both have one shape and dtype. `out` (gate itself, for one pass in place)
-    receives the result when given: a contiguous tensor of gate's shape and dtype."""
+    receives the result when given: a contiguous tensor of gate's shape and dtype. `scale` [*lead] float32
+    (a routed expert's routing weight per row) multiplies each row of the product, in float32 then rounded to
+    the dtype, as `.mul_(scale[..., None])` does."""
     fits = out is None or (out.is_contiguous() and out.shape == gate.shape and out.dtype == gate.dtype)
+    scaled = scale is None or (scale.dtype == torch.float32 and scale.shape == gate.shape[:-1]
+                               and scale.is_contiguous() and scale.device == gate.device)
     if (gate.is_cuda and gate.dtype in _FUSED_DTYPES and up.dtype == gate.dtype and up.shape == gate.shape
-            and up.device == gate.device and gate.dim() >= 1 and fits and _triton_ready(gate.get_device(), gate.dtype)):
+            and up.device == gate.device and gate.dim() >= 1 and fits and scaled
+            and _triton_ready(gate.get_device(), gate.dtype)):
         from engine.models import _elementwise_triton    # optional dependency: Triton, imported on CUDA only
 
-        return _elementwise_triton.silu_mul_triton(gate, up, out)
-    return silu_mul_torch(gate, up, out)
+        return _elementwise_triton.silu_mul_triton(gate, up, out, scale)
+    return silu_mul_torch(gate, up, out, scale)
 
 
-def silu_mul_torch(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def silu_mul_torch(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None,
+                   scale: torch.Tensor | None = None) -> torch.Tensor:
     """`silu_mul` by torch ops (any device; the reference); with out=gate in place, no third buffer."""
-    if out is gate:
-        return F.silu(gate, inplace=True).mul_(up)
-    return torch.mul(F.silu(gate), up, out=out)
+    y = F.silu(gate, inplace=True).mul_(up) if out is gate else torch.mul(F.silu(gate), up, out=out)
+    return y if scale is None else y.mul_(scale.unsqueeze(-1))
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,10 +120,14 @@ def _self_check(device: torch.device, dtype: torch.dtype) -> bool:
     w = (1 + 0.1 * torch.randn(300, generator=gen)).to(dtype)
     q = torch.randn(2, 7, 3, 2 * 64, generator=gen).to(dtype)[..., :64].transpose(1, 2)     # [2, 3, 7, 64] strided
     cos, sin = (torch.randn(2, 7, 64, generator=gen).to(dtype) for _ in range(2))
+    scale = 2.0 ** -torch.randint(0, 4, (3, 5), generator=gen).float()   # row scales, exact: two ulps still
     cases = (("rms_norm", _elementwise_triton.rms_norm_triton(x.to(device), w.to(device), 1e-5),
               rms_norm_torch(x, w, 1e-5), 2),
              ("silu_mul", _elementwise_triton.silu_mul_triton(*x.to(device).chunk(2, dim=-1)),
               silu_mul_torch(*x.chunk(2, dim=-1)), 2),
+             ("scaled silu_mul", _elementwise_triton.silu_mul_triton(*x.to(device).chunk(2, dim=-1),
+                                                                     scale=scale.to(device)),
+              silu_mul_torch(*x.chunk(2, dim=-1), scale=scale), 2),
              ("rope", _elementwise_triton.rope_triton(q.to(device), cos.to(device), sin.to(device)),
               rope_torch(q, cos, sin), 0))
     for name, got, want, ulps in cases:

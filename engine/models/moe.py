@@ -27,11 +27,13 @@ With no host sync (`experts_grouped_mm`) where `torch._grouped_mm` has a kernel:
 newer (in torch 2.11-2.13 other dtypes and chips take a fallback that copies the offsets to the host and loops
 over groups). The (token, slot) pairs sorted by expert go through the gate, up and down projections as one
 grouped matmul each, against views of the stacked weights, with the experts' end offsets on the device, in
-chunks of at most `group_bytes` of buffers (`expert_slot_bytes` per pair, no padding). The host then never
+chunks of at most `group_bytes` of buffers (`expert_slot_bytes` per pair, no padding); the routing weights
+scale the activations in the fused SiLU pass, and each pair's output goes to its (token, slot) place, the k
+slots summed once at the end (no atomic `index_add_`). The host then never
 waits for the device inside a MoE layer, so it can run ahead of it (the H200's step clock showed the device
 waiting on the host in every step of a many-GPU-batch MoE decode, stop 40). Checked once per device against the
 grouped bmm (`first_use_check`; a failure warns and keeps the grouped bmm). Tested on the CPU (where
-`_grouped_mm` runs its reference loop); not yet measured on a GPU.
+`_grouped_mm` runs its reference loop); its kernels measured on an H100: `benchmarks/grouped_mm_speed.py`.
 """
 from __future__ import annotations
 
@@ -151,39 +153,45 @@ def experts_grouped_mm(x: torch.Tensor, top_w: torch.Tensor, top_e: torch.Tensor
                        group_bytes: int) -> torch.Tensor:
     """`moe_experts`' sum with no host sync: the pairs sorted by expert, in chunks of at most
     max(1, group_bytes // `expert_slot_bytes`) pairs, each through three `torch._grouped_mm` with the experts'
-    end offsets clamped to the chunk (on the device). x [n, h], top_w [n, k] float32, top_e [n, k] -> [n, h]."""
+    end offsets clamped to the chunk (on the device). x [n, h], top_w [n, k] float32, top_e [n, k] -> [n, h].
+
+    Each pair's routing weight scales its activation rows act(w1 x) * w3 x in the fused SiLU pass (float32,
+    rounded once more), before the down projection, which is linear: no separate product over the output.
+    Each pair's output is copied to its (token, slot) place in a [n, k, h] buffer and the k slots are summed
+    once at the end (float32 accumulation, one rounding), instead of an atomic `index_add_` per chunk
+    (H100, 4,096 pairs of Mixtral's shape: 86 us for the product and 162 us for `index_add_`, stop 48)."""
     n, h = x.shape
     k, (E, i, _) = top_e.shape[1], w1.shape
-    out = torch.zeros_like(x)  # [n, h]
+    pairs = x.new_empty(n * k, h)  # [n*k, h] each pair's weighted output at token * k + slot
     experts, order = torch.sort(top_e.reshape(-1), stable=True)  # [n*k] x 2
     ends = torch.searchsorted(experts, torch.arange(1, E + 1, device=x.device))  # [E] each expert's end pair
     token = order // k  # [n*k]
-    weight = top_w.reshape(-1)[order, None]  # [n*k, 1] float32
+    weight = top_w.reshape(-1)[order]  # [n*k] float32
     w1t, w3t, w2t = w1.transpose(1, 2), w3.transpose(1, 2), w2.transpose(1, 2)  # [E, h, i] x 2, [E, i, h] views
     rows = max(1, group_bytes // expert_slot_bytes(h, i, x.element_size()))
     for r0 in range(0, n * k, rows):
         r1 = min(n * k, r0 + rows)
         offs = (ends.clamp(r0, r1) - r0).to(torch.int32)  # [E] the chunk's cumulative rows per expert
-        tok = token[r0:r1]  # [m]
-        xs = x.index_select(0, tok)  # [m, h]
+        xs = x.index_select(0, token[r0:r1])  # [m, h]
         a = _gate_up(act, lambda: torch._grouped_mm(xs, w1t, offs=offs),
-                     lambda: torch._grouped_mm(xs, w3t, offs=offs))  # [m, i]
+                     lambda: torch._grouped_mm(xs, w3t, offs=offs), weight[r0:r1])  # [m, i] weighted
         del xs
-        y = torch._grouped_mm(a, w2t, offs=offs)  # [m, h]
+        pairs.index_copy_(0, order[r0:r1], torch._grouped_mm(a, w2t, offs=offs))  # [m, h] to their places
         del a
-        out.index_add_(0, tok, y.mul_(weight[r0:r1]))
-    return out
+    return pairs.view(n, k, h).sum(dim=1)
 
 
 def _gate_up(act: Callable[[torch.Tensor], torch.Tensor], gate: Callable[[], torch.Tensor],
-             up: Callable[[], torch.Tensor]) -> torch.Tensor:
+             up: Callable[[], torch.Tensor], scale: torch.Tensor | None = None) -> torch.Tensor:
     """act(gate()) * up() from the gate and up projections (thunks), holding at most two buffers of their shape
     (`expert_slot_bytes` counts two): SiLU as one fused pass written into the gate's buffer
-    (`elementwise.silu_mul`), any other activation by its output then a product in place."""
+    (`elementwise.silu_mul`), any other activation by its output then a product in place. `scale` [m] float32
+    multiplies each row (in the same pass for SiLU)."""
     if act is F.silu:
         g = gate()
-        return silu_mul(g, up(), out=g)
-    return act(gate()).mul_(up())
+        return silu_mul(g, up(), out=g, scale=scale)
+    y = act(gate()).mul_(up())
+    return y if scale is None else y.mul_(scale.unsqueeze(-1))
 
 
 def _sync_free(x: torch.Tensor, w1: torch.Tensor) -> bool:

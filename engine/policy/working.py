@@ -96,12 +96,13 @@ def expert_buffer_bytes(c: ModelConfig, tokens: int, element_size: int,
 
 def moe_mlp_bytes(c: ModelConfig, tokens: int, element_size: int, group_bytes: int = EXPERT_GROUP_BYTES) -> int:
     """Live bytes of one sparse-MoE layer over `tokens` tokens: per token the normed input, the routed output,
-    the residual sum and a shared expert's fused gate/up, activation and product [4 h + 4 si]; the router's
+    the residual sum and a shared expert's fused gate/up, activation and product [4 h + 4 si], and the k routed
+    pairs' outputs before their sum (`experts_grouped_mm`, [k h]); the router's
     logits and float32 probabilities [E]; per (token, expert) pair the sorted experts and order, token, rank
     and index tensors (int64) and the float32 routing weight; plus one expert group (`expert_buffer_bytes`)."""
     e, h, k = element_size, c.hidden_size, c.num_experts_per_tok
     shared = c.n_shared_experts * c.expert_intermediate_size or c.shared_expert_intermediate_size
-    per_token = (4 * h + 4 * shared) * e + c.num_local_experts * (e + 8) + k * (5 * 8 + 2 * 4)
+    per_token = (4 * h + k * h + 4 * shared) * e + c.num_local_experts * (e + 8) + k * (5 * 8 + 2 * 4)
     return tokens * per_token + expert_buffer_bytes(c, tokens, e, group_bytes)
 
 
