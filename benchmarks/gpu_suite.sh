@@ -246,24 +246,29 @@ if [[ $what == moe-prefill-ab ]]; then
   } 2>&1 | grep -v '^{' | tee "$OUT/moe-prefill-ab.log" | tail -30
 fi
 if [[ $what == moe-trace ]]; then
-  # where the MoE prefill's time goes past its compute floor (~4 min; stop 48: every prefill at 0.65-0.68 of it):
-  # Mixtral-8x7B cut to 4 layers, 2,048 rows x 4 new tokens, traced (timeline_moe-4L-<plan>-<commit>.json.gz,
-  # read by benchmarks/timeline.py) under the 77/32/24 GiB plan's shape (2048x1, hidden states on the device) and
-  # the 16 GiB headline's (1024x2, hidden states on the host); then the 512/32/16 GiB cell, which went out of
-  # memory at c371a70 (stop 48); one run id
+  # where the MoE prefill's time goes past its compute floor (~4 min; stop 49 at 42ad1e3: the prompt-77 prefills
+  # at ~0.66 of it, the prompt-512 ones at 0.57-0.61, and 512/32/16 GiB missed the roofline target on its prefill,
+  # 16.8 s against a 9.6 s floor): Mixtral-8x7B cut to 4 layers, traced (timeline_moe-4L-<plan>-<commit>.json.gz,
+  # read by benchmarks/timeline.py): 2,048 rows of prompt 77 x 4 new tokens under the 77/32/24 GiB plan's shape
+  # (2048x1, hidden states on the device) and the 16 GiB headline's (1024x2, hidden states on the host); then
+  # 512 rows of prompt 512 under the 512/32/16 GiB plan (256x2, weights streamed, the cache on the device, hidden
+  # states on the host), at the default 4,096-token prefill chunks and at 16,384 (stop 49: 1.168 -> 1.046 s at
+  # prompt 77 under 1024x2, but the memory model then plans worse); one run id
   export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-trace-$(date -u +%Y%m%dT%H%M%SZ)}
   on='"act_gpu": 1.0, "act_cpu": 0.0, "cache_gpu": 1.0, "cache_cpu": 0.0'
   off='"act_gpu": 0.0, "act_cpu": 1.0, "cache_gpu": 0.0, "cache_cpu": 1.0'
   w='"w_gpu": 0.5, "w_cpu": 0.5, "compress_weights": true, "compress_cache": true'
-  { for plan in "2048x1:{\"gpu_batch_size\": 2048, \"num_gpu_batches\": 1, $w, $on}" \
-                "1024x2:{\"gpu_batch_size\": 1024, \"num_gpu_batches\": 2, $w, $off}"; do
-      name=${plan%%:*}
-      timeout 120 python3 benchmarks/throughput.py "${mixtral[@]}" --gpu-memory 24GiB --layers 4 --rows 2048 \
-        --gen-len 4 --policy "${plan#*:}" --clock --trace \
-        --trace-out "$OUT/timeline_moe-4L-$name-${LLMOPS_COMMIT:-head}.json.gz" --out "$OUT/throughput_moe-4L-trace.jsonl"
-    done
-    timeout 90 python3 benchmarks/throughput.py "${mixtral[@]}" --prompt-len 512 --gen-len 32 --gpu-memory 16GiB \
-      --rows 512 --policy auto --clock --out "$OUT/throughput_moe.jsonl"
+  p512='{"gpu_batch_size": 256, "num_gpu_batches": 2, "w_gpu": 0.0, "w_cpu": 1.0, "cache_gpu": 1.0, "cache_cpu": 0.0, "act_gpu": 0.0, "act_cpu": 1.0, "compress_weights": true, "compress_cache": true}'
+  trace() {  # trace NAME ROWS PROMPT GIB POLICY [more throughput.py args]
+    local name=$1 rows=$2 prompt=$3 gib=$4 pol=$5; shift 5
+    timeout 120 python3 benchmarks/throughput.py "${mixtral[@]}" --gpu-memory "${gib}GiB" --layers 4 --rows "$rows" \
+      --prompt-len "$prompt" --gen-len 4 --policy "$pol" --clock --trace "$@" \
+      --trace-out "$OUT/timeline_moe-4L-$name-${LLMOPS_COMMIT:-head}.json.gz" --out "$OUT/throughput_moe-4L-trace.jsonl"
+  }
+  { trace 2048x1 2048 77 24 "{\"gpu_batch_size\": 2048, \"num_gpu_batches\": 1, $w, $on}"
+    trace 1024x2 2048 77 24 "{\"gpu_batch_size\": 1024, \"num_gpu_batches\": 2, $w, $off}"
+    trace p512-256x2 512 512 16 "$p512"
+    trace p512-256x2-16k 512 512 16 "$p512" --prefill-chunk-tokens 16384
   } 2>&1 | grep -v '^{' | tee "$OUT/moe-trace.log" | tail -20
 fi
 if [[ $what == moe-paths ]]; then
