@@ -4,8 +4,10 @@ shape (E = 8 experts, h = 4096, i = 14336, bfloat16) by (token, expert) pairs pe
 
 Per --pairs m (spread evenly over the experts): the gate (or up) projection `torch._grouped_mm` [m, h] x
 [E, h, i], the gate and up fused into one [E, h, 2i] weight, the down projection [m, i] x [E, i, h] (each
-with its TFLOP/s), SiLU then a product in place against `elementwise.silu_mul` (one fused pass), the routing
-weight's product in float32 and in bfloat16, and the `index_add_` that sums two pairs per token. Times are
+with its TFLOP/s), SiLU then a product in place against `elementwise.silu_mul` (one fused pass); what sums the
+pairs into tokens today (since e06f9e6): the fused pass with the routing weight as its row scale, each pair's
+output copied to its (token, slot) place and the sum over a token's two slots; and what it replaced: the routing
+weight's product over the output in float32 and in bfloat16, and the `index_add_` of two pairs per token. Times are
 medians over --repeat runs (`bench_common.median_ms`, in microseconds). Writes one record (common fields,
 one entry per pair count) to --out, default grouped_mm_speed_mixtral-8x7b.json in $OUT or benchmarks/results/.
 The stop-48 record (`results/h200/`) came from the probe this was committed from: the same kernels and
@@ -41,7 +43,9 @@ def measure(m: int, h: int, i: int, device: torch.device, dtype: torch.dtype, re
     y = torch.randn(m, h, device=device, dtype=dtype)                            # [m, h]
     weight = torch.rand(m, 1, device=device)                                     # [m, 1] float32
     out = torch.zeros(m // 2, h, device=device, dtype=dtype)                     # [m / 2, h]: two pairs a token
-    tok = torch.randperm(m, device=device) // 2                                  # [m]
+    order = torch.randperm(m, device=device)                                     # [m] each pair's (token, slot)
+    tok = order // 2                                                             # [m]
+    pairs = torch.empty(m, h, device=device, dtype=dtype)                        # [m, h] = [m / 2, 2, h]
     def us(fn) -> float:
         return median_ms(fn, device, repeat, warmup=3) * 1e3
 
@@ -52,6 +56,9 @@ def measure(m: int, h: int, i: int, device: torch.device, dtype: torch.dtype, re
     return {"up_us": up, "up_tflops": flop / up / 1e6, "w13_us": fused_up, "w13_tflops": 2 * flop / fused_up / 1e6,
             "down_us": down, "down_tflops": flop / down / 1e6,
             "silu_then_mul_us": us(lambda: torch.nn.functional.silu(g).mul_(u)), "fused_us": us(lambda: silu_mul(g, u)),
+            "fused_scaled_us": us(lambda: silu_mul(g, u, scale=weight[:, 0])),
+            "index_copy_us": us(lambda: pairs.index_copy_(0, order, y)),
+            "slot_sum_us": us(lambda: pairs.view(m // 2, 2, h).sum(dim=1)),
             "wmul_f32_us": us(lambda: y.mul(weight)), "wmul_bf16_us": us(lambda: y.mul(weight.to(dtype))),
             "index_add_us": us(lambda: out.index_add_(0, tok, y))}
 
