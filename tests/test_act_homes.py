@@ -71,6 +71,56 @@ def test_a_hidden_parked_whole_comes_back_without_a_copy():
     assert transfers.submitted == ["store", "load"]
 
 
+class _Waits:
+    """A pending transfer that records the first time the compute waits for it (a `Pending` waits once)."""
+
+    def __init__(self, log: list[int], n: int):
+        self.log, self.n = log, n
+
+    def wait(self):
+        if self.n not in self.log:
+            self.log.append(self.n)
+
+
+class _Numbered(_Transfers):
+    """Records each submitted copy; its pending logs the copy's number when waited for; runs nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.waits: list[int] = []
+
+    def submit(self, channel, fn, **kwargs):
+        super().submit(channel, fn)
+        return _Waits(self.waits, len(self.submitted) - 1)
+
+
+def test_a_hidden_parked_on_the_host_comes_back_by_rows_and_the_compute_waits_only_for_its_rows():
+    """With the prefill's row chunks, a hidden parked whole in host memory is loaded one copy per chunk, and
+    `arriving`'s `upto(r)` waits only for the copies of rows [0, r): the compute of the first chunk does not
+    wait for the whole hidden to cross the link."""
+    homes, transfers = _homes(0.0, 1.0), _Numbered()
+    parked = homes.store(0, torch.randn(6, 5, 8), transfers)                      # [b, P, h], copy 0
+    loaded = homes.load(0, parked, transfers, rows=[(0, 2), (2, 4), (4, 6)])      # copies 1, 2, 3
+    assert transfers.submitted == ["store", "load", "load", "load"]
+    x, upto = homes.arriving(0, loaded)
+    assert x.shape == (6, 5, 8)
+    assert transfers.waits == [0]                                                  # the load waited for its store
+    upto(2)
+    assert transfers.waits == [0, 1]
+    upto(3)
+    assert transfers.waits == [0, 1, 2]
+    upto(None)
+    assert transfers.waits == [0, 1, 2, 3]
+
+
+def test_a_hidden_split_over_tiers_or_in_one_chunk_comes_back_whole():
+    for act, rows in (((0.5, 0.5), [(0, 2), (2, 4)]), ((0.0, 1.0), [(0, 4)])):
+        homes, transfers = _homes(*act), _Numbered()
+        loaded = homes.load(0, homes.store(0, torch.randn(4, 5, 8), transfers), transfers, rows=rows)
+        assert transfers.submitted == ["store", "load"]
+        assert not hasattr(loaded, "arrivals")
+
+
 def _mixtral():
     return config_from_hf(PRESETS["mixtral-8x7b"])
 

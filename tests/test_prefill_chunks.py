@@ -81,6 +81,30 @@ def test_chunked_prefill_matches_unchunked_on_cuda(tiny_checkpoints, kind, name,
         torch.testing.assert_close(torch.stack(got.logits[r]), torch.stack(ref.logits[r]), rtol=1e-4, atol=1e-4)
 
 
+@requires_cuda
+@pytest.mark.parametrize("kind", ["llama", "mixtral"])
+def test_hidden_states_loaded_by_rows_give_the_in_memory_tokens_on_cuda(tiny_checkpoints, kind, tmp_path,
+                                                                        monkeypatch):
+    """Two GPU batches with the prefill's hidden states parked on the host come back by row chunks
+    (`ActHomes._load_rows`: the compute of a chunk waits only for its rows); tokens and logits are the
+    all-on-device run's."""
+    from engine.runtime.act_homes import ActHomes
+    loads = []
+    by_rows = ActHomes._load_rows
+    monkeypatch.setattr(ActHomes, "_load_rows", lambda self, *a: loads.append(a[-1]) or by_rows(self, *a))
+    loaded = load_model(tiny_checkpoints[kind], dtype=torch.float32)
+    prompts = make_prompts(8, loaded.config.vocab_size, seed=13, lo=5, hi=14)
+    max_new = [4, 6, 2, 6, 5, 6, 3, 4]
+    cuda = torch.device("cuda")
+    ref = run(loaded, Policy(gpu_batch_size=4, num_gpu_batches=2), prompts, max_new, tmp_path / "a", device=cuda)
+    got = run(loaded, Policy(gpu_batch_size=4, num_gpu_batches=2, act_gpu=0.0, act_cpu=1.0), prompts, max_new,
+              tmp_path / "b", prefill_chunk_tokens=20, device=cuda)
+    assert loads and all(len(rows) > 1 for rows in loads)
+    assert got.tokens == ref.tokens
+    for r in ref.logits:
+        torch.testing.assert_close(torch.stack(got.logits[r]), torch.stack(ref.logits[r]), rtol=1e-4, atol=1e-4)
+
+
 class LiveBytes(TorchDispatchMode):
     """Counts the bytes of every storage an op allocates while active, live (freed when the storage dies)
     and at peak; `exclude(ptrs)` afterwards drops the buffers the budget counts elsewhere (arena homes)."""

@@ -10,8 +10,19 @@ the device; `benchmarks/results/h200/README.md`, stop 40).
 `store` moves the non-gpu part of a batch's hidden [b, s, h] to its cpu/disk home and keeps only the gpu
 part on the device; `load` starts bringing it back; `ready` reassembles [b, s, h] on the device once
 the loads completed. A CPU-only machine treats the cpu tier as device memory (nothing moves).
+
+A hidden parked whole in host memory comes back by rows when the load is given the prefill's row chunks: one
+copy per chunk, each with its own event, and `arriving` hands the compute the buffer with `upto(r)`, which
+makes the compute stream wait only for the copies of rows [0, r). With two GPU batches a hidden's load is
+issued just before its own compute (`engine.runtime.schedule`) and its copies queue behind the previous
+batch's compute (a fresh device buffer may reuse memory that compute still reads), so loaded whole, every
+batch switch of the prefill waited for the whole hidden to cross the link: Mixtral-8x7B at prompt 512,
+256x2, H200, 21 ms at each of the 64 switches of a block (stop 50's trace, ~9% of the prefill). By rows,
+the first chunk's rows (a few MiB) are the wait; the rest arrive while the first chunks compute.
 """
 from __future__ import annotations
+
+from typing import Callable, Sequence
 
 import torch
 
@@ -27,6 +38,24 @@ class _Parked:
 
     def __init__(self, shape: torch.Size, parts: list):
         self.shape, self.parts = shape, parts
+
+
+class _ByRows:
+    """A hidden coming back by rows: the device buffer [b, s, h] and each copy's (end row, pending)."""
+
+    def __init__(self, buffer: torch.Tensor, arrivals: list):
+        self.buffer, self.arrivals = buffer, arrivals
+
+    def upto(self, rows: int | None = None) -> None:
+        """Make the compute stream wait for the copies of rows [0, rows) (all rows: None)."""
+        for end, pending in self.arrivals:
+            pending.wait()
+            if rows is not None and end >= rows:
+                return
+
+
+def arrived(rows: int | None = None) -> None:
+    """The `upto` of a hidden already on the device: nothing to wait for."""
 
 
 class ActHomes:
@@ -56,10 +85,14 @@ class ActHomes:
             parts.append((tier, a, b, home, transfers.submit("store", fn, host_wait=tier is Tier.DISK)))
         return _Parked(x.shape, parts)
 
-    def load(self, k: int, parked, transfers: Transfers):
-        """Start copying a parked hidden's cpu/disk parts back to the device."""
+    def load(self, k: int, parked, transfers: Transfers, rows: Sequence[tuple[int, int]] = ()):
+        """Start copying a parked hidden's cpu/disk parts back to the device; a hidden parked whole in host
+        memory of a CUDA device comes back by `rows` (the prefill's row chunks [r0, r1), ascending) when
+        there are several (module docstring)."""
         if not isinstance(parked, _Parked):
             return parked
+        if len(rows) > 1 and len(parked.parts) == 1 and parked.parts[0][0] is Tier.CPU:
+            return self._load_rows(parked, transfers, rows)
         parts = []
         for tier, a, b, t, pending in parked.parts:
             if tier is Tier.GPU:
@@ -72,8 +105,28 @@ class ActHomes:
                                                                     threaded=tier is Tier.DISK)))
         return _Parked(parked.shape, parts)
 
+    def _load_rows(self, parked: _Parked, transfers: Transfers, rows: Sequence[tuple[int, int]]) -> _ByRows:
+        _, _, _, home, pending = parked.parts[0]
+        if pending is not None:
+            pending.wait()
+        dev = torch.empty(home.shape, dtype=home.dtype, device=self.device)                     # [b, s, h]
+        arrivals = [(r1, transfers.submit("load", lambda s, d=dev[r0:r1], t=home[r0:r1]: copy(d, t, stream=s)))
+                    for r0, r1 in rows]
+        return _ByRows(dev, arrivals)
+
+    def arriving(self, k: int, parked) -> tuple[torch.Tensor, Callable[[int | None], None]]:
+        """The hidden [b, s, h] on the device and `upto(rows)`, which the compute calls before it reads rows
+        [0, rows) (None: all of them). Only a hidden loaded by rows has copies still to wait for; any other
+        is `ready`'s, complete."""
+        if isinstance(parked, _ByRows):
+            return parked.buffer, parked.upto
+        return self.ready(k, parked), arrived
+
     def ready(self, k: int, parked):
         """The hidden [b, s, h] on the device (waits for pending loads)."""
+        if isinstance(parked, _ByRows):
+            parked.upto()
+            return parked.buffer
         if not isinstance(parked, _Parked):
             return parked
         pieces = []

@@ -315,7 +315,9 @@ class Executor(AheadDriver):
         blk = self.block
         if blk.batches[a.k].done:
             return
-        blk.hidden[a.k] = blk.acts.load(a.k, blk.hidden[a.k], self.transfers)
+        batch = blk.batches[a.k]
+        blk.hidden[a.k] = blk.acts.load(a.k, blk.hidden[a.k], self.transfers,
+                                        self._chunks(batch) if batch.prefill else ())
 
     def _store_hidden(self, a: Action) -> None:
         blk = self.block
@@ -363,15 +365,17 @@ class Executor(AheadDriver):
         prof = self.profiler
         for pending in blk.cpend.pop((a.i, a.j, a.k), []):
             pending.wait()
-        blk.hidden[a.k] = blk.acts.ready(a.k, blk.hidden[a.k])
+        x, upto = blk.acts.arriving(a.k, blk.hidden[a.k])
+        blk.hidden[a.k] = x
+        spec = self.specs[a.j]
+        if not (batch.prefill and spec.kind in ("attention", "mlp")):
+            upto(None)                                  # only the prefill's chunked layers read it by rows
         if prof is not None:
             prof.lap("cache_wait")
-        spec = self.specs[a.j]
         w = self._weights_for(a.i, a.j)
         if prof is not None:
             prof.lap("dequant")
         f = self.family
-        x = blk.hidden[a.k]
         if spec.kind == "embed":
             x = f.embed(w, batch.input_ids, batch.positions)                               # [b, s, h]
             if batch.prefill and batch.prefix_len:
@@ -380,7 +384,8 @@ class Executor(AheadDriver):
         elif spec.kind == "attention":
             kv = blk.kv[(a.j, a.k)]
             if batch.prefill:
-                blk.hidden[a.k] = attention_prefill(self.config, f, w, kv, batch, spec.index, x, self._chunks(batch))
+                blk.hidden[a.k] = attention_prefill(self.config, f, w, kv, batch, spec.index, x, self._chunks(batch),
+                                                    upto)
             elif self.pipelined:
                 c, d = self.config, decode_inputs(self.config, f, w, batch, spec.index, x)
                 join = kv.decode_start(d.q, d.k, d.v, d.t, d.valid, d.valid_host, c.attn_scale,
@@ -389,7 +394,7 @@ class Executor(AheadDriver):
             else:
                 blk.hidden[a.k] = attention_layer(self.config, f, w, kv, batch, spec.index, x)
         elif spec.kind == "mlp":
-            blk.hidden[a.k] = mlp_prefill(f, w, x, self._chunks(batch)) if batch.prefill else f.mlp(w, x)
+            blk.hidden[a.k] = mlp_prefill(f, w, x, self._chunks(batch), upto) if batch.prefill else f.mlp(w, x)
         else:
             self._head(w, batch, a)
 
