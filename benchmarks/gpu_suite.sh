@@ -225,24 +225,25 @@ if [[ $what == moe-matrix-a || $what == moe-matrix-b ]]; then
   } 2>&1 | grep -v '^{' | tee "$OUT/$what.log" | tail -30
 fi
 if [[ $what == moe-prefill-ab ]]; then
-  # the prefill's snake order (d4b5506) against every ab/<sha>/ (benchmarks/ab_prepare.sh; carry "ab"), one run id
-  # (~5 min with one ab tree): Mixtral-8x7B cut to 4 layers under MOE_AB_POLICY (default: the 16 GiB headline's
-  # 1024x2 plan, hidden states on the host) over 2,048 rows x 4 new tokens, and the whole model at prompt 77 /
-  # gen 32 / 16 GiB (auto from the reference profile); then from this tree only the 4-layer run at 16,384-token
-  # prefill chunks and prompt 512 / gen 32 / 16 GiB over 512 rows
+  # the MoE prefill from this tree against every ab/<sha>/ (benchmarks/ab_prepare.sh; carry "ab"), one run id
+  # (~2.5 min a tree): Mixtral-8x7B cut to 4 layers under MOE_AB_POLICY (default: the prompt-512 / gen-32 /
+  # 16 GiB plan, 256x2, weights streamed, the cache on the device, hidden states on the host) over 512 rows of
+  # prompt 512 x 4 new tokens, then the whole model (auto from the reference profile) at prompt 512 / gen 32 /
+  # 16 GiB over 512 rows and prompt 77 / gen 32 / 16 GiB over 2,048; then this tree's 4-layer run traced
+  # (timeline_moe-4L-ab-<commit>.json.gz, read by benchmarks/timeline.py)
   export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-prefill-ab-$(date -u +%Y%m%dT%H%M%SZ)}
-  pol=${MOE_AB_POLICY:-'{"gpu_batch_size": 1024, "num_gpu_batches": 2, "w_gpu": 0.500016624511734, "w_cpu": 0.499983375, "cache_gpu": 0.0, "cache_cpu": 1.0, "act_gpu": 0.0, "act_cpu": 1.0, "overlap": true, "cpu_attention": false, "compress_weights": true, "compress_cache": true, "pipeline": true, "weight_pages": 0, "prefill_ahead": false}'}
+  pol=${MOE_AB_POLICY:-'{"gpu_batch_size": 256, "num_gpu_batches": 2, "w_gpu": 0.0, "w_cpu": 1.0, "cache_gpu": 1.0, "cache_cpu": 0.0, "act_gpu": 0.0, "act_cpu": 1.0, "compress_weights": true, "compress_cache": true}'}
   moe=("${mixtral[@]}" --gpu-memory 16GiB --system llmops --out "$OUT/throughput_moe-prefill-ab.jsonl")
+  four=(--layers 4 --rows 512 --prompt-len 512 --gen-len 4 --policy "$pol")
   { for tree in ab/*/ ./; do
       sha=$(basename "$tree"); [[ $tree == ./ ]] && sha=${LLMOPS_COMMIT:-head}
-      (cd "$tree" && PYTHONPATH=$PWD:${PYTHONPATH#*:} LLMOPS_COMMIT=$sha timeout 100 python3 benchmarks/throughput.py "${moe[@]}" \
-        --layers 4 --rows 2048 --gen-len 4 --policy "$pol"
-       PYTHONPATH=$PWD:${PYTHONPATH#*:} LLMOPS_COMMIT=$sha timeout 120 python3 benchmarks/throughput.py "${moe[@]}" \
-        --rows 2048 --prompt-len 77 --gen-len 32 --policy auto)
+      (cd "$tree" && export PYTHONPATH=$PWD:${PYTHONPATH#*:} LLMOPS_COMMIT=$sha
+       timeout 100 python3 benchmarks/throughput.py "${moe[@]}" "${four[@]}"
+       timeout 120 python3 benchmarks/throughput.py "${moe[@]}" --rows 512 --prompt-len 512 --gen-len 32 --policy auto
+       timeout 120 python3 benchmarks/throughput.py "${moe[@]}" --rows 2048 --prompt-len 77 --gen-len 32 --policy auto)
     done
-    timeout 100 python3 benchmarks/throughput.py "${moe[@]}" --layers 4 --rows 2048 --gen-len 4 --policy "$pol" \
-      --prefill-chunk-tokens 16384
-    timeout 120 python3 benchmarks/throughput.py "${moe[@]}" --rows 512 --prompt-len 512 --gen-len 32 --policy auto
+    timeout 100 python3 benchmarks/throughput.py "${mixtral[@]}" --gpu-memory 16GiB "${four[@]}" --clock --trace \
+      --trace-out "$OUT/timeline_moe-4L-ab-${LLMOPS_COMMIT:-head}.json.gz" --out "$OUT/throughput_moe-4L-trace.jsonl"
   } 2>&1 | grep -v '^{' | tee "$OUT/moe-prefill-ab.log" | tail -30
 fi
 if [[ $what == moe-trace ]]; then
