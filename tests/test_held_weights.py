@@ -1,13 +1,16 @@
-"""The embedding and the head held whole on CUDA: the rule, the memory model's accounting, the cost model."""
+"""The embedding and the head held whole on CUDA: the rule, the memory model's accounting, the cost model; and
+which expert layers are loaded a layer ahead (their slots)."""
 import pytest
 
 from engine.models.hf_config import config_from_hf
 from engine.models.presets import PRESETS
+from engine.models.registry import build_family
 from engine.policy.cost_model import Workload, estimate
 from engine.policy.hardware import reference_profile
 from engine.policy.memory import executor_memory, model_layout, weight_fraction_on
 from engine.policy.policy import Policy
-from engine.policy.weight_slots import held_whole
+from engine.policy.weight_slots import WeightSlots, held_whole, streamed_ahead
+from engine.quant.config import WEIGHT_QUANT
 
 H200 = reference_profile("h200")
 WORKLOAD = Workload(prompt_len=512, gen_len=32)
@@ -69,3 +72,15 @@ def test_the_plan_says_what_is_held():
     assert held["kinds"] == ["embed", "head"]
     assert held["share"] == pytest.approx(model_layout(c, 2, True).held_fraction("cuda"))
     assert "embed, head held on the gpu" in est.explain()
+
+
+def test_only_compressed_experts_are_loaded_ahead():
+    """`streamed_ahead`: a MoE model's experts when they are held 4-bit (a dense expert is read from its buffer
+    by the GEMMs, so loading ahead would need a second buffer as large); never a dense model's MLPs."""
+    for name, quant, want in (("mixtral-8x7b", WEIGHT_QUANT, {"mlp"}), ("mixtral-8x7b", None, set()),
+                              ("llama-3-70b", WEIGHT_QUANT, set())):
+        config = config_from_hf(PRESETS[name])
+        specs = build_family(config).layer_specs()
+        ahead = streamed_ahead(config, specs, quant)
+        assert ahead == want, name
+        assert WeightSlots([s.kind for s in specs], ahead).slots["mlp"] == (2 if want else 1)

@@ -83,6 +83,28 @@ def test_moe_policy_matches_in_memory(moe_models, references, kind, name, device
     pipelined = policy.pipeline and policy.cpu_attention           # every decode attention is joined
     assert verbs.count("join_attention") == (pipelined * (max(max_new) - 1) * attention_layers
                                              * policy.num_gpu_batches)
+    assert ("prefetch_weight" in verbs) == (policy.pipeline and policy.compress_weights)   # experts ahead
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cpu_attention", [False, True])
+def test_experts_loaded_ahead_past_an_ended_gpu_batch(moe_models, device, cpu_attention, tmp_path):
+    """The experts loaded a layer ahead overwrite the previous expert layer's compressed buffer once the
+    first compute of that layer has dequantized it; when that compute's GPU batch has already ended (it
+    computes nothing), the load dequantizes the previous layer itself first. Batch 0 ends after two tokens,
+    the others run on: the in-memory run's tokens."""
+    loaded = moe_models["mixtral"]
+    prompts, _ = _prompts(loaded)
+    max_new = [2, 2, 2, 9, 7, 9, 5, 9, 8]
+    ref = run_policy(loaded, Policy(**BASE, compress_weights=True, compress_cache=True), prompts, max_new,
+                     device=device)[0]
+    policy = Policy(**BASE, **W_OFF, cache_gpu=0.0, cache_cpu=1.0, cpu_attention=cpu_attention,
+                    compress_weights=True, compress_cache=True)
+    verbs = []
+    got, _ = run_policy(loaded, policy, prompts, max_new, device=device, disk_dir=tmp_path,
+                        hook=lambda a: verbs.append(a.verb))
+    assert "prefetch_weight" in verbs
+    assert got == ref
 
 
 def test_pipelined_host_attention_runs_off_the_compute_thread(moe_models, monkeypatch):

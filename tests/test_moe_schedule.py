@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.runtime.moe_schedule import moe_block_schedule
+from engine.runtime.moe_schedule import moe_block_schedule, previous_of_kind
 from engine.runtime.schedule import block_schedule, slots
 
 
@@ -12,10 +12,14 @@ def kinds_of(decoder_layers: int) -> list[str]:
     return ["embed", *(["attention", "mlp"] * decoder_layers), "head"]
 
 
+LOADS = ("load_weight", "prefetch_weight")
+
+
 def positions(actions):
+    """{(verb, i, j, k) or, for a load (either verb), ("load_weight", i, j, page): its first index}."""
     pos = {}
     for n, a in enumerate(actions):
-        key = (a.verb, a.i, a.j, a.k) if a.verb != "load_weight" else (a.verb, a.i, a.j, a.page)
+        key = (a.verb, a.i, a.j, a.k) if a.verb not in LOADS else ("load_weight", a.i, a.j, a.page)
         assert key not in pos or a.verb == "sync", f"{key} issued twice"
         pos.setdefault(key, n)
     return pos
@@ -24,20 +28,60 @@ def positions(actions):
 @pytest.mark.parametrize("steps,layers,batches,pages", [(1, 1, 1, 1), (3, 2, 1, 4), (3, 2, 2, 1), (2, 3, 3, 3),
                                                          (3, 2, 4, 2), (2, 2, 2, 7)])
 @pytest.mark.parametrize("pipelined", [True, False])
-def test_covers_and_respects_dependencies(steps, layers, batches, pages, pipelined):
+@pytest.mark.parametrize("ahead", [frozenset(), frozenset({"mlp"})], ids=["", "ahead"])
+def test_covers_and_respects_dependencies(steps, layers, batches, pages, pipelined, ahead):
     kinds = kinds_of(layers)
-    actions = list(moe_block_schedule(steps, kinds, batches, pages=pages, pipelined=pipelined))
+    actions = list(moe_block_schedule(steps, kinds, batches, pages=pages, pipelined=pipelined, ahead=ahead))
     J = len(kinds)
     assert [(a.i, a.j, a.k) for a in actions if a.verb == "compute"] == list(slots(steps, J, batches))
     pos = positions(actions)
     base = [a for a in block_schedule(steps, J, batches, paged=False) if a.verb not in ("load_weight", "compute")]
-    assert [a for a in actions if a.verb not in ("load_weight", "compute", "join_attention")] == base
+    assert [a for a in actions if a.verb not in (*LOADS, "compute", "join_attention")] == base
     for (i, j, k) in slots(steps, J, batches):
         for p in range(pages):
             assert pos[("load_weight", i, j, p)] < pos[("compute", i, j, k)]     # every page before compute
     for a in actions:
-        if a.verb == "load_weight":
+        if a.verb in LOADS:
             assert a.pages == pages
+    assert any(a.verb == "prefetch_weight" for a in actions) == bool(ahead and steps * layers > 1)
+
+
+@pytest.mark.parametrize("batches,pages", [(1, 1), (2, 2), (3, 4)])
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_experts_load_at_the_first_slot_of_the_previous_expert_layer(batches, pages, pipelined):
+    """With `ahead`, every expert layer but the block's first is loaded whole (`prefetch_weight`, which no
+    slot's sync waits for) right after the first compute of the previous expert layer (which dequantizes that
+    layer out of the buffer they share), after the whole load of the attention layer in between (queued behind
+    it otherwise); with pipelined host attention (decode) after that layer's deferred load, at the last slot.
+    The first is loaded as before, in pages over the slots of the layer before it."""
+    kinds, steps = kinds_of(3), 3
+    actions = list(moe_block_schedule(steps, kinds, batches, pages=pages, pipelined=pipelined,
+                                      ahead=frozenset({"mlp"})))
+    experts = [(i, j) for i in range(steps) for j, kind in enumerate(kinds) if kind == "mlp"]
+    first_compute = {}
+    for n, a in enumerate(actions):
+        if a.verb == "compute":
+            first_compute.setdefault((a.i, a.j), n)
+    assert not any(a.verb == "prefetch_weight" and (a.i, a.j) == experts[0] for a in actions)
+    for (pi, pj), (i, j) in zip(experts, experts[1:]):
+        issued = [n for n, a in enumerate(actions) if a.verb == "prefetch_weight" and (a.i, a.j) == (i, j)]
+        assert len(issued) == pages and issued == list(range(issued[0], issued[0] + pages))
+        assert not any(a.verb == "load_weight" and (a.i, a.j) == (i, j) for a in actions)
+        start = issued[0]
+        previous_slots = [n for n, a in enumerate(actions) if a.verb == "compute" and (a.i, a.j) == (pi, pj)]
+        assert previous_slots[0] < start < first_compute[(pi, pj + 1)]  # within the previous expert layer
+        if not (pipelined and pi >= 1):                                 # pipelined: after the deferred loads
+            assert start == previous_slots[0] + 1
+        between = [n for n, a in enumerate(actions) if a.verb == "load_weight" and (a.i, a.j) == (pi, pj + 1)]
+        assert between and max(between) < start                        # the attention layer's load first
+
+
+def test_weights_of_the_first_expert_layer_of_a_block_ahead_are_loaded_as_before():
+    kinds = kinds_of(2)
+    plain = list(moe_block_schedule(3, kinds, 2, pages=2, pipelined=False, first=1))
+    ahead = list(moe_block_schedule(3, kinds, 2, pages=2, pipelined=False, first=1, ahead=frozenset({"mlp"})))
+    load = [a for a in plain if a.verb == "load_weight" and (a.i, a.j) == (1, 2)]
+    assert load and load == [a for a in ahead if a.verb == "load_weight" and (a.i, a.j) == (1, 2)]
 
 
 @pytest.mark.parametrize("batches,pages", [(2, 2), (4, 8), (3, 1)])
@@ -90,6 +134,13 @@ def test_attention_weights_wait_for_the_last_join(batches):
     assert first_attention < pos[("compute", 1, 0, 0)]
 
 
+def test_previous_of_kind_crosses_steps():
+    kinds = kinds_of(2)                                   # embed, attention, mlp, attention, mlp, head
+    assert previous_of_kind(kinds, 0, 4) == (0, 2)
+    assert previous_of_kind(kinds, 1, 2) == (0, 4)
+    assert previous_of_kind(kinds, 1, 1) == (0, 3)
+
+
 def test_bad_pages():
     with pytest.raises(ValueError, match="pages must be >= 1"):
         list(moe_block_schedule(1, kinds_of(1), 1, pages=0, pipelined=True))
@@ -97,25 +148,39 @@ def test_bad_pages():
 
 @pytest.mark.parametrize("layers,batches,pages", [(1, 1, 1), (3, 1, 2), (3, 2, 2), (2, 3, 5), (3, 4, 4)])
 @pytest.mark.parametrize("pipelined", [True, False])
-def test_weight_pages_never_overwrite_a_buffer_in_use(layers, batches, pages, pipelined):
+@pytest.mark.parametrize("ahead", [False, True], ids=["", "ahead"])
+def test_weight_pages_never_overwrite_a_buffer_in_use(layers, batches, pages, pipelined, ahead):
     """With the executor's buffer slots (`WeightSlots`), every page of a layer's load lands in its (kind, slot)
     buffer only after every compute and every join (which reads the attention layer's weights) of the layer
-    held there before it has been issued; each compute and join reads its own layer's weights."""
+    held there before it has been issued; each compute and join reads its own layer's weights. Loaded ahead,
+    the experts' compressed tensors share one buffer, which only a layer's first compute reads (it
+    dequantizes them): a load lands there after the first compute of the layer held there before it."""
     from engine.policy.weight_slots import WeightSlots
 
     kinds = kinds_of(layers)
-    rule = WeightSlots(kinds)
+    early = frozenset({"mlp"}) if ahead else frozenset()
+    rule = WeightSlots(kinds, early)
+    assert rule.slots["mlp"] == (2 if ahead else 1)
     held: dict[tuple[str, int], tuple[int, int]] = {}
+    packed: dict[str, tuple[int, int]] = {}              # an ahead kind's one compressed buffer: its layer
     reads: dict[tuple[int, int], int] = {}
     needs: dict[tuple[int, int], int] = {}
-    for a in moe_block_schedule(3, kinds, batches, pages=pages, pipelined=pipelined):
-        layer, buffer = (a.i, a.j), (kinds[a.j], rule.slot(a.i, a.j))
+    for a in moe_block_schedule(3, kinds, batches, pages=pages, pipelined=pipelined, ahead=early):
+        layer, buffer, kind = (a.i, a.j), (kinds[a.j], rule.slot(a.i, a.j)), kinds[a.j]
         if a.verb in ("compute", "join_attention"):
             assert held.get(buffer) == layer, f"{a} reads {held.get(buffer)}'s weights"
+            if kind in early and layer not in reads:
+                assert packed.get(kind) == layer, f"{a} dequantizes {packed.get(kind)}'s experts"
             reads[layer] = reads.get(layer, 0) + 1
             needs[layer] = batches * (2 if pipelined and a.i >= 1 and kinds[a.j] == "attention" and a.j >= 1 else 1)
-        elif a.verb == "load_weight":
+        elif a.verb in LOADS:
             previous = held.get(buffer)
             if previous is not None and previous != layer:
                 assert reads.get(previous, 0) == needs[previous], f"page {a.page} of {layer} overwrites {previous}"
             held[buffer] = layer
+            if kind in early:
+                previous = packed.get(kind)
+                if previous is not None and previous != layer:
+                    assert reads.get(previous, 0) >= 1, f"page {a.page} of {layer} overwrites {previous}'s experts"
+                packed[kind] = layer
+

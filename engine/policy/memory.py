@@ -43,7 +43,7 @@ from engine.models.weights import stored_quant
 from engine.policy.affine import const, share
 from engine.policy.policy import Policy
 from engine.policy.prefix import batch_prefix_len, prefix_held_once
-from engine.policy.weight_slots import WeightSlots, held_whole, kind_fractions
+from engine.policy.weight_slots import WeightSlots, held_whole, kind_fractions, streamed_ahead
 from engine.policy.working import chunk_rows, row_chunks, rows_per_pass, staged_kv_heads, working_bytes
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT
 from engine.quant.qtensor import qtensor_nbytes
@@ -75,6 +75,7 @@ class KindLayout:
     packed: tuple[bool, ...]
     names: tuple[str, ...] = ()
     slot_set: tuple[int, ...] = ()
+    ahead: bool = False                  # loaded a layer ahead: its packed tensors have one buffer (slot 0)
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ def model_layout(config: ModelConfig, bytes_per_element: int, compress_weights: 
     dtype = dtype_of_size(bytes_per_element)
     specs = build_family(config).layer_specs()
     J = len(specs)
-    slots = WeightSlots([spec.kind for spec in specs])
+    ahead = streamed_ahead(config, specs, WEIGHT_QUANT if compress_weights else None)
+    slots = WeightSlots([spec.kind for spec in specs], ahead)
     first: dict[tuple, object] = {}
     js: dict[tuple, list[int]] = {}
     for j, spec in enumerate(specs):
@@ -125,7 +127,7 @@ def model_layout(config: ModelConfig, bytes_per_element: int, compress_weights: 
                        for w, q, d in zip(spec.weights.values(), quants, dense))
         slot_set = slots.slot_set(js[key])
         kinds.append(KindLayout(spec.kind, len(js[key]), stored, dense, packed, tuple(spec.weights),
-                                slot_set))
+                                slot_set, spec.kind in ahead))
         total, start = sum(stored) or 1, 0
         for size in stored:
             mids.add((start + size / 2) / total)
@@ -146,7 +148,7 @@ def _buffer_bytes(layout: ModelLayout, size_of, slotted: bool = True) -> int:
         for n, name in enumerate(kl.names):
             size = size_of(kl, n)
             if size:
-                for slot in (kl.slot_set if slotted else (0,)):
+                for slot in (kl.slot_set if slotted and not (kl.ahead and kl.packed[n]) else (0,)):
                     held[(slot, kl.kind, name)] = max(held.get((slot, kl.kind, name), 0), size)
     return sum(held.values())
 

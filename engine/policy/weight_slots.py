@@ -14,11 +14,22 @@ a dense one once every compute issued before its load has run.
 A kind with one layer per step (the embedding, the head) would stream into buffers of its own size, which no
 other layer shares: on an accelerator such a kind is held whole on the device instead (`held_whole`), for
 the same device memory, less host memory and no copy per step.
+
+A MoE model's compressed expert layers are loaded a layer of their kind ahead (`streamed_ahead`; the MoE
+schedule issues the load of position P in the first slot of the previous expert layer, after its compute,
+`engine.runtime.moe_schedule`). Their compressed tensors keep one buffer, free once the previous layer's
+dequantization has run (as above); their dense tensors (norms, the router), read by that layer's computes
+still queued, alternate over two slots (`WeightSlots(ahead=...)`; a few KiB a layer).
 """
 from __future__ import annotations
 
 from collections import Counter
 from typing import Sequence
+
+from engine.models.base import LayerSpec
+from engine.models.config import ModelConfig
+from engine.models.weights import stored_quant
+from engine.quant.config import QuantConfig
 
 
 def held_whole(kinds: Sequence[str], device_type: str) -> frozenset[str]:
@@ -37,11 +48,28 @@ def kind_fractions(kind: str, held: frozenset[str], w_gpu: float, w_cpu: float) 
     return (1.0, 0.0) if kind in held else (w_gpu, w_cpu)
 
 
-class WeightSlots:
-    """The slot rule for one executor's layer kinds (`kinds[j]` of its specs, in order)."""
+def streamed_ahead(config: ModelConfig, specs: Sequence[LayerSpec], quant: QuantConfig | None) -> frozenset[str]:
+    """The layer kinds whose loads the MoE schedule issues a layer of their kind ahead: a MoE model's "mlp"
+    (the experts, nearly all its weight bytes) where its layers alternate with others and every quantizable
+    weight of theirs is held 4-bit under `quant` (`stored_quant`: a dense expert is read by the GEMMs from its
+    buffer, which would then need a second copy as large); none otherwise."""
+    kinds = [spec.kind for spec in specs]
+    if not config.is_moe or "mlp" not in kinds or WeightSlots(kinds).gap("mlp") < 2:
+        return frozenset()
+    weights = [w for spec in specs if spec.kind == "mlp" for w in spec.weights.values() if w.quantizable]
+    if not all(stored_quant(config, w, quant) is not None for w in weights):
+        return frozenset()
+    return frozenset({"mlp"})
 
-    def __init__(self, kinds: Sequence[str]):
+
+class WeightSlots:
+    """The slot rule for one executor's layer kinds (`kinds[j]` of its specs, in order); the kinds in `ahead`
+    (`streamed_ahead`) are loaded while the previous layer of their kind is in use, so they take two slots
+    (for their dense tensors: their compressed ones have one buffer, `engine.runtime.weight_homes`)."""
+
+    def __init__(self, kinds: Sequence[str], ahead: frozenset[str] = frozenset()):
         self.kinds = tuple(kinds)
+        self.ahead = ahead
         counts = Counter(self.kinds)
         self._count = [counts[kind] for kind in self.kinds]
         seen: Counter = Counter()
@@ -49,9 +77,9 @@ class WeightSlots:
         for kind in self.kinds:
             self._ordinal.append(seen[kind])
             seen[kind] += 1
-        self.slots = {kind: 1 if self._gap(kind) >= 2 else 2 for kind in counts}
+        self.slots = {kind: 1 if self.gap(kind) >= 2 and kind not in ahead else 2 for kind in counts}
 
-    def _gap(self, kind: str) -> int:
+    def gap(self, kind: str) -> int:
         """The fewest flat positions between two consecutive layers of `kind` (across steps too)."""
         J = len(self.kinds)
         ps = [i * J + j for i in range(2) for j, k in enumerate(self.kinds) if k == kind]

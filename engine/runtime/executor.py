@@ -23,7 +23,7 @@ from engine.policy.memory import decode_stage_slots, pipelines_host_attention
 from engine.policy.partition import Stage
 from engine.policy.policy import Policy
 from engine.policy.prefix import MIN_SHARED_PREFIX, prefix_held_once
-from engine.policy.weight_slots import WeightSlots, held_whole
+from engine.policy.weight_slots import WeightSlots, held_whole, streamed_ahead
 from engine.policy.working import (
     DECODE_CHUNK_BYTES, PREFILL_CHUNK_TOKENS, row_chunks, staged_kv_heads, working_bytes,
 )
@@ -37,7 +37,7 @@ from engine.runtime.executor_ahead import AheadDriver
 from engine.runtime.host_attention import HostAttention
 from engine.runtime.kv_buffers import BufferReleases
 from engine.runtime.kv_cache import KVHome
-from engine.runtime.moe_schedule import moe_block_schedule
+from engine.runtime.moe_schedule import moe_block_schedule, previous_of_kind
 from engine.runtime.prefill_chunks import attention_prefill, mlp_prefill
 from engine.runtime.schedule import Action, block_schedule
 from engine.runtime.selector import TokenSelector
@@ -50,7 +50,7 @@ from engine.storage.tiers import MemoryBudget, Tier
 # reference cycle, so its device tensors would outlive `close()` until the cyclic GC happened to run)
 _VERBS = {verb: f"_{verb}" for verb in
           ("load_weight", "load_cache", "load_hidden", "store_cache", "store_hidden", "compute", "sync",
-           "join_attention")}
+           "join_attention", "prefetch_weight")}
 
 
 class Executor(AheadDriver):
@@ -80,13 +80,13 @@ class Executor(AheadDriver):
         self.config, self.family = loaded.config, loaded.family
         self.device, self.dtype = torch.device(device), dtype
         self.specs = [sp for sp in self.family.layer_specs() if stage is None or stage.holds(sp.kind, sp.index)]
-        self.slots = WeightSlots([sp.kind for sp in self.specs])
+        self.wquant = quant_config if policy.compress_weights else None
+        self.slots = WeightSlots([sp.kind for sp in self.specs], streamed_ahead(self.config, self.specs, self.wquant))
         self.budget = MemoryBudget({Tier.GPU: gpu_memory, Tier.CPU: cpu_memory, Tier.DISK: None})
         self.arena = Arena(self.device, self.budget, Path(disk_dir) if disk_dir is not None else None)
         self.transfers = Transfers(self.device, policy.overlap)
         self.host_attention = HostAttention(self.arena, self.transfers)
         self.pipelined = pipelines_host_attention(self.config, policy)
-        self.wquant = quant_config if policy.compress_weights else None
         self.cquant = cache_quant_config if policy.compress_cache else None
         self.prefill_chunk_tokens, self.decode_chunk_bytes = prefill_chunk_tokens, decode_chunk_bytes
         self.on_action: Callable[[Action], None] | None = None
@@ -104,7 +104,8 @@ class Executor(AheadDriver):
             with torch.inference_mode():
                 self.weights = WeightHomes(loaded, self.specs, w_gpu=policy.w_gpu, w_cpu=policy.w_cpu, dtype=dtype,
                                            quant=self.wquant, arena=self.arena, disk_dir=disk_dir,
-                                           held=held_whole(self.slots.kinds, self.device.type))
+                                           held=held_whole(self.slots.kinds, self.device.type),
+                                           ahead=self.slots.ahead)
         except BaseException:
             self.close()
             raise
@@ -254,13 +255,13 @@ class Executor(AheadDriver):
 
     def _schedule(self, num_steps: int, K: int, first: int = 0):
         """The block's actions for steps [first, num_steps): the MoE schedule for MoE models (pages: the
-        policy's, one per GPU batch by default, one without `pipeline`), else the zig-zag with one page per
-        GPU batch."""
+        policy's, one per GPU batch by default, one without `pipeline`; the experts loaded a layer of their
+        kind ahead with `pipeline`), else the zig-zag with one page per GPU batch."""
         if not self.config.is_moe:
             return block_schedule(num_steps, len(self.specs), K, paged=K > 1, first=first)
         pages = (self.policy.weight_pages or K) if self.policy.pipeline else 1
         return moe_block_schedule(num_steps, [s.kind for s in self.specs], K, pages=pages, pipelined=self.pipelined,
-                                  first=first)
+                                  first=first, ahead=self.slots.ahead if self.policy.pipeline else frozenset())
 
     def _drop_block_state(self) -> None:
         """Drop every reference into a block's buffers (pending transfers' closures hold cache views), so the
@@ -271,7 +272,7 @@ class Executor(AheadDriver):
         """Verbs that move nothing under this policy (skipped without a call: host time is decode time)."""
         p, skip = self.policy, set()
         if self.weights.all_direct:
-            skip.add("load_weight")
+            skip |= {"load_weight", "prefetch_weight"}
         if p.cache_gpu >= 1.0:
             skip |= {"load_cache", "store_cache"}
         if not self.block.acts.active:
@@ -291,6 +292,16 @@ class Executor(AheadDriver):
         blk = self.block
         pend = self.weights.load(a.j, self._weight_slot(a.i, a.j), a.page, a.pages, self.transfers)
         blk.wpend.setdefault((a.i, a.j), []).extend(blk.track(pend))
+
+    def _prefetch_weight(self, a: Action) -> None:
+        """A load issued a layer of its kind ahead (`moe_block_schedule`): only its layer's compute waits for
+        it (`_weights_for`), never the sync of the slot that issued it. It overwrites the compressed buffer of
+        the previous layer of its kind, so that layer is dequantized first: done by the compute just before,
+        unless that compute's GPU batch had ended (then here, and its next batch's compute reuses it)."""
+        if a.page == 0:
+            self._weights_for(*previous_of_kind(self.slots.kinds, a.i, a.j))
+        pend = self.weights.load(a.j, self._weight_slot(a.i, a.j), a.page, a.pages, self.transfers)
+        self.block.wpend.setdefault((a.i, a.j), []).extend(pend)
 
     def _load_cache(self, a: Action) -> None:
         blk = self.block
@@ -339,6 +350,9 @@ class Executor(AheadDriver):
         self.host_attention.drain()
         if self.block is not None:
             self.block.wait_inflight()
+            for pendings in self.block.wpend.values():     # prefetched for layers the block ended before
+                for pending in pendings:
+                    pending.wait()
             for kv in self.block.kv.values():
                 kv.settle()
         if self.ahead is not None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Iterator, Literal, NamedTuple
 
 Verb = Literal["load_weight", "load_cache", "load_hidden", "store_cache", "store_hidden", "compute", "sync",
-               "join_attention"]   # join_attention: the MoE schedule's (engine.runtime.moe_schedule)
+               "join_attention", "prefetch_weight"]   # the last two: the MoE schedule's (engine.runtime.moe_schedule)
 
 
 class Action(NamedTuple):
@@ -46,7 +46,7 @@ class Action(NamedTuple):
     i: int
     j: int
     k: int
-    page: int = 0        # load_weight only: which page of `pages`
+    page: int = 0        # load_weight and prefetch_weight only: which page of `pages`
     pages: int = 1
 
 

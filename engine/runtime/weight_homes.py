@@ -16,7 +16,11 @@ has run: `get` records an event after it, and the next load into the buffer wait
 all compute issued before it, and with one buffer per kind the copy of MLP j + 2 waited for MLP j's GEMMs).
 Dense tensors (norms, biases, the embedding table, uncompressed matrices) are read by the compute itself: their
 loads wait for all compute issued before them, on their own `weight_dense` stream, so they never hold back a
-compressed copy queued behind them.
+compressed copy queued behind them. The kinds loaded a layer of their kind ahead (`ahead`: a MoE model's
+compressed experts, `engine.policy.weight_slots.streamed_ahead`) keep one buffer for each compressed tensor
+(slot 0, whatever the layer's slot): its load is issued after the previous layer's dequantization, so the
+event is there to wait for; their dense tensors, read by a compute that may still be queued, alternate over
+the kind's two slots.
 A source that makes single weights (`DummySource.tensor`) makes each weight that is quantized on a GPU
 there, so no dense host copy is filled and moved (dummy weights of 47B parameters are 93 GB of bf16).
 Loads are paged: page p of P moves rows [r_p, r_p+1) of every non-gpu tensor (dim 0), so the transfer of
@@ -74,11 +78,12 @@ def _on_host(v: Stored) -> Stored:
 class WeightHomes:
     def __init__(self, loaded, specs: list[LayerSpec], *, w_gpu: float, w_cpu: float, dtype: torch.dtype,
                  quant: QuantConfig | None, arena: Arena, disk_dir: Path | None,
-                 held: frozenset[str] = frozenset()):
+                 held: frozenset[str] = frozenset(), ahead: frozenset[str] = frozenset()):
         """`quant`: the policy's weight compression (None: compress_weights off); an int4 checkpoint's packed
         weights are held in its own groups either way (`stored_quant`). `held`: layer kinds placed on the
-        gpu tier whatever w_gpu says."""
+        gpu tier whatever w_gpu says. `ahead`: layer kinds whose compressed tensors have one buffer."""
         self.specs, self.dtype, self.quant, self.arena = specs, dtype, quant, arena
+        self.ahead = ahead
         self.int4 = loaded.config.quantization_config
         self.device = arena.device
         self.homes: list[dict[str, Handle]] = []
@@ -185,10 +190,18 @@ class WeightHomes:
         """True when compute can read the home without a copy (gpu tier, or cpu tier on a CPU-only machine)."""
         return handle.tier is Tier.GPU or (handle.tier is Tier.CPU and self.device.type == "cpu")
 
+    def _key(self, j: int, slot: int, name: str, handle: Handle) -> str:
+        """"{slot}.{kind}.{name}" of layer j's tensor `name` loaded into `slot`: slot 0 for a compressed tensor of
+        a kind loaded ahead (module docstring)."""
+        kind = self.specs[j].kind
+        if kind in self.ahead and isinstance(handle.value, QTensor):
+            slot = 0
+        return f"{slot}.{kind}.{name}"
+
     def _buffer(self, j: int, slot: int, name: str, handle: Handle) -> Stored:
-        spec = self.specs[j]
         quant = handle.value.config if isinstance(handle.value, QTensor) else None
-        return self.arena.get(f"wbuf{slot}.{spec.kind}.{name}", Tier.GPU, tuple(handle.value.shape), self.dtype, quant)
+        return self.arena.get(f"wbuf{self._key(j, slot, name, handle)}", Tier.GPU, tuple(handle.value.shape),
+                              self.dtype, quant)
 
     def load(self, j: int, slot: int, page: int, pages: int, transfers: Transfers) -> list[Pending]:
         """Start moving page `page` of `pages` of layer j's non-resident tensors into buffer slot `slot`.
@@ -200,12 +213,11 @@ class WeightHomes:
         moving = self._moving[j]
         if not moving:
             return []
-        kind = self.specs[j].kind
         if page == 0:
             for name, handle in moving:
                 if handle.tier is Tier.DISK:
-                    uses = self._relay_uses.get(f"{slot}.{kind}.{name}", ([], []))
-                    self._relay_uses[f"{slot}.{kind}.{name}"] = (uses[1], [])
+                    key = self._key(j, slot, name, handle)
+                    self._relay_uses[key] = (self._relay_uses.get(key, ([], []))[1], [])
         total = sum(h.nbytes for _, h in moving)
         start, end = total * page / pages, total * (page + 1) / pages
         pendings, lo = [], 0
@@ -216,7 +228,7 @@ class WeightHomes:
             lo = hi
             if r1 <= r0:
                 continue
-            key, packed = f"{slot}.{kind}.{name}", isinstance(handle.value, QTensor)
+            key, packed = self._key(j, slot, name, handle), isinstance(handle.value, QTensor)
             dst = self._buffer(j, slot, name, handle)
             relay, uses = None, ([], [])
             if handle.tier is Tier.DISK and self.device.type == "cuda":
@@ -249,7 +261,7 @@ class WeightHomes:
             value = handle.value if direct else self._buffer(j, slot, name, handle)
             if isinstance(value, QTensor):
                 if not direct:
-                    released[f"{slot}.{kind}.{name}"] = value.data.data_ptr()
+                    released[self._key(j, slot, name, handle)] = value.data.data_ptr()
                 dense = self.arena.get(f"wdq.{kind}.{name}", Tier.GPU, tuple(value.shape), self.dtype)
                 value = dequantize(value, out=dense)
             out[name] = value
