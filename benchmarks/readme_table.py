@@ -97,7 +97,7 @@ def best_moe(records: list[dict]) -> str:
         a, o = max(pairs, key=lambda p: p[0]["timestamp"])
         text += (f"; the ablation (pipelining off) of `{o['config_name']}` over {o['num_prompts']} rows "
                  f"{a['tokens_per_s']:.0f} against ours {o['tokens_per_s']:.0f}, "
-                 f"**{o['tokens_per_s'] / a['tokens_per_s']:.2f}x**, one call ({_card(o)})")
+                 f"**{o['tokens_per_s'] / a['tokens_per_s']:.3f}x**, one call ({_card(o)})")   # 1.4975 is no 1.50
     calls = [r["run_id"] for r in done if r["system"] == "accelerate" and in_call(r["run_id"], "llmops")]
     if calls:
         last = max((r for r in done if r["run_id"] in calls and r["system"] == "accelerate"),
