@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one|moe-paths|moe-matrix-a|moe-matrix-b|moe-prefill-ab|moe-trace]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one|moe-paths|moe-matrix-a|moe-matrix-b|moe-prefill-ab|moe-decode-ab|moe-trace]
 # flexgen-pair (~4.5 min): OPT-30B ours (192x1 + ahead, --clock) and FlexGen in one call; moe-p512 (~8 min): Mixtral-8x7B
 # at prompt 512 / gen 128 / 16 GiB, auto and its ablation.
 # models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
@@ -245,6 +245,27 @@ if [[ $what == moe-prefill-ab ]]; then
     timeout 100 python3 benchmarks/throughput.py "${mixtral[@]}" --gpu-memory 16GiB "${four[@]}" --clock --trace \
       --trace-out "$OUT/timeline_moe-4L-ab-${LLMOPS_COMMIT:-head}.json.gz" --out "$OUT/throughput_moe-4L-trace.jsonl"
   } 2>&1 | grep -v '^{' | tee "$OUT/moe-prefill-ab.log" | tail -30
+fi
+if [[ $what == moe-decode-ab ]]; then
+  # the MoE decode from this tree against every ab/<sha>/ (benchmarks/ab_prepare.sh; carry "ab"), one run id
+  # (~1 min a tree, after the CUDA tests of the MoE schedule): Mixtral-8x7B cut to 4 layers, 16 new tokens, under
+  # the 512/128/24 GiB plan (256x2, half the weights streamed, 5/8 of the cache on the device; 512 rows of 512)
+  # and the 77/128/16 GiB headline's (1024x2, half the weights streamed, the cache on the host; 2,048 rows of 77):
+  # the decode steps of 1aa1d95 (compressed experts loaded a layer ahead) against d92d614's
+  export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-decode-ab-$(date -u +%Y%m%dT%H%M%SZ)}
+  half='"w_gpu": 0.500016624511734, "w_cpu": 0.499983375, "act_gpu": 0.0, "act_cpu": 1.0, "compress_weights": true, "compress_cache": true'
+  p24="{\"gpu_batch_size\": 256, \"num_gpu_batches\": 2, \"cache_gpu\": 0.625, \"cache_cpu\": 0.375, $half}"
+  p77="{\"gpu_batch_size\": 1024, \"num_gpu_batches\": 2, \"cache_gpu\": 0.0, \"cache_cpu\": 1.0, $half}"
+  moe=("${mixtral[@]}" --layers 4 --gen-len 16 --clock --system llmops --out "$OUT/throughput_moe-decode-ab.jsonl")
+  { python3 -m pytest -q -p no:cacheprovider tests/test_moe_pipeline.py tests/test_moe_schedule.py tests/test_held_weights.py \
+      tests/test_act_homes.py 2>&1 | tail -3
+    for tree in ab/*/ ./; do
+      sha=$(basename "$tree"); [[ $tree == ./ ]] && sha=${LLMOPS_COMMIT:-head}
+      (cd "$tree" && export PYTHONPATH=$PWD:${PYTHONPATH#*:} LLMOPS_COMMIT=$sha
+       timeout 60 python3 benchmarks/throughput.py "${moe[@]}" --gpu-memory 24GiB --rows 512 --prompt-len 512 --policy "$p24"
+       timeout 60 python3 benchmarks/throughput.py "${moe[@]}" --gpu-memory 16GiB --rows 2048 --prompt-len 77 --policy "$p77")
+    done
+  } 2>&1 | grep -v '^{' | tee "$OUT/moe-decode-ab.log" | tail -30
 fi
 if [[ $what == moe-trace ]]; then
   # where the MoE prefill's time goes past its compute floor (~4 min; stop 49 at 42ad1e3: the prompt-77 prefills
