@@ -87,8 +87,8 @@ class ActHomes:
 
     def load(self, k: int, parked, transfers: Transfers, rows: Sequence[tuple[int, int]] = ()):
         """Start copying a parked hidden's cpu/disk parts back to the device; a hidden parked whole in host
-        memory of a CUDA device comes back by `rows` (the prefill's row chunks [r0, r1), ascending) when
-        there are several (module docstring)."""
+        memory (an accelerator's: a CPU device parks nothing there) comes back by `rows` (the prefill's row
+        chunks [r0, r1), ascending) when there are several (module docstring)."""
         if not isinstance(parked, _Parked):
             return parked
         if len(rows) > 1 and len(parked.parts) == 1 and parked.parts[0][0] is Tier.CPU:
