@@ -84,8 +84,9 @@ def moe_block_schedule(num_steps: int, kinds: Sequence[str], num_batches: int, *
     """Every action for a block of a MoE model whose layer kinds are `kinds` (embed, attention, mlp, ...,
     head), in issue order. Each (i, j, k) is computed once, after its loads; with `pipelined`, each decode
     attention (i, j, k) is joined once, after its compute and before the compute of (i, j + 1, k); the layers
-    of the kinds in `ahead` are loaded at the first slot of the previous layer of their kind. Steps
-    [first, num_steps), as `block_schedule`."""
+    of the kinds in `ahead` are loaded in the first slot of the previous layer of their kind, after its compute
+    (with deferred attention weights, in its last slot, after them). Steps [first, num_steps), as
+    `block_schedule`."""
     if pages < 1:
         raise ValueError(f"moe_block_schedule: pages must be >= 1, got {pages}")
     J, K = len(kinds), num_batches
