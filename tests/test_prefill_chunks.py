@@ -22,6 +22,7 @@ from engine.policy.memory import model_layout, peak_memory, untracked_gpu_bytes
 from engine.policy.policy import Policy
 from engine.policy.search import search
 from engine.policy.working import _MARGIN, row_chunks, working_bytes
+from engine.runtime.act_homes import ActHomes
 from engine.runtime.executor import Executor
 from engine.runtime.selector import GreedyToEnd
 from conftest import requires_cuda
@@ -88,7 +89,6 @@ def test_hidden_states_loaded_by_rows_give_the_in_memory_tokens_on_cuda(tiny_che
     """Two GPU batches with the prefill's hidden states parked on the host come back by row chunks
     (`ActHomes._load_rows`: the compute of a chunk waits only for its rows); tokens and logits are the
     all-on-device run's."""
-    from engine.runtime.act_homes import ActHomes
     loads = []
     by_rows = ActHomes._load_rows
     monkeypatch.setattr(ActHomes, "_load_rows", lambda self, *a: loads.append(a[-1]) or by_rows(self, *a))
