@@ -48,13 +48,20 @@ def kind_fractions(kind: str, held: frozenset[str], w_gpu: float, w_cpu: float) 
     return (1.0, 0.0) if kind in held else (w_gpu, w_cpu)
 
 
+def kind_gap(kinds: Sequence[str], kind: str) -> int:
+    """The fewest flat positions between two consecutive layers of `kind` among `kinds` (across steps too)."""
+    J = len(kinds)
+    ps = [i * J + j for i in range(2) for j, k in enumerate(kinds) if k == kind]
+    return min(b - a for a, b in zip(ps, ps[1:]))
+
+
 def streamed_ahead(config: ModelConfig, specs: Sequence[LayerSpec], quant: QuantConfig | None) -> frozenset[str]:
     """The layer kinds whose loads the MoE schedule issues a layer of their kind ahead: a MoE model's "mlp"
     (the experts, nearly all its weight bytes) where its layers alternate with others and every quantizable
     weight of theirs is held 4-bit under `quant` (`stored_quant`: a dense expert is read by the GEMMs from its
     buffer, which would then need a second copy as large); none otherwise."""
     kinds = [spec.kind for spec in specs]
-    if not config.is_moe or "mlp" not in kinds or WeightSlots(kinds).gap("mlp") < 2:
+    if not config.is_moe or "mlp" not in kinds or kind_gap(kinds, "mlp") < 2:
         return frozenset()
     weights = [w for spec in specs if spec.kind == "mlp" for w in spec.weights.values() if w.quantizable]
     if not all(stored_quant(config, w, quant) is not None for w in weights):
@@ -77,13 +84,7 @@ class WeightSlots:
         for kind in self.kinds:
             self._ordinal.append(seen[kind])
             seen[kind] += 1
-        self.slots = {kind: 1 if self.gap(kind) >= 2 and kind not in ahead else 2 for kind in counts}
-
-    def gap(self, kind: str) -> int:
-        """The fewest flat positions between two consecutive layers of `kind` (across steps too)."""
-        J = len(self.kinds)
-        ps = [i * J + j for i in range(2) for j, k in enumerate(self.kinds) if k == kind]
-        return min(b - a for a, b in zip(ps, ps[1:]))
+        self.slots = {kind: 1 if kind_gap(self.kinds, kind) >= 2 and kind not in ahead else 2 for kind in counts}
 
     def slot(self, i: int, j: int) -> int:
         """The buffer slot of layer j's weights at step i."""

@@ -17,7 +17,8 @@ makes the compute stream wait only for the copies of rows [0, r). With two GPU b
 issued just before its own compute (`engine.runtime.schedule`) and its copies queue behind the previous
 batch's compute (a fresh device buffer may reuse memory that compute still reads), so loaded whole, every
 batch switch of the prefill waited for the whole hidden to cross the link: Mixtral-8x7B at prompt 512,
-256x2, H200, 21 ms at each of the 64 switches of a block (stop 50's trace, ~9% of the prefill). By rows,
+256x2, H200, ~21 ms at each of the 8 batch switches of a 4-layer cut (stop 50's trace, `benchmarks/timeline.py`'s
+largest compute-stream gaps, ~9% of its prefill; 64 switches in the whole model). By rows,
 the first chunk's rows (a few MiB) are the wait; the rest arrive while the first chunks compute.
 """
 from __future__ import annotations
@@ -45,13 +46,14 @@ class _ByRows:
 
     def __init__(self, buffer: torch.Tensor, arrivals: list):
         self.buffer, self.arrivals = buffer, arrivals
+        self._waited, self._rows = 0, 0      # copies waited for, and the rows [0, _rows) they brought
 
     def upto(self, rows: int | None = None) -> None:
         """Make the compute stream wait for the copies of rows [0, rows) (all rows: None)."""
-        for end, pending in self.arrivals:
+        while self._waited < len(self.arrivals) and (rows is None or self._rows < rows):
+            self._rows, pending = self.arrivals[self._waited]
             pending.wait()
-            if rows is not None and end >= rows:
-                return
+            self._waited += 1
 
 
 def arrived(rows: int | None = None) -> None:

@@ -288,10 +288,14 @@ class Executor(AheadDriver):
         return self.slots.slot(i, j)
 
     # ---- actions --------------------------------------------------------------------------------------
-    def _load_weight(self, a: Action) -> None:
-        blk = self.block
+    def _issue_weight(self, a: Action) -> list:
+        """Start page a.page of layer (a.i, a.j)'s weight load; its compute waits for it (`_weights_for`)."""
         pend = self.weights.load(a.j, self._weight_slot(a.i, a.j), a.page, a.pages, self.transfers)
-        blk.wpend.setdefault((a.i, a.j), []).extend(blk.track(pend))
+        self.block.wpend.setdefault((a.i, a.j), []).extend(pend)
+        return pend
+
+    def _load_weight(self, a: Action) -> None:
+        self.block.track(self._issue_weight(a))
 
     def _prefetch_weight(self, a: Action) -> None:
         """A load issued a layer of its kind ahead (`moe_block_schedule`): only its layer's compute waits for
@@ -300,8 +304,7 @@ class Executor(AheadDriver):
         unless that compute's GPU batch had ended (then here, and its next batch's compute reuses it)."""
         if a.page == 0:
             self._weights_for(*previous_of_kind(self.slots.kinds, a.i, a.j))
-        pend = self.weights.load(a.j, self._weight_slot(a.i, a.j), a.page, a.pages, self.transfers)
-        self.block.wpend.setdefault((a.i, a.j), []).extend(pend)
+        self._issue_weight(a)
 
     def _load_cache(self, a: Action) -> None:
         blk = self.block
