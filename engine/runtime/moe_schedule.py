@@ -28,7 +28,9 @@ what changes is when weights move and when host attention is joined:
     attention layer's compute and the experts' compute only the attention weights' small transfer: over 7
     decode steps of Mixtral-8x7B cut to 4 layers at 256x2, half its weights streamed (H200, stop 50's trace,
     read by `benchmarks/timeline.py`), the link was busy 0.40 s and the compute stream 0.18 s, yet the steps
-    took 0.69 s: the two overlapped for under 0.07 s. The block's first expert layer is loaded as before.
+    took 0.69 s: the two overlapped for under 0.07 s. Loaded ahead, the same cut's decode step went 0.0670 ->
+    0.0626 s (H100, one call against the tree before, `benchmarks/gpu_suite.sh moe-decode-ab`, stop 51). The
+    block's first expert layer is loaded as before.
 
 Everything else (cache and hidden loads/stores, syncs) is `block_schedule`'s, unchanged.
 """
