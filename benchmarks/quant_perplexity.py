@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from engine.models.loader import load_model  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
-from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT, QuantConfig  # noqa: E402
+from engine.quant.config import CACHE_QUANT, GGUF_WEIGHT_QUANT, WEIGHT_QUANT, QuantConfig  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
 
 BENCHMARK, WORKLOAD = "quant_perplexity", "sample-text"
@@ -59,8 +59,8 @@ VARIANTS: dict[str, tuple[QuantConfig | None, QuantConfig | None, bool]] = {
     "both_g64": (G64, G64, False),
     "both_w_g32_cache_g64_rot": (G32, G64R, False),
     "both_w_g32_cache_g32_rot": (G32, G32R, False),
-    "both_defaults": (WEIGHT_QUANT, CACHE_QUANT, False),
-    "both_defaults_head4": (WEIGHT_QUANT, CACHE_QUANT, True),
+    "both_defaults": (GGUF_WEIGHT_QUANT, CACHE_QUANT, False),          # the model is a GGUF: its weight groups
+    "both_defaults_head4": (GGUF_WEIGHT_QUANT, CACHE_QUANT, True),
 }
 DEFAULT_VARIANTS = ["cache_g64", "cache_g32", "cache_g64_rot", "cache_g32_rot", "weights_g64", "weights_g32",
                     "weights_g32_head4", "both_g64", "both_defaults", "both_defaults_head4"]
@@ -142,7 +142,7 @@ def run(loaded, prompts, targets, dtype, weights, cache, head4=False, reference=
         loaded = dataclasses.replace(loaded, family=Head4(loaded.family))
     policy = Policy(gpu_batch_size=len(prompts), compress_weights=weights is not None, compress_cache=cache is not None)
     ex = Executor(loaded, policy, device=torch.device("cpu"), dtype=dtype,
-                  quant_config=weights or WEIGHT_QUANT, cache_quant_config=cache or CACHE_QUANT)
+                  quant_config=weights, cache_quant_config=cache or CACHE_QUANT)
     sel = TeacherForcing(targets, reference, keep)
     try:
         with Timer() as clock:
@@ -200,7 +200,8 @@ def main() -> None:
         "text": f"sample_data {list(SOURCES)}: {len(ids)} passages, {args.context} prompt + {args.scored} scored "
                 "tokens each, teacher-forced through Executor decode",
         "quant": "4-bit asymmetric, min/scale float32 (float16 for half dtypes); rotate = normalized Hadamard per group",
-        "defaults": {"WEIGHT_QUANT": repr(WEIGHT_QUANT), "CACHE_QUANT": repr(CACHE_QUANT)},
+        "defaults": {"WEIGHT_QUANT": repr(WEIGHT_QUANT), "GGUF_WEIGHT_QUANT": repr(GGUF_WEIGHT_QUANT),
+                     "CACHE_QUANT": repr(CACHE_QUANT)},
         "results": results,
         "within_5_percent": {n: abs(r["relative_change"]) <= 0.05 for n, r in results.items()},
         "total_seconds": round(total.elapsed, 1),

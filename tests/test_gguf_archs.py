@@ -19,7 +19,10 @@ gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
 from engine.models.loader import load_model  # noqa: E402
+from engine.policy.memory import model_layout  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
+from engine.quant.qtensor import QTensor  # noqa: E402
+from engine.runtime.executor import Executor  # noqa: E402
 from gguf_tiny import VOCAB, write_gguf  # noqa: E402
 from test_executor import make_prompts  # noqa: E402
 from test_families_parity import _run  # noqa: E402
@@ -151,6 +154,26 @@ def test_config_from_metadata(root):
     assert (ds.q_lora_rank, ds.kv_lora_rank, ds.qk_rope_head_dim, ds.first_k_dense_replace) == (48, 32, 8, 1)
     assert (ds.num_local_experts, ds.n_shared_experts, ds.routed_scaling_factor) == (4, 1, 1.5)
     assert ds.rope_scaling["rope_type"] == "yarn" and ds.rope_scaling["mscale_all_dim"] == pytest.approx(0.707)
+
+
+def test_compressed_weights_take_the_source_grid(root):
+    """compress_weights re-quantizes a GGUF's projections in groups of 32 (its blocks' width: a Q4_0 block's
+    values land on the grid exactly) and a float checkpoint's in groups of 64; the memory model counts the
+    same bytes as the executor holds."""
+    folder, path, _ = _case(root, "llama", "Q4_0")
+    policy = Policy(gpu_batch_size=1, compress_weights=True)
+    for loaded, group in ((load_model(path, dtype=torch.float32, cache_dir=root / "model_cache"), 32),
+                          (load_model(folder, dtype=torch.float32), 64)):
+        assert loaded.config.weight_group_size == group
+        ex = Executor(loaded, policy, device=torch.device("cpu"), dtype=torch.float32)
+        try:
+            packed = [h.value for homes in ex.weights.homes for h in homes.values() if isinstance(h.value, QTensor)]
+            assert packed and {q.config.group_size for q in packed} == {group}
+            layout = model_layout(loaded.config, 4, True)
+            assert sum(kl.count * sum(kl.stored) for kl in layout.kinds) == \
+                sum(h.nbytes for homes in ex.weights.homes for h in homes.values())
+        finally:
+            ex.close()
 
 
 @pytest.mark.parametrize("arch, text, pieces", [

@@ -77,6 +77,10 @@ class ModelConfig:
     # an AWQ / GPTQ int4 checkpoint's quantization_config (None: float weights); its decoder matmul weights
     # are held in the checkpoint's own 4-bit groups on every tier (engine.models.weights.stored_quant)
     quantization_config: Int4Config | None = None
+    # the groups (inputs per min/scale pair) compress_weights quantizes the other matmul weights in: 64 for a
+    # float checkpoint or a preset, the source's grid for a GGUF (32: `engine.quant.config.GGUF_WEIGHT_QUANT`,
+    # set by the loader); `engine.models.weights.weight_quant`
+    weight_group_size: int = 64
 
     @property
     def is_moe(self) -> bool:

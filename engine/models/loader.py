@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -28,6 +28,7 @@ from engine.models.presets import PRESETS
 from engine.models.registry import build_family, check_architecture
 from engine.models.safetensors_source import SafetensorsSource
 from engine.models.weights import WeightSource, layer_nbytes
+from engine.quant.config import GGUF_WEIGHT_QUANT
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
@@ -131,7 +132,8 @@ def _load_folder(folder: Path, dtype: torch.dtype | str, fingerprint: str | None
 
 def _load_gguf(path: Path, dtype: torch.dtype | str, cache_dir: Path | None) -> LoadedModel:
     folder = convert_gguf(path, Path(cache_dir) if cache_dir else model_cache_dir())
-    config = _read_config(folder)
+    # compress_weights re-quantizes on the GGUF's 32-wide blocks (engine.quant.config's note)
+    config = replace(_read_config(folder), weight_group_size=GGUF_WEIGHT_QUANT.group_size)
     family = build_family(config)
     dt = resolve_dtype(dtype, config)
     source = GGUFSource(path, read_index(folder), family.layer_specs(), dt)

@@ -10,13 +10,14 @@ checkpoint also has `get_stored(spec)`, the layer's weights in that form (packed
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol, Sequence
 
 import torch
 
 from engine.models.base import LayerSpec, WeightSpec
 from engine.models.config import ModelConfig
-from engine.quant.config import QuantConfig
+from engine.quant.config import WEIGHT_QUANT, QuantConfig
 
 
 class WeightSource(Protocol):
@@ -66,6 +67,12 @@ def fuse(spec: WeightSpec, parts: list[torch.Tensor]) -> torch.Tensor:
 def layer_nbytes(spec: LayerSpec, dtype: torch.dtype) -> int:
     """Bytes of a layer's weights in `dtype`."""
     return spec.nbytes(torch.empty((), dtype=dtype).element_size())
+
+
+def weight_quant(config: ModelConfig) -> QuantConfig:
+    """The grouping compress_weights holds `config`'s quantizable weights in (`ModelConfig.weight_group_size`:
+    WEIGHT_QUANT's 64 for a float checkpoint, GGUF_WEIGHT_QUANT's 32 for a GGUF)."""
+    return replace(WEIGHT_QUANT, group_size=config.weight_group_size)
 
 
 def stored_quant(config: ModelConfig, spec: WeightSpec, compress: QuantConfig | None) -> QuantConfig | None:

@@ -6,7 +6,7 @@ cache positions):
   - weight homes: each layer spec's tensors on the tier `weight_tiers` gives them, or on the gpu for the
     kinds held whole (`weight_slots.held_whole`: on CUDA, the embedding and the head) (stored size: 4-bit
     `qtensor_nbytes` in the grouping `stored_quant` gives: an int4 checkpoint's packed weights in its own
-    groups, other quantizable tensors in WEIGHT_QUANT's when compressing weights), disk homes are files (disk
+    groups, other quantizable tensors in the model's `weight_quant` groups when compressing weights), disk homes are files (disk
     tier);
   - `wbuf{slot}.{kind}.{name}`: a device buffer per non-resident tensor, per layer kind and weight slot
     (`engine.policy.weight_slots`: one per kind whose layers are never adjacent); `wdq.{kind}.{name}`: one
@@ -39,13 +39,13 @@ import torch
 
 from engine.models.config import ModelConfig
 from engine.models.registry import build_family
-from engine.models.weights import stored_quant
+from engine.models.weights import stored_quant, weight_quant
 from engine.policy.affine import const, share
 from engine.policy.policy import Policy
 from engine.policy.prefix import batch_prefix_len, prefix_held_once
 from engine.policy.weight_slots import WeightSlots, held_whole, kind_fractions, streamed_ahead
 from engine.policy.working import chunk_rows, row_chunks, rows_per_pass, staged_kv_heads, working_bytes
-from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT
+from engine.quant.config import CACHE_QUANT
 from engine.quant.qtensor import qtensor_nbytes
 from engine.storage.placement import split_ranges, weight_tiers
 from engine.storage.tiers import Tier
@@ -110,7 +110,8 @@ def model_layout(config: ModelConfig, bytes_per_element: int, compress_weights: 
     dtype = dtype_of_size(bytes_per_element)
     specs = build_family(config).layer_specs()
     J = len(specs)
-    ahead = streamed_ahead(config, specs, WEIGHT_QUANT if compress_weights else None)
+    wquant = weight_quant(config) if compress_weights else None
+    ahead = streamed_ahead(config, specs, wquant)
     slots = WeightSlots([spec.kind for spec in specs], ahead)
     first: dict[tuple, object] = {}
     js: dict[tuple, list[int]] = {}
@@ -120,7 +121,7 @@ def model_layout(config: ModelConfig, bytes_per_element: int, compress_weights: 
         js.setdefault(key, []).append(j)
     kinds, mids = [], set()
     for key, spec in first.items():
-        quants = [stored_quant(config, w, WEIGHT_QUANT if compress_weights else None) for w in spec.weights.values()]
+        quants = [stored_quant(config, w, wquant) for w in spec.weights.values()]
         packed = tuple(q is not None for q in quants)
         dense = tuple(w.numel * bytes_per_element for w in spec.weights.values())
         stored = tuple(qtensor_nbytes(w.shape, dtype, q) if q else d

@@ -42,12 +42,15 @@ class QuantConfig:
 
 # Defaults, chosen by benchmarks/quant_perplexity.py (SmolLM2-135M, fp32, 768 tokens of sample_data text
 # scored after 256-token prompts; numbers in benchmarks/results/quant_perplexity_sample-text.json).
-# Weights: groups of 32, not the issue's 64. SmolLM2's GGUF projections are llama.cpp Q4_1 (min/scale per 32
-# inputs): groups of 32 land on that grid and re-quantize them exactly (perplexity +0.0%, mean KL 0.0; the
-# output head stays dense), while groups of 64 straddle two grids (+26.7%, weights alone). Not rotated: a
-# rotated group leaves the grid (`--variants weights_g32_rot`). Cost: one min/scale pair per 32 inputs
-# instead of 64 (5 instead of 4.5 bits per weight with float16 min/scale).
-WEIGHT_QUANT = QuantConfig(group_size=32)
+# Weights: groups of the source's grid (`engine.models.weights.weight_quant`, `ModelConfig.weight_group_size`).
+# Float checkpoints (and dummy presets): groups of 64, FlexGen's and DESIGN.md's (4.5 bits per weight with
+# float16 min/scale). A GGUF's projections: groups of 32 (GGUF_WEIGHT_QUANT). SmolLM2's are llama.cpp Q4_1
+# (min/scale per 32 inputs): groups of 32 land on that grid and re-quantize them exactly (perplexity +0.0%,
+# mean KL 0.0; the output head stays dense), while groups of 64 straddle two grids (+26.7%, weights alone);
+# llama.cpp's other block types are 32 wide too. Not rotated: a rotated group leaves the grid (`--variants
+# weights_g32_rot`). Cost: 5 instead of 4.5 bits per weight, so 11% more bytes to hold and stream.
+WEIGHT_QUANT = QuantConfig(group_size=64)
+GGUF_WEIGHT_QUANT = QuantConfig(group_size=32)
 # KV cache: groups of 64 (a whole head for head_dim 64) rotated by a Hadamard matrix, which spreads the
 # outlier channels of rotary keys: perplexity +6.7% -> +3.2%, mean KL 0.083 -> 0.028 nats/token against plain
 # groups of 64. Rotated groups of 32 are a little more accurate (+2.5%, KL 0.018) for 11% more cache bytes.

@@ -19,6 +19,7 @@ import torch
 
 from engine.models.attention import attention_layer, attention_output, decode_inputs
 from engine.models.layers import reserve_positions
+from engine.models.weights import weight_quant
 from engine.policy.memory import decode_stage_slots, pipelines_host_attention
 from engine.policy.partition import Stage
 from engine.policy.policy import Policy
@@ -27,7 +28,7 @@ from engine.policy.weight_slots import WeightSlots, held_whole, streamed_ahead
 from engine.policy.working import (
     DECODE_CHUNK_BYTES, PREFILL_CHUNK_TOKENS, row_chunks, staged_kv_heads, working_bytes,
 )
-from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT, QuantConfig
+from engine.quant.config import CACHE_QUANT, QuantConfig
 from engine.runtime.act_homes import ActHomes
 from engine.runtime.ahead import AheadPrefill
 from engine.runtime.arena import Arena
@@ -62,8 +63,9 @@ class Executor(AheadDriver):
     `StepProfile`, optional) is told of every action and of the seams inside a compute (`step_profile`);
     `transfers.clock` (a `StepClock`, optional, CUDA with `timing` on) gets every step as the device saw it
     without synchronizing inside the step (`step_clock`). `quant_config`
-    is the weights' compression when the policy compresses weights, `cache_quant_config` the KV cache's when
-    it compresses the cache (defaults in engine.quant.config). A prefill runs each layer over row chunks of
+    is the weights' compression when the policy compresses weights (None: the model's, `weight_quant`: what
+    the memory model counts), `cache_quant_config` the KV cache's when it compresses the cache (defaults in
+    engine.quant.config). A prefill runs each layer over row chunks of
     about `prefill_chunk_tokens` tokens, and decode over a compressed device cache runs the fused kernel
     (`engine.models.quant_decode`) or, where it does not apply, dequantizes `decode_chunk_bytes` at a time
     (`engine.policy.working`; the defaults are what the memory model assumes).
@@ -73,14 +75,14 @@ class Executor(AheadDriver):
 
     def __init__(self, loaded, policy: Policy, *, device: torch.device, dtype: torch.dtype,
                  gpu_memory: int | None = None, cpu_memory: int | None = None, disk_dir: Path | None = None,
-                 quant_config: QuantConfig = WEIGHT_QUANT, cache_quant_config: QuantConfig = CACHE_QUANT,
+                 quant_config: QuantConfig | None = None, cache_quant_config: QuantConfig = CACHE_QUANT,
                  prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS, decode_chunk_bytes: int = DECODE_CHUNK_BYTES,
                  stage: Stage | None = None):
         self.loaded, self.policy = loaded, policy
         self.config, self.family = loaded.config, loaded.family
         self.device, self.dtype = torch.device(device), dtype
         self.specs = [sp for sp in self.family.layer_specs() if stage is None or stage.holds(sp.kind, sp.index)]
-        self.wquant = quant_config if policy.compress_weights else None
+        self.wquant = (quant_config or weight_quant(self.config)) if policy.compress_weights else None
         self.slots = WeightSlots([sp.kind for sp in self.specs], streamed_ahead(self.config, self.specs, self.wquant))
         self.budget = MemoryBudget({Tier.GPU: gpu_memory, Tier.CPU: cpu_memory, Tier.DISK: None})
         self.arena = Arena(self.device, self.budget, Path(disk_dir) if disk_dir is not None else None)
