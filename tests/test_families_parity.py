@@ -193,8 +193,9 @@ def compressed_drift(loaded) -> float:
 def test_compressed_weights_and_cache_stay_close(checkpoints, kind):
     drift = compressed_drift(load_model(checkpoints[kind][0], dtype=torch.float32))
     # the tiny Gemmas' inputs are large (embeddings x5 here, x sqrt(h) by Gemma) and Gemma2's caps (0.5 on
-    # scores, 0.3 on logits) saturate tanh: 4-bit weights + cache move their logits more (measured 0.26, 0.25)
-    assert drift < (0.3 if kind.startswith("gemma") else 0.15)
+    # scores, 0.3 on logits) saturate tanh: 4-bit weights + cache move their logits more (measured 0.30, 0.26
+    # with the weights in groups of 64; 0.26, 0.25 in groups of 32)
+    assert drift < (0.35 if kind.startswith("gemma") else 0.15)
 
 
 def test_longrope_switches_to_long_factors_past_the_original_context(checkpoints):

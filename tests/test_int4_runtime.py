@@ -4,9 +4,10 @@ tokens under the offloading matrix equal the in-memory run, logits equal a float
 dequantized weights, and the memory model counts what the executor reserves.
 
 Checkpoints are packed in the test as AutoAWQ / AutoGPTQ lay them out (tests/test_int4_checkpoints.py), in
-groups other than WEIGHT_QUANT's 32 (64, 16, one group per input row), so a re-quantization would show.
+groups other than WEIGHT_QUANT's 64 (32, 16), so a re-quantization would show, and in one group per input row
+(as wide as WEIGHT_QUANT's groups where a row has 64 inputs: there the codes compared bit for bit tell).
 (GPTQ's original "gptq" format stores z - 1 in 4 bits, so a zero point of 0 reads back as 16, as in AutoGPTQ's
-kernels: with groups of 16 the test's random weights hit that, hence groups of 64 for that format here.)
+kernels: with groups of 16 the test's random weights hit that, hence groups of 32 for that format here.)
 """
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ from test_offload_matrix import BASE, MATRIX
 from test_policy_trial import POLICIES, WORKLOAD, RunToEnd
 
 CASES = {   # name -> (float family, method, quantization_config, packer keywords, group of the packer)
-    "llama-awq-g64": ("llama", "awq", {**AWQ_QC, "group_size": 64}, {}, 64),
-    "llama-gptq-g64": ("llama", "gptq", {**GPTQ_QC, "group_size": 64}, {}, 64),
+    "llama-awq-g32": ("llama", "awq", {**AWQ_QC, "group_size": 32}, {}, 32),
+    "llama-gptq-g32": ("llama", "gptq", {**GPTQ_QC, "group_size": 32}, {}, 32),
     "mixtral-gptq2-row": ("mixtral", "gptq", {**GPTQ_QC, "group_size": -1, "checkpoint_format": "gptq_v2"},
                           {"zero_offset": 0}, None),
     "mixtral-awq-g16": ("mixtral", "awq", {**AWQ_QC, "group_size": 16}, {}, 16),
@@ -83,7 +84,8 @@ def _check_homes(ex: Executor, loaded, in_groups: int | None) -> int:
                 continue
             q = want[name]
             assert isinstance(value, QTensor) and value.config == q.config, f"{spec.name}.{name}"
-            assert value.config.group_size == (in_groups or ws.shape[-1]) != WEIGHT_QUANT.group_size
+            assert value.config.group_size == (in_groups or ws.shape[-1])
+            assert in_groups is None or in_groups != WEIGHT_QUANT.group_size
             for got, ref in zip(value.parts(), q.parts()):
                 assert torch.equal(got.cpu(), ref), f"{spec.name}.{name}"
             checked += 1
@@ -129,13 +131,13 @@ def test_homes_hold_the_checkpoints_codes(reference, name, policy, tmp_path):
 
 @pytest.mark.parametrize("policy", list(MATRIX))
 def test_llama_awq_matrix_matches_in_memory(reference, policy, tmp_path):
-    loaded, prompts, tokens = reference["llama-awq-g64"]
+    loaded, prompts, tokens = reference["llama-awq-g32"]
     got, _ = run_policy(loaded, Policy(**{**BASE, **MATRIX[policy]}), prompts, MAX_NEW, disk_dir=tmp_path)
     assert got == tokens
 
 
 @pytest.mark.parametrize("policy", ["w_all_disk", "cache_cpu_attn", "no_overlap_all_off", "one_batch_all_off"])
-@pytest.mark.parametrize("name", ["llama-gptq-g64", "mixtral-gptq2-row", "mixtral-awq-g16"])
+@pytest.mark.parametrize("name", ["llama-gptq-g32", "mixtral-gptq2-row", "mixtral-awq-g16"])
 def test_other_checkpoints_under_the_matrix(reference, name, policy, tmp_path):
     loaded, prompts, tokens = reference[name]
     got, _ = run_policy(loaded, Policy(**{**BASE, **MATRIX[policy]}), prompts, MAX_NEW, disk_dir=tmp_path)
@@ -176,7 +178,7 @@ def test_logits_equal_a_dense_model_of_the_dequantized_weights(models, reference
         torch.testing.assert_close(packed[r], dense[r], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["llama-awq-g64", "mixtral-gptq2-row"])
+@pytest.mark.parametrize("name", ["llama-awq-g32", "mixtral-gptq2-row"])
 @pytest.mark.parametrize("policy", POLICIES, ids=range(len(POLICIES)))
 def test_memory_model_is_the_executors_accounting(reference, name, policy, tmp_path):
     """As tests/test_policy_trial.py for presets: the cost model's memory, `executor_memory` and the
@@ -202,11 +204,11 @@ def test_modules_to_not_convert_stay_float_and_are_counted(models, tmp_path):
     """A checkpoint leaving o_proj in float (modules_to_not_convert): o_proj is dense without compress_weights,
     WEIGHT_QUANT's groups with it; the rest keep the checkpoint's; the memory model agrees; a file that packs
     a module the config says is left in float is refused naming the tensor."""
-    src = models["llama-awq-g64"]
+    src = models["llama-awq-g32"]
     dst = tmp_path / "skip"
     dst.mkdir()
     tensors = load_file(str(src / "model.safetensors"))
-    floats = load_file(str(src.parent / "llama-awq-g64_float" / "model.safetensors"))
+    floats = load_file(str(src.parent / "llama-awq-g32_float" / "model.safetensors"))
     for name in [n for n in tensors if ".o_proj." in n]:
         del tensors[name]
     tensors.update({n: w for n, w in floats.items() if ".o_proj." in n})
@@ -222,7 +224,7 @@ def test_modules_to_not_convert_stay_float_and_are_counted(models, tmp_path):
             attn = ex.weights.homes[1]
             o = attn["o_proj.weight"].value
             assert (o.config.group_size if isinstance(o, QTensor) else None) == o_group
-            assert attn["qkv_proj.weight"].value.config.group_size == 64
+            assert attn["qkv_proj.weight"].value.config.group_size == 32
             held = sum(h.nbytes for homes in ex.weights.homes for h in homes.values())
             assert held == model_layout(loaded.config, 4, compress).total_bytes
         finally:
@@ -237,7 +239,7 @@ def test_modules_to_not_convert_stay_float_and_are_counted(models, tmp_path):
 def test_half_dtypes_keep_the_codes_and_round_min_scale_once(models, reference):
     """A bfloat16 executor over an fp32-loaded checkpoint: the same codes, float16 min/scale (one rounding of
     the float32 ones), and the tokens of a bfloat16 load of the same files."""
-    loaded32, prompts, _ = reference["llama-awq-g64"]
+    loaded32, prompts, _ = reference["llama-awq-g32"]
     ex = Executor(loaded32, Policy(gpu_batch_size=3, num_gpu_batches=3), device=torch.device("cpu"),
                   dtype=torch.bfloat16)
     try:
@@ -250,7 +252,7 @@ def test_half_dtypes_keep_the_codes_and_round_min_scale_once(models, reference):
         ex.generate_block(prompts, MAX_NEW, sel)
     finally:
         ex.close()
-    tokens, _ = run_policy(load_model(models["llama-awq-g64"], dtype=torch.bfloat16),
+    tokens, _ = run_policy(load_model(models["llama-awq-g32"], dtype=torch.bfloat16),
                            Policy(gpu_batch_size=3, num_gpu_batches=3), prompts, MAX_NEW, dtype=torch.bfloat16)
     assert sel.tokens == tokens
 
@@ -272,7 +274,7 @@ def test_modules_to_not_convert_match_as_transformers_does(keys):
 
 @requires_cuda
 @pytest.mark.parametrize("policy", ["w_half_cpu", "w_all_disk", "cache_cpu_attn", "one_batch_all_off"])
-@pytest.mark.parametrize("name", ["llama-awq-g64", "mixtral-gptq2-row"])
+@pytest.mark.parametrize("name", ["llama-awq-g32", "mixtral-gptq2-row"])
 def test_cuda_matrix_keeps_the_codes_and_matches_in_memory(reference, name, policy, tmp_path):
     """On CUDA (pinned homes, relay buffers for disk homes, the Triton dequant of the checkpoint's groups):
     homes hold the checkpoint's codes, tokens equal the CUDA in-memory run, and a block of uniform rows
@@ -288,7 +290,7 @@ def test_cuda_matrix_keeps_the_codes_and_matches_in_memory(reference, name, poli
     assert report["gpu"]["peak"] == counted["gpu"] and report["cpu"]["peak"] == counted["cpu"]
 
 
-@pytest.mark.parametrize("name", ["llama-awq-g64", "llama-gptq-g64"])
+@pytest.mark.parametrize("name", ["llama-awq-g32", "llama-gptq-g32"])
 @pytest.mark.parametrize("bytes_per_element", [2, 4])
 def test_model_stats_count_the_checkpoints_groups(reference, name, bytes_per_element):
     """Where every input dim is a multiple of the group, model_stats' per-layer bytes (the planner's sizes)
