@@ -22,7 +22,8 @@ rows_per_h (wrangle; and rows_1m_h, and with three or more blocks rows_per_h_ste
 between the first and the last over their wall seconds, `block_s`; each of those holds one decode and one
 prefill, its own or the next block's run ahead), roofline (the policy's floors, `roofline.py`), roofline_fraction
 (floor time / measured time), peak_device_gib (torch's max allocated; None on a CPU), device, commit,
-command, num_layers (--layers cuts the preset), prefill_chunk_tokens, init_s and init_breakdown_s
+command, num_layers (--layers cuts the preset), weight_group_size (the inputs per min/scale pair of
+compress_weights' 4-bit groups, `engine.models.weights.weight_quant`; records before stop 52 lack it: 32), prefill_chunk_tokens, init_s and init_breakdown_s
 (`WeightHomes.place_s`: placement's read / quantize / homes seconds), with --clock `step_clock` (per block, each
 step as `engine.runtime.step_clock` saw it: host->device and device->host busy, compute, host gaps and waits,
 the compute thread's time per action verb and how far the device runs behind it, collector time, allocator
@@ -405,7 +406,8 @@ def _main(argv: list[str] | None) -> list[dict]:
                          commit=args.commit, run_id=run_id)
         rec.update(prompt_len=args.prompt_len, gen_len=args.gen_len, num_prompts=rows, prefix_len=prefix_len,
                    config_name=name, roofline_fraction=None, num_gpus=num_gpus, num_layers=config.num_hidden_layers,
-                   prefill_chunk_tokens=args.prefill_chunk_tokens, plan_rows=args.plan_rows)
+                   prefill_chunk_tokens=args.prefill_chunk_tokens, plan_rows=args.plan_rows,
+                   weight_group_size=config.weight_group_size)
         rec = finish(rec, res, rows, floor, wrangle)
         rewrite_jsonl(out, rec, RECORD_KEY)
         records.append(rec)
