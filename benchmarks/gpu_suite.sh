@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one|moe-paths|moe-matrix-a|moe-matrix-b|moe-prefill-ab|moe-decode-ab|moe-trace]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one|moe-paths|moe-headline|moe-matrix-a|moe-matrix-b|moe-prefill-ab|moe-decode-ab|moe-trace]
 # flexgen-pair (~4.5 min): OPT-30B ours (192x1 + ahead, --clock) and FlexGen in one call; moe-p512 (~8 min): Mixtral-8x7B
 # at prompt 512 / gen 128 / 16 GiB, auto and its ablation.
 # models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
@@ -197,7 +197,7 @@ if [[ $what == moe-2048 ]]; then
     --rows "$rows" --plan-profile reference --trials 0 --policy auto --system llmops-no-pipeline --system llmops \
     --clock --out "$OUT/throughput_moe.jsonl" 2>&1 | grep -v '^{' | tee "$OUT/moe_$rows.log" | tail -8
 fi
-if [[ $what == moe-matrix-a || $what == moe-matrix-b ]]; then
+if [[ $what == moe-matrix-a || $what == moe-matrix-b || $what == moe-headline ]]; then
   # issue 17's whole matrix (Mixtral-8x7B, 4-bit, bf16, auto from the reference profile) in two calls of one
   # lease, one LLMOPS_RUN_ID: part a (~10 min) the headline shape (prompt 77, gen 128, 16 GiB, 2,048 rows) with
   # its ablation, then Accelerate on prompt 77 (256 rows x MOE_PEER_GEN new tokens, projected to gen 128) and
@@ -209,13 +209,15 @@ if [[ $what == moe-matrix-a || $what == moe-matrix-b ]]; then
     timeout "$t" python3 benchmarks/throughput.py "${mixtral[@]}" --prompt-len "$p" --gen-len "$g" \
       --gpu-memory "${m}GiB" --rows "$r" --policy auto --clock --out "$OUT/throughput_moe.jsonl" "$@"
   }
-  { if [[ $what == moe-matrix-a ]]; then
+  { if [[ $what != moe-matrix-b ]]; then         # moe-headline: this pair alone (~5 min)
       cell 345 77 128 16 2048 --system llmops-no-pipeline --system llmops
+    fi
+    if [[ $what == moe-matrix-a ]]; then
       timeout 100 python3 benchmarks/throughput.py --workload moe --model mixtral-8x7b --gpu-memory 16GiB \
         --system accelerate --peer-rows 256 --peer-gen-len "${MOE_PEER_GEN:-3}" --out "$OUT/throughput_moe.jsonl"
       cell 80 77 32 16 2048 --system llmops
       cell 80 77 32 24 2048 --system llmops
-    else
+    elif [[ $what == moe-matrix-b ]]; then
       cell 125 77 128 24 2048 --system llmops
       cell 75 512 32 16 512 --system llmops
       cell 75 512 32 24 512 --system llmops
