@@ -122,8 +122,9 @@ class LLM:
     disk_dir: folder for the disk tier. dtype: "auto" = bfloat16 on CUDA (float16 without bf16), the
     faster of bfloat16/float32 on a CPU (measured once per machine, cached: engine.calibrate.cpu_dtype).
     compress_weights: hold the decoder matmul weights 4-bit (`engine.models.weights.weight_quant`: groups of 64,
-    a GGUF's of 32). An AWQ / GPTQ int4 checkpoint's packed weights are 4-bit in its own groups whatever this says (never expanded to dense,
-    never re-quantized); the flag then only compresses decoder weights the checkpoint left in float.
+    a GGUF's of 32). An AWQ / GPTQ int4 checkpoint's packed weights are 4-bit in its own groups whatever this
+    says (never expanded to dense, never re-quantized); the flag then only compresses decoder weights the
+    checkpoint left in float.
     devices: None (just `device`), "auto" (every visible CUDA device) or a list of CUDA indices / torch device
     strings; with more than one, `gpu_memory` holds on each, each device plans and runs within `cpu_memory / N`,
     and `parallel` says how blocks use them: "auto" (data-parallel when the plan keeps every weight on the

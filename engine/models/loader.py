@@ -132,7 +132,7 @@ def _load_folder(folder: Path, dtype: torch.dtype | str, fingerprint: str | None
 
 def _load_gguf(path: Path, dtype: torch.dtype | str, cache_dir: Path | None) -> LoadedModel:
     folder = convert_gguf(path, Path(cache_dir) if cache_dir else model_cache_dir())
-    # compress_weights re-quantizes on the GGUF's 32-wide blocks (engine.quant.config's note)
+    # compress_weights re-quantizes in groups of 32, the width of llama.cpp's Q4/Q8 blocks (engine.quant.config)
     config = replace(_read_config(folder), weight_group_size=GGUF_WEIGHT_QUANT.group_size)
     family = build_family(config)
     dt = resolve_dtype(dtype, config)

@@ -6,8 +6,8 @@ cache positions):
   - weight homes: each layer spec's tensors on the tier `weight_tiers` gives them, or on the gpu for the
     kinds held whole (`weight_slots.held_whole`: on CUDA, the embedding and the head) (stored size: 4-bit
     `qtensor_nbytes` in the grouping `stored_quant` gives: an int4 checkpoint's packed weights in its own
-    groups, other quantizable tensors in the model's `weight_quant` groups when compressing weights), disk homes are files (disk
-    tier);
+    groups, other quantizable tensors in the model's `weight_quant` groups when compressing weights), disk
+    homes are files (disk tier);
   - `wbuf{slot}.{kind}.{name}`: a device buffer per non-resident tensor, per layer kind and weight slot
     (`engine.policy.weight_slots`: one per kind whose layers are never adjacent); `wdq.{kind}.{name}`: one
     dense device buffer per compressed tensor and kind; `wrelay{slot}...` pinned relay buffers for disk

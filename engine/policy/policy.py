@@ -29,8 +29,9 @@ class Policy:
     weight passes (`engine.runtime.ahead`), its cache's gpu share parked on the host until the switch; a
     block with a shared prefix, and the first block, run their own prefill.
 
-    `compress_weights`: decoder matmul weights held 4-bit in the model's groups (`engine.models.weights.weight_quant`:
-    64, a GGUF's 32). An AWQ / GPTQ int4 checkpoint's packed weights are held 4-bit in its own groups either way (`engine.models.weights.stored_quant`).
+    `compress_weights`: decoder matmul weights held 4-bit in the model's groups
+    (`engine.models.weights.weight_quant`: 64, a GGUF's 32). An AWQ / GPTQ int4 checkpoint's packed weights are
+    held 4-bit in its own groups either way (`engine.models.weights.stored_quant`).
     """
 
     gpu_batch_size: int = 32

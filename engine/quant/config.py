@@ -40,15 +40,16 @@ class QuantConfig:
         return f"q{self.bits}g{self.group_size}{'r' if self.rotate else ''}"
 
 
-# Defaults, chosen by benchmarks/quant_perplexity.py (SmolLM2-135M, fp32, 768 tokens of sample_data text
-# scored after 256-token prompts; numbers in benchmarks/results/quant_perplexity_sample-text.json).
-# Weights: groups of the source's grid (`engine.models.weights.weight_quant`, `ModelConfig.weight_group_size`).
+# Defaults. Weights: groups by source (`engine.models.weights.weight_quant`, `ModelConfig.weight_group_size`).
 # Float checkpoints (and dummy presets): groups of 64, FlexGen's and DESIGN.md's (4.5 bits per weight with
-# float16 min/scale). A GGUF's projections: groups of 32 (GGUF_WEIGHT_QUANT). SmolLM2's are llama.cpp Q4_1
-# (min/scale per 32 inputs): groups of 32 land on that grid and re-quantize them exactly (perplexity +0.0%,
-# mean KL 0.0; the output head stays dense), while groups of 64 straddle two grids (+26.7%, weights alone);
-# llama.cpp's other block types are 32 wide too. Not rotated: a rotated group leaves the grid (`--variants
-# weights_g32_rot`). Cost: 5 instead of 4.5 bits per weight, so 11% more bytes to hold and stream.
+# float16 min/scale); not measured against 32 on a real float checkpoint (none is available offline). A GGUF's
+# projections: groups of 32 (GGUF_WEIGHT_QUANT), chosen by benchmarks/quant_perplexity.py (SmolLM2-135M, fp32,
+# 768 tokens of sample_data text scored after 256-token prompts; benchmarks/results/quant_perplexity_sample-text.json):
+# SmolLM2's are llama.cpp Q4_1 (min/scale per 32 inputs), and groups of 32 land on that grid and re-quantize
+# them exactly (perplexity +0.0%, mean KL 0.0; the output head stays dense), while groups of 64 straddle two
+# grids (+26.7%, weights alone). llama.cpp's Q4_0, Q4_1 and Q8_0 blocks are 32 wide, the K-quants' sub-blocks
+# 16 or 32. Not rotated: a rotated group leaves the grid (`--variants weights_g32_rot`). Cost: 5 instead of
+# 4.5 bits per weight, 11% more bytes to hold and stream.
 WEIGHT_QUANT = QuantConfig(group_size=64)
 GGUF_WEIGHT_QUANT = QuantConfig(group_size=32)
 # KV cache: groups of 64 (a whole head for head_dim 64) rotated by a Hadamard matrix, which spreads the
