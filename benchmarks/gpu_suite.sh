@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one|moe-paths|moe-headline|moe-matrix-a|moe-matrix-b|moe-prefill-ab|moe-decode-ab|moe-trace]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one|moe-paths|moe-headline|moe-matrix-a|moe-matrix-b|moe-prefill-ab|moe-decode-ab|moe-trace|moe-extra]
 # flexgen-pair (~4.5 min): OPT-30B ours (192x1 + ahead, --clock) and FlexGen in one call; moe-p512 (~8 min): Mixtral-8x7B
 # at prompt 512 / gen 128 / 16 GiB, auto and its ablation.
 # models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
@@ -225,6 +225,20 @@ if [[ $what == moe-matrix-a || $what == moe-matrix-b || $what == moe-headline ]]
       cell 145 512 128 24 512 --system llmops
     fi
   } 2>&1 | grep -v '^{' | tee "$OUT/$what.log" | tail -30
+fi
+if [[ $what == moe-extra ]]; then
+  # the headline pair (ours and the ablation, auto: 1024x2 with w_gpu_extra tensors) and ours under the same plan
+  # without the extra tensors, in one call (~6 min); then the link's rate for weights and a 4-bit KV home's
+  # pitched parts (benchmarks/link_speed.py) and the CUDA tests of the extra tensors
+  export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-extra-$(date -u +%Y%m%dT%H%M%SZ)}
+  p77='{"gpu_batch_size": 1024, "num_gpu_batches": 2, "w_gpu": 0.500016624511734, "w_cpu": 0.499983375, "cache_gpu": 0.0, "cache_cpu": 1.0, "act_gpu": 0.0, "act_cpu": 1.0, "compress_weights": true, "compress_cache": true}'
+  run77() { timeout "$1" python3 benchmarks/throughput.py "${mixtral[@]}" --prompt-len 77 --gen-len 128 --gpu-memory 16GiB \
+      --rows 2048 --clock --out "$OUT/throughput_moe.jsonl" "${@:2}"; }
+  { run77 345 --policy auto --system llmops-no-pipeline --system llmops
+    run77 130 --policy "$p77" --system llmops
+    timeout 60 python3 benchmarks/link_speed.py --out "$OUT/link_speed_kv-home.json"
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_runtime.py tests/test_policy_trial.py -k "w_disk_extra or on_cuda"
+  } 2>&1 | grep -v '^{' | tee "$OUT/moe-extra.log" | tail -40
 fi
 if [[ $what == moe-prefill-ab ]]; then
   # the MoE prefill from this tree against every ab/<sha>/ (benchmarks/ab_prepare.sh; carry "ab"), one run id

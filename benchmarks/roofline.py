@@ -25,7 +25,7 @@ def _weight_bytes_off(config: ModelConfig, policy: Policy, profile: HardwareProf
                       bytes_per_element: int) -> tuple[float, float]:
     """(weight bytes off the compute device, of them on disk) for the executor's placement of `policy`."""
     layout = model_layout(config, bytes_per_element, policy.compress_weights)
-    on_gpu, on_cpu = weight_fraction_on(layout, policy.w_gpu, policy.w_cpu, profile.device_type)
+    on_gpu, on_cpu = weight_fraction_on(layout, policy.w_gpu, policy.w_cpu, profile.device_type, policy.w_gpu_extra)
     return (1.0 - on_gpu) * layout.total_bytes, max(0.0, 1.0 - on_gpu - on_cpu) * layout.total_bytes
 
 

@@ -14,6 +14,7 @@ MATRIX = {
     "w_half_cpu": dict(w_gpu=0.5, w_cpu=0.5),
     "w_all_cpu": dict(w_gpu=0.0, w_cpu=1.0),
     "w_disk": dict(w_gpu=0.2, w_cpu=0.3),
+    "w_disk_extra": dict(w_gpu=0.2, w_cpu=0.3, w_gpu_extra=3),
     "w_all_disk": dict(w_gpu=0.0, w_cpu=0.0),
     "cache_cpu": dict(cache_gpu=0.0, cache_cpu=1.0),
     "cache_split": dict(cache_gpu=0.5, cache_cpu=0.5),

@@ -22,7 +22,6 @@ from engine.calibrate.trial import (
 from engine.calibrate.auto import prompts_prefix_len
 from engine.runtime.executor import Executor
 from engine.runtime.schedule import block_schedule
-from engine.storage.placement import weight_tiers
 from engine.storage.tiers import BudgetExceeded, Tier
 
 torch.set_num_threads(1)
@@ -37,6 +36,8 @@ POLICIES = [
     Policy(gpu_batch_size=1, num_gpu_batches=2, w_gpu=0.6, w_cpu=0.0, cache_gpu=0.5, cache_cpu=0.0,
            compress_cache=True),
     Policy(gpu_batch_size=2, cache_gpu=0.5, cache_cpu=0.5),         # one GPU batch: stores alternate buffers
+    # three more tensors on the gpu: both attention layers' (their buffer goes) and the first MLP's (it stays)
+    Policy(gpu_batch_size=2, num_gpu_batches=2, w_gpu=0.2, w_cpu=0.4, w_gpu_extra=3, cache_gpu=0.5, cache_cpu=0.5),
 ]
 
 
@@ -65,12 +66,12 @@ def run_block(name, policy, device, gpu_memory, cpu_memory, disk_dir, workload=W
         ex.close()
 
 
-def weights_on_disk(config, policy):
+def weights_on_disk(config, policy, device_type="cpu"):
     """Bytes of the weight files on disk (the arena's disk budget holds the cache and hidden homes only)."""
     layout = model_layout(config, 4, policy.compress_weights)
-    return sum(kl.count * size for kl in layout.kinds
-               for size, tier in zip(kl.stored, weight_tiers(list(kl.stored), policy.w_gpu, policy.w_cpu))
-               if tier is Tier.DISK)
+    placed = layout.placed(policy.w_gpu, policy.w_cpu, device_type, policy.w_gpu_extra)
+    return sum(count * size for kl in layout.kinds for tiers, count in placed[id(kl)]
+               for size, tier in zip(kl.stored, tiers) if tier is Tier.DISK)
 
 
 def check_budget_consistency(name, policy, device, profile, tmp_path, workload=WORKLOAD):
@@ -83,7 +84,7 @@ def check_budget_consistency(name, policy, device, profile, tmp_path, workload=W
     assert predicted["disk"] == counted["disk"]
     report = run_block(name, policy, device, predicted["gpu"] + 1024, predicted["cpu"] + 1024, tmp_path, workload)
     assert report["gpu"]["peak"] == counted["gpu"] and report["cpu"]["peak"] == counted["cpu"]
-    assert report["disk"]["peak"] == counted["disk"] - weights_on_disk(config, policy)     # files, not the arena
+    assert report["disk"]["peak"] == counted["disk"] - weights_on_disk(config, policy, device.type)  # files
     with pytest.raises(BudgetExceeded):
         run_block(name, policy, device, int(0.97 * counted["gpu"]), None, tmp_path, workload)
     if counted["cpu"] > 0:

@@ -150,6 +150,15 @@ def trial_prompts(config: ModelConfig, workload: Workload, rows: int) -> list[li
     return [prefix + torch.randint(3, config.vocab_size, (own,), generator=g).tolist() for _ in range(rows)]
 
 
+def copy_policy(policy: Policy, layers: int, num_layers: int) -> Policy:
+    """`policy` for a copy of `layers` of the model's `num_layers` decoder layers: its `w_gpu_extra` tensors (the
+    first layers' extra tensors) scaled to the copy, so the copies' per-layer difference sees them in the
+    model's proportion."""
+    if not policy.w_gpu_extra:
+        return policy
+    return replace(policy, w_gpu_extra=round(policy.w_gpu_extra * layers / max(1, num_layers)))
+
+
 def trial_seconds(config: ModelConfig, policy: Policy, workload: Workload, device: torch.device | str,
                   dtype: torch.dtype, budgets: Budgets | None = None, *,
                   layers: tuple[int, int] = TRIAL_LAYERS, steps: int = TRIAL_STEPS,
@@ -170,11 +179,12 @@ def trial_seconds(config: ModelConfig, policy: Policy, workload: Workload, devic
     prompts = trial_prompts(config, workload, policy.block_size)
     kwargs = dict(gpu_memory=budgets.gpu_bytes if budgets is not None else None,
                   cpu_memory=budgets.cpu_bytes if budgets is not None else None, disk_dir=disk_dir)
-    runs = {n: step_seconds(truncated_model(config, n, dtype), policy, prompts, steps, device, dtype, **kwargs)
+    L = config.num_hidden_layers
+    runs = {n: step_seconds(truncated_model(config, n, dtype), copy_policy(policy, n, L), prompts, steps, device,
+                            dtype, **kwargs)
             for n in (lo, hi)}
     if any(len(t) < 2 for t in runs.values()):
         raise RuntimeError(f"trial of {policy} measured no decode step")
-    L = config.num_hidden_layers
     prefill = extrapolate(runs[lo][0], per_layer(runs[hi][0], runs[lo][0], hi, lo), lo, L)
     # each copy's fastest decode step: a one-off stall would be multiplied by the layers the trial skips
     dec_lo, dec_hi = min(runs[lo][1:]), min(runs[hi][1:])

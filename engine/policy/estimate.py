@@ -84,6 +84,11 @@ class PolicyEstimate:
             shares = [getattr(p, f"{name}_{tier}") for tier in TIERS]
             text = "  ".join(f"{tier} {100 * v:5.1f}%" for tier, v in zip(TIERS, shares))
             lines.append(f"  {label:<10} {text}" + ("  (4-bit)" if compressed else ""))
+            if name == "w" and p.w_gpu_extra:
+                share = ctx.get("extra_weights_share")
+                lines.append(f"  {'':<10} + {p.w_gpu_extra} whole tensors on the gpu: the first streamed tensor of "
+                             f"each of the first {p.w_gpu_extra} layers that stream one"
+                             + (f" ({100 * share:.1f}% of the weight bytes)" if share is not None else ""))
             held = ctx.get("held_weights") if name == "w" else None
             if held:
                 lines.append(f"  {'':<10} {', '.join(held['kinds'])} held on the gpu whatever the share says "

@@ -3,12 +3,13 @@
 `executor_memory` mirrors, buffer by buffer, what `engine.runtime.executor.Executor` reserves against its
 hard budgets for one block of `num_gpu_batches x gpu_batch_size` rows (prompt P, gen n, S = P + n - 1
 cache positions):
-  - weight homes: each layer spec's tensors on the tier `weight_tiers` gives them, or on the gpu for the
-    kinds held whole (`weight_slots.held_whole`: on CUDA, the embedding and the head) (stored size: 4-bit
+  - weight homes: each layer spec's tensors on the tier `weight_tiers` gives them (and `with_extra` for
+    `Policy.w_gpu_extra`: one more tensor on the gpu in each of the first layers that stream one), or on the
+    gpu for the kinds held whole (`weight_slots.held_whole`: on CUDA, the embedding and the head) (stored size: 4-bit
     `qtensor_nbytes` in the grouping `stored_quant` gives: an int4 checkpoint's packed weights in its own
     groups, other quantizable tensors in the model's `weight_quant` groups when compressing weights), disk
     homes are files (disk tier);
-  - `wbuf{slot}.{kind}.{name}`: a device buffer per non-resident tensor, per layer kind and weight slot
+  - `wbuf{slot}.{kind}.{name}`: a device buffer per tensor some layer of the kind streams, per kind and weight slot
     (`engine.policy.weight_slots`: one per kind whose layers are never adjacent); `wdq.{kind}.{name}`: one
     dense device buffer per compressed tensor and kind; `wrelay{slot}...` pinned relay buffers for disk
     tensors (CUDA only);
@@ -32,6 +33,7 @@ placement really puts on each tier.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,7 +49,7 @@ from engine.policy.weight_slots import WeightSlots, held_whole, kind_fractions, 
 from engine.policy.working import chunk_rows, row_chunks, rows_per_pass, staged_kv_heads, working_bytes
 from engine.quant.config import CACHE_QUANT
 from engine.quant.qtensor import qtensor_nbytes
-from engine.storage.placement import split_ranges, weight_tiers
+from engine.storage.placement import split_ranges, weight_tiers, with_extra
 from engine.storage.tiers import Tier
 
 TIERS = ("gpu", "cpu", "disk")
@@ -76,6 +78,7 @@ class KindLayout:
     names: tuple[str, ...] = ()
     slot_set: tuple[int, ...] = ()
     ahead: bool = False                  # loaded a layer ahead: its packed tensors have one buffer (slot 0)
+    js: tuple[int, ...] = ()             # the layer specs' positions in the executor's order
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,31 @@ class ModelLayout:
     def tiers(self, kl: KindLayout, w_gpu: float, w_cpu: float, device_type: str) -> list[Tier]:
         """The tier of each of group kl's tensors under these policy fractions, as the executor places them."""
         return weight_tiers(list(kl.stored), *kind_fractions(kl.kind, self.held(device_type), w_gpu, w_cpu))
+
+    def placed(self, w_gpu: float, w_cpu: float, device_type: str,
+               extra: int = 0) -> dict[int, list[tuple[tuple[Tier, ...], int]]]:
+        """Per group (keyed by `id` of its KindLayout), (the tiers of its tensors, how many of its layers have
+        them) as the executor places them: the fractions' tiers, then `extra` more tensors on the gpu
+        (`with_extra`, in layer order)."""
+        base = {id(kl): tuple(self.tiers(kl, w_gpu, w_cpu, device_type)) for kl in self.kinds}
+        if not extra:                                  # every layer of a group alike
+            return {id(kl): [(base[id(kl)], kl.count)] for kl in self.kinds}
+        at = {j: kl for kl in self.kinds for j in kl.js}
+        order = sorted(at)
+        counts: dict[int, Counter] = {id(kl): Counter() for kl in self.kinds}
+        for j, layer in zip(order, with_extra([base[id(at[j])] for j in order], extra)):
+            counts[id(at[j])][tuple(layer)] += 1
+        return {key: list(c.items()) for key, c in counts.items()}
+
+    def extra_sizes(self, w_gpu: float, w_cpu: float, device_type: str) -> list[int]:
+        """Stored bytes of the tensor each further `Policy.w_gpu_extra` puts on the gpu, in turn (`with_extra`'s
+        order: the first tensor off the gpu of each layer that has one, in layer order)."""
+        sizes = {}
+        for kl in self.kinds:
+            off = next((n for n, t in enumerate(self.tiers(kl, w_gpu, w_cpu, device_type)) if t is not Tier.GPU), None)
+            if off is not None:
+                sizes.update({j: kl.stored[off] for j in kl.js})
+        return [sizes[j] for j in sorted(sizes)]
 
     def held_fraction(self, device_type: str) -> float:
         """The fraction of all weight bytes the held kinds take: on the gpu under every policy."""
@@ -128,7 +156,7 @@ def model_layout(config: ModelConfig, bytes_per_element: int, compress_weights: 
                        for w, q, d in zip(spec.weights.values(), quants, dense))
         slot_set = slots.slot_set(js[key])
         kinds.append(KindLayout(spec.kind, len(js[key]), stored, dense, packed, tuple(spec.weights),
-                                slot_set, spec.kind in ahead))
+                                slot_set, spec.kind in ahead, tuple(js[key])))
         total, start = sum(stored) or 1, 0
         for size in stored:
             mids.add((start + size / 2) / total)
@@ -275,18 +303,20 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
     dtype, e = dtype_of_size(bytes_per_element), bytes_per_element
     cuda = device_type == "cuda"
     mem = {t: 0 for t in TIERS}
-    tiers = {id(kl): layout.tiers(kl, policy.w_gpu, policy.w_cpu, device_type) for kl in layout.kinds}
+    placed = layout.placed(policy.w_gpu, policy.w_cpu, device_type, policy.w_gpu_extra)
     for kl in layout.kinds:
-        for stored, tier in zip(kl.stored, tiers[id(kl)]):
-            mem[tier.value] += kl.count * stored
+        for tiers, count in placed[id(kl)]:
+            for stored, tier in zip(kl.stored, tiers):
+                mem[tier.value] += count * stored
 
-    def moved(kl: KindLayout, n: int) -> int:
-        tier = tiers[id(kl)][n]
-        return 0 if tier is Tier.GPU or (tier is Tier.CPU and not cuda) else kl.stored[n]
+    def moved(kl: KindLayout, n: int) -> int:              # some layer of the group loads tensor n
+        off = any(t[n] is Tier.DISK or (t[n] is Tier.CPU and cuda) for t, _ in placed[id(kl)])
+        return kl.stored[n] if off else 0
 
     mem["gpu"] += _buffer_bytes(layout, moved)                                                      # wbuf
     if cuda:
-        mem["cpu"] += _buffer_bytes(layout, lambda kl, n: kl.stored[n] * (tiers[id(kl)][n] is Tier.DISK))  # wrelay
+        mem["cpu"] += _buffer_bytes(layout, lambda kl, n: kl.stored[n] * any(t[n] is Tier.DISK
+                                                                             for t, _ in placed[id(kl)]))  # wrelay
     mem["gpu"] += _buffer_bytes(layout, lambda kl, n: kl.dense[n] * kl.packed[n], slotted=False)    # wdq
     g, K, L = policy.gpu_batch_size, policy.num_gpu_batches, len(layout.attention_js)
     P, S, hd = prompt_len, prompt_len + gen_len - 1, config.head_dim
@@ -428,14 +458,16 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
     return {"gpu": gpu, "cpu": cpu, "disk": disk}
 
 
-def weight_fraction_on(layout: ModelLayout, w_gpu: float, w_cpu: float,
-                       device_type: str = "cpu") -> tuple[float, float]:
-    """(gpu, cpu) fractions of all weight bytes the executor places for these policy fractions on a
-    `device_type` device (on CUDA the held kinds count on the gpu)."""
+def weight_fraction_on(layout: ModelLayout, w_gpu: float, w_cpu: float, device_type: str = "cpu",
+                       extra: int = 0) -> tuple[float, float]:
+    """(gpu, cpu) fractions of all weight bytes the executor places for these policy fractions and `extra`
+    (`Policy.w_gpu_extra`) on a `device_type` device (on CUDA the held kinds count on the gpu)."""
     on = {t: 0 for t in Tier}
+    placed = layout.placed(w_gpu, w_cpu, device_type, extra)
     for kl in layout.kinds:
-        for size, tier in zip(kl.stored, layout.tiers(kl, w_gpu, w_cpu, device_type)):
-            on[tier] += kl.count * size
+        for tiers, count in placed[id(kl)]:
+            for size, tier in zip(kl.stored, tiers):
+                on[tier] += count * size
     total = layout.total_bytes or 1
     return on[Tier.GPU] / total, on[Tier.CPU] / total
 
@@ -452,7 +484,7 @@ def realized_placement(config: ModelConfig, layout: ModelLayout, policy: Policy,
                        device_type: str = "cpu") -> np.ndarray:
     """The fractions of bytes [6] (VARS order) the executor really puts on gpu/cpu for `policy` on a
     `device_type` device."""
-    wg, wc = weight_fraction_on(layout, policy.w_gpu, policy.w_cpu, device_type)
+    wg, wc = weight_fraction_on(layout, policy.w_gpu, policy.w_cpu, device_type, policy.w_gpu_extra)
     cg, ccpu = split_fraction_on(config.num_key_value_heads, policy.cache_gpu, policy.cache_cpu)
     ag, ac = split_fraction_on(config.hidden_size, policy.act_gpu, policy.act_cpu)
     return np.array([wg, wc, cg, ccpu, ag, ac])

@@ -17,6 +17,10 @@ class Policy:
 
     Fractions are in [0, 1]: `w_*` of each layer's weight bytes (by cumulative tensor size),
     `cache_*` of each GPU batch's KV cache, `act_*` of each GPU batch's hidden states.
+    `w_gpu_extra`: that many more whole tensors on the gpu, the first tensor the fractions leave off the gpu in
+    each of the first `w_gpu_extra` layers (in the executor's layer order) that have one
+    (`engine.storage.placement.with_extra`): the search fills the device memory a per-layer share leaves with
+    them, since the next share moves one tensor in every layer (a third of Mixtral-8x7B's experts, 7.9 GiB).
 
     MoE models (`engine.runtime.moe_schedule`): `pipeline` runs MoE-Lightning's CGOPipe: with `cpu_attention`,
     the host attention of GPU batch k runs on a host thread while the device runs the router and experts of
@@ -49,6 +53,7 @@ class Policy:
     pipeline: bool = True
     weight_pages: int = 0
     prefill_ahead: bool = False
+    w_gpu_extra: int = 0
 
     def __post_init__(self) -> None:
         if self.gpu_batch_size < 1 or self.num_gpu_batches < 1:
@@ -56,6 +61,8 @@ class Policy:
                 f"Policy: gpu_batch_size and num_gpu_batches must be >= 1, "
                 f"got {self.gpu_batch_size} and {self.num_gpu_batches}"
             )
+        if self.w_gpu_extra < 0:
+            raise ValueError(f"Policy.w_gpu_extra must be >= 0, got {self.w_gpu_extra}")
         if self.weight_pages < 0:
             raise ValueError(f"Policy.weight_pages must be >= 0 (0: one page per GPU batch), got {self.weight_pages}")
         for name in ("w", "cache", "act"):

@@ -107,7 +107,7 @@ class Executor(AheadDriver):
                 self.weights = WeightHomes(loaded, self.specs, w_gpu=policy.w_gpu, w_cpu=policy.w_cpu, dtype=dtype,
                                            quant=self.wquant, arena=self.arena, disk_dir=disk_dir,
                                            held=held_whole(self.slots.kinds, self.device.type),
-                                           ahead=self.slots.ahead)
+                                           ahead=self.slots.ahead, extra=policy.w_gpu_extra)
         except BaseException:
             self.close()
             raise

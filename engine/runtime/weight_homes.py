@@ -1,6 +1,7 @@
 """Weight homes: every layer's tensors placed on gpu/cpu/disk, and their loads into device buffers.
 
-Placement per layer by cumulative-size fractions (`weight_tiers`), except the kinds `held` whole on the device
+Placement per layer by cumulative-size fractions (`weight_tiers`; then `extra` more tensors on the gpu,
+`with_extra`: `Policy.w_gpu_extra`), except the kinds `held` whole on the device
 (`engine.policy.weight_slots.held_whole`: on CUDA the embedding and the head, whose streamed copy would need a
 device buffer as large as the home), in stored size: 4-bit where
 `engine.models.weights.stored_quant` says (an int4 checkpoint's packed weights in the checkpoint's own groups,
@@ -44,7 +45,7 @@ from engine.runtime.arena import Arena
 from engine.runtime.transfers import Pending, Transfers
 from engine.storage.copy import copy
 from engine.storage.disk import WeightFiles
-from engine.storage.placement import weight_tiers
+from engine.storage.placement import weight_tiers, with_extra
 from engine.storage.tiers import Handle, Stored, Tier
 
 _QUANT_CHUNK = 1 << 20          # elements quantized at once while placing weights (bounded host temporaries)
@@ -78,10 +79,11 @@ def _on_host(v: Stored) -> Stored:
 class WeightHomes:
     def __init__(self, loaded, specs: list[LayerSpec], *, w_gpu: float, w_cpu: float, dtype: torch.dtype,
                  quant: QuantConfig | None, arena: Arena, disk_dir: Path | None,
-                 held: frozenset[str] = frozenset(), ahead: frozenset[str] = frozenset()):
+                 held: frozenset[str] = frozenset(), ahead: frozenset[str] = frozenset(), extra: int = 0):
         """`quant`: the policy's weight compression (None: compress_weights off); an int4 checkpoint's packed
         weights are held in its own groups either way (`stored_quant`). `held`: layer kinds placed on the
-        gpu tier whatever w_gpu says. `ahead`: layer kinds whose compressed tensors have one buffer."""
+        gpu tier whatever w_gpu says. `ahead`: layer kinds whose compressed tensors have one buffer. `extra`:
+        `Policy.w_gpu_extra` (counted over `specs`, in order)."""
         self.specs, self.dtype, self.quant, self.arena = specs, dtype, quant, arena
         self.ahead = ahead
         self.int4 = loaded.config.quantization_config
@@ -100,12 +102,13 @@ class WeightHomes:
         read_layer = getattr(loaded.weights, "get_stored", loaded.weights.get)   # packed where the source has it
         make_one = getattr(loaded.weights, "tensor", None)     # a source that makes one weight, on any device
         start = time.perf_counter()
-        for spec in specs:
+        quants_of = [[stored_quant(loaded.config, w, quant) for w in spec.weights.values()] for spec in specs]
+        tiers_of = with_extra([weight_tiers([qtensor_nbytes(w.shape, dtype, q) if q else w.numel * esize
+                                             for w, q in zip(spec.weights.values(), quants)],
+                                            *kind_fractions(spec.kind, held, w_gpu, w_cpu))
+                               for spec, quants in zip(specs, quants_of)], extra)
+        for spec, quants, tiers in zip(specs, quants_of, tiers_of):
             names = list(spec.weights)
-            quants = [stored_quant(loaded.config, spec.weights[n], quant) for n in names]
-            sizes = [qtensor_nbytes(spec.weights[n].shape, dtype, q) if q else spec.weights[n].numel * esize
-                     for n, q in zip(names, quants)]
-            tiers = weight_tiers(sizes, *kind_fractions(spec.kind, held, w_gpu, w_cpu))
             source: dict[str, Stored] = {}
             read: list[bool] = []
 

@@ -1,8 +1,10 @@
 """Pure placement rules: which tier holds each weight tensor, and which index range of a split tensor.
 
 Weights: FlexGen's rule per layer: tensors in order, each goes to the tier whose cumulative-fraction
-interval contains the midpoint of the tensor's byte range. KV cache and activations: a dim of n items
-(kv heads, hidden features) is cut into contiguous gpu/cpu/disk ranges by rounded cumulative fractions.
+interval contains the midpoint of the tensor's byte range; then (`with_extra`, `Policy.w_gpu_extra`) the first
+off-gpu tensor of each of the first n layers that have one moves to the gpu as well, so a plan can use the
+device memory a whole tensor per layer leaves. KV cache and activations: a dim of n items (kv heads, hidden
+features) is cut into contiguous gpu/cpu/disk ranges by rounded cumulative fractions.
 """
 from __future__ import annotations
 
@@ -25,6 +27,20 @@ def weight_tiers(sizes: Sequence[int], w_gpu: float, w_cpu: float) -> list[Tier]
         else:
             tiers.append(Tier.DISK)
     return tiers
+
+
+def with_extra(layers: Sequence[Sequence[Tier]], extra: int) -> list[list[Tier]]:
+    """`layers` (each layer's tensor tiers, in the executor's layer order) with the first tensor off the gpu of
+    each of the first `extra` layers that have one placed on the gpu instead (`Policy.w_gpu_extra`)."""
+    out, left = [list(tiers) for tiers in layers], extra
+    for tiers in out:
+        if left <= 0:
+            break
+        off = next((n for n, tier in enumerate(tiers) if tier is not Tier.GPU), None)
+        if off is not None:
+            tiers[off] = Tier.GPU
+            left -= 1
+    return out
 
 
 def split_ranges(n: int, gpu: float, cpu: float) -> list[tuple[Tier, int, int]]:
