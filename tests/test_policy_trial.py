@@ -9,7 +9,7 @@ from engine.calibrate import trial as trial_mod
 from engine.calibrate.machine import default_cpu_profile
 from engine.models.hf_config import config_from_hf
 from engine.models.presets import PRESETS
-from engine.policy.cost_model import Workload, estimate
+from engine.policy.cost_model import Workload, estimate, rows_filled
 from engine.policy.estimate import Budgets
 from engine.policy.hardware import reference_profile
 from engine.policy.memory import executor_memory, model_layout
@@ -359,9 +359,9 @@ def test_trials_are_bounded_by_the_prediction(monkeypatch):
     wanted = {cands[0].policy: 1.2 * first, cands[1].policy: 3.0 * second, cands[2].policy: 0.5 * third}
 
     def fake(config_, policy, *args, **kwargs):
-        # decode-only times that extrapolate to exactly the wanted tokens/s
+        # decode-only times that extrapolate to exactly the wanted tokens/s over the run's rows
         b = policy.block_size
-        decode_s = b * workload.gen_len / wanted[policy]
+        decode_s = rows_filled(b, workload.num_prompts) * b * workload.gen_len / wanted[policy]
         return TrialTimes(0.0, decode_s / (config.num_hidden_layers * (workload.gen_len - 1)))
 
     monkeypatch.setattr(trial_mod, "trial_seconds", fake)

@@ -36,7 +36,7 @@ from engine.models.config import ModelConfig
 from engine.models.dummy_source import DummySource
 from engine.models.loader import LoadedModel
 from engine.models.registry import build_family
-from engine.policy.cost_model import Workload
+from engine.policy.cost_model import Workload, rows_filled
 from engine.policy.estimate import Budgets, PolicyEstimate
 from engine.policy.memory import runs_ahead
 from engine.policy.policy import Policy
@@ -204,8 +204,9 @@ def slot_seconds(config: ModelConfig, policy: Policy, device: torch.device | str
 
 
 def full_block(config: ModelConfig, times: TrialTimes, gen_len: int, block_size: int,
-               prefill_in_series: float = 1.0, slack: float = 0.0) -> tuple[float, float, float]:
-    """(prefill seconds, decode seconds, generated tokens/s) of one full-model block from a trial's times.
+               prefill_in_series: float = 1.0, slack: float = 0.0, filled: float = 1.0) -> tuple[float, float, float]:
+    """(prefill seconds, decode seconds, generated tokens/s) of one full-model block from a trial's times, the
+    tokens/s over a run whose blocks' rows are `filled` (`cost_model.rows_filled`).
     `prefill_in_series` < 1 (the ahead prefill over several blocks, `memory.runs_ahead`): a block's share of a
     prefill run in series; the rest rides on the decode, which hides `slack` of its own time's worth of it
     (`cost_model.decode_slack`: the share of a step neither the device's compute nor the host fills) and pays
@@ -215,7 +216,7 @@ def full_block(config: ModelConfig, times: TrialTimes, gen_len: int, block_size:
     prefill_s = prefill * prefill_in_series
     decode_s = L * (gen_len - 1) * times.decode_s_per_layer_step
     carried = max(0.0, prefill * (1.0 - prefill_in_series) - slack * decode_s)
-    return prefill_s, decode_s + carried, block_size * gen_len / (prefill_s + decode_s + carried)
+    return prefill_s, decode_s + carried, filled * block_size * gen_len / (prefill_s + decode_s + carried)
 
 
 def series_share(policy: Policy, workload: Workload) -> float:
@@ -234,7 +235,8 @@ def trial_estimate(config: ModelConfig, predicted: PolicyEstimate, workload: Wor
     and the trial's under "trial"."""
     prefill_s, decode_s, tokens_per_s = full_block(config, times, workload.gen_len, predicted.policy.block_size,
                                                    series_share(predicted.policy, workload),
-                                                   predicted.context.get("decode_slack", 0.0))
+                                                   predicted.context.get("decode_slack", 0.0),
+                                                   rows_filled(predicted.policy.block_size, workload.num_prompts))
     context = dict(predicted.context)
     context["predicted"] = {"tokens_per_s": predicted.predicted_tokens_per_s, "prefill_s": predicted.prefill_s,
                             "decode_s": predicted.decode_s}
