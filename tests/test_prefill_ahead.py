@@ -454,3 +454,29 @@ def test_ahead_block_longer_than_the_running_blocks_rope_table(tmp_path):
     ref = run_blocks(loaded, Policy(**BASE), blocks)
     assert got[1] == [0.0, 1.0]
     assert got[0] == ref[0]
+
+
+def test_ahead_stores_take_a_ring_of_staging_buffers(monkeypatch):
+    """An ahead prefill's cache stores take `ahead_stage_slots` staging buffers in turn (one per attention layer
+    up to 16), not two: with two, the compute thread waited for the store two back (stop 53, Mixtral-8x7B at
+    512/32/24 GiB). The tokens stay those of the block-by-block run."""
+    import engine.runtime.kv_cache as kv_cache
+    from engine.calibrate.trial import truncated_model
+    from engine.models.hf_config import config_from_hf
+    from engine.models.presets import PRESETS
+    from engine.policy.memory import ahead_stage_slots
+
+    loaded = truncated_model(config_from_hf(PRESETS["tiny-llama"]), 20, torch.float32)
+    slots, store = [], kv_cache.KVHome.store
+
+    def recorded(self, transfers, slot, claims):
+        slots.append(slot)
+        return store(self, transfers, slot, claims)
+
+    monkeypatch.setattr(kv_cache.KVHome, "store", recorded)
+    blocks = [(make_prompts(2, loaded.config.vocab_size, seed=s), [3, 3]) for s in (1, 2)]
+    ref, got = both(loaded, dict(gpu_batch_size=2), blocks)
+    assert got[1] == [0.0, 1.0] and got[0] == ref[0]
+    ahead = [s for s in slots if str(s).startswith("ahead")]
+    assert ahead_stage_slots(20) == 16
+    assert ahead[:17] == [f"ahead{n % 16}" for n in range(17)]

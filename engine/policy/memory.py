@@ -213,6 +213,15 @@ def decode_stage_slots(stores_per_step: int) -> int:
     return min(DECODE_STAGE_SLOTS, stores_per_step)
 
 
+def ahead_stage_slots(attention_layers: int) -> int:
+    """How many staging buffers an ahead prefill's cache stores take in turn (`kvstageahead{slot}`, one chunk's
+    rows each), as a decode step's do (`decode_stage_slots`): with two, the compute thread waited for the store
+    two back, whose copy waited for the chunk's compute queued behind the decode's weight loads (stop 53:
+    Mixtral-8x7B at 512/32/24 GiB, 256x1 + ahead, 0.154 s of a 0.408 s step; the block after, with no ahead
+    prefill, waited none), so it issued the next loads late and the link idled."""
+    return min(DECODE_STAGE_SLOTS, attention_layers)
+
+
 def _decode_stage_bytes(layout: ModelLayout, policy: Policy, heads: int, head_dim: int, dtype: torch.dtype,
                         gen_len: int) -> int:
     """Bytes of the decode stores' staging (keys + values [rows, heads, 1, hd], `decode_stage_slots` sets) for
@@ -275,7 +284,7 @@ def _ahead_memory(config: ModelConfig, policy: Policy, prompt_len: int, gen_len:
     next block's cache homes on their tiers, its gpu segments parked on the host (`kvpark`); with a shared
     prefix of `prefix` tokens per GPU batch (`prefix.batch_prefix_len`) its keys/values on the device
     (`kvpark.{j}.{k}.prefix`, held once or kept for the passes); on CUDA the pinned staging of its stores
-    (`kvstageahead{0,1}.s{n}.r0`, one chunk's rows)."""
+    (`kvstageahead{slot}.s{n}.r0`, one chunk's rows, `ahead_stage_slots` of them)."""
     g, K, L = policy.gpu_batch_size, policy.num_gpu_batches, config.num_hidden_layers
     P, S, hd, nkv = prompt_len, prompt_len + gen_len - 1, config.head_dim, config.num_key_value_heads
     cc, cuda = policy.compress_cache, device_type == "cuda"
@@ -289,7 +298,8 @@ def _ahead_memory(config: ModelConfig, policy: Policy, prompt_len: int, gen_len:
         home = 2 * _kv_bytes(g, h1 - h0, S - held, hd, dtype, cc)
         mem["cpu" if tier is Tier.GPU else tier.value] += L * K * home
         if cuda:
-            mem["cpu"] += min(2, L) * 2 * _kv_bytes(chunk_rows(per, P - prefix), h1 - h0, P - held, hd, dtype, cc)
+            mem["cpu"] += ahead_stage_slots(L) * 2 * _kv_bytes(chunk_rows(per, P - prefix), h1 - h0, P - held, hd,
+                                                               dtype, cc)
     return mem
 
 
@@ -451,7 +461,7 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
         staged_all = staged_kv_heads(nkv, 0.0, 1.0, device_type, cc)
         gpu = gpu + const(working_bytes(config, per, P, S, dtype, cc, staged_all, prefix_len=prefix))
         gpu = gpu + const(L * K * _prefix_kv_bytes(nkv, prefix, hd, e))          # kvpark.{j}.{k}.prefix
-        ahead_stage = (min(2, L) * 2 * _kv_bytes(chunk_rows(per, P - prefix), nkv, P - held, hd, dtype, cc)
+        ahead_stage = (ahead_stage_slots(L) * 2 * _kv_bytes(chunk_rows(per, P - prefix), nkv, P - held, hd, dtype, cc)
                        if cuda else 0)
         cpu = cpu + (share("cache", "gpu") + share("cache", "cpu")) * (L * K * home) + const(ahead_stage)
         disk = disk + share("cache", "disk") * (L * K * home)

@@ -31,6 +31,7 @@ import torch
 from engine.models.attention import attention_layer, prefix_attention, suffix_attention
 from engine.models.base import LayerSpec, ModelFamily, Weights
 from engine.models.config import ModelConfig
+from engine.policy.memory import ahead_stage_slots
 from engine.policy.working import row_chunks
 from engine.runtime.block_state import BlockState
 from engine.runtime.prefill_chunks import RowView
@@ -58,6 +59,7 @@ class AheadPrefill:
 
     def __init__(self, state: BlockState, per_pass: int, chunk_tokens: int, prefixes: PrefixKV | None = None) -> None:
         self.state = state
+        self.stage_slots = ahead_stage_slots(len({j for j, _ in state.kv}))    # staging sets its stores take in turn
         self.prefixes = prefixes or {}
         self.passes: deque[list[Chunk]] = deque()
         self.current: list[Chunk] | None = None
@@ -101,7 +103,7 @@ class AheadPrefill:
                     ch.x = suffix_attention(c, f, w, kv.row_view(ch.r0), view, spec.index, pk, pv, ch.x)
                 else:
                     ch.x = attention_layer(c, f, w, kv.row_view(ch.r0), view, spec.index, ch.x)  # [c, s, h]
-                kv.store(transfers, f"ahead{st.stores % 2}", st.claims)
+                kv.store(transfers, f"ahead{st.stores % self.stage_slots}", st.claims)
                 st.stores += 1
             elif spec.kind == "mlp":
                 ch.x = f.mlp(w, ch.x)                                                              # [c, s, h]
