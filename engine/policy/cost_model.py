@@ -374,9 +374,10 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
 
 def rows_filled(block_size: int, num_prompts: int | None) -> float:
     """The share of its blocks' rows a run of `num_prompts` rows fills: num_prompts / (blocks x block_size), 1
-    when unbounded. Its last block takes a full block's time (its steps stream every weight and layer however
-    few rows it holds; Mixtral-8x7B, 2,048 rows at 77/32/24 GiB: 1536x1 ran its 512-row block at 0.30 s a step
-    against the full block's 0.34), so the run's tokens/s is a full block's times this."""
+    when unbounded. Its last block takes a full block's time (its steps stream every weight however few rows it
+    holds; Mixtral-8x7B, 2,048 rows at 77/32/24 GiB, stop 53: 1536x1 stepped its 512-row block at 0.30 s, the
+    1,536-row one, carrying the next block's prefill, at 0.34), so the run's tokens/s is a full block's times
+    this."""
     if num_prompts is None:
         return 1.0
     return num_prompts / (-(-num_prompts // block_size) * block_size)

@@ -266,7 +266,8 @@ def _fill_weights(config: ModelConfig, layout: ModelLayout, best: _Candidate, te
         policy = replace(p, w_gpu_extra=n)
         est = estimate(config, policy, workload, profile, bytes_per_element, layout=layout, terms=terms)
         if all(est.peak_memory_bytes[t] <= limits[t] for t in TIERS):
-            return _Candidate(est.tokens_per_s, policy, est) if est.tokens_per_s > best.tokens_per_s * (1 + 1e-9) else best
+            faster = est.tokens_per_s > best.tokens_per_s * (1 + 1e-9)
+            return _Candidate(est.tokens_per_s, policy, est) if faster else best
     return best
 
 
