@@ -29,6 +29,10 @@ fi
 what=${1:-all}
 # issue 17's Mixtral-8x7B runs (moe-matrix-*, moe-prefill-ab): 4-bit, bf16, auto planned from the reference profile
 mixtral=(--workload moe --model mixtral-8x7b --dtype bfloat16 --plan-profile reference --trials 0)
+# its headline plan at 77/128/16 GiB without extra tensors (1024x2, half the weights streamed, the cache and the
+# hidden states on the host), for the A/B modes
+half='"w_gpu": 0.500016624511734, "w_cpu": 0.499983375, "act_gpu": 0.0, "act_cpu": 1.0, "compress_weights": true, "compress_cache": true'
+p77="{\"gpu_batch_size\": 1024, \"num_gpu_batches\": 2, \"cache_gpu\": 0.0, \"cache_cpu\": 1.0, $half}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
 python3 -c 'import torch, platform; print(torch.__version__, torch.version.cuda, platform.python_version())' | tee -a "$OUT/machine.txt"
 if [[ $what == tests || $what == all ]]; then
@@ -231,7 +235,6 @@ if [[ $what == moe-extra ]]; then
   # without the extra tensors, in one call (~6 min); then the link's rate for weights and a 4-bit KV home's
   # pitched parts (benchmarks/link_speed.py) and the CUDA tests of the extra tensors
   export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-extra-$(date -u +%Y%m%dT%H%M%SZ)}
-  p77='{"gpu_batch_size": 1024, "num_gpu_batches": 2, "w_gpu": 0.500016624511734, "w_cpu": 0.499983375, "cache_gpu": 0.0, "cache_cpu": 1.0, "act_gpu": 0.0, "act_cpu": 1.0, "compress_weights": true, "compress_cache": true}'
   run77() { timeout "$1" python3 benchmarks/throughput.py "${mixtral[@]}" --prompt-len 77 --gen-len 128 --gpu-memory 16GiB \
       --rows 2048 --clock --out "$OUT/throughput_moe.jsonl" "${@:2}"; }
   { run77 345 --policy auto --system llmops-no-pipeline --system llmops
@@ -269,9 +272,7 @@ if [[ $what == moe-decode-ab ]]; then
   # and the 77/128/16 GiB headline's (1024x2, half the weights streamed, the cache on the host; 2,048 rows of 77):
   # the decode steps of 1aa1d95 (compressed experts loaded a layer ahead) against d92d614's
   export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-decode-ab-$(date -u +%Y%m%dT%H%M%SZ)}
-  half='"w_gpu": 0.500016624511734, "w_cpu": 0.499983375, "act_gpu": 0.0, "act_cpu": 1.0, "compress_weights": true, "compress_cache": true'
   p24="{\"gpu_batch_size\": 256, \"num_gpu_batches\": 2, \"cache_gpu\": 0.625, \"cache_cpu\": 0.375, $half}"
-  p77="{\"gpu_batch_size\": 1024, \"num_gpu_batches\": 2, \"cache_gpu\": 0.0, \"cache_cpu\": 1.0, $half}"
   moe=("${mixtral[@]}" --layers 4 --gen-len 16 --clock --system llmops --out "$OUT/throughput_moe-decode-ab.jsonl")
   { python3 -m pytest -q -p no:cacheprovider tests/test_moe_pipeline.py tests/test_moe_schedule.py tests/test_held_weights.py \
       tests/test_act_homes.py 2>&1 | tail -3

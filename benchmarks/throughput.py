@@ -23,7 +23,8 @@ between the first and the last over their wall seconds, `block_s`; each of those
 prefill, its own or the next block's run ahead), roofline (the policy's floors, `roofline.py`), roofline_fraction
 (floor time / measured time), peak_device_gib (torch's max allocated; None on a CPU), device, commit,
 command, num_layers (--layers cuts the preset), weight_group_size (the inputs per min/scale pair of
-compress_weights' 4-bit groups, `engine.models.weights.weight_quant`; records before stop 52 lack it: 32), prefill_chunk_tokens, init_s and init_breakdown_s
+compress_weights' 4-bit groups, `engine.models.weights.weight_quant`; records before stop 52 lack it: 32),
+prefill_chunk_tokens, init_s and init_breakdown_s
 (`WeightHomes.place_s`: placement's read / quantize / homes seconds), with --clock `step_clock` (per block, each
 step as `engine.runtime.step_clock` saw it: host->device and device->host busy, compute, host gaps and waits,
 the compute thread's time per action verb and how far the device runs behind it, collector time, allocator

@@ -49,7 +49,7 @@ from engine.policy.weight_slots import WeightSlots, held_whole, kind_fractions, 
 from engine.policy.working import chunk_rows, row_chunks, rows_per_pass, staged_kv_heads, working_bytes
 from engine.quant.config import CACHE_QUANT
 from engine.quant.qtensor import qtensor_nbytes
-from engine.storage.placement import split_ranges, weight_tiers, with_extra
+from engine.storage.placement import first_off_gpu, split_ranges, weight_tiers, with_extra
 from engine.storage.tiers import Tier
 
 TIERS = ("gpu", "cpu", "disk")
@@ -120,7 +120,7 @@ class ModelLayout:
         order: the first tensor off the gpu of each layer that has one, in layer order)."""
         sizes = {}
         for kl in self.kinds:
-            off = next((n for n, t in enumerate(self.tiers(kl, w_gpu, w_cpu, device_type)) if t is not Tier.GPU), None)
+            off = first_off_gpu(self.tiers(kl, w_gpu, w_cpu, device_type))
             if off is not None:
                 sizes.update({j: kl.stored[off] for j in kl.js})
         return [sizes[j] for j in sorted(sizes)]

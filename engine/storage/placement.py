@@ -29,6 +29,11 @@ def weight_tiers(sizes: Sequence[int], w_gpu: float, w_cpu: float) -> list[Tier]
     return tiers
 
 
+def first_off_gpu(tiers: Sequence[Tier]) -> int | None:
+    """The index of a layer's first tensor off the gpu (the one `with_extra` moves), None when all are on it."""
+    return next((n for n, tier in enumerate(tiers) if tier is not Tier.GPU), None)
+
+
 def with_extra(layers: Sequence[Sequence[Tier]], extra: int) -> list[list[Tier]]:
     """`layers` (each layer's tensor tiers, in the executor's layer order) with the first tensor off the gpu of
     each of the first `extra` layers that have one placed on the gpu instead (`Policy.w_gpu_extra`)."""
@@ -36,7 +41,7 @@ def with_extra(layers: Sequence[Sequence[Tier]], extra: int) -> list[list[Tier]]
     for tiers in out:
         if left <= 0:
             break
-        off = next((n for n, tier in enumerate(tiers) if tier is not Tier.GPU), None)
+        off = first_off_gpu(tiers)
         if off is not None:
             tiers[off] = Tier.GPU
             left -= 1
