@@ -5,7 +5,9 @@ positions as `engine.storage.copy` issues them (one pitched copy per part: codes
 
 A KV home [rows, heads, S, hd] in groups of `group` is three tensors, each [rows, heads, S, ...] whose rows of
 runs are the written positions: the codes n x group/2 bytes a group, the mins and scales n x 2 bytes a group.
-Per part the record gives the pitched copy of n positions (what a decode step moves) and the contiguous copy of
+Each is measured in both layouts `engine.runtime.kv_cache` holds a home in: head-major (memory [rows, heads,
+S, ...], a run per row and head) and positions-major (memory [rows, S, heads, ...], a run per row, `heads`
+times longer; a loaded 4-bit home's since stop 54). Per part and layout the record gives the pitched copy of n positions (what a decode step moves) and the contiguous copy of
 the whole part (S positions), each as GiB/s of the bytes it moves and ms; and the weights' rate for
 back-to-back copies of one `--weight-mib` tensor. Defaults: Mixtral-8x7B's cache at 1024x2 (one GPU batch of
 1,024 rows, 8 kv heads, head dim 128, 77 + 128 - 1 positions, 141 written: the decode's mean), groups of 64.
@@ -60,25 +62,30 @@ def main() -> int:
     weight_ms = _ms(lambda: weight_dev.copy_(weight, non_blocking=True), args.reps)
     shape = (args.rows, args.heads, args.positions, args.head_dim)
     quant = QuantConfig(bits=4, group_size=args.group)
-    home = empty_qtensor(shape, torch.bfloat16, quant, pin_memory=True)
-    buf = empty_qtensor(shape, torch.bfloat16, quant, device="cuda")
     parts = []
-    for name, src, dst in zip(("codes", "mins", "scales"), home.parts(), buf.parts()):
-        src.zero_()
-        moved = src[:, :, :args.written].numel() * src.element_size()
-        whole = src.numel() * src.element_size()
-        pitched_ms = _ms(lambda d=dst, s=src: prefix_copy(d, s, args.written, 2, stream), args.reps)
-        whole_ms = _ms(lambda d=dst, s=src: d.copy_(s, non_blocking=True), args.reps)
-        parts.append({"part": name, "run_bytes": moved // (args.rows * args.heads),
-                      "pitched_bytes": moved, "pitched_ms": pitched_ms, "pitched_gib_s": moved / GIB / pitched_ms * 1e3,
-                      "whole_bytes": whole, "whole_ms": whole_ms, "whole_gib_s": whole / GIB / whole_ms * 1e3})
+    for layout in ("heads", "positions"):
+        held = shape if layout == "heads" else (args.rows, args.positions, args.heads, args.head_dim)
+        home = empty_qtensor(held, torch.bfloat16, quant, pin_memory=True)
+        buf = empty_qtensor(held, torch.bfloat16, quant, device="cuda")
+        if layout == "positions":
+            home, buf = home.transpose(1, 2), buf.transpose(1, 2)        # seen as [rows, heads, S, ...]
+        runs = args.rows * (args.heads if layout == "heads" else 1)
+        for name, src, dst in zip(("codes", "mins", "scales"), home.parts(), buf.parts()):
+            src.zero_()
+            moved = src[:, :, :args.written].numel() * src.element_size()
+            whole = src.numel() * src.element_size()
+            pitched_ms = _ms(lambda d=dst, s=src: prefix_copy(d, s, args.written, 2, stream), args.reps)
+            whole_ms = _ms(lambda d=dst, s=src: d.copy_(s, non_blocking=True), args.reps)
+            parts.append({"layout": layout, "part": name, "run_bytes": moved // runs, "pitched_bytes": moved,
+                          "pitched_ms": pitched_ms, "pitched_gib_s": moved / GIB / pitched_ms * 1e3,
+                          "whole_bytes": whole, "whole_ms": whole_ms, "whole_gib_s": whole / GIB / whole_ms * 1e3})
     record = new_record("link_speed", "kv-home", None, commit=args.commit)
     record.update(pitched=pitched_available(), shape=list(shape), written=args.written, group=args.group,
                   weight_bytes=weight.numel(), weight_ms=weight_ms,
                   weight_gib_s=weight.numel() / GIB / weight_ms * 1e3, parts=parts)
     path = save_record(args.out or results_path("link_speed", "kv-home"), record)
     print(f"weights {record['weight_gib_s']:.1f} GiB/s; " + "; ".join(
-        f"{p['part']} run {p['run_bytes']} B pitched {p['pitched_gib_s']:.1f} GiB/s {p['pitched_ms']:.3f} ms, "
+        f"{p['layout']}-major {p['part']} run {p['run_bytes']} B pitched {p['pitched_gib_s']:.1f} GiB/s {p['pitched_ms']:.3f} ms, "
         f"whole {p['whole_gib_s']:.1f} GiB/s {p['whole_ms']:.3f} ms" for p in parts) + f" -> {path}")
     return 0
 

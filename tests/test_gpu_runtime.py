@@ -45,6 +45,19 @@ def test_cuda_streamed_4bit_weights_match_resident(cuda_reference, kind, tmp_pat
     assert all(r == runs[0] for r in runs[1:])
 
 
+@pytest.mark.parametrize("name", ["cache_cpu", "cache_split", "cache_disk", "no_overlap_all_off"])
+@pytest.mark.parametrize("kind", ["llama", "mixtral"])
+def test_cuda_positions_major_4bit_homes_match(cuda_reference, kind, name, tmp_path):
+    """A 4-bit cache loaded from positions-major host or disk homes (one pitched run per row, the fused
+    kernel reading the loaded copy by its strides) gives the tokens of the 4-bit cache on the device."""
+    loaded, prompts, max_new, _ = cuda_reference[kind]
+    base = {**BASE, "compress_cache": True}
+    ref, _ = run_policy(loaded, Policy(**base), prompts, max_new, device="cuda")
+    got, _ = run_policy(loaded, Policy(**{**base, **MATRIX[name]}), prompts, max_new, device="cuda",
+                        disk_dir=tmp_path)
+    assert got == ref
+
+
 def test_cuda_matches_cpu(cuda_reference):
     loaded, prompts, max_new, tokens = cuda_reference["llama"]
     cpu, _ = run_policy(loaded, Policy(**BASE), prompts, max_new)

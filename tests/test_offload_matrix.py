@@ -7,6 +7,10 @@ import torch
 from conftest import requires_smollm2
 from engine.models.loader import load_model
 from engine.policy.policy import Policy
+from engine.quant.config import QuantConfig
+from engine.runtime.arena import Arena
+from engine.runtime.kv_cache import KVHome
+from engine.storage.tiers import MemoryBudget, Tier
 from test_executor import make_prompts, run_policy
 
 BASE = dict(gpu_batch_size=3, num_gpu_batches=3)
@@ -103,6 +107,37 @@ def test_shared_prefix_policies_match(tiny_checkpoints, kind, name, compress, tm
     prompts = [prefix + p for p in make_prompts(9, loaded.config.vocab_size, seed=22, lo=1, hi=10)]
     max_new = [5, 2, 5, 4, 5, 5, 1, 5, 3]
     base = {**BASE, "compress_cache": compress}
+    ref, _ = run_policy(loaded, Policy(**base), prompts, max_new)
+    got, _ = run_policy(loaded, Policy(**{**base, **MATRIX[name]}), prompts, max_new, disk_dir=tmp_path)
+    assert got == ref
+
+
+def test_loaded_4bit_homes_are_held_positions_major():
+    """A 4-bit cache home that decode loads to the device is memory [b, S, h, ...] (one run per row); a gpu
+    home, a host-attended one and a dense one keep [b, h, S, hd]."""
+    budget = MemoryBudget({Tier.GPU: None, Tier.CPU: None, Tier.DISK: None})
+    quant = QuantConfig(bits=4, group_size=4)
+
+    def home(cpu_attention: bool, q: QuantConfig | None) -> KVHome:
+        return KVHome(Arena(torch.device("cpu"), budget, None), "kv", rows=3, length=10, num_kv_heads=4,
+                      head_dim=8, dtype=torch.float32, cache_gpu=0.5, cache_cpu=0.5, quant=q,
+                      cpu_attention=cpu_attention)
+    on_gpu, on_cpu = home(False, quant).segments
+    assert on_cpu.positions_major and not on_gpu.positions_major
+    assert on_cpu.k.shape == on_gpu.k.shape == (3, 2, 10, 8)
+    assert on_cpu.k.data.stride(2) > on_cpu.k.data.stride(1)          # positions outside heads in memory
+    assert not any(s.positions_major for s in home(True, quant).segments + home(False, None).segments)
+
+
+@pytest.mark.parametrize("name", ["cache_cpu", "cache_split", "cache_disk", "no_overlap_all_off"])
+@pytest.mark.parametrize("kind", ["llama", "mixtral"])
+def test_positions_major_4bit_homes_match(tiny_checkpoints, kind, name, tmp_path):
+    """A 4-bit cache loaded from positions-major host or disk homes gives the 4-bit in-memory run's tokens,
+    rows finishing at different steps (compaction) included."""
+    loaded = load_model(tiny_checkpoints[kind], dtype=torch.float32)
+    prompts = make_prompts(9, loaded.config.vocab_size, seed=7)
+    max_new = [6, 9, 3, 9, 7, 9, 5, 9, 8]
+    base = {**BASE, "compress_cache": True}
     ref, _ = run_policy(loaded, Policy(**base), prompts, max_new)
     got, _ = run_policy(loaded, Policy(**{**base, **MATRIX[name]}), prompts, max_new, disk_dir=tmp_path)
     assert got == ref

@@ -7,7 +7,7 @@ from conftest import requires_cuda
 from engine.quant.config import QuantConfig
 from engine.quant.group import quantize
 from engine.storage.copy import copy
-from engine.storage.pitched import _rows_of_runs, pitched_available, prefix_copy
+from engine.storage.pitched import _pitched_plan, _rows_of_runs, pitched_available, prefix_copy
 
 
 def test_rows_of_runs_reads_a_home_and_its_row_slices():
@@ -18,6 +18,20 @@ def test_rows_of_runs_reads_a_home_and_its_row_slices():
     assert _rows_of_runs(home.transpose(2, 3), 2) is None             # not contiguous past dim
     assert _rows_of_runs(torch.zeros(1, 1, 10, 8), 2) == (1, 80)
     assert _rows_of_runs(home[:, :, :5], 2) == (24, 80)               # a slice keeps the home's pitch
+
+
+def test_a_positions_major_home_is_one_run_per_row():
+    """A home held as memory [b, S, h, hd] (seen as [b, h, S, hd]) copies its written positions as one run
+    per row, h times a head's; a head-major home as one per (row, head); mixed layouts go to torch."""
+    home = torch.zeros(6, 10, 4, 8).transpose(1, 2)                  # [b, h, S, hd], memory [b, S, h, hd]
+    assert _pitched_plan(home, home, 5, 2) == (6, 1280, 1280, 640)   # 5 positions x 4 heads x 8 x 4 B
+    assert _pitched_plan(home[:3], home[:3], 5, 2) == (3, 1280, 1280, 640)       # a compacted home
+    one_head = torch.zeros(6, 10, 1, 8).transpose(1, 2)
+    assert _pitched_plan(one_head, one_head, 5, 2) == (6, 320, 320, 160)
+    heads = torch.zeros(6, 4, 10, 8)
+    assert _pitched_plan(heads, heads, 5, 2) == (24, 320, 320, 160)
+    assert _pitched_plan(heads, home, 5, 2) is None
+    assert _pitched_plan(home[:, 1:3], home[:, 1:3], 5, 2) is None  # heads cut: not one run per row
 
 
 @pytest.mark.parametrize("quant", [None, QuantConfig(bits=4, group_size=4)])
@@ -43,14 +57,21 @@ def test_prefix_copy_rejects_mismatched_tensors():
 
 @requires_cuda
 @pytest.mark.parametrize("rows", [7, 4])
-def test_pitched_copy_both_ways_on_cuda(rows):
-    """Host -> device and back, a compacted home's leading rows included: exact, the rest untouched."""
+@pytest.mark.parametrize("positions_major", [False, True])
+def test_pitched_copy_both_ways_on_cuda(rows, positions_major):
+    """Host -> device and back, a compacted home's leading rows included, head-major or positions-major
+    (memory [b, S, h, ...]): exact, the rest untouched."""
     assert pitched_available()
     torch.manual_seed(1)
     quant = QuantConfig(bits=4, group_size=64)
     host = quantize(torch.randn(7, 4, 33, 128), quant)
     host = type(host)(*(p.pin_memory() for p in host.parts()), host.shape, host.config, host.dtype)[:rows]
     dev = quantize(torch.randn(rows, 4, 33, 128, device="cuda"), quant)
+    if positions_major:
+        host = type(host)(*(p.transpose(1, 2).contiguous().pin_memory().transpose(1, 2) for p in host.parts()),
+                          host.shape, host.config, host.dtype)
+        dev = dev.transpose(1, 2).contiguous().transpose(1, 2)
+        assert _pitched_plan(dev.data, host.data, 20, 2)[0] == rows
     before = [p.clone() for p in dev.parts()]
     stream = torch.cuda.Stream()
     copy(dev, host, stream=stream, first=(2, 20)).synchronize()

@@ -58,6 +58,20 @@ class QTensor:
         shape[dim] = index.numel()
         return QTensor(*parts, torch.Size(shape), self.config, self.dtype)
 
+    def transpose(self, d0: int, d1: int) -> "QTensor":
+        """A view with leading dims d0 and d1 swapped (no copy)."""
+        if not (0 <= d0 < len(self.shape) - 1 and 0 <= d1 < len(self.shape) - 1):
+            raise IndexError(f"QTensor.transpose: dims {d0}, {d1} must be leading dims of {tuple(self.shape)}")
+        shape = list(self.shape)
+        shape[d0], shape[d1] = shape[d1], shape[d0]
+        return QTensor(*(p.transpose(d0, d1) for p in self.parts()), torch.Size(shape), self.config, self.dtype)
+
+    def contiguous(self) -> "QTensor":
+        """The same values with every part contiguous (`self` when they already are)."""
+        if all(p.is_contiguous() for p in self.parts()):
+            return self
+        return QTensor(*(p.contiguous() for p in self.parts()), self.shape, self.config, self.dtype)
+
     def narrow(self, dim: int, start: int, length: int) -> "QTensor":
         parts = [p.narrow(dim, start, length) for p in self.parts()]
         shape = list(self.shape)

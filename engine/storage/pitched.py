@@ -5,6 +5,8 @@ positions written so far, [0, n). That slice is b*h runs of n*x elements, each S
 `copy_` of such a strided host <-> device slice stages it through a contiguous temporary on the CPU (a
 host-side gather as slow as the link), so the copy is issued as one `cudaMemcpy2DAsync` (rows b*h, width n*x
 bytes, each side at its own pitch, S*x bytes for a whole home) on the CUDA runtime torch itself loaded.
+A home held positions-major (memory [b, S, h, *x], seen as [b, h, S, *x]: `engine.runtime.kv_cache`) is read
+in memory order: b runs of n*h*x elements, S*h*x apart, so each run is h times longer.
 `prefix_copy` falls back to a torch copy of the slices where that runtime is not found or a tensor's layout
 is not rows of runs; every caller still gets a correct copy, and `pitched_available()` says which path runs.
 """
@@ -66,6 +68,27 @@ def _rows_of_runs(t: torch.Tensor, dim: int) -> tuple[int, int] | None:
     return (math.prod(t.shape[:dim]), pitch) if pitch >= span else None
 
 
+def _memory_order(t: torch.Tensor, dim: int) -> list[int]:
+    """t's dims from the largest stride to the smallest (ties in dim order), its size-1 dims other than `dim`
+    last: the order in which its elements lie in memory."""
+    return sorted(range(t.dim()), key=lambda d: (1, d) if t.shape[d] == 1 and d != dim else (-t.stride(d), d))
+
+
+def _pitched_plan(dst: torch.Tensor, src: torch.Tensor, n: int, dim: int) -> tuple[int, int, int, int] | None:
+    """(rows, dst pitch, src pitch, width), in bytes but rows, of `prefix_copy`'s one 2-D copy: both tensors
+    read in src's memory order (`_memory_order`), where positions [0, n) of `dim` and every dim after it form
+    one run per row; None when either tensor is not rows of runs in that order."""
+    order = _memory_order(src, dim)
+    mdim = order.index(dim)
+    mdst, msrc = dst.permute(order), src.permute(order)                    # [rows..., dim, run...]
+    d_layout, s_layout = _rows_of_runs(mdst, mdim), _rows_of_runs(msrc, mdim)
+    if d_layout is None or s_layout is None:
+        return None
+    (rows, d_pitch), (_, s_pitch) = d_layout, s_layout
+    es = dst.element_size()
+    return rows, d_pitch * es, s_pitch * es, n * math.prod(mdst.shape[mdim + 1:]) * es
+
+
 def prefix_copy(dst: torch.Tensor, src: torch.Tensor, n: int, dim: int, stream: "torch.cuda.Stream") -> None:
     """dst[..., :n, ...] = src[..., :n, ...] along `dim`, enqueued on `stream` (call it inside
     `torch.cuda.stream(stream)`). dst and src have the same shape; one is on the CUDA device and the other in
@@ -76,17 +99,15 @@ def prefix_copy(dst: torch.Tensor, src: torch.Tensor, n: int, dim: int, stream: 
         raise ValueError(f"prefix_copy: {n} positions of a dim of {dst.shape[dim]}")
     if n == 0 or dst.numel() == 0:
         return
-    lib, d_layout, s_layout = _cudart(), _rows_of_runs(dst, dim), _rows_of_runs(src, dim)
-    if lib is None or d_layout is None or s_layout is None or dst.is_cuda == src.is_cuda:
+    lib, plan = _cudart(), _pitched_plan(dst, src, n, dim)
+    if lib is None or plan is None or dst.is_cuda == src.is_cuda:
         index = (slice(None),) * dim + (slice(0, n),)
         dst[index].copy_(src[index], non_blocking=True)
         return
-    (rows, d_pitch), (_, s_pitch) = d_layout, s_layout
-    es = dst.element_size()
-    width = n * math.prod(dst.shape[dim + 1:]) * es
+    rows, d_pitch, s_pitch, width = plan
     kind = _HOST_TO_DEVICE if dst.is_cuda else _DEVICE_TO_HOST
-    err = lib.cudaMemcpy2DAsync(dst.data_ptr(), d_pitch * es, src.data_ptr(), s_pitch * es, width, rows, kind,
+    err = lib.cudaMemcpy2DAsync(dst.data_ptr(), d_pitch, src.data_ptr(), s_pitch, width, rows, kind,
                                 stream.cuda_stream)
     if err:
         raise RuntimeError(f"prefix_copy: cudaMemcpy2DAsync failed with CUDA error {err} "
-                           f"(rows {rows}, width {width} B, pitches {d_pitch * es}/{s_pitch * es} B)")
+                           f"(rows {rows}, width {width} B, pitches {d_pitch}/{s_pitch} B)")
