@@ -187,3 +187,22 @@ def test_ahead_prefill_hides_only_in_the_decodes_slack(shape, cache_gpu):
     assert a.decode_s == pytest.approx(p.decode_s + max(0.0, p.prefill_s - slack * p.decode_s), rel=1e-6)
     assert (slack == 0.0) == (shape == (512, 8)) and 0.0 <= slack < 1.0
     assert decode_slack(config, replace(ahead, overlap=False), workload, profile) == 0.0
+
+
+@pytest.mark.parametrize("shape, cache_gpu", [((1536, 1), 0.4), ((512, 1), 1.0)])
+def test_only_the_blocks_that_carry_a_prefill_pay_for_it(shape, cache_gpu):
+    """Over 4 blocks the first block's prefill runs in series and each of the first three carries the next one's
+    on its decode, paying what the slack cannot hide; the last carries none: a block takes P / 4 in series and
+    D + 3/4 x max(0, P - slack x D). (Averaging the carried prefill over all four blocks' steps first hid it in
+    the last block's slack, which runs after every prefill is done.)"""
+    config = config_from_hf(PRESETS["llama-3-70b"])
+    rows = 4 * shape[0] * shape[1]
+    profile, workload = reference_profile("h200"), Workload(200, 10, shared_prefix_len=150, num_prompts=rows)
+    plain = Policy(gpu_batch_size=shape[0], num_gpu_batches=shape[1], w_gpu=0.0, w_cpu=1.0, cache_gpu=cache_gpu,
+                   cache_cpu=1.0 - cache_gpu, compress_weights=True, compress_cache=True)
+    ahead = replace(plain, prefill_ahead=True)
+    slack = decode_slack(config, ahead, workload, profile)
+    p, a = estimate(config, plain, workload, profile), estimate(config, ahead, workload, profile)
+    assert a.prefill_s == pytest.approx(p.prefill_s / 4)
+    assert a.decode_s == pytest.approx(p.decode_s + 0.75 * max(0.0, p.prefill_s - slack * p.decode_s), rel=1e-6)
+    assert p.prefill_s > slack * p.decode_s                  # the carried prefill does not fit the slack here

@@ -221,11 +221,12 @@ def test_extrapolation_arithmetic():
     assert est.policy == cand.policy
 
 
-@pytest.mark.parametrize("slack, carried", [(0.0, 0.75), (0.01, 0.75 - 0.01 * 31 * 2), (0.5, 0.0)])
+@pytest.mark.parametrize("slack, carried", [(0.0, 0.75), (0.01, 0.75 * (1 - 0.01 * 31 * 2)), (0.5, 0.0)])
 def test_extrapolation_of_an_ahead_policy_charges_its_hidden_prefill(slack, carried):
-    """A policy with the ahead prefill over 4 blocks: a block pays a quarter of a prefill in series and the other
-    three quarters inside its decode, less the search's decode slack (that share of the decode's own seconds),
-    never below nothing; one block, or the flag off: all of it in series."""
+    """A policy with the ahead prefill over 4 blocks: a block pays a quarter of a prefill in series; three blocks
+    in four carry the next one's inside their decode, less the search's decode slack (that share of the
+    decode's own seconds), never below nothing, and the last carries none; one block, or the flag off: all of
+    it in series."""
     config = preset("opt-30b")
     cand = search(config, Workload(512, 32, num_prompts=64), Budgets(16 << 30, 100 << 30), reference_profile("h200"))
     L, times = config.num_hidden_layers, TrialTimes(0.01, 0.02)

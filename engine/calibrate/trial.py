@@ -208,14 +208,15 @@ def full_block(config: ModelConfig, times: TrialTimes, gen_len: int, block_size:
     """(prefill seconds, decode seconds, generated tokens/s) of one full-model block from a trial's times, the
     tokens/s over a run whose blocks' rows are `filled` (`cost_model.rows_filled`).
     `prefill_in_series` < 1 (the ahead prefill over several blocks, `memory.runs_ahead`): a block's share of a
-    prefill run in series; the rest rides on the decode, which hides `slack` of its own time's worth of it
-    (`cost_model.decode_slack`: the share of a step neither the device's compute nor the host fills) and pays
-    the remainder. A trial runs single blocks, so it cannot see this overlap itself."""
+    prefill run in series; each block but the last (1 - `prefill_in_series` of them) carries the next one's
+    prefill on its decode, which hides `slack` of its own time's worth of it (`cost_model.decode_slack`: the
+    share of a step neither the device's compute nor the host fills) and pays the remainder. A trial runs single
+    blocks, so it cannot see this overlap itself."""
     L = config.num_hidden_layers
     prefill = L * times.prefill_s_per_layer
     prefill_s = prefill * prefill_in_series
     decode_s = L * (gen_len - 1) * times.decode_s_per_layer_step
-    carried = max(0.0, prefill * (1.0 - prefill_in_series) - slack * decode_s)
+    carried = (1.0 - prefill_in_series) * max(0.0, prefill - slack * decode_s)
     return prefill_s, decode_s + carried, filled * block_size * gen_len / (prefill_s + decode_s + carried)
 
 

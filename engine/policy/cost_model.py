@@ -29,10 +29,12 @@ On a CPU device the host is the device: host time adds to compute.
 A block of bls = gpu_batch_size x num_gpu_batches sequences takes
     T = L * T_pre + L * (n - 1) * T_gen,   throughput = bls * n / T   (generated tokens per second).
 With `Policy.prefill_ahead` over B > 1 blocks (`memory.runs_ahead`), every prefill but the first runs on the
-previous block's decode steps: (B - 1) / B of a prefill's gpu compute and cache stores (and its gpu cache
-share moved up at the switch) join each decode layer's channels, divided over the n - 1 steps, and T_pre
-counts 1 / B (0 when the rows are unbounded). The prefill's compute joins the host channel too: the slot work
-does not hide behind it (`decode_slack`). A shared prefix runs ahead too, computed once per GPU batch.
+previous block's decode steps: each block but the last carries one prefill, whose gpu compute and cache
+stores (and its gpu cache share moved up at the switch) join each of its decode layer-steps' channels,
+divided over the n - 1 steps; T_gen is the mean over the blocks of the carrying and the plain step, each the
+max of its own channels (`CostTerms.decode_step`; the LP sees the mean channels), and T_pre counts 1 / B (0
+when the rows are unbounded: every block carries). The prefill's compute joins the host channel too: the
+slot work does not hide behind it (`decode_slack`). A shared prefix runs ahead too, computed once per GPU batch.
 With a shared prompt prefix of p tokens (`Workload.shared_prefix_len`, `prefix.batch_prefix_len`) a GPU
 batch's prefill computes the prefix once and each row's own s - p tokens after it; where the prefix's keys
 and values are held once per GPU batch (`prefix.prefix_held_once`: an accelerator or a 4-bit cache), the KV
@@ -151,20 +153,39 @@ class CostTerms:
     w_gpu_min: float = 0.0                                  # the gpu share of weights held whatever the policy
     prefill_in_series: float = 1.0                          # a block's share of a prefill not hidden (ahead)
     rows_filled: float = 1.0                                # `rows_filled`: the workload's rows over its blocks'
+    ahead: dict[str, np.ndarray] | None = None              # a decode layer-step's added channels, carrying
+    carrying: float = 0.0                                   # the share of blocks whose decode carries a prefill
 
-    def channels(self, phase: str, slot_s: float) -> dict[str, np.ndarray]:
+    def channels(self, phase: str, slot_s: float, carried: float | None = None) -> dict[str, np.ndarray]:
         """`phase`'s ("prefill" / "decode") channels with `slot_s` seconds per slot (and the per-layer host
-        time) added where slots run."""
+        time) added where slots run. A decode's carry `carried` x the next block's ahead prefill (`ahead`):
+        default `carrying`, the mean over the blocks (the LP's affine view)."""
         channels = dict(self.prefill if phase == "prefill" else self.decode)
         name = self.host_channel[0 if phase == "prefill" else 1]
         host = self.num_gpu_batches * slot_s + self.layer_host_s
         channels[name] = channels.get(name, const(0.0)) + const(host)
+        share = self.carrying if carried is None else carried
+        if phase == "decode" and self.ahead and share:
+            for channel, expr in self.ahead.items():
+                channels[channel] = channels.get(channel, const(0.0)) + share * expr
         return channels
 
     def at(self, x: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """(prefill, decode) channels with the slot time of placement x [6] included."""
         return (self.channels("prefill", self.prefill_slots.seconds(x)),
                 self.channels("decode", self.decode_slots.seconds(x)))
+
+    def decode_step(self, x: np.ndarray) -> tuple[float, str]:
+        """(seconds, bottleneck channel) of a decode layer-step at placement x, over the blocks: a block
+        carrying the next one's prefill takes the larger of its channels with all of that prefill's share,
+        one carrying none the larger without it. (The mean of the two maxima: the max of the mean channels,
+        `at`, hides a carried prefill in the slack of the blocks that carry none.)"""
+        slot_s = self.decode_slots.seconds(x)
+        if not self.ahead or self.carrying in (0.0, 1.0):
+            return layer_seconds(self.channels("decode", slot_s), x, self.overlap)
+        t_carry, worst = layer_seconds(self.channels("decode", slot_s, 1.0), x, self.overlap)
+        t_plain, _ = layer_seconds(self.channels("decode", slot_s, 0.0), x, self.overlap)
+        return self.carrying * t_carry + (1.0 - self.carrying) * t_plain, worst
 
 
 @dataclass(frozen=True)
@@ -349,27 +370,27 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
 
     memory = memory_terms(config, layout, policy, workload.memory_prompt_len, n, B, profile.device_type,
                           shared_prefix_len=workload.shared_prefix_len, num_prompts=workload.num_prompts)
-    in_series = 1.0
+    in_series, ahead = 1.0, None
     if runs_ahead(policy, n, workload.num_prompts):
         # every block's prefill but the first rides on the previous block's decode steps (engine.runtime.ahead):
         # its compute and its cache stores spread over them, its gpu cache share moved up once at the switch;
-        # only the first block's prefill stays in series (1 / blocks of a prefill per block)
+        # only the first block's prefill stays in series (1 / blocks of a prefill per block), and every block
+        # but the last carries one (`CostTerms.decode_step`)
         blocks = -(-workload.num_prompts // b) if workload.num_prompts is not None else None
-        hidden = 1.0 if blocks is None else (blocks - 1) / blocks
         in_series = 0.0 if blocks is None else 1.0 / blocks
         compute = "compute" if "compute" in decode else "gpu compute"
-        ahead = prefill["gpu compute"] * (hidden / (n - 1))
-        decode[compute] = decode[compute] + ahead
+        carried = prefill["gpu compute"] / (n - 1)         # a carrying block's step: all of one prefill's share
+        ahead = {compute: carried, "gpu->cpu": const(b * s * kv / (d2h * (n - 1))),
+                 "cpu->gpu": c_gpu * (b * s * kv / (h2d * (n - 1)))}
         if host != compute:
             # the slot work does not hide behind the prefill: on Llama-3-70B at 16 GiB (stop 37) an ahead
             # block took its decode's slot time plus the prefill, not the larger of the two (not traced; likely
             # a store's host wait for the staging buffer two stores back, whose copy waits for the prefill)
-            decode[host] = decode.get(host, const(0.0)) + ahead
-        decode["gpu->cpu"] = decode["gpu->cpu"] + (b * s * kv / d2h) * (hidden / (n - 1))
-        decode["cpu->gpu"] = decode["cpu->gpu"] + c_gpu * (b * s * kv * hidden / (h2d * (n - 1)))
+            ahead[host] = carried
     return CostTerms(prefill, decode, memory, L, n, b, policy.overlap, prefill_slots, decode_slots, k,
                      ("gpu compute" if on_cpu else "host", host), dequant_w_host,
-                     layout.held_fraction(profile.device_type), in_series, rows_filled(b, workload.num_prompts))
+                     layout.held_fraction(profile.device_type), in_series, rows_filled(b, workload.num_prompts),
+                     ahead, 1.0 - in_series)
 
 
 def rows_filled(block_size: int, num_prompts: int | None) -> float:
@@ -411,9 +432,9 @@ def decode_slack(config: ModelConfig, policy: Policy, workload: Workload, profil
 
 def estimate_terms(terms: CostTerms, x: np.ndarray) -> CostEstimate:
     """Evaluate precomputed terms at placement x [6] (slot time at exactly this placement)."""
-    prefill, decode = terms.at(x)
+    prefill, _ = terms.at(x)
     t_pre, pre_worst = layer_seconds(prefill, x, terms.overlap)
-    t_gen, gen_worst = layer_seconds(decode, x, terms.overlap)
+    t_gen, gen_worst = terms.decode_step(x)
     prefill_s = terms.num_layers * t_pre * terms.prefill_in_series
     decode_s = terms.num_layers * (terms.gen_len - 1) * t_gen
     total = prefill_s + decode_s
