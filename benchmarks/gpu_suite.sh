@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one|moe-paths|moe-headline|moe-matrix-a|moe-matrix-b|moe-prefill-ab|moe-decode-ab|moe-trace|moe-extra|moe-ahead-ab|moe-layout-ab]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one|moe-paths|moe-headline|moe-matrix-a|moe-matrix-b|moe-prefill-ab|moe-decode-ab|moe-trace|moe-extra|moe-layout-ab]
 # flexgen-pair (~4.5 min): OPT-30B ours (192x1 + ahead, --clock) and FlexGen in one call; moe-p512 (~8 min): Mixtral-8x7B
 # at prompt 512 / gen 128 / 16 GiB, auto and its ablation.
 # models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
@@ -302,24 +302,6 @@ if [[ $what == moe-decode-ab ]]; then
        timeout 60 python3 benchmarks/throughput.py "${moe[@]}" --gpu-memory 16GiB --rows 2048 --prompt-len 77 --policy "$p77")
     done
   } 2>&1 | grep -v '^{' | tee "$OUT/moe-decode-ab.log" | tail -30
-fi
-if [[ $what == moe-ahead-ab ]]; then
-  # the ahead prefill's staging ring (ea29211: `memory.ahead_stage_slots`, up to 16 sets, where 59d2557 had two)
-  # from this tree against every ab/<sha>/ (benchmarks/ab_prepare.sh 59d2557; carry "ab"), one run id (~1.5 min a
-  # tree, after the CUDA tests of the executor's memory accounting): Mixtral-8x7B at 512/32/24 GiB over 512 rows
-  # under 59d2557's plan for it (256x1 + ahead, 31 extra tensors; stop 53: 565.4 tok/s, its block with the carried
-  # prefill waited 0.154 s a step for the store two back)
-  export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-ahead-ab-$(date -u +%Y%m%dT%H%M%SZ)}
-  pol='{"gpu_batch_size": 256, "num_gpu_batches": 1, "w_gpu": 0.500016624511734, "w_cpu": 0.499983375, "cache_gpu": 1.0, "cache_cpu": 0.0, "act_gpu": 1.0, "act_cpu": 0.0, "compress_weights": true, "compress_cache": true, "prefill_ahead": true, "w_gpu_extra": 31}'
-  { python3 -m pytest -q -p no:cacheprovider tests/test_policy_trial.py tests/test_gpu_prefill_ahead.py -k "cuda or gpu" \
-      2>&1 | tail -3
-    for tree in ab/*/ ./; do
-      sha=$(basename "$tree"); [[ $tree == ./ ]] && sha=${LLMOPS_COMMIT:-head}
-      (cd "$tree" && export PYTHONPATH=$PWD:${PYTHONPATH#*:} LLMOPS_COMMIT=$sha
-       timeout 90 python3 benchmarks/throughput.py "${mixtral[@]}" --prompt-len 512 --gen-len 32 --gpu-memory 24GiB \
-         --rows 512 --policy "$pol" --clock --system llmops --out "$OUT/throughput_moe-ahead-ab.jsonl")
-    done
-  } 2>&1 | grep -v '^{' | tee "$OUT/moe-ahead-ab.log" | tail -30
 fi
 if [[ $what == moe-trace ]]; then
   # where the MoE prefill's time goes past its compute floor (~4 min; stop 49 at 42ad1e3: the prompt-77 prefills
