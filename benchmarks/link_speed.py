@@ -7,10 +7,11 @@ A KV home [rows, heads, S, hd] in groups of `group` is three tensors, each [rows
 runs are the written positions: the codes n x group/2 bytes a group, the mins and scales n x 2 bytes a group.
 Each is measured in both layouts `engine.runtime.kv_cache` holds a home in: head-major (memory [rows, heads,
 S, ...], a run per row and head) and positions-major (memory [rows, S, heads, ...], a run per row, `heads`
-times longer; a loaded 4-bit home's since stop 54). Per part and layout the record gives the pitched copy of n positions (what a decode step moves) and the contiguous copy of
-the whole part (S positions), each as GiB/s of the bytes it moves and ms; and the weights' rate for
-back-to-back copies of one `--weight-mib` tensor. Defaults: Mixtral-8x7B's cache at 1024x2 (one GPU batch of
-1,024 rows, 8 kv heads, head dim 128, 77 + 128 - 1 positions, 141 written: the decode's mean), groups of 64.
+times longer; a loaded 4-bit home's since stop 54). Per part and layout the record gives the pitched copy of n
+positions (what a decode step moves) and the contiguous copy of the whole part (S positions), each as GiB/s of
+the bytes it moves and ms; and the weights' rate for back-to-back copies of one `--weight-mib` tensor.
+Defaults: Mixtral-8x7B's cache at 1024x2 (one GPU batch of 1,024 rows, 8 kv heads, head dim 128, 77 + 128 - 1
+positions, 141 written: the decode's mean), groups of 64.
 """
 from __future__ import annotations
 
@@ -85,8 +86,9 @@ def main() -> int:
                   weight_gib_s=weight.numel() / GIB / weight_ms * 1e3, parts=parts)
     path = save_record(args.out or results_path("link_speed", "kv-home"), record)
     print(f"weights {record['weight_gib_s']:.1f} GiB/s; " + "; ".join(
-        f"{p['layout']}-major {p['part']} run {p['run_bytes']} B pitched {p['pitched_gib_s']:.1f} GiB/s {p['pitched_ms']:.3f} ms, "
-        f"whole {p['whole_gib_s']:.1f} GiB/s {p['whole_ms']:.3f} ms" for p in parts) + f" -> {path}")
+        f"{p['layout']}-major {p['part']} run {p['run_bytes']} B pitched {p['pitched_gib_s']:.1f} GiB/s "
+        f"{p['pitched_ms']:.3f} ms, whole {p['whole_gib_s']:.1f} GiB/s {p['whole_ms']:.3f} ms" for p in parts)
+        + f" -> {path}")
     return 0
 
 

@@ -75,9 +75,9 @@ def _memory_order(t: torch.Tensor, dim: int) -> list[int]:
 
 
 def _pitched_plan(dst: torch.Tensor, src: torch.Tensor, n: int, dim: int) -> tuple[int, int, int, int] | None:
-    """(rows, dst pitch, src pitch, width), in bytes but rows, of `prefix_copy`'s one 2-D copy: both tensors
-    read in src's memory order (`_memory_order`), where positions [0, n) of `dim` and every dim after it form
-    one run per row; None when either tensor is not rows of runs in that order."""
+    """`prefix_copy`'s one 2-D copy as (rows, dst pitch, src pitch, width), the last three in bytes: both
+    tensors read in src's memory order (`_memory_order`), where positions [0, n) of `dim` and every dim after it
+    form one run per row; None when either tensor is not rows of runs in that order."""
     order = _memory_order(src, dim)
     mdim = order.index(dim)
     mdst, msrc = dst.permute(order), src.permute(order)                    # [rows..., dim, run...]
