@@ -251,7 +251,7 @@ if [[ $what == moe-layout-ab ]]; then
   export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-layout-ab-$(date -u +%Y%m%dT%H%M%SZ)}
   { timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_pitched_copy.py tests/test_quant_decode.py \
       tests/test_gpu_runtime.py -k "cuda" 2>&1 | tail -3
-    timeout 60 python3 benchmarks/link_speed.py --out "$OUT/link_speed_kv-home.json"
+    timeout 60 python3 benchmarks/link_speed.py --out "$OUT/link_speed_kv-home_layouts.json"
     for tree in ab/*/ ./; do
       sha=$(basename "$tree"); [[ $tree == ./ ]] && sha=${LLMOPS_COMMIT:-head}
       (cd "$tree" && export PYTHONPATH=$PWD:${PYTHONPATH#*:} LLMOPS_COMMIT=$sha

@@ -115,6 +115,16 @@ class ModelLayout:
             counts[id(at[j])][tuple(layer)] += 1
         return {key: list(c.items()) for key, c in counts.items()}
 
+    def bytes_on(self, w_gpu: float, w_cpu: float, device_type: str, extra: int = 0) -> dict[Tier, int]:
+        """Weight bytes per tier as the executor places them (`placed`)."""
+        on = {t: 0 for t in Tier}
+        placed = self.placed(w_gpu, w_cpu, device_type, extra)
+        for kl in self.kinds:
+            for tiers, count in placed[id(kl)]:
+                for size, tier in zip(kl.stored, tiers):
+                    on[tier] += count * size
+        return on
+
     def extra_sizes(self, w_gpu: float, w_cpu: float, device_type: str) -> list[int]:
         """Stored bytes of the tensor each further `Policy.w_gpu_extra` puts on the gpu, in turn (`with_extra`'s
         order: the first tensor off the gpu of each layer that has one, in layer order)."""
@@ -216,10 +226,19 @@ def decode_stage_slots(stores_per_step: int) -> int:
 def ahead_stage_slots(attention_layers: int) -> int:
     """How many staging buffers an ahead prefill's cache stores take in turn (`kvstageahead{slot}`, one chunk's
     rows each), as a decode step's do (`decode_stage_slots`): with two, the compute thread waited for the store
-    two back, whose copy waited for the chunk's compute queued behind the decode's weight loads (stop 53:
-    Mixtral-8x7B at 512/32/24 GiB, 256x1 + ahead, 0.154 s of a 0.408 s step; the block after, with no ahead
-    prefill, waited none), so it issued the next loads late and the link idled."""
+    two back, whose copy waited for the chunk's compute (Mixtral-8x7B at 512/32/24 GiB, 256x1 + ahead: 0.154 s of
+    a 0.408 s step in stop 53, 0.0003 s with the ring in stop 54; that step stayed 0.41 s, bound by the device's
+    decode and carried prefill compute)."""
     return min(DECODE_STAGE_SLOTS, attention_layers)
+
+
+def _ahead_stage_bytes(per: int, heads: int, prompt_len: int, prefix: int, held: int, head_dim: int,
+                       dtype: torch.dtype, compressed: bool, attention_layers: int) -> int:
+    """Pinned bytes of an ahead prefill's store staging over `heads` kv heads (`kvstageahead{slot}`, keys +
+    values of one row chunk of a `per`-row pass, `ahead_stage_slots` sets)."""
+    chunk = chunk_rows(per, prompt_len - prefix)
+    return ahead_stage_slots(attention_layers) * 2 * _kv_bytes(chunk, heads, prompt_len - held, head_dim, dtype,
+                                                               compressed)
 
 
 def _decode_stage_bytes(layout: ModelLayout, policy: Policy, heads: int, head_dim: int, dtype: torch.dtype,
@@ -298,8 +317,7 @@ def _ahead_memory(config: ModelConfig, policy: Policy, prompt_len: int, gen_len:
         home = 2 * _kv_bytes(g, h1 - h0, S - held, hd, dtype, cc)
         mem["cpu" if tier is Tier.GPU else tier.value] += L * K * home
         if cuda:
-            mem["cpu"] += ahead_stage_slots(L) * 2 * _kv_bytes(chunk_rows(per, P - prefix), h1 - h0, P - held, hd,
-                                                               dtype, cc)
+            mem["cpu"] += _ahead_stage_bytes(per, h1 - h0, P, prefix, held, hd, dtype, cc, L)
     return mem
 
 
@@ -313,11 +331,9 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
     dtype, e = dtype_of_size(bytes_per_element), bytes_per_element
     cuda = device_type == "cuda"
     mem = {t: 0 for t in TIERS}
+    for tier, size in layout.bytes_on(policy.w_gpu, policy.w_cpu, device_type, policy.w_gpu_extra).items():
+        mem[tier.value] += size
     placed = layout.placed(policy.w_gpu, policy.w_cpu, device_type, policy.w_gpu_extra)
-    for kl in layout.kinds:
-        for tiers, count in placed[id(kl)]:
-            for stored, tier in zip(kl.stored, tiers):
-                mem[tier.value] += count * stored
 
     def moved(kl: KindLayout, n: int) -> int:              # some layer of the group loads tensor n
         off = any(t[n] is Tier.DISK or (t[n] is Tier.CPU and cuda) for t, _ in placed[id(kl)])
@@ -461,8 +477,7 @@ def memory_terms(config: ModelConfig, layout: ModelLayout, policy: Policy, promp
         staged_all = staged_kv_heads(nkv, 0.0, 1.0, device_type, cc)
         gpu = gpu + const(working_bytes(config, per, P, S, dtype, cc, staged_all, prefix_len=prefix))
         gpu = gpu + const(L * K * _prefix_kv_bytes(nkv, prefix, hd, e))          # kvpark.{j}.{k}.prefix
-        ahead_stage = (ahead_stage_slots(L) * 2 * _kv_bytes(chunk_rows(per, P - prefix), nkv, P - held, hd, dtype, cc)
-                       if cuda else 0)
+        ahead_stage = _ahead_stage_bytes(per, nkv, P, prefix, held, hd, dtype, cc, L) if cuda else 0
         cpu = cpu + (share("cache", "gpu") + share("cache", "cpu")) * (L * K * home) + const(ahead_stage)
         disk = disk + share("cache", "disk") * (L * K * home)
     return {"gpu": gpu, "cpu": cpu, "disk": disk}
@@ -472,12 +487,7 @@ def weight_fraction_on(layout: ModelLayout, w_gpu: float, w_cpu: float, device_t
                        extra: int = 0) -> tuple[float, float]:
     """(gpu, cpu) fractions of all weight bytes the executor places for these policy fractions and `extra`
     (`Policy.w_gpu_extra`) on a `device_type` device (on CUDA the held kinds count on the gpu)."""
-    on = {t: 0 for t in Tier}
-    placed = layout.placed(w_gpu, w_cpu, device_type, extra)
-    for kl in layout.kinds:
-        for tiers, count in placed[id(kl)]:
-            for size, tier in zip(kl.stored, tiers):
-                on[tier] += count * size
+    on = layout.bytes_on(w_gpu, w_cpu, device_type, extra)
     total = layout.total_bytes or 1
     return on[Tier.GPU] / total, on[Tier.CPU] / total
 
