@@ -121,7 +121,6 @@ def profile_policy(loaded, name: str, policy: Policy, args) -> dict:
         last.update(key=f"{phase}.{action.verb}.{specs[action.j].kind}", t=now)
 
     ex.on_action = hook
-    ex.timing = True
     reset_peak()
     top_ops, top_host_ops, busy = [], [], {}
     if args.kernels:

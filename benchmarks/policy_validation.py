@@ -134,7 +134,6 @@ def run_policy(loaded, policy: Policy, args, device: torch.device) -> dict:
                             cpu_memory=args.cpu_memory, disk_dir=args.disk_dir)
     try:
         setup_s = setup.seconds
-        executor.timing = True
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
@@ -157,8 +156,8 @@ def run_policy(loaded, policy: Policy, args, device: torch.device) -> dict:
 
 
 def steady_tokens_per_s(record: dict, block_size: int, gen_len: int) -> float:
-    """Generated tokens/s of the block's prefill + decode as the executor clocks them (device synchronized at
-    step ends). Unlike the block's wall time (`wall_tokens_per_s`) it leaves out the block's first-use setup:
+    """Generated tokens/s of the block's prefill + decode as the executor clocks them (from token pick
+    to token pick). Unlike the block's wall time (`wall_tokens_per_s`) it leaves out the block's first-use setup:
     the first policy of a model pins its cpu-tier homes inside its first block (~1.5 GiB/s), which every
     later block of a run, and every later policy here, reuses."""
     stats = record["executor_stats"]

@@ -228,7 +228,6 @@ def run_llmops(loaded, policy: Policy, prompts: list[list[int]], args, device, d
                           prefill_chunk_tokens=args.prefill_chunk_tokens)
         out["init_s"] = init.seconds
         out["init_breakdown_s"] = {k: round(v, 3) for k, v in ex.weights.place_s.items()}
-        ex.timing = True
         n = policy.block_size
         blocks = [prompts[s:s + n] for s in range(0, len(prompts), n)]
         if args.warmup:

@@ -3,11 +3,10 @@ full run of the same block on the same machine.
 
 For one dummy preset and the named policies, runs (1) the trial the auto policy would run (2- and 6-layer
 copies, the difference of their step times per layer) and (2) one block of the full model (token-id
-prompts of --prompt-len, every row runs --gen-len tokens, `Executor.timing`: the device synchronized at
-step ends only), and records both throughputs, both per-layer times and the ratio trial / full. Policies
-come from --policy NAME=JSON (repeatable). Results (one record: common fields, tokens_per_s the first full
-run's, one entry per policy) are rewritten after every policy to --out, default trial_accuracy_<model>.json
-in $OUT or benchmarks/results/.
+prompts of --prompt-len, every row runs --gen-len tokens), and records both throughputs, both per-layer times
+and the ratio trial / full. Policies come from --policy NAME=JSON (repeatable). Results (one record: common
+fields, tokens_per_s the first full run's, one entry per policy) are rewritten after every policy to --out,
+default trial_accuracy_<model>.json in $OUT or benchmarks/results/.
 
     python benchmarks/trial_accuracy.py --model opt-6.7b --gen-len 32 \\
         --policy q4_64='{"gpu_batch_size": 64, "compress_weights": true, "compress_cache": true}'

@@ -269,15 +269,15 @@ def test_trial_runs_the_real_executor_on_two_truncated_copies(monkeypatch):
     real = Executor.generate_block
 
     def spy(self, prompts, max_new, select):
-        seen.append((self.config.num_hidden_layers, len(prompts), max(max_new), self.timing))
+        seen.append((self.config.num_hidden_layers, len(prompts), max(max_new)))
         return real(self, prompts, max_new, select)
 
     monkeypatch.setattr(Executor, "generate_block", spy)
     config = preset("opt-125m")
     policy = Policy(gpu_batch_size=2, num_gpu_batches=2, cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True)
     times = trial_seconds(config, policy, Workload(8, 16), "cpu", torch.float32, steps=3)
-    # per copy: a warm-up block, then the measured block of 3 decode steps, step-clocked
-    assert seen == [(2, 4, 2, True), (2, 4, 4, True), (6, 4, 2, True), (6, 4, 4, True)]
+    # per copy: a warm-up block, then the measured block of 3 decode steps
+    assert seen == [(2, 4, 2), (2, 4, 4), (6, 4, 2), (6, 4, 4)]
     assert times.prefill_s_per_layer > 0 and times.decode_s_per_layer_step > 0
     assert [len(times.detail[f"step_s_{n}_layers"]) for n in (2, 6)] == [4, 4]
 

@@ -34,7 +34,6 @@ def test_a_step_without_events_adds_nothing():
 
 def _run(loaded, policy: Policy, blocks, clock: StepClock | None) -> tuple[list[dict], list[float]]:
     ex = Executor(loaded, policy, device=torch.device("cuda"), dtype=torch.float32)
-    ex.timing = True
     ex.transfers.clock = clock
     sels = [GreedyRecorder() for _ in blocks]
     steps: list[float] = []

@@ -2,8 +2,8 @@
 
 `trial_seconds` builds the real `Executor` on two truncated copies of the model (same shapes, `lo` and
 `hi` decoder layers, default 2 and 6, dummy weights). On each it runs a short warm-up block and then one
-block of the policy's full size (every row `steps` new tokens) with the executor's step clock (the device
-synchronized at step ends only, as in a timed full run). The copies differ only by `hi - lo` decoder
+block of the policy's full size (every row `steps` new tokens) with the executor's step times (each from one
+step's token pick to the next, as in a full run). The copies differ only by `hi - lo` decoder
 layers in the middle of the model, so the difference of their step times is what those layers cost in a
 step that runs as the full model's does: host launches overlapped with device work, each layer's slots
 issuing the next layer's weight loads, the embedding, the head (and the head's weight load) and the
@@ -115,11 +115,9 @@ def step_seconds(loaded: LoadedModel, policy: Policy, prompts: list[list[int]], 
                  dtype: torch.dtype, on_action: Callable[[Action], None] | None = None,
                  **executor_kwargs) -> list[float]:
     """A warm-up block (buffers, kernels), then one block of `steps` decode steps on the real executor with
-    its step clock (`Executor.timing`) and the `on_action` hook: that block's seconds per step (index 0 the
-    prefill)."""
+    the `on_action` hook: that block's seconds per step (index 0 the prefill)."""
     executor = Executor(loaded, policy, device=device, dtype=dtype, **executor_kwargs)
     try:
-        executor.timing = True
         executor.generate_block(prompts, [2] * len(prompts), GreedyToEnd())
         executor.on_action = on_action
         executor.generate_block(prompts, [steps + 1] * len(prompts), GreedyToEnd())

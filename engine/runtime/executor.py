@@ -58,11 +58,11 @@ class Executor(AheadDriver):
     """Runs blocks for one loaded model under one policy. Not thread-safe; `close()` frees everything.
 
     `on_action(action)` (optional hook) is called before each schedule action; `stats` holds the last
-    block's `prefill_s`, `decode_s` (wall clock; the device is synchronized at step ends only when
-    `timing` is True) and `steps`, and `step_s` its seconds per step (index 0 the prefill). `profiler` (a
-    `StepProfile`, optional) is told of every action and of the seams inside a compute (`step_profile`);
-    `transfers.clock` (a `StepClock`, optional, CUDA with `timing` on) gets every step as the device saw it
-    without synchronizing inside the step (`step_clock`). `quant_config`
+    block's `prefill_s`, `decode_s` (wall clock from one step's last token pick to the next: a pick
+    synchronizes the compute stream, never the device) and `steps`, and `step_s` its seconds per step (index 0
+    the prefill). `profiler` (a `StepProfile`, optional) is told of every action and of the seams inside a
+    compute (`step_profile`); `transfers.clock` (a `StepClock`, optional, CUDA) gets every step as the device
+    saw it without synchronizing anything (`step_clock`). `quant_config`
     is the weights' compression when the policy compresses weights (None: the model's, `weight_quant`: what
     the memory model counts), `cache_quant_config` the KV cache's when it compresses the cache (defaults in
     engine.quant.config). A prefill runs each layer over row chunks of
@@ -93,7 +93,6 @@ class Executor(AheadDriver):
         self.prefill_chunk_tokens, self.decode_chunk_bytes = prefill_chunk_tokens, decode_chunk_bytes
         self.on_action: Callable[[Action], None] | None = None
         self.profiler: StepProfile | None = None
-        self.timing = False
         self.stats: dict[str, float] = {}
         self.step_s: list[float] = []
         self.block: BlockState | None = None     # the running block's state (None between blocks)
@@ -459,10 +458,8 @@ class Executor(AheadDriver):
         blk.compact(k)
 
     def _step_done(self, i: int) -> None:
-        if self.timing and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            if self.transfers.clock is not None:
-                self.transfers.clock.close_step()
+        if self.transfers.clock is not None:
+            self.transfers.clock.close_step()
         now, blk = time.perf_counter(), self.block
         self.stats["prefill_s" if i == 0 else "decode_s"] += now - blk.t0
         self.step_s.append(now - blk.t0)

@@ -1,10 +1,14 @@
 """`StepClock`: each step as the device and the compute thread saw it, from CUDA events and host clocks.
 
-A step profile (`engine.runtime.step_profile`) synchronizes at every seam, so it shows where time goes but not
-what the overlapped step does. The clock synchronizes nowhere inside a step: it records a CUDA event on a
-side stream before and after each transfer (`Transfers`), on the compute stream around each compute action
-(the executor's loop), and times the compute thread while it blocks in `Pending.wait`. The executor closes a
-step after its end-of-step synchronization (`Executor.timing` must be on), when every event has completed.
+A step profile (`engine.runtime.step_profile`) synchronizes at every seam, so it shows where time goes but not what
+the overlapped step does. The clock synchronizes nothing: it records a CUDA event on a side stream before and after
+each transfer (`Transfers`), on the compute stream around each compute action (the executor's loop), and times the
+compute thread while it blocks in `Pending.wait`. The executor closes a step after its last head picked its tokens:
+that pick has just synchronized the compute stream, not the device, so the step's transfers may still be in flight
+(the next step's loads issued ahead); the step is folded into `steps` once its events have completed (at a later
+step's close, or `take`). Until stop 55 the executor synchronized the device at every step end for the clock
+(`Executor.timing`), which held the next step's loads until the step was over: a clocked run (every benchmark
+record) did not run the schedule an unclocked one runs.
 
 Per step (`steps`, one dict each, seconds):
     h2d_busy_s    union of the host->device streams' transfer spans (weights, dense weights, loads); a span
@@ -37,6 +41,7 @@ import gc
 import statistics
 import time
 from collections import defaultdict
+from typing import NamedTuple
 
 import torch
 
@@ -70,12 +75,32 @@ def _union(spans: list[tuple[float, float]]) -> float:
     return total
 
 
+class _Closed(NamedTuple):
+    """One closed step, waiting for its events to complete: its transfers and computes, the compute thread's
+    seconds per verb and waits per channel, its gc seconds and allocator deltas, and the event recorded at its
+    close on the compute stream with the host's clock then."""
+
+    transfers: list[tuple[str, torch.cuda.Event, torch.cuda.Event]]
+    computes: list[tuple[str, torch.cuda.Event, torch.cuda.Event, float]]
+    host: dict[str, float]
+    waits: dict[str, float]
+    gc_s: float
+    allocator: dict[str, int]
+    final: torch.cuda.Event
+    host_final: float
+
+    def complete(self) -> bool:
+        return self.final.query() and all(end.query() for _, _, end in self.transfers)
+
+
 class StepClock:
     """Collects one step's events (`transfer_start/transfer_end`, `compute_start/compute_end`, `host_wait`);
-    `close_step()` (device synchronized) turns them into one entry of `steps`."""
+    `close_step()` (right after the step's last token pick) closes them into one entry of `steps`, once they
+    have completed; `take()` waits for them."""
 
     def __init__(self) -> None:
         self.steps: list[dict] = []
+        self._closed: list[_Closed] = []
         self._transfers: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
         self._computes: list[tuple[str, torch.cuda.Event, torch.cuda.Event, float]] = []   # kind, events, issued
         self._open: tuple[str, str, torch.cuda.Event, float] | None = None
@@ -118,48 +143,61 @@ class StepClock:
         self._waits[channel] += seconds
 
     def close_step(self) -> None:
-        """Fold the step's events into `steps` (every event recorded so far must have completed)."""
+        """End the step: its events wait (`_Closed`) until they have completed, then fold into `steps`."""
         counts, before = _allocator_counts(), self._counts
         gc_s, self._gc = _GC["s"] - self._gc, _GC["s"]
         self._counts = counts
-        if not self._transfers and not self._computes:
-            self._waits.clear()
-            self._host.clear()
-            return
-        final, host_final = self._event(), time.perf_counter()      # the device is idle: it runs at once
-        final.synchronize()
-        self._transfers = [t for t in self._transfers if t[2].query()]     # a disk thread's may be in flight
-        ref = self._computes[0][1] if self._computes else self._transfers[0][1]
-
-        def at(e: torch.cuda.Event) -> float:
-            return ref.elapsed_time(e)                      # ms, negative when before ref
-        h2d = [(at(a), at(b)) for c, a, b in self._transfers if c in H2D]
-        d2h = [(at(a), at(b)) for c, a, b in self._transfers if c not in H2D]
-        comp = [(kind, at(a), at(b)) for kind, a, b, _ in self._computes]
-        gap = sum(max(0.0, s1 - e0) for (_, _, e0), (_, s1, _) in zip(comp, comp[1:]))
-        end_ms = at(final)
-        lead = [max(0.0, host_final - (end_ms - at(a)) / 1e3 - t0) for _, a, _, t0 in self._computes]
-        marks = [t for span in h2d + d2h for t in span] + [t for _, a, b in comp for t in (a, b)]
-
-        def busy(kind: str) -> float:
-            return round(sum(b - a for k, a, b in comp if k == kind) / 1e3, 6)
-        self.steps.append({
-            "h2d_busy_s": round(_union(h2d) / 1e3, 6), "d2h_busy_s": round(_union(d2h) / 1e3, 6),
-            "compute_s": busy("compute"), "ahead_s": busy("ahead"), "other_s": busy("other"),
-            "host_gap_s": round(gap / 1e3, 6),
-            "span_s": round((max(marks) - min(marks)) / 1e3, 6),
-            "host_wait_s": {c: round(s, 6) for c, s in sorted(self._waits.items())},
-            "host_s": {label: round(s, 6) for label, s in sorted(self._host.items())},
-            "lead_s": {"min": round(min(lead), 6), "median": round(statistics.median(lead), 6)} if lead else {},
-            "gc_s": round(gc_s, 6),
-            "allocator": {name: counts[name] - before[name] for name in _ALLOCATOR},
-        })
-        self._transfers.clear()
-        self._computes.clear()
+        if self._transfers or self._computes:
+            # the compute stream has just been synchronized by the token pick: `final` runs at once
+            final, host_final = self._event(), time.perf_counter()
+            self._closed.append(_Closed(self._transfers, self._computes, dict(self._host), dict(self._waits), gc_s,
+                                        {name: counts[name] - before[name] for name in _ALLOCATOR}, final,
+                                        host_final))
+            self._transfers, self._computes = [], []
         self._host.clear()
         self._waits.clear()
+        self._fold(wait=False)
+
+    def _fold(self, wait: bool) -> None:
+        """Turn the closed steps whose events have completed (with `wait`, every one) into `steps`, in order."""
+        if wait and self._closed:
+            torch.cuda.synchronize()
+        while self._closed and (wait or self._closed[0].complete()):
+            self.steps.append(_summary(self._closed.pop(0)))
 
     def take(self) -> list[dict]:
-        """The steps closed so far, emptied."""
+        """The steps closed so far (waiting for their events), emptied."""
+        self._fold(wait=True)
         out, self.steps = self.steps, []
         return out
+
+
+def _summary(step: _Closed) -> dict:
+    """One closed step's entry of `StepClock.steps` (module docstring), its events completed but for a disk
+    thread's transfer still in flight, which is left out."""
+    transfers = [t for t in step.transfers if t[2].query()]
+    ref = step.computes[0][1] if step.computes else transfers[0][1]
+
+    def at(e: torch.cuda.Event) -> float:
+        return ref.elapsed_time(e)                      # ms, negative when before ref
+    h2d = [(at(a), at(b)) for c, a, b in transfers if c in H2D]
+    d2h = [(at(a), at(b)) for c, a, b in transfers if c not in H2D]
+    comp = [(kind, at(a), at(b)) for kind, a, b, _ in step.computes]
+    gap = sum(max(0.0, s1 - e0) for (_, _, e0), (_, s1, _) in zip(comp, comp[1:]))
+    end_ms = at(step.final)
+    lead = [max(0.0, step.host_final - (end_ms - at(a)) / 1e3 - t0) for _, a, _, t0 in step.computes]
+    marks = [t for span in h2d + d2h for t in span] + [t for _, a, b in comp for t in (a, b)]
+
+    def busy(kind: str) -> float:
+        return round(sum(b - a for k, a, b in comp if k == kind) / 1e3, 6)
+    return {
+        "h2d_busy_s": round(_union(h2d) / 1e3, 6), "d2h_busy_s": round(_union(d2h) / 1e3, 6),
+        "compute_s": busy("compute"), "ahead_s": busy("ahead"), "other_s": busy("other"),
+        "host_gap_s": round(gap / 1e3, 6),
+        "span_s": round((max(marks) - min(marks)) / 1e3, 6),
+        "host_wait_s": {c: round(s, 6) for c, s in sorted(step.waits.items())},
+        "host_s": {label: round(s, 6) for label, s in sorted(step.host.items())},
+        "lead_s": {"min": round(min(lead), 6), "median": round(statistics.median(lead), 6)} if lead else {},
+        "gc_s": round(step.gc_s, 6),
+        "allocator": step.allocator,
+    }
