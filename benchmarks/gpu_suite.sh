@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the lent H200 runs in one device call: GPU tests, offloading throughput, policy validation.
-# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one|moe-paths|moe-headline|moe-matrix-a|moe-matrix-b|moe-prefill-ab|moe-decode-ab|moe-trace|moe-extra|moe-layout-ab]
+# Usage (device tool, carry .whl; FlexGen 0.1.8's wheel there makes it a peer): bash benchmarks/gpu_suite.sh [tests|kernels|offload|profile|policy|all|models|moe|moe-peers|moe-pair|moe-p512|moe-hostatt|moe-2048|wrangle|wrangle-ab|flexgen-ab|flexgen-pair|multigpu|multigpu-wrangle|multigpu-one|moe-paths|moe-headline|moe-matrix-a|moe-matrix-b|moe-prefill-ab|moe-decode-ab|moe-trace|moe-extra|moe-ab]
 # flexgen-pair (~4.5 min): OPT-30B ours (192x1 + ahead, --clock) and FlexGen in one call; moe-p512 (~8 min): Mixtral-8x7B
 # at prompt 512 / gen 128 / 16 GiB, auto and its ablation.
 # models (not in all; ~5 min): issue 18's CUDA tests (int4 checkpoints, rotated attention, DeepSeek) and the
@@ -243,15 +243,15 @@ if [[ $what == moe-extra ]]; then
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_runtime.py tests/test_policy_trial.py -k "w_disk_extra or on_cuda"
   } 2>&1 | grep -v '^{' | tee "$OUT/moe-extra.log" | tail -40
 fi
-if [[ $what == moe-layout-ab ]]; then
-  # positions-major 4-bit host homes (a loaded home's written positions one run per row) from this tree against
-  # every ab/<sha>/ (benchmarks/ab_prepare.sh 0cf3b67; carry "ab"; ~7.5 min): the CUDA tests of the layout and
-  # the link's rate for both layouts, then the headline (77/128/16 GiB, 2,048 rows, auto) from each tree and
-  # this tree's ablation, one run id: the layout's gain and the ratio to the ablation in one call
-  export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-layout-ab-$(date -u +%Y%m%dT%H%M%SZ)}
-  { timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_pitched_copy.py tests/test_quant_decode.py \
-      tests/test_gpu_runtime.py -k "cuda" 2>&1 | tail -3
-    timeout 60 python3 benchmarks/link_speed.py --out "$OUT/link_speed_kv-home_layouts.json"
+if [[ $what == moe-ab ]]; then
+  # the headline from this tree against every ab/<sha>/ (benchmarks/ab_prepare.sh SHA; carry "ab"; ~8 min with one ab
+  # tree): the CUDA tests MOE_AB_TESTS names (pytest arguments; default the CUDA tests of the MoE pipeline, the step
+  # clock, the runtime, the ahead prefill and the trials), then the headline (77/128/16 GiB, 2,048 rows, auto) from
+  # each tree and this tree's ablation, one run id: a change's gain and the ratio to the ablation in one call
+  export LLMOPS_RUN_ID=${LLMOPS_RUN_ID:-moe-ab-$(date -u +%Y%m%dT%H%M%SZ)}
+  read -r -a tests <<< "${MOE_AB_TESTS:-tests/test_moe_pipeline.py tests/test_step_clock.py tests/test_gpu_runtime.py \
+    tests/test_gpu_prefill_ahead.py tests/test_policy_trial.py -k cuda}"
+  { timeout 170 python3 -m pytest -q -p no:cacheprovider "${tests[@]}" 2>&1 | tail -3
     for tree in ab/*/ ./; do
       sha=$(basename "$tree"); [[ $tree == ./ ]] && sha=${LLMOPS_COMMIT:-head}
       (cd "$tree" && export PYTHONPATH=$PWD:${PYTHONPATH#*:} LLMOPS_COMMIT=$sha
@@ -260,7 +260,7 @@ if [[ $what == moe-layout-ab ]]; then
     done
     timeout 170 python3 benchmarks/throughput.py "${mixtral[@]}" --prompt-len 77 --gen-len 128 --gpu-memory 16GiB \
       --rows 2048 --clock --policy auto --system llmops-no-pipeline --out "$OUT/throughput_moe.jsonl"
-  } 2>&1 | grep -v '^{' | tee "$OUT/moe-layout-ab.log" | tail -40
+  } 2>&1 | grep -v '^{' | tee "$OUT/moe-ab.log" | tail -40
 fi
 if [[ $what == moe-prefill-ab ]]; then
   # the MoE prefill from this tree against every ab/<sha>/ (benchmarks/ab_prepare.sh; carry "ab"), one run id

@@ -107,6 +107,35 @@ def test_experts_loaded_ahead_past_an_ended_gpu_batch(moe_models, device, cpu_at
     assert got == ref
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_cache_prefetched_at_the_head_is_loaded_again_after_a_compaction(moe_models, device, monkeypatch,
+                                                                          tmp_path):
+    """The next step's first cache loads leave at a step's head (`prefetch_cache`), before the head decides
+    which rows end; a GPU batch that then compacts its rows loads those caches again from the compacted homes.
+    Rows end at different steps, so batches compact with loads in flight: the in-memory run's tokens."""
+    from engine.runtime.block_state import BlockState
+
+    loaded = moe_models["mixtral"]
+    prompts, _ = _prompts(loaded)
+    max_new = [2, 9, 9, 3, 3, 9, 9, 4, 9]
+    stale = []
+    compact = BlockState.compact
+
+    def spy(self, k):
+        out = compact(self, k)
+        stale.extend(out)
+        return out
+    monkeypatch.setattr(BlockState, "compact", spy)
+    ref = run_policy(loaded, Policy(**BASE, compress_cache=True), prompts, max_new, device=device)[0]
+    verbs = []
+    policy = Policy(**BASE, **W_OFF, cache_gpu=0.0, cache_cpu=1.0, compress_cache=True)
+    got, _ = run_policy(loaded, policy, prompts, max_new, device=device, disk_dir=tmp_path,
+                        hook=lambda a: verbs.append(a.verb))
+    assert verbs.count("prefetch_cache") == 2 * (max(max_new) - 1)
+    assert stale and all(key[1] == 1 for key in stale)      # the first attention layer, loaded again
+    assert got == ref
+
+
 def test_pipelined_host_attention_runs_off_the_compute_thread(moe_models, monkeypatch):
     """The host part of a pipelined decode attention runs on the host-attention thread; without `pipeline`
     (the ablation) on the caller's."""

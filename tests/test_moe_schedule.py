@@ -134,6 +134,36 @@ def test_attention_weights_wait_for_the_last_join(batches):
     assert first_attention < pos[("compute", 1, 0, 0)]
 
 
+@pytest.mark.parametrize("steps,layers,batches", [(1, 2, 2), (3, 2, 1), (3, 2, 2), (4, 3, 3), (3, 2, 5)])
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_next_steps_first_cache_loads_cross_the_link_during_the_heads(steps, layers, batches, pipelined):
+    """With `early_cache`, the cache loads of each decode step's first attention layer, for its first two GPU
+    batches, are issued (`prefetch_cache`) at the first slot of the step before's head, before its compute
+    (the heads block the compute thread on the device); every other cache load is `block_schedule`'s. Every
+    decode attention (i, j, k) is loaded exactly once, before its compute; the computes keep their order."""
+    kinds = kinds_of(layers)
+    J = len(kinds)
+    actions = list(moe_block_schedule(steps, kinds, batches, pages=2, pipelined=pipelined, early_cache=True))
+    assert [(a.i, a.j, a.k) for a in actions if a.verb == "compute"] == list(slots(steps, J, batches))
+    pos = positions(actions)
+    loads = [(a.i, a.j, a.k) for a in actions if a.verb in ("load_cache", "prefetch_cache")]
+    assert len(loads) == len(set(loads))
+    attention = [j for j, kind in enumerate(kinds) if kind == "attention"]
+    early = {(i, 1, k) for i in range(1, steps) for k in range(min(2, batches))}
+    assert {(a.i, a.j, a.k) for a in actions if a.verb == "prefetch_cache"} == early
+    for i in range(1, steps):
+        for j in attention:
+            for k in range(batches):
+                verb = "prefetch_cache" if (i, j, k) in early else "load_cache"
+                assert pos[(verb, i, j, k)] < pos[("compute", i, j, k)]
+    for i, j, k in early:
+        assert pos[("compute", i - 1, J - 2, batches - 1)] < pos[("prefetch_cache", i, j, k)] \
+            < pos[("compute", i - 1, J - 1, 0)]                             # the last experts, then the heads
+    plain = list(moe_block_schedule(steps, kinds, batches, pages=2, pipelined=pipelined))
+    assert not any(a.verb == "prefetch_cache" for a in plain)
+    assert sorted(loads) == sorted((a.i, a.j, a.k) for a in plain if a.verb == "load_cache")
+
+
 def test_previous_of_kind_crosses_steps():
     kinds = kinds_of(2)                                   # embed, attention, mlp, attention, mlp, head
     assert previous_of_kind(kinds, 0, 4) == (0, 2)

@@ -75,15 +75,24 @@ class BlockState:
         """Whether every row of every GPU batch has ended."""
         return all(b.done for b in self.batches)
 
-    def compact(self, k: int) -> None:
-        """Drop GPU batch k's ended rows from its bookkeeping and cache homes when enough have ended."""
+    def compact(self, k: int) -> list[tuple[int, int, int]]:
+        """Drop GPU batch k's ended rows from its bookkeeping and cache homes when enough have ended. Returns
+        the (i, j, k) of the batch's cache loads already issued (`cpend`, a prefetch at the head): they read
+        the homes before the compaction, so the caller loads them again; the host waits for them first, as
+        the compaction rewrites the homes they read."""
         batch = self.batches[k]
         keep = batch.compact_index()
-        if keep is not None and keep.numel() > 0:
-            for (_, kk), kv in self.kv.items():
-                if kk == k:
-                    kv.compact(keep)
-            batch.compact(keep)
+        if keep is None or keep.numel() == 0:
+            return []
+        stale = [key for key in self.cpend if key[2] == k]
+        for key in stale:
+            for pending in self.cpend.pop(key):
+                pending.complete()
+        for (_, kk), kv in self.kv.items():
+            if kk == k:
+                kv.compact(keep)
+        batch.compact(keep)
+        return stale
 
     def track(self, pendings: list[Pending]) -> list[Pending]:
         """Remember `pendings` for the next sync; returns them."""

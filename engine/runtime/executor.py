@@ -6,7 +6,8 @@ consumes `block_schedule`'s actions; overlap on/off, debugging and timing are fl
 What one block holds (rows, cache homes, hidden states, pending transfers) is one `BlockState`, made at block
 start and dropped at its end; the attention layer itself is `engine.models.attention.attention_layer`.
 MoE models run `moe_block_schedule` (paged weights; with `policy.pipeline` and CPU attention, CGOPipe: a
-decode attention's host part runs on `HostAttention`'s thread and is joined before the MoE layer).
+decode attention's host part runs on `HostAttention`'s thread and is joined before the MoE layer; with
+`policy.pipeline`, the next step's first cache loads cross the link while a step's heads pick tokens).
 Indices: i step (0 = prefill), j layer (embed, attention/mlp per decoder layer, head), k GPU batch.
 """
 from __future__ import annotations
@@ -51,7 +52,7 @@ from engine.storage.tiers import MemoryBudget, Tier
 # reference cycle, so its device tensors would outlive `close()` until the cyclic GC happened to run)
 _VERBS = {verb: f"_{verb}" for verb in
           ("load_weight", "load_cache", "load_hidden", "store_cache", "store_hidden", "compute", "sync",
-           "join_attention", "prefetch_weight")}
+           "join_attention", "prefetch_weight", "prefetch_cache")}
 
 
 class Executor(AheadDriver):
@@ -256,13 +257,16 @@ class Executor(AheadDriver):
 
     def _schedule(self, num_steps: int, K: int, first: int = 0):
         """The block's actions for steps [first, num_steps): the MoE schedule for MoE models (pages: the
-        policy's, one per GPU batch by default, one without `pipeline`; the experts loaded a layer of their
-        kind ahead with `pipeline`), else the zig-zag with one page per GPU batch."""
+        policy's, one per GPU batch by default, one without `pipeline`; with `pipeline`, the experts loaded a
+        layer of their kind ahead and the next step's first cache loads at a step's head), else the zig-zag
+        with one page per GPU batch."""
         if not self.config.is_moe:
             return block_schedule(num_steps, len(self.specs), K, paged=K > 1, first=first)
-        pages = (self.policy.weight_pages or K) if self.policy.pipeline else 1
+        p = self.policy
+        pages = (p.weight_pages or K) if p.pipeline else 1
         return moe_block_schedule(num_steps, [s.kind for s in self.specs], K, pages=pages, pipelined=self.pipelined,
-                                  first=first, ahead=self.slots.ahead if self.policy.pipeline else frozenset())
+                                  first=first, ahead=self.slots.ahead if p.pipeline else frozenset(),
+                                  early_cache=p.pipeline)
 
     def _drop_block_state(self) -> None:
         """Drop every reference into a block's buffers (pending transfers' closures hold cache views), so the
@@ -275,7 +279,7 @@ class Executor(AheadDriver):
         if self.weights.all_direct:
             skip |= {"load_weight", "prefetch_weight"}
         if p.cache_gpu >= 1.0:
-            skip |= {"load_cache", "store_cache"}
+            skip |= {"load_cache", "store_cache", "prefetch_cache"}
         if not self.block.acts.active:
             skip |= {"load_hidden", "store_hidden"}
         return frozenset(skip)
@@ -308,11 +312,23 @@ class Executor(AheadDriver):
         self._issue_weight(a)
 
     def _load_cache(self, a: Action) -> None:
+        pend = self._issue_cache(a.i, a.j, a.k)
+        if pend:
+            self.block.track(pend)
+
+    def _prefetch_cache(self, a: Action) -> None:
+        """A cache load issued at the previous step's head (`moe_block_schedule`): only its compute waits for
+        it, never the sync of the slot that issued it (that would put the load in front of the heads)."""
+        self._issue_cache(a.i, a.j, a.k)
+
+    def _issue_cache(self, i: int, j: int, k: int) -> list:
+        """Start (i, j, k)'s cache load into its double-buffer slot; its compute waits for it (`cpend`)."""
         blk = self.block
-        kv = blk.kv.get((a.j, a.k))
-        if kv is None or a.i == 0 or blk.batches[a.k].done:
-            return
-        blk.cpend[(a.i, a.j, a.k)] = blk.track(kv.load(self.transfers, self._slot(a.i, a.j, a.k)))
+        kv = blk.kv.get((j, k))
+        if kv is None or i == 0 or blk.batches[k].done:
+            return []
+        pend = blk.cpend[(i, j, k)] = kv.load(self.transfers, self._slot(i, j, k))
+        return pend
 
     def _store_cache(self, a: Action) -> None:
         blk = self.block
@@ -354,8 +370,8 @@ class Executor(AheadDriver):
         self.host_attention.drain()
         if self.block is not None:
             self.block.wait_inflight()
-            for pendings in self.block.wpend.values():     # prefetched for layers the block ended before
-                for pending in pendings:
+            for pendings in (*self.block.wpend.values(), *self.block.cpend.values()):   # prefetched for
+                for pending in pendings:                                                 # computes never run
                     pending.wait()
             for kv in self.block.kv.values():
                 kv.settle()
@@ -455,7 +471,8 @@ class Executor(AheadDriver):
             else:
                 picked[r] = tok
         batch.set_next(picked)
-        blk.compact(k)
+        for i, j, kk in blk.compact(k):                  # prefetched before the compaction: load them again
+            self._issue_cache(i, j, kk)
 
     def _step_done(self, i: int) -> None:
         if self.transfers.clock is not None:

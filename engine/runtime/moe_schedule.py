@@ -32,6 +32,15 @@ what changes is when weights move and when host attention is joined:
     0.0626 s (H100, one call against the tree before, `benchmarks/gpu_suite.sh moe-decode-ab`, stop 51). The
     block's first expert layer is loaded as before.
 
+  - the next step's first cache loads ahead (`early_cache`): the cache loads of the first attention layer of
+    step i + 1, for its first two GPU batches (their double-buffer slots differ, and the decodes that last read
+    those buffers are issued already), are issued as `prefetch_cache` at the first slot of step i's head,
+    before its compute. In `block_schedule`'s order they were issued after step i's heads had picked their
+    tokens, which blocks the compute thread on the device, so the link sat idle across every step boundary
+    while the heads computed, the host picked tokens and the embeddings ran. Like `prefetch_weight`, only the
+    load's own compute waits for it, never a slot's sync. A GPU batch that compacts its rows at the head
+    loads its prefetched caches again (`Executor._apply_step`).
+
 Everything else (cache and hidden loads/stores, syncs) is `block_schedule`'s, unchanged.
 """
 from __future__ import annotations
@@ -82,19 +91,30 @@ def previous_of_kind(kinds: Sequence[str], i: int, j: int) -> tuple[int, int]:
     return n // J, n % J
 
 
+def _early_cache(i: int, kinds: Sequence[str], num_batches: int) -> list[tuple[int, int, int]]:
+    """The cache loads (i + 1, j, k) issued at step i's head: the first attention layer's first two GPU batches."""
+    j = next((n for n, kind in enumerate(kinds) if kind == "attention"), None)
+    if j is None:
+        return []
+    return [(i + 1, j, k) for k in batch_order(i + 1, j, len(kinds), num_batches)[:2]]
+
+
 def moe_block_schedule(num_steps: int, kinds: Sequence[str], num_batches: int, *, pages: int,
-                       pipelined: bool, first: int = 0, ahead: frozenset[str] = frozenset()) -> Iterator[Action]:
+                       pipelined: bool, first: int = 0, ahead: frozenset[str] = frozenset(),
+                       early_cache: bool = False) -> Iterator[Action]:
     """Every action for a block of a MoE model whose layer kinds are `kinds` (embed, attention, mlp, ...,
     head), in issue order. Each (i, j, k) is computed once, after its loads; with `pipelined`, each decode
     attention (i, j, k) is joined once, after its compute and before the compute of (i, j + 1, k); the layers
     of the kinds in `ahead` are loaded in the first slot of the previous layer of their kind, after its compute
-    (with deferred attention weights, in its last slot, after them). Steps [first, num_steps), as
-    `block_schedule`."""
+    (with deferred attention weights, in its last slot, after them); with `early_cache`, the next step's first
+    cache loads are issued at the first slot of a step's head, before its compute (`prefetch_cache`). Steps
+    [first, num_steps), as `block_schedule`."""
     if pages < 1:
         raise ValueError(f"moe_block_schedule: pages must be >= 1, got {pages}")
     J, K = len(kinds), num_batches
     early = _early_loads(num_steps, kinds, first, ahead)
     prefetched = set(early.values())
+    cache_ahead: list[tuple[int, int, int]] = []     # the cache loads issued at the previous step's head
 
     def deferred(wi: int, wj: int) -> bool:
         return pipelined and wi >= 1 and wj >= 2 and kinds[wj] == "attention" and kinds[wj - 2] == "attention"
@@ -126,6 +146,9 @@ def moe_block_schedule(num_steps: int, kinds: Sequence[str], num_batches: int, *
             spread = (i, j) not in early and not deferred(wi, wj)
             page_loads = [Action("load_weight", wi, wj, k, p, pages)
                           for p in (_page_range(place, K, pages) if spread else whole)]
+        if early_cache and j == J - 1 and place == 0 and i + 1 < num_steps:
+            cache_ahead = _early_cache(i, kinds, K)
+            yield from (Action("prefetch_cache", *key) for key in cache_ahead)
         late = target is not None and deferred(*target)
         ahead = []
         if (i, j) in early and place == (K - 1 if late else 0):
@@ -133,7 +156,7 @@ def moe_block_schedule(num_steps: int, kinds: Sequence[str], num_batches: int, *
         if not late:
             yield from page_loads
         for a in chunk:
-            if a.verb == "load_weight":
+            if a.verb == "load_weight" or (a.verb == "load_cache" and (a.i, a.j, a.k) in cache_ahead):
                 continue
             if a.verb == "compute" and joins(i, j):
                 yield Action("join_attention", i, j - 1, k)

@@ -36,7 +36,8 @@ from __future__ import annotations
 from typing import Iterator, Literal, NamedTuple
 
 Verb = Literal["load_weight", "load_cache", "load_hidden", "store_cache", "store_hidden", "compute", "sync",
-               "join_attention", "prefetch_weight"]   # the last two: the MoE schedule's (engine.runtime.moe_schedule)
+               "join_attention", "prefetch_weight", "prefetch_cache"]   # the last three: the MoE schedule's
+                                                                        # (engine.runtime.moe_schedule)
 
 
 class Action(NamedTuple):

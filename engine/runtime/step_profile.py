@@ -26,7 +26,7 @@ import torch
 from engine.runtime.schedule import Action
 
 PARTS = ("load_weight", "load_cache", "load_hidden", "store_cache", "store_hidden", "weight_wait", "dequant",
-         "cache_wait", "compute", "sync", "join_attention", "prefetch_weight")
+         "cache_wait", "compute", "sync", "join_attention", "prefetch_weight", "prefetch_cache")
 
 
 class StepProfile:

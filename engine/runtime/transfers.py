@@ -52,6 +52,14 @@ class Pending:
         self.done = True
 
 
+    def complete(self) -> None:
+        """Block the host until the transfer's copies are done (before their source is rewritten); its compute
+        stream wait and `then` are left to `wait`."""
+        event = self._future.result() if self._future is not None else self._event
+        if event is not None:
+            event.synchronize()
+
+
 class Transfers:
     """Owns the side streams (CUDA only) and the I/O threads; `close` joins the threads."""
 
