@@ -333,7 +333,8 @@ if [[ $what == moe-paths ]]; then
   # issue 17 on the product paths (carry .whl with pydantic, duckdb, llguidance >= 1.9 and
   # .bench_assets/smollm2_tokenizer): a random AWQ int4 Mixtral-8x7B (MOE_LAYERS=4 cuts it; stop 41 ran 4 layers
   # in 94 s), then MOE_PATHS (default the engine and `llmops run`; job_paths.py's names) over MOE_ROWS (2048)
-  # invoice rows, auto unless MOE_POLICY (a Policy as JSON) fixes the plan; ~6-8 min in full
+  # invoice rows, auto unless MOE_POLICY (a Policy as JSON) fixes the plan, and the engine path again at the end
+  # (stop 55: each path decoded slower than the one before; the second engine run shows such drift); ~7-9 min
   layers=()
   [[ -n ${MOE_LAYERS:-} ]] && layers=(--layers "$MOE_LAYERS")
   policy=()
@@ -341,7 +342,7 @@ if [[ $what == moe-paths ]]; then
   { python3 benchmarks/build_bench_model.py --out /tmp/mixtral_awq --tokenizer .bench_assets/smollm2_tokenizer \
       --shape mixtral-8x7b "${layers[@]}" | tail -n 4
     python3 benchmarks/job_paths.py --model /tmp/mixtral_awq --gpu-memory 16GiB --rows "${MOE_ROWS:-2048}" \
-      --paths "${MOE_PATHS:-engine,pipeline}" "${policy[@]}" --out "$OUT/job_paths_moe.jsonl" | grep -v '^{'
+      --paths "${MOE_PATHS:-engine,pipeline}" "${policy[@]}" --engine-again --out "$OUT/job_paths_moe.jsonl" | grep -v '^{'
   } 2>&1 | tee "$OUT/moe_paths.log" | tail -20
 fi
 if [[ $what == moe-peers ]]; then

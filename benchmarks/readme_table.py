@@ -183,7 +183,10 @@ def job_paths(records: list[dict]) -> str:
 def job_paths_offloaded(records: list[dict]) -> str:
     """The latest run: the engine path's rows/h, each other path's ratio to it, and the blocks run ahead."""
     run = max(records, key=lambda r: r["timestamp"])["run_id"]
-    paths = {r["path"]: r for r in records if r["run_id"] == run and not r.get("error")}
+    paths: dict[str, dict] = {}
+    for r in records:                    # a path's first run (`--engine-again` runs the engine a second time)
+        if r["run_id"] == run and not r.get("error"):
+            paths.setdefault(r["path"], r)
     engine = paths.pop("engine")
     stats = engine.get("engine_stats") or {}
     ratios = ", ".join(f"{p} {paths[p]['ratio_to_engine']:.3f}" for p in sorted(paths))   # 0.898 is not 0.90

@@ -44,7 +44,7 @@ from engine.runtime.prefill_chunks import attention_prefill, mlp_prefill
 from engine.runtime.schedule import Action, block_schedule
 from engine.runtime.selector import TokenSelector
 from engine.runtime.step_profile import StepProfile
-from engine.runtime.transfers import Transfers
+from engine.runtime.transfers import Pending, Transfers
 from engine.runtime.weight_homes import WeightHomes
 from engine.storage.tiers import MemoryBudget, Tier
 
@@ -321,7 +321,7 @@ class Executor(AheadDriver):
         it, never the sync of the slot that issued it (that would put the load in front of the heads)."""
         self._issue_cache(a.i, a.j, a.k)
 
-    def _issue_cache(self, i: int, j: int, k: int) -> list:
+    def _issue_cache(self, i: int, j: int, k: int) -> list[Pending]:
         """Start (i, j, k)'s cache load into its double-buffer slot; its compute waits for it (`cpend`)."""
         blk = self.block
         kv = blk.kv.get((j, k))
