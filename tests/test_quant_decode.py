@@ -74,6 +74,40 @@ def test_kernel_compiles_for_sm90(dt):
         assert "ex2.approx" in ptx                                        # the online softmax's exp
 
 
+def test_the_kernel_is_not_specialized_on_what_changes_every_step():
+    """The positions written (T), the key mask's row stride (L + T) and the prefix length (L) are never
+    specialized on (`do_not_specialize`): otherwise the first step whose T is a multiple of 16 compiles the
+    kernel again, mid-run."""
+    pytest.importorskip("triton")
+    from engine.models._quant_decode_triton import _quant_decode_kernel
+
+    held = {p.name for p in _quant_decode_kernel.params if p.do_not_specialize}
+    assert held == {"T", "L", "valid_b"}
+
+
+@requires_cuda
+def test_cuda_decode_steps_reuse_one_compiled_kernel():
+    """Decode steps at T = 15, 16, 17, 32, 33 (the key mask [b, T] grows with them) run one compiled kernel."""
+    assert_self_check_passes(_triton_ready)
+    from engine.models._quant_decode_triton import _quant_decode_kernel
+
+    def compiled() -> int:
+        return sum(len(cache[0]) for cache in _quant_decode_kernel.device_caches.values())
+    gen = torch.Generator().manual_seed(4)
+    cfg = QuantConfig(group_size=64)
+    b, nkv, S, hd = 4, 2, 40, 128
+    dev = torch.device("cuda")
+    q = torch.randn(b, nkv * 2, 1, hd, generator=gen).to(dev, torch.float16)
+    k = quantize(torch.randn(b, nkv, S, hd, generator=gen).to(dev, torch.float16), cfg)
+    v = quantize(torch.randn(b, nkv, S, hd, generator=gen).to(dev, torch.float16), cfg)
+    counts = []
+    for t in (15, 16, 17, 32, 33):
+        valid = torch.ones(b, t, dtype=torch.bool, device=dev)
+        assert quantized_decode_attention(q, k, v, t, valid, hd ** -0.5) is not None
+        counts.append(compiled())
+    assert counts == [counts[0]] * len(counts), counts
+
+
 def test_declines_off_cuda():
     cfg = QuantConfig(group_size=32)
     k = quantize(torch.randn(2, 2, 8, 32), cfg)

@@ -25,6 +25,13 @@ import triton.language as tl
 from engine.quant._dequant_triton import TL_DTYPES, round_as_addcmul
 
 _TILE = 2048           # key positions x packed bytes per loop step (32 positions of a 128-wide head)
+# The integers that change from one decode step to the next (the positions written, and the key mask's row
+# stride, L + T) or between blocks (the prefix length). Triton specializes an integer argument on being 1 or a
+# multiple of 16 and compiles the kernel again the first time it is: a decode step whose T first reached a
+# multiple of 16 stalled ~1.1 s in the middle of a run (stop 55: step 3 of prompt 77, T = 80; step 16 of prompt
+# 512, T = 528; a process's first run on a fresh machine, Triton's cache on disk spared later ones). They only
+# bound loops and offset the one-byte key mask, so nothing is lost by not specializing on them.
+_PER_STEP = ("T", "L", "valid_b")
 
 
 @triton.jit
@@ -73,7 +80,7 @@ def _q4_pair(data_ptr, mn_ptr, scale_ptr, d_off, m_off, c, grp, bmask, MID: tl.c
     return lo, hi
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PER_STEP)
 def _quant_decode_kernel(q_ptr, kd_ptr, kmn_ptr, ksc_ptr, vd_ptr, vmn_ptr, vsc_ptr, pk_ptr, pv_ptr, valid_ptr,
                          out_ptr, T, L, D, nh, g, scale, softcap,
                          q_b, q_h, kd_b, kd_h, kd_t, km_b, km_h, km_t, vd_b, vd_h, vd_t, vm_b, vm_h, vm_t,
