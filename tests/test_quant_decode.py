@@ -91,8 +91,11 @@ def test_cuda_decode_steps_reuse_one_compiled_kernel():
     assert_self_check_passes(_triton_ready)
     from engine.models._quant_decode_triton import _quant_decode_kernel
 
-    def compiled() -> int:
-        return sum(len(cache[0]) for cache in _quant_decode_kernel.device_caches.values())
+    def compiled() -> int:                 # Triton >= 3.2 keeps (kernels, ...) per device, older a dict
+        caches = getattr(_quant_decode_kernel, "device_caches", None)
+        if caches is None:
+            return sum(len(kernels) for kernels in _quant_decode_kernel.cache.values())
+        return sum(len(cache[0]) for cache in caches.values())
     gen = torch.Generator().manual_seed(4)
     cfg = QuantConfig(group_size=64)
     b, nkv, S, hd = 4, 2, 40, 128
