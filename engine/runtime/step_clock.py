@@ -92,6 +92,12 @@ class _Closed(NamedTuple):
     def complete(self) -> bool:
         return self.final.query() and all(end.query() for _, _, end in self.transfers)
 
+    def wait(self) -> None:
+        """Block the host until every event of the step has completed (each on its own device and stream)."""
+        self.final.synchronize()
+        for _, _, end in self.transfers:
+            end.synchronize()
+
 
 class StepClock:
     """Collects one step's events (`transfer_start/transfer_end`, `compute_start/compute_end`, `host_wait`);
@@ -160,10 +166,11 @@ class StepClock:
 
     def _fold(self, wait: bool) -> None:
         """Turn the closed steps whose events have completed (with `wait`, every one) into `steps`, in order."""
-        if wait and self._closed:
-            torch.cuda.synchronize()
         while self._closed and (wait or self._closed[0].complete()):
-            self.steps.append(_summary(self._closed.pop(0)))
+            step = self._closed.pop(0)
+            if wait:
+                step.wait()
+            self.steps.append(_summary(step))
 
     def take(self) -> list[dict]:
         """The steps closed so far (waiting for their events), emptied."""
@@ -173,9 +180,8 @@ class StepClock:
 
 
 def _summary(step: _Closed) -> dict:
-    """One closed step's entry of `StepClock.steps` (module docstring), its events completed but for a disk
-    thread's transfer still in flight, which is left out."""
-    transfers = [t for t in step.transfers if t[2].query()]
+    """One closed step's entry of `StepClock.steps` (module docstring), its events completed."""
+    transfers = step.transfers
     ref = step.computes[0][1] if step.computes else transfers[0][1]
 
     def at(e: torch.cuda.Event) -> float:
