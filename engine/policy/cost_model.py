@@ -154,7 +154,11 @@ class CostTerms:
     prefill_in_series: float = 1.0                          # a block's share of a prefill not hidden (ahead)
     rows_filled: float = 1.0                                # `rows_filled`: the workload's rows over its blocks'
     ahead: dict[str, np.ndarray] | None = None              # a decode layer-step's added channels, carrying
-    carrying: float = 0.0                                   # the share of blocks whose decode carries a prefill
+
+    @property
+    def carrying(self) -> float:
+        """The share of blocks whose decode carries the next block's prefill (all but the first's in series)."""
+        return 1.0 - self.prefill_in_series
 
     def channels(self, phase: str, slot_s: float, carried: float | None = None) -> dict[str, np.ndarray]:
         """`phase`'s ("prefill" / "decode") channels with `slot_s` seconds per slot (and the per-layer host
@@ -390,7 +394,7 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     return CostTerms(prefill, decode, memory, L, n, b, policy.overlap, prefill_slots, decode_slots, k,
                      ("gpu compute" if on_cpu else "host", host), dequant_w_host,
                      layout.held_fraction(profile.device_type), in_series, rows_filled(b, workload.num_prompts),
-                     ahead, 1.0 - in_series)
+                     ahead)
 
 
 def rows_filled(block_size: int, num_prompts: int | None) -> float:
@@ -432,7 +436,7 @@ def decode_slack(config: ModelConfig, policy: Policy, workload: Workload, profil
 
 def estimate_terms(terms: CostTerms, x: np.ndarray) -> CostEstimate:
     """Evaluate precomputed terms at placement x [6] (slot time at exactly this placement)."""
-    prefill, _ = terms.at(x)
+    prefill = terms.channels("prefill", terms.prefill_slots.seconds(x))
     t_pre, pre_worst = layer_seconds(prefill, x, terms.overlap)
     t_gen, gen_worst = terms.decode_step(x)
     prefill_s = terms.num_layers * t_pre * terms.prefill_in_series

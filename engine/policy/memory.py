@@ -115,10 +115,9 @@ class ModelLayout:
             counts[id(at[j])][tuple(layer)] += 1
         return {key: list(c.items()) for key, c in counts.items()}
 
-    def bytes_on(self, w_gpu: float, w_cpu: float, device_type: str, extra: int = 0) -> dict[Tier, int]:
-        """Weight bytes per tier as the executor places them (`placed`)."""
+    def bytes_on(self, placed: dict[int, list[tuple[tuple[Tier, ...], int]]]) -> dict[Tier, int]:
+        """Weight bytes per tier of a placement `placed` returned."""
         on = {t: 0 for t in Tier}
-        placed = self.placed(w_gpu, w_cpu, device_type, extra)
         for kl in self.kinds:
             for tiers, count in placed[id(kl)]:
                 for size, tier in zip(kl.stored, tiers):
@@ -331,9 +330,9 @@ def executor_memory(config: ModelConfig, layout: ModelLayout, policy: Policy, pr
     dtype, e = dtype_of_size(bytes_per_element), bytes_per_element
     cuda = device_type == "cuda"
     mem = {t: 0 for t in TIERS}
-    for tier, size in layout.bytes_on(policy.w_gpu, policy.w_cpu, device_type, policy.w_gpu_extra).items():
-        mem[tier.value] += size
     placed = layout.placed(policy.w_gpu, policy.w_cpu, device_type, policy.w_gpu_extra)
+    for tier, size in layout.bytes_on(placed).items():
+        mem[tier.value] += size
 
     def moved(kl: KindLayout, n: int) -> int:              # some layer of the group loads tensor n
         off = any(t[n] is Tier.DISK or (t[n] is Tier.CPU and cuda) for t, _ in placed[id(kl)])
@@ -487,7 +486,7 @@ def weight_fraction_on(layout: ModelLayout, w_gpu: float, w_cpu: float, device_t
                        extra: int = 0) -> tuple[float, float]:
     """(gpu, cpu) fractions of all weight bytes the executor places for these policy fractions and `extra`
     (`Policy.w_gpu_extra`) on a `device_type` device (on CUDA the held kinds count on the gpu)."""
-    on = layout.bytes_on(w_gpu, w_cpu, device_type, extra)
+    on = layout.bytes_on(layout.placed(w_gpu, w_cpu, device_type, extra))
     total = layout.total_bytes or 1
     return on[Tier.GPU] / total, on[Tier.CPU] / total
 

@@ -91,12 +91,12 @@ def previous_of_kind(kinds: Sequence[str], i: int, j: int) -> tuple[int, int]:
     return n // J, n % J
 
 
-def _early_cache(i: int, kinds: Sequence[str], num_batches: int) -> list[tuple[int, int, int]]:
-    """The cache loads (i + 1, j, k) issued at step i's head: the first attention layer's first two GPU batches."""
-    j = next((n for n, kind in enumerate(kinds) if kind == "attention"), None)
+def _early_cache(i: int, j: int | None, num_layers: int, num_batches: int) -> list[tuple[int, int, int]]:
+    """The cache loads (i + 1, j, k) issued at step i's head: the first attention layer j's (None: the model
+    has none) first two GPU batches."""
     if j is None:
         return []
-    return [(i + 1, j, k) for k in batch_order(i + 1, j, len(kinds), num_batches)[:2]]
+    return [(i + 1, j, k) for k in batch_order(i + 1, j, num_layers, num_batches)[:2]]
 
 
 def moe_block_schedule(num_steps: int, kinds: Sequence[str], num_batches: int, *, pages: int,
@@ -115,6 +115,7 @@ def moe_block_schedule(num_steps: int, kinds: Sequence[str], num_batches: int, *
     early = _early_loads(num_steps, kinds, first, ahead)
     prefetched = set(early.values())
     cache_ahead: list[tuple[int, int, int]] = []     # the cache loads issued at the previous step's head
+    first_attention = next((j for j, kind in enumerate(kinds) if kind == "attention"), None)
 
     def deferred(wi: int, wj: int) -> bool:
         return pipelined and wi >= 1 and wj >= 2 and kinds[wj] == "attention" and kinds[wj - 2] == "attention"
@@ -147,7 +148,7 @@ def moe_block_schedule(num_steps: int, kinds: Sequence[str], num_batches: int, *
             page_loads = [Action("load_weight", wi, wj, k, p, pages)
                           for p in (_page_range(place, K, pages) if spread else whole)]
         if early_cache and j == J - 1 and place == 0 and i + 1 < num_steps:
-            cache_ahead = _early_cache(i, kinds, K)
+            cache_ahead = _early_cache(i, first_attention, J, K)
             yield from (Action("prefetch_cache", *key) for key in cache_ahead)
         late = target is not None and deferred(*target)
         ahead = []
