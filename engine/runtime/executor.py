@@ -312,9 +312,7 @@ class Executor(AheadDriver):
         self._issue_weight(a)
 
     def _load_cache(self, a: Action) -> None:
-        pend = self._issue_cache(a.i, a.j, a.k)
-        if pend:
-            self.block.track(pend)
+        self.block.track(self._issue_cache(a.i, a.j, a.k))
 
     def _prefetch_cache(self, a: Action) -> None:
         """A cache load issued at the previous step's head (`moe_block_schedule`): only its compute waits for
