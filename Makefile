@@ -24,4 +24,4 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
 
 bench: $(VENV)/.installed
-	$(PY) benchmarks/cpu_generate.py
+	$(PY) benchmarks/throughput/cpu_generate.py

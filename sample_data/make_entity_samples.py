@@ -7,7 +7,7 @@ root, `python sample_data/make_entity_samples.py` (fixed seed: identical output 
   Different people may share a name (a hard negative: other city, other phone).
 - `products_left.csv` / `products_right.csv`: the two sides of `products_pairs.csv` as two shop tables
   (`id` is the pair's id on both sides); the labelled pairs are `products_pairs.csv`'s.
-`customer_records(rng, entities)` is also what `benchmarks/resolve_blocking.py` draws its 1,000 rows from.
+`customer_records(rng, entities)` is also what `benchmarks/accuracy/resolve_blocking.py` draws its 1,000 rows from.
 """
 from __future__ import annotations
 

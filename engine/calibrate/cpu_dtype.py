@@ -1,8 +1,8 @@
 """Which floating dtype `dtype="auto"` means on this CPU: measured once per machine and cached on disk.
 
 bf16 is not always faster on a CPU: it depends on the ISA (AVX512-BF16/AMX) and on the kernels the torch
-build dispatches to. On the 2-core development machine (torch 2.13 CPU wheel) a bf16 GEMM ran ~3x slower than
-fp32; on the lent H200's 16-core host bf16 was ~2.3x faster. So "auto" asks the machine, but only once: the
+build dispatches to. On a 2-core x86 machine (torch 2.13 CPU wheel) a bf16 GEMM runs ~3x slower than fp32;
+on a 16-core H200 host bf16 is ~2.3x faster. So "auto" asks the machine, but only once: the
 dtype is part of the result-cache key and bf16 and fp32 give different outputs, so a choice re-timed in every
 process (a near tie flips with the load of the moment) would make an unchanged rerun miss the cache and
 change its answers.

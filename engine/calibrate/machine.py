@@ -16,7 +16,7 @@ from engine.policy.hardware import HardwareProfile
 
 # Share of the available RAM a GPU run's cpu tier may use when no cpu budget is given. The cpu tier is pinned
 # (page-locked) memory: the kernel can neither swap nor reclaim it, and the driver needs memory of its own
-# to map it. On the lent H200 host (125 GiB available) a run that pinned 87.5 GiB was OOM-killed.
+# to map it: on an H200 host with 125 GiB available, a run that pins 87.5 GiB is OOM-killed.
 PINNED_SHARE = 0.7
 
 

@@ -31,8 +31,8 @@ from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT
 from engine.quant.group import dequantize, quantize
 
 MIB = 1024**2
-# the host-CPU probes take at least this many repeats: on the lent H200 hosts their best of 3 read 6x apart
-# between machines (cpu_gflops 229 vs ~1400), and a short probe is cheap next to a wrong policy
+# the host-CPU probes take at least this many repeats: on two H200 hosts of one kind their best of 3 read 6x
+# apart (cpu_gflops 229 vs ~1400), and a short probe is cheap next to a wrong policy
 HOST_REPEATS = 7
 _PROBE_BATCHES = 4      # GPU batches (of one row) in the executor slot probes
 

@@ -12,15 +12,14 @@ per-step sampling the same in both and cancelled. Then
 for the prefill (step 0) and for a decode step (each copy's fastest decode step, so a one-off stall is
 not multiplied by the layers the trial does not run); per-layer times are full step / L. Noise in the
 step times is multiplied by (L - lo) / (hi - lo): 15x for OPT-6.7B with copies of 2 and 4 layers, 7.5x
-with 2 and 6 (hi never exceeds L). This replaced a clock that synchronized the device around one decoder
-layer of a 2-layer copy: it timed host launches and device work in series, and on the H200 read OPT-6.7B's
-resident policies at 0.3-0.6x of their full runs (benchmarks/results/h200/README.md). That clock
-(`_LayerClock`) still measures the executor's per-slot host cost on tiny configs (`slot_seconds`), where
-the device work is negligible. The trial's prompt is the workload's mean prompt, its shared prefix the
-workload's (`trial_prompts`: the same leading tokens in every row, computed once per GPU batch as in the
-run); its decode context is s + steps / 2 (the full run's mean is s + n / 2). `trial_estimate` turns the numbers into a
-`PolicyEstimate` that records both the cost model's prediction and the trial's measurement;
-`best_by_trials` ranks candidates by their trials bounded by their predictions (`bounded`).
+with 2 and 6 (hi never exceeds L). A clock that synchronizes the device around one decoder layer
+(`_LayerClock`) times host launches and device work in series (on an H200 it reads OPT-6.7B's resident
+policies at 0.3-0.6x of their full runs), so it only measures the executor's per-slot host cost on tiny
+configs (`slot_seconds`), where the device work is negligible. The trial's prompt is the workload's mean
+prompt, its shared prefix the workload's (`trial_prompts`: the same leading tokens in every row, computed
+once per GPU batch as in the run); its decode context is s + steps / 2 (the full run's mean is s + n / 2).
+`trial_estimate` turns the numbers into a `PolicyEstimate` that records both the cost model's prediction and
+the trial's measurement; `best_by_trials` ranks candidates by their trials bounded by their predictions (`bounded`).
 """
 from __future__ import annotations
 
@@ -249,9 +248,10 @@ def trial_estimate(config: ModelConfig, predicted: PolicyEstimate, workload: Wor
 def bounded(trial: PolicyEstimate, predicted: PolicyEstimate) -> PolicyEstimate:
     """The trial's estimate, or the cost model's where the trial reads faster than it. The cost model is an
     optimistic bound (every channel at its measured peak rate, transfers and compute fully overlapped): on
-    the H200, none of 33 OPT-6.7B policies measured in full ran above 1.02x its prediction, while
+    an H200, none of 33 OPT-6.7B policies measured in full ran above 1.02x its prediction, while
     host-bound trials read up to 2.15x theirs when the host ran fast during the trial
-    (benchmarks/results/h200/README.md). A trial above the bound measured the host, not the policy."""
+    (`benchmarks/policy/policy_validation.py`, `benchmarks/policy/trial_accuracy.py`). A trial above the bound
+    measured the host, not the policy."""
     if trial.predicted_tokens_per_s <= predicted.predicted_tokens_per_s:
         return trial
     context = dict(trial.context)

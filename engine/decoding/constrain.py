@@ -1,6 +1,6 @@
 """Grammar-constrained decoding (json_schema / choices / regex) with llguidance.
 
-Why llguidance (measured on SmolLM2's tokenizer, 16 rows, a 3-field JSON schema, this 2-core CPU):
+Why llguidance (measured on SmolLM2's tokenizer, 16 rows, a 3-field JSON schema, a 2-core CPU):
 import 0.05 s vs xgrammar's 2.8 s (xgrammar imports transformers, which the engine must not need);
 tokenizer info 0.41 s vs 0.26 s (once per process); per-step mask for 16 rows 0.49 ms vs 0.13 ms. Both are
 far below a decode step (~100 ms at batch 64), and llguidance's `is_stopped` says when the grammar can
@@ -20,8 +20,8 @@ its grammar before max_new_tokens: it tracks per row a completion from the curre
 the next token of the completion that fit before it. A row far from its budget pays one `validate_tokens`
 call per token (~1 us); when the old completion no longer fits, the search starts from hints taken from it
 (`closing.hints_after`: its tail, or its bytes after the token re-tokenized) and walks the grammar only
-when none fits (`python benchmarks/grammar_advance.py`, extract_invoices, 80 rows, dev CPU: `advance` 48.8 us
-per row-token at 1b9753f, before the hints, 27.2 after); only rows at their reserve have tokens replaced.
+when none fits (`python benchmarks/operators/grammar_advance.py`, extract_invoices, 80 rows, 2-core CPU: `advance`
+takes 27.2 us per row-token with the hints, 48.8 without); only rows at their reserve have tokens replaced.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ _REGEX_META = set("\\.+*?()|[]{}^$#&-~")
 PARALLEL_ROWS = 16  # from this many rows, masks are computed on llguidance's thread pool (1.7 vs 5.9 ms at 64)
 
 
-LLGUIDANCE_MIN = (1, 9)      # LLTokenizer(eos_token=[...]): 1.6.1 takes one int (the H200 image, stop 36)
+LLGUIDANCE_MIN = (1, 9)      # LLTokenizer(eos_token=[...]), a list of ids (1.6.1 takes one int)
 
 
 def _llguidance():

@@ -1,9 +1,11 @@
 """The decoding controller of one block: a `TokenSelector` (engine/runtime/selector.py) with per-row state.
 
 It owns, per block row: the generated token ids, their logprobs, the grammar matcher, the incremental
-detokenizer for stop strings, and why the row finished. The choice of tokens is vectorised over the rows
-of a GPU batch (one masked argmax or one inverse-CDF draw); only the per-row bookkeeping (append, EOS,
-grammar advance, stop-string check) is a Python loop.
+detokenizer for stop strings, why the row finished and, under a constraint, the row's confidence, folded
+token by token from the masked logits the choice was made from (`engine.decoding.confidence`: no second
+pass). The choice of tokens is vectorised over the rows of a GPU batch (one masked argmax or one
+inverse-CDF draw); only the per-row bookkeeping (append, EOS, grammar advance, stop-string check) is a
+Python loop.
 
 Finish reasons: "stop" for an EOS token, a stop string or a completed grammar (also a grammar that accepts
 when the row reaches max_new_tokens); "length" when a row reaches its max_new_tokens first. A constrained
@@ -31,6 +33,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
+from engine.decoding import confidence as conf
 from engine.decoding.constrain import GrammarConstraint
 from engine.decoding.params import Completion, FinishReason, SamplingParams
 from engine.decoding.sampling import chosen_logprobs, greedy, sample, uniforms
@@ -75,6 +78,8 @@ class BlockDecoder:
         self.logprobs: list[list[float]] | None = [[] for _ in range(n)] if params.logprobs else None
         self.finish: list[FinishReason | None] = [None] * n
         self.errors: list[str | None] = [None] * n
+        self._fold = conf.fold_for(params) if constraint is not None else None
+        self._confidence = [0.0] * n   # per row: the folded log-probability (see engine.decoding.confidence)
         self.on_finished = on_finished
         self._done: dict[int, Completion] = {}   # rows finished and reported to on_finished
         self.grammar_s = {"prefill": 0.0, "decode": 0.0}
@@ -114,9 +119,14 @@ class BlockDecoder:
                 tokens[i], verdicts[i] = self._advance_grammar(row, tokens[i])
             self.grammar_s[phase] += time.perf_counter() - began
         lps = None
-        if self.logprobs is not None:
+        if self.logprobs is not None or self._fold is not None:
             fed = torch.tensor(tokens, dtype=chosen.dtype, device=chosen.device)                # [n]
-            lps = chosen_logprobs(logits, fed).tolist()
+            if self.logprobs is not None:
+                lps = chosen_logprobs(logits, fed).tolist()
+            if self._fold is not None:
+                cps = chosen_logprobs(scores, fed).tolist()                   # log q_t: under the grammar's mask
+                for i, row in enumerate(rows):
+                    self._confidence[row] = conf.fold(self._fold, self._confidence[row], cps[i])
         finished = [self._record(row, tokens[i], None if lps is None else lps[i], verdicts[i])
                     for i, row in enumerate(rows)]
         if self.on_finished is not None:
@@ -195,4 +205,6 @@ class BlockDecoder:
             prompt_tokens=self.prompt_lens[row],
             logprobs=None if self.logprobs is None else list(self.logprobs[row]),
             error=self.errors[row],
+            confidence=(conf.confidence(self._confidence[row]) if self._fold is not None and reason == "stop"
+                        else None),
         )

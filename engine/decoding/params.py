@@ -44,7 +44,8 @@ class SamplingParams:
 @dataclass
 class Completion:
     """One prompt's result. On a per-prompt error, `finish_reason` is "error", `error` says why and
-    text is empty."""
+    text is empty. `confidence`: for a constrained output (choices / json_schema / regex) that finished
+    ("stop"), how sure the model was of it, in [0, 1] (defined in `engine.decoding.confidence`); else None."""
 
     text: str
     token_ids: list[int] = field(default_factory=list)
@@ -52,3 +53,4 @@ class Completion:
     prompt_tokens: int = 0
     logprobs: list[float] | None = None
     error: str | None = None
+    confidence: float | None = None

@@ -77,7 +77,7 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, S, N, x_b, x_n, x_s, c_b, c_s
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
-    """t [*lead, n] as [R, n] with a row stride and a contiguous last dim (a view when the lead dims fold,
+    """t [*lead, n] as [R, n] with a row stride and a contiguous last dim (a view when the leading dims fold,
     else a contiguous copy)."""
     flat = t.reshape(-1, t.shape[-1]) if t.dim() != 1 else t.reshape(1, -1)
     return flat if flat.stride(-1) == 1 or flat.shape[-1] == 1 else flat.contiguous()

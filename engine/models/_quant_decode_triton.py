@@ -7,7 +7,7 @@ then the 4-bit positions, with an online softmax in float32; each packed byte is
 registers exactly as `engine.quant.kernels.affine_dequant` writes it (`round_as_addcmul`), so the keys and
 values attended are the dense ones of the chunked path, bit for bit. No dense copy of the cache exists, and
 one launch covers every row: the chunked path launched several kernels per chunk of ~20 rows, which on
-OPT-30B at 192 rows made the compute thread, not the link, bound the decode step (stop 39's StepClock).
+OPT-30B at 192 rows made the compute thread, not the link, bound the decode step (`engine.runtime.step_clock`).
 
 Layouts (checked by the caller): q [b, nh, 1, D] and the prefix [1, nkv, L, D] with a contiguous last dim;
 the cache's data [b, nkv, S, NG, HALF] uint8 and mn/scale [b, nkv, S, NG, 1] with their two last dims
@@ -27,10 +27,10 @@ from engine.quant._dequant_triton import TL_DTYPES, round_as_addcmul
 _TILE = 2048           # key positions x packed bytes per loop step (32 positions of a 128-wide head)
 # The integers that change from one decode step to the next (the positions written, and the key mask's row
 # stride, L + T) or between blocks (the prefix length). Triton specializes an integer argument on being 1 or a
-# multiple of 16 and compiles the kernel again the first time it is: a decode step whose T first reached a
-# multiple of 16 stalled ~1.1 s in the middle of a run (stop 55: step 3 of prompt 77, T = 80; step 16 of prompt
-# 512, T = 528; a process's first run on a fresh machine, Triton's cache on disk spared later ones). They only
-# bound loops and offset the one-byte key mask, so nothing is lost by not specializing on them.
+# multiple of 16 and compiles the kernel again the first time it is: a decode step whose T first reaches a
+# multiple of 16 stalls ~1.1 s in the middle of a run (step 3 of prompt 77, T = 80; step 16 of prompt 512,
+# T = 528; in a process's first run on a machine whose Triton cache on disk is empty). They only bound loops
+# and offset the one-byte key mask, so nothing is lost by not specializing on them.
 _PER_STEP = ("T", "L", "valid_b")
 
 

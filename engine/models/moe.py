@@ -8,8 +8,8 @@ batch of 192 tokens hits nearly all of Qwen3-30B-A3B's 128 experts: a loop of ~8
 each (layer, GPU batch) slot launch-bound). The (token, slot) pairs are sorted by expert once; the experts
 that received tokens form groups of consecutive experts (`expert_groups`; on an accelerator a group also spans
 the experts between them that received none: H200, bf16, Qwen3-30B-A3B's shape at 16 tokens, one bmm over all
-128 experts took 0.73 ms against 3.8 ms for 29 groups of hit experts only, `benchmarks/results/h200/
-moe_experts_speed_bfloat16.log`); a group of G experts whose largest
+128 experts takes 0.73 ms against 3.8 ms for 29 groups of hit experts only, `benchmarks/kernels/moe_experts_speed.py`);
+a group of G experts whose largest
 count is C gathers its tokens into a zero-padded [G, C, h] and runs the gate, up and down projections as
 three `torch.bmm` against views of the stacked weights (no weight is copied; SiLU's act(gate) * up as one
 fused pass written into the gate's buffer, `_gate_up`); only the real rows are scaled
@@ -19,9 +19,10 @@ expert whose own tokens exceed it is a group alone (no padding: the per-expert p
 Experts without tokens cost nothing. One host sync per call: the per-expert counts.
 
 On a CPU device the default is one expert per group (`CPU_GROUP_BYTES`): a launch costs microseconds there
-against milliseconds of expert compute, so padded rows cost more than the launches they save (dev CPU, one
+against milliseconds of expert compute, so padded rows cost more than the launches they save (2-core CPU, one
 thread, float32, Qwen3-30B-A3B / DeepSeek-V2-Lite / Mixtral-8x7B shapes at 16-4096 tokens: grouped 0.75-1.00x
-the old loop's speed, one expert per group 0.93-1.13x; `benchmarks/results/moe_experts_speed_*-float32.json`).
+the speed of a loop per expert, one expert per group 0.93-1.13x;
+`benchmarks/records/cpu-2core/moe_experts_speed.jsonl`).
 
 With no host sync (`experts_grouped_mm`) where `torch._grouped_mm` has a kernel: bfloat16 on CUDA sm90 and
 newer (in torch 2.11-2.13 other dtypes and chips take a fallback that copies the offsets to the host and loops
@@ -29,11 +30,12 @@ over groups). The (token, slot) pairs sorted by expert go through the gate, up a
 grouped matmul each, against views of the stacked weights, with the experts' end offsets on the device, in
 chunks of at most `group_bytes` of buffers (`expert_slot_bytes` per pair, no padding); the routing weights
 scale the activations in the fused SiLU pass, and each pair's output goes to its (token, slot) place, the k
-slots summed once at the end (no atomic `index_add_`). The host then never
-waits for the device inside a MoE layer, so it can run ahead of it (the H200's step clock showed the device
-waiting on the host in every step of a many-GPU-batch MoE decode, stop 40). Checked once per device against the
+slots summed once at the end (no atomic `index_add_`). The host then never waits for the device inside a
+MoE layer, so it can run ahead of it (with a host sync per layer, the step clock shows the device waiting on
+the host in every step of a many-GPU-batch MoE decode on an H200). Checked once per device against the
 grouped bmm (`first_use_check`; a failure warns and keeps the grouped bmm). Tested on the CPU (where
-`_grouped_mm` runs its reference loop); its kernels measured on an H100: `benchmarks/grouped_mm_speed.py`.
+`_grouped_mm` runs its reference loop); its kernels measured on an H100:
+`benchmarks/records/h100/grouped_mm_speed.jsonl`.
 """
 from __future__ import annotations
 
@@ -159,8 +161,8 @@ def experts_grouped_mm(x: torch.Tensor, top_w: torch.Tensor, top_e: torch.Tensor
     rounded once more), before the down projection, which is linear: no separate product over the output.
     Each pair's output is copied to its (token, slot) place in a [n, k, h] buffer and the k slots are summed
     once at the end (float32 accumulation, one rounding), instead of an atomic `index_add_` per chunk. The two
-    took 86 us and 162 us per 4,096 pairs of Mixtral's shape on an H100 (stop 48), yet removing them left the
-    prefill where it was (stop 49's A/B: -1.4% on 4 layers, +0.6% on the whole model, inside the noise)."""
+    take 86 us and 162 us per 4,096 pairs of Mixtral's shape on an H100, inside the prefill's noise: leaving
+    them out moves it by -1.4% on 4 layers and +0.6% on the whole model."""
     n, h = x.shape
     k, (E, i, _) = top_e.shape[1], w1.shape
     pairs = x.new_empty(n * k, h)  # [n*k, h] each pair's weighted output at token * k + slot

@@ -2,13 +2,13 @@
 
 The chunked path (`engine.models.attention.chunked_decode_attention`) dequantizes a chunk of rows' keys and
 values into a dense buffer and runs SDPA on it: several launches per chunk, and chunks of ~20 rows at
-256 MiB. On the H200 with OPT-30B at 192 rows (4-bit cache, 84% of it loaded from the host every step) that
-was about 1 s of the compute thread's time per decode step, more than the step's 0.93 s transfer floor, so
-the device waited for the host (stop 39's StepClock: `lead_s` ~0 in the slow steps). The fused kernel
+256 MiB. On an H200 with OPT-30B at 192 rows (4-bit cache, 84% of it loaded from the host every step) that
+is about 1 s of the compute thread's time per decode step, more than the step's 0.93 s transfer floor, so
+the device waits for the host (`engine.runtime.step_clock`: `lead_s` ~0 in the slow steps). The fused kernel
 (`engine.models._quant_decode_triton`) reads the packed cache, dequantizes in registers exactly as
 `affine_dequant` does, and runs an online softmax over the shared prefix and the 4-bit positions: one
-launch for every row and head, no dense copy of the cache. With it that run's compute thread spent 0.24 s a
-step and the mean step was 0.997 s, 1.07x the floor (`benchmarks/results/h200/README.md`, stop 39).
+launch for every row and head, no dense copy of the cache. With it the same run's compute thread spends
+0.24 s a step and the mean step is 0.997 s, 1.07x the floor.
 
 Values: the keys and values are the chunked path's bit for bit; the softmax and the weighted sum run in
 float32 in another order than SDPA's, so outputs differ from it within float rounding. Every device-side

@@ -211,7 +211,7 @@ class CostEstimate:
 
 
 PAGE_BYTES = 32 << 20   # the most a MoE weight page holds: an urgent copy waits at most ~0.6 ms behind one at
-# 51 GiB/s, and copies of >= 16 MiB still run at full pinned bandwidth (ENVIRONMENT.md)
+# 51 GiB/s, and copies of >= 16 MiB still run at full pinned bandwidth (an H200 host's link)
 
 
 def weight_pages(config: ModelConfig, layout: ModelLayout, num_gpu_batches: int, cpu_attention: bool) -> int:
@@ -220,7 +220,8 @@ def weight_pages(config: ModelConfig, layout: ModelLayout, num_gpu_batches: int,
     since each page costs the executor host time): one per GPU batch at least, and enough that no page of the
     largest layer kind exceeds PAGE_BYTES. 0 (one page per GPU batch, the executor's default) for dense models and
     for GPU attention, which has no urgent copies to let through: Mixtral-8x7B at 512 x 1 with GPU attention
-    decoded in 77.5 s with 27 pages and in 61.2 s with one (H200, one device call, `throughput_moe.jsonl`)."""
+    decodes in 77.5 s with 27 pages and in 61.2 s with one (H200, `benchmarks/throughput/throughput.py`'s moe
+    workload)."""
     if not (config.is_moe and cpu_attention):
         return 0
     largest = max(sum(kind.stored) for kind in layout.kinds)
@@ -354,8 +355,8 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
         # gpu attention over the whole cache (moved in as needed), dequantized first when compressed
         decode["gpu compute"] = const(matmul_s + attn_gpu_s + dequant_cache_s)
     # the executor's host time, per (decoder layer, GPU batch) slot (on a CPU device it is the compute); with
-    # pipelined host attention it shares the host's cores with that attention (stop 40: the step took the
-    # compute thread's own time plus its waits for the host jobs), so it joins the "cpu attention" channel
+    # pipelined host attention it shares the host's cores with that attention (a step takes the compute
+    # thread's own time plus its waits for the host jobs), so it joins the "cpu attention" channel
     if cpu_att and not pipelined:
         host = "compute"
     elif on_cpu:
@@ -387,9 +388,9 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
         ahead = {compute: carried, "gpu->cpu": const(b * s * kv / (d2h * (n - 1))),
                  "cpu->gpu": c_gpu * (b * s * kv / (h2d * (n - 1)))}
         if host != compute:
-            # the slot work does not hide behind the prefill: on Llama-3-70B at 16 GiB (stop 37) an ahead
-            # block took its decode's slot time plus the prefill, not the larger of the two (not traced; likely
-            # a store's host wait for the staging buffer two stores back, whose copy waits for the prefill)
+            # the slot work does not hide behind the prefill: on Llama-3-70B at 16 GiB an ahead block takes
+            # its decode's slot time plus the prefill, not the larger of the two (likely a store's host wait
+            # for the staging buffer two stores back, whose copy waits for the prefill)
             ahead[host] = carried
     return CostTerms(prefill, decode, memory, L, n, b, policy.overlap, prefill_slots, decode_slots, k,
                      ("gpu compute" if on_cpu else "host", host), dequant_w_host,
@@ -400,7 +401,7 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
 def rows_filled(block_size: int, num_prompts: int | None) -> float:
     """The share of its blocks' rows a run of `num_prompts` rows fills: num_prompts / (blocks x block_size), 1
     when unbounded. Its last block takes a full block's time (its steps stream every weight however few rows it
-    holds; Mixtral-8x7B, 2,048 rows at 77/32/24 GiB, stop 53: 1536x1 stepped its 512-row block at 0.30 s, the
+    holds; Mixtral-8x7B, 2,048 rows at 77/32/24 GiB on an H200: 1536x1 steps its 512-row block at 0.30 s, the
     1,536-row one, carrying the next block's prefill, at 0.34), so the run's tokens/s is a full block's times
     this."""
     if num_prompts is None:

@@ -15,10 +15,9 @@ GIB = 1024**3
 
 
 # Unmeasured profiles' 4-bit host attention rate as a share of the dense one (`calibrate` measures the real
-# rate). Measured on the dev CPU (2 cores; benchmarks/cpu_attention_speed.py, bf16, `ratio_to_bf16_dense`):
+# rate). On a 2-core CPU (bf16, `ratio_to_bf16_dense` in `benchmarks/records/cpu-2core/cpu_attention_speed.jsonl`),
 # attention in the rotated basis reads the rotated 4-bit cache at 0.08-0.16 of bf16 dense's dense-equivalent
-# rate on the Mixtral-8x7B shape (0.08-0.10 at the default 64 MiB chunks) and 0.18-0.27 on OPT-30B's; the path
-# before it (every cached row un-rotated) ran at 0.005-0.02, so the old default of 1/4 was never met.
+# rate on the Mixtral-8x7B shape (0.08-0.10 at the default 64 MiB chunks) and 0.18-0.27 on OPT-30B's.
 Q4_ATTENTION_RATIO = 1 / 8
 
 
@@ -151,26 +150,27 @@ class HardwareProfile:
 
 
 def reference_profile(name: str) -> HardwareProfile:
-    """A built-in profile of a known machine. "h200": the lent H200 host (ENVIRONMENT.md, measured
-    2026-11-29): pinned copies 51.4/51.5 GiB/s, disk 1.30/1.35 GB/s, bf16 linear ~690 TFLOP/s sustained,
-    4.23 TB/s copy, CPU fp32 1.55 TFLOP/s, CPU batched GEMV ~105 GB/s, 139 GiB GPU, 126 GiB RAM, 64 GiB disk
-    (60 GiB counted free). The 0.5 ms per layer and GPU batch is what FlexGen's all-on-GPU OPT-6.7B run at
-    batch 2 implies (18 ms per decode step over 32 layers). The executor's host costs per slot by what the
-    slot does (`slot_*_ms`, `layer_q4_weights_ms`) are `engine.calibrate.measure`'s on that host
-    (benchmarks/results/h200/policy_validation_opt-6.7b+opt-30b.json's profile): without them a slot over a
-    host-resident 4-bit cache cost 0.5 ms here, where it measured 4.3 ms (0.77 + 2.69 + 0.85 with the hidden
-    states parked), and auto chose many small GPU batches (Mixtral 128 x 8: under 510 tok/s against 2,189
-    predicted; stop 26's call 3 in results/h200/README.md). Host attention's rates (dense 58.9 GiB/s, 4-bit
-    2.10 GiB/s dense-equivalent) are `measure_cpu_decode_attention`'s on that host in the same profile (stop 11's
-    run 12, `policy_validation_opt-6.7b.json`); without them the 4-bit rate defaulted to 105 / 8 = 12.3 GiB/s,
-    and auto from this profile chose host attention for Mixtral-8x7B at prompt 512 (256 x 2, 626 tok/s
-    predicted), which did not finish a 512-row block in 95 s on the H200 (stop 34, results/h200/README.md).
-    The 4-bit host path has been 1.3-1.6x faster on the dev CPU since (088840c, 5b96b70), unmeasured there.
-    The MoE host-attention executor costs (`moe_cpu_attention_slot_ms` 2.73, `weight_page_ms` 0.42) are the step clock's
-    on that host (stop 40 call 1, Mixtral-8x7B 256 x 4, 27 weight pages, bf16 host cache, `throughput_moe.jsonl`):
-    per decode step the compute thread spent 0.407 s in compute actions, 0.361 s issuing 27 x 32 weight pages
-    and 0.041 s in the rest over 128 slots, then waited 0.504 s on host attention; without them the model
-    predicted 2,752 tok/s for that policy, which made 719."""
+    """A built-in profile of a known machine. "h200": a 16-core host with one H200: pinned copies 51.4/51.5
+    GiB/s, disk 1.30/1.35 GB/s, bf16 linear ~690 TFLOP/s sustained, 4.23 TB/s copy, CPU fp32 1.55 TFLOP/s,
+    CPU batched GEMV ~105 GB/s, 139 GiB GPU, 126 GiB RAM, 64 GiB disk (60 GiB counted free). The 0.5 ms per
+    layer and GPU batch is what FlexGen's all-on-GPU OPT-6.7B run at batch 2 implies (18 ms per decode step
+    over 32 layers). The executor's host costs per slot by what the slot does (`slot_*_ms`,
+    `layer_q4_weights_ms`) are `engine.calibrate.measure`'s on that host (the profile
+    `benchmarks/policy/policy_validation.py` records): without them a slot over a host-resident 4-bit cache costs
+    0.5 ms in the model, where it measures 4.3 ms (0.77 + 2.69 + 0.85 with the hidden states parked), and
+    auto chooses many small GPU batches (Mixtral 128 x 8: under 510 tok/s against 2,189 predicted). Host
+    attention's rates (dense 58.9 GiB/s, 4-bit 2.10 GiB/s dense-equivalent) are
+    `measure_cpu_decode_attention`'s on that host in the same profile; with the 4-bit rate at its default,
+    105 / 8 = 12.3 GiB/s, auto from this profile chooses host attention for Mixtral-8x7B at prompt 512
+    (256 x 2, 626 tok/s predicted), which does not finish a 512-row block in 95 s on that host.
+    `cpu_attention_q4_gib_s` likely understates the 4-bit host path, which runs 1.3-1.6x faster on a 2-core
+    CPU than the code this profile measured (not measured again on this host).
+    The MoE host-attention executor costs (`moe_cpu_attention_slot_ms` 2.73, `weight_page_ms` 0.42) are the
+    step clock's on that host (Mixtral-8x7B 256 x 4, 27 weight pages, bf16 host cache,
+    `benchmarks/throughput/throughput.py`'s moe workload): per decode step the compute thread spends 0.407 s
+    in compute actions, 0.361 s issuing 27 x 32 weight pages and 0.041 s in the rest over 128 slots, then
+    waits 0.504 s on host attention; without them the model predicts 2,752 tok/s for that policy, which runs
+    at 719."""
     if name == "h200":
         return HardwareProfile(
             device_name="NVIDIA H200", device_type="cuda",

@@ -216,18 +216,18 @@ DECODE_STAGE_SLOTS = 16
 
 def decode_stage_slots(stores_per_step: int) -> int:
     """How many staging buffers a decode step's cache stores take in turn (`kvstaged{slot}`): a store waits for
-    the store that last used its buffer (its host-side write), so with two the compute thread could run at most
-    a layer ahead of the device (stop 41: Mixtral-8x7B at 1024x2 waited 0.19 s of a 0.68 s step there); with
-    up to DECODE_STAGE_SLOTS it runs that many stores ahead. A decode store is one position per row, small."""
+    the store that last used its buffer (its host-side write), so with two the compute thread runs at most a
+    layer ahead of the device (Mixtral-8x7B at 1024x2 on an H200 then waits 0.19 s of a 0.68 s step there);
+    with up to DECODE_STAGE_SLOTS it runs that many stores ahead. A decode store is one position per row, small."""
     return min(DECODE_STAGE_SLOTS, stores_per_step)
 
 
 def ahead_stage_slots(attention_layers: int) -> int:
     """How many staging buffers an ahead prefill's cache stores take in turn (`kvstageahead{slot}`, one chunk's
-    rows each), as a decode step's do (`decode_stage_slots`): with two, the compute thread waited for the store
-    two back, whose copy waited for the chunk's compute (Mixtral-8x7B at 512/32/24 GiB, 256x1 + ahead: 0.154 s of
-    a 0.408 s step in stop 53, 0.0003 s with the ring in stop 54; that step stayed 0.41 s, bound by the device's
-    decode and carried prefill compute)."""
+    rows each), as a decode step's do (`decode_stage_slots`): with two, the compute thread waits for the store
+    two back, whose copy waits for the chunk's compute (Mixtral-8x7B at 512/32/24 GiB on an H200, 256x1 + ahead:
+    0.154 s of a 0.408 s step with two buffers, 0.0003 s with the ring; the step stays 0.41 s, bound by the
+    device's decode and carried prefill compute)."""
     return min(DECODE_STAGE_SLOTS, attention_layers)
 
 

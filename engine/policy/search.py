@@ -422,7 +422,7 @@ def _extra_context(layout: ModelLayout, policy: Policy, device_type: str) -> dic
 def _rank(c: _Candidate) -> tuple[float, int, int]:
     """Best first: the highest predicted throughput; at a tie the smaller block, then fewer GPU batches (larger
     GEMMs and fewer slots for the same bytes moved: a transfer-bound Mixtral-8x7B at 1,024 rows predicts 512x2
-    and 1024x1 the same, and 1024x1 is the shape measured on the H200)."""
+    and 1024x1 the same, and 1024x1 is the shape measured on an H200)."""
     return -c.tokens_per_s, c.policy.block_size, c.policy.num_gpu_batches
 
 
@@ -433,9 +433,9 @@ def _kind(c: _Candidate) -> tuple[bool, bool, bool]:
 
 def _diverse(ranked: list[_Candidate], top: int) -> list[_Candidate]:
     """The best `top` of `ranked` (best first) for trials: flag kinds (`_kind`) in the order of each kind's
-    best, each kind contributing its best and its best shape with one GPU batch (a hedge: on the H200 the
-    model's many-batch choices measured 2-5x below their prediction, from per-slot costs it undercounts, and
-    the best measured policies had one GPU batch; benchmarks/results/h200/policy_validation*.json); once
+    best, each kind contributing its best and its best shape with one GPU batch (a hedge: on an H200 the
+    model's many-batch choices measure 2-5x below their prediction, from per-slot costs it undercounts, and
+    the best measured policies have one GPU batch; `benchmarks/policy/policy_validation.py`); once
     every kind has given those two, the rest round-robin over the kinds. The first is always the best."""
     kinds: dict[tuple[bool, bool, bool], list[_Candidate]] = {}
     for c in ranked:

@@ -41,10 +41,10 @@ class QuantConfig:
 
 
 # Defaults. Weights: groups by source (`engine.models.weights.weight_quant`, `ModelConfig.weight_group_size`).
-# Float checkpoints (and dummy presets): groups of 64, FlexGen's and DESIGN.md's (4.5 bits per weight with
-# float16 min/scale); not measured against 32 on a real float checkpoint (none is available offline). A GGUF's
-# projections: groups of 32 (GGUF_WEIGHT_QUANT), chosen by benchmarks/quant_perplexity.py (SmolLM2-135M, fp32,
-# 768 tokens of sample_data text scored after 256-token prompts; benchmarks/results/quant_perplexity_sample-text.json):
+# Float checkpoints (and dummy presets): groups of 64, FlexGen's (4.5 bits per weight with
+# float16 min/scale); groups of 32 are not measured against them on a real float checkpoint. A GGUF's
+# projections: groups of 32 (GGUF_WEIGHT_QUANT), chosen by benchmarks/accuracy/quant_perplexity.py (SmolLM2-135M, fp32,
+# 768 tokens of sample_data text scored after 256-token prompts):
 # SmolLM2's are llama.cpp Q4_1 (min/scale per 32 inputs), and groups of 32 land on that grid and re-quantize
 # them exactly (perplexity +0.0%, mean KL 0.0; the output head stays dense), while groups of 64 straddle two
 # grids (+26.7%, weights alone). llama.cpp's Q4_0, Q4_1 and Q8_0 blocks are 32 wide, the K-quants' sub-blocks

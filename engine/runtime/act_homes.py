@@ -5,7 +5,7 @@ Only a hidden state of more than one position is parked. A decode step's [b, 1, 
 device: parking it buys no memory worth having and puts a device->host->device round trip on every (layer,
 GPU batch) of the step's critical path, queued behind the cache loads on the load stream (H200, Mixtral-8x7B,
 1024x2, cache on the host, 16 GiB: 0.934 s per decode step with the hidden states parked, 0.735 s with them on
-the device; `benchmarks/results/h200/README.md`, stop 40).
+the device).
 
 `store` moves the non-gpu part of a batch's hidden [b, s, h] to its cpu/disk home and keeps only the gpu
 part on the device; `load` starts bringing it back; `ready` reassembles [b, s, h] on the device once
@@ -16,9 +16,9 @@ copy per chunk, each with its own event, and `arriving` hands the compute the bu
 makes the compute stream wait only for the copies of rows [0, r). With two GPU batches a hidden's load is
 issued just before its own compute (`engine.runtime.schedule`) and its copies queue behind the previous
 batch's compute (a fresh device buffer may reuse memory that compute still reads), so loaded whole, every
-batch switch of the prefill waited for the whole hidden to cross the link: Mixtral-8x7B at prompt 512,
-256x2, H200, ~21 ms at each of the 8 batch switches of a 4-layer cut (stop 50's trace, `benchmarks/timeline.py`'s
-largest compute-stream gaps, ~9% of its prefill; 64 switches in the whole model). By rows,
+batch switch of the prefill waits for the whole hidden to cross the link: Mixtral-8x7B at prompt 512,
+256x2, H200, ~21 ms at each of the 8 batch switches of a 4-layer cut (`benchmarks/profiling/timeline.py`'s largest
+compute-stream gaps, ~9% of its prefill; 64 switches in the whole model). By rows,
 the first chunk's rows (a few MiB) are the wait; the rest arrive while the first chunks compute.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 In the weight-bound regime a decode step streams every offloaded weight once and leaves the GPU's compute
 mostly idle, while a prefill is compute-bound; run one after the other, the prefill is a quarter of the
-flexgen shape's wall (`BLOCK_BUBBLE.md`). With `Policy.prefill_ahead`, while block b decodes, each decode
+flexgen shape's wall. With `Policy.prefill_ahead`, while block b decodes, each decode
 step also carries a pass of block b + 1's rows (`engine.policy.working.rows_per_pass` of them, cut into
 chunks of at most `chunk_tokens` tokens as a prefill's row chunks are) through every layer, on the weights
 that step has loaded anyway: the executor calls `AheadPrefill` after the last GPU batch's compute of each layer. The chunk's

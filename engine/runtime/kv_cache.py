@@ -27,8 +27,8 @@ before it is reused (`StagingClaims`, `engine.runtime.kv_buffers`).
 A 4-bit segment that `load` copies (a cpu/disk home without cpu_attention) is held positions-major: its home,
 the device buffer it loads into, its relay and its staging buffers are memory [b, S, h, ...] seen as
 [b, h, S, ...] (`_positions_major`), so the written positions of a row are one run of h times the bytes of a
-head's: at prompt 77 and gen 128 a head's 4-bit codes run ~9 KB, which an H100's link moved at 89-93% of a
-whole tensor's rate, a row's ~72 KB at 99% (`benchmarks/link_speed.py`, stops 53 and 54). The fused kernel
+head's: at prompt 77 and gen 128 a head's 4-bit codes run ~9 KB, which an H100's link moves at 89-93% of a
+whole tensor's rate, a row's ~72 KB at 99% (`benchmarks/records/h100/link_speed.jsonl`). The fused kernel
 reads either layout by its strides.
 On a machine without a GPU the cpu tier is the compute memory, so "loading" a dense cpu home is aliasing.
 """

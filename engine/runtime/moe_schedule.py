@@ -24,20 +24,20 @@ what changes is when weights move and when host attention is joined:
     layer's own compute only, never at a slot's sync; the layer in between (attention) is then loaded whole
     at the start of that slot, ahead of the experts on the weight stream (its pages spread over the slots
     would queue behind them), or, deferred (pipelined host attention), at the last slot's sync, the experts
-    right after it. Issued in the slots of the layer before it, the experts' transfer overlapped only the
-    attention layer's compute and the experts' compute only the attention weights' small transfer: over 7
-    decode steps of Mixtral-8x7B cut to 4 layers at 256x2, half its weights streamed (H200, stop 50's trace,
-    read by `benchmarks/timeline.py`), the link was busy 0.40 s and the compute stream 0.18 s, yet the steps
-    took 0.69 s: the two overlapped for under 0.07 s. Loaded ahead, the same cut's decode step went 0.0670 ->
-    0.0626 s (H100, one call against the tree before, `benchmarks/gpu_suite.sh moe-decode-ab`, stop 51). The
-    block's first expert layer is loaded as before.
+    right after it. Issued in the slots of the layer before it instead, the experts' transfer overlaps only
+    the attention layer's compute and the experts' compute only the attention weights' small transfer: over 7
+    decode steps of Mixtral-8x7B cut to 4 layers at 256x2, half its weights streamed (H200, a trace read by
+    `benchmarks/profiling/timeline.py`), the link is busy 0.40 s and the compute stream 0.18 s, yet the steps take
+    0.69 s: the two overlap for under 0.07 s. Loaded ahead, the same cut's decode step takes 0.0626 s instead
+    of 0.0670 s (H100, `benchmarks/gpu_suite.sh moe-decode-ab`). The block's first expert layer (no earlier
+    layer of its kind in the block) is paged over the slots of the layer before it.
 
   - the next step's first cache loads ahead (`early_cache`): the cache loads of the first attention layer of
     step i + 1, for its first two GPU batches (their double-buffer slots differ, and the decodes that last read
     those buffers are issued already), are issued as `prefetch_cache` at the first slot of step i's head,
-    before its compute. In `block_schedule`'s order they were issued after step i's heads had picked their
-    tokens, which blocks the compute thread on the device, so the link sat idle across every step boundary
-    while the heads computed, the host picked tokens and the embeddings ran. Like `prefetch_weight`, only the
+    before its compute. In `block_schedule`'s order they are issued after step i's heads have picked their
+    tokens, which blocks the compute thread on the device, so the link sits idle across every step boundary
+    while the heads compute, the host picks tokens and the embeddings run. Like `prefetch_weight`, only the
     load's own compute waits for it, never a slot's sync. A GPU batch that compacts its rows at the head
     loads its prefetched caches again (`Executor._apply_step`).
 

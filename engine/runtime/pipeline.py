@@ -11,8 +11,8 @@ asynchronous CUDA (kernels, copies on side streams, waits that release the GIL),
 facade, the decoders and the token selection where they are (the last stage's thread calls the selectors,
 so they are never used from two threads), a cross-device `Tensor.to` is ordered on both devices' streams by
 torch, and there is no process group to set up or tear down. The hidden states crossing a stage boundary
-are one [b, s, h] tensor per GPU batch and step, small next to the weights a stage streams. Measured
-against NCCL: not yet (no multi-GPU machine lent while this was written).
+are one [b, s, h] tensor per GPU batch and step, small next to the weights a stage streams. This choice is
+not measured against NCCL.
 
 Messages are FIFO per inbox in the schedule's order; a micro-batch whose rows all ended is announced once
 along the chain (`_ENDED`) and skipped from then on; a failing stage posts `_ABORT` to every inbox so no

@@ -14,19 +14,19 @@ At the prefill (i = 0) the GPU batches of every other layer run in reverse (`bat
 from the last layer, so the head runs them in ascending order): the batch computed last in a layer is
 computed first in the next, its hidden stays on the device (no store or load between those two slots), and
 every other batch's parked hidden has two computes to cover its round trip. In FlexGen's order each parked
-hidden had one: Mixtral-8x7B at 1024x2 with the hidden states on the host, H100, the device waited ~14 ms
-at every (attention, MoE) boundary for a 646 MB hidden to come back (~23% of the prefill; stop 46's trace).
+hidden has one: Mixtral-8x7B at 1024x2 with the hidden states on the host, H100, the device waits ~14 ms
+at every (attention, MoE) boundary for a 646 MB hidden to come back (~23% of the prefill).
 Decode steps keep the ascending order (their hidden states are never parked; the MoE schedule joins host
 attention in that order).
 
 A hidden load depends on the store of the slot that last computed its batch. With K > 2 it is issued a slot
 ahead, so it crosses the link during the previous slot's compute (that store was issued a slot earlier still:
 with more than two batches no batch comes back the slot after it was parked), and the memory model counts the
-second prefill hidden it puts on the device (`engine.policy.memory`, `_untracked_terms`). With K <= 2 it is issued just before its own
-compute: loading it a slot ahead there too (f09c451 to stop 48) held a second prefill hidden on the device for
-a whole compute, and Mixtral-8x7B at prompt 512 / gen 32 / 16 GiB (256x2, cache on the device, hidden states
-on the host) went out of memory on an H100 (stop 48); what it bought at K = 2 was small (the prefill's
-compute-stream gaps 0.90 -> 0.41 s of a 93 s run at prompt 512 / gen 128, none at prompt 77: 0.22 -> 0.29 s).
+second prefill hidden it puts on the device (`engine.policy.memory`, `_untracked_terms`). With K <= 2 it is
+issued just before its own compute: loaded a slot ahead there too, it would hold a second prefill hidden on
+the device for a whole compute, which takes Mixtral-8x7B at prompt 512 / gen 32 / 16 GiB (256x2, cache on the
+device, hidden states on the host) out of memory on an H100, for little gain at K = 2 (the prefill's
+compute-stream gaps 0.41 instead of 0.90 s of a 93 s run at prompt 512 / gen 128, none at prompt 77).
 
 Paged weights (MoE-Lightning's CGOPipe) cut the next layer's weight transfer into K pages, one per slot of the
 current layer, so small urgent transfers never wait behind a whole layer.

@@ -6,9 +6,9 @@ each transfer (`Transfers`), on the compute stream around each compute action (t
 compute thread while it blocks in `Pending.wait`. The executor closes a step after its last head picked its tokens:
 that pick has just synchronized the compute stream, not the device, so the step's transfers may still be in flight
 (the next step's loads issued ahead); the step is folded into `steps` once its events have completed (at a later
-step's close, or `take`). Until stop 55 the executor synchronized the device at every step end for the clock
-(`Executor.timing`), which held the next step's loads until the step was over: a clocked run (every benchmark
-record) did not run the schedule an unclocked one runs.
+step's close, or `take`). The executor never synchronizes the device at a step end for the clock: that would
+hold the next step's loads until the step is over, and a clocked run (every benchmark record) would not run the
+schedule an unclocked one runs.
 
 Per step (`steps`, one dict each, seconds):
     h2d_busy_s    union of the host->device streams' transfer spans (weights, dense weights, loads); a span

@@ -8,9 +8,9 @@ into a smaller GPU batch (a block) or a rejected candidate (a trial). The cap is
 device: with several engines on one device it is the largest budget among them, and none while an engine
 without a budget is alive. Owners register with `hold` and give the budget back with the returned handle.
 
-The cap counts reserved memory, so fragmentation can break a plan that fits: on the H200, Mixtral-8x7B at
-prompt 512 and 512 rows per GPU batch failed under 16 GiB with 2.04 GiB reserved but unallocated in pieces
-smaller than the 2 GiB hidden state it asked for, and ran (peak 15.6 GiB allocated) with torch's expandable
+The cap counts reserved memory, so fragmentation can break a plan that fits: on an H200, Mixtral-8x7B at
+prompt 512 and 512 rows per GPU batch fails under 16 GiB with 2.04 GiB reserved but unallocated in pieces
+smaller than the 2 GiB hidden state it asks for, and runs (peak 15.6 GiB allocated) with torch's expandable
 segments. The first `hold` on a CUDA device therefore turns expandable segments on for the process, unless
 the user's allocator configuration ($PYTORCH_CUDA_ALLOC_CONF or $PYTORCH_ALLOC_CONF) says anything about
 them; its cached free segments are given back then, and segments in use stay as they were.

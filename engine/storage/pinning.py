@@ -1,8 +1,8 @@
 """How the process pins host memory: page-locked after its pages are faulted in on several threads.
 
 torch's pinned allocator calls `cudaHostAlloc` by default, which faults in and locks every page on the
-calling thread: on the H200 machine about 2.2 GB/s, so the second host cache of an OPT-30B ahead-prefill plan
-(about 40 GB) took 18 s inside its first block (stop 35). With `pinned_use_cuda_host_register` torch instead
+calling thread: on an H200 host about 2.2 GB/s, so the second host cache of an OPT-30B ahead-prefill plan
+(about 40 GB) takes 18 s inside its first block. With `pinned_use_cuda_host_register` torch instead
 allocates pageable memory, touches its pages on `pinned_num_register_threads` threads and locks the range with
 `cudaHostRegister`; the memory is pinned all the same (same transfer rate, `Tensor.is_pinned()` true).
 

@@ -1,0 +1,1 @@
+"""Output quality: extraction accuracy, sample pipelines, semantic operators, 4-bit perplexity."""

@@ -1,0 +1,1 @@
+"""Random-weight benchmark models (Llama and Mixtral shapes) for machines without downloaded weights."""

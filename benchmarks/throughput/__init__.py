@@ -1,0 +1,1 @@
+"""Throughput of the engine against its peers, with each policy's roofline."""

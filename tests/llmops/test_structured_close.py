@@ -1,0 +1,260 @@
+"""Structured output always closes: a constrained row keeps enough of its max_new_tokens to complete its
+grammar (engine/closing.py, `GrammarConstraint.advance`), and the operator's meta columns keep the raw text
+and say why a row's output is null.
+
+Rambling models are the case: random logits (scaled up, so nothing ever closes by itself) on the tiny
+trained tokenizer, and a tiny random Llama behind the facade.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import pyarrow as pa
+import pytest
+import torch
+
+from engine import LLM, Policy
+from engine.decoding.closing import ClosingTokens, closing_path, hints_after
+from engine.decoding.constrain import GrammarConstraint
+from engine.decoding.decoder import BlockDecoder
+from engine.decoding.params import Completion, SamplingParams
+from engine.decoding.tokenizer import Tokenizer
+from helpers.fake_engine import FakeLLM
+from llmops.core import MapSpec, map_table_ordered
+from helpers.tiny_tokenizer import build_tiny_tokenizer
+
+FLAT = {"type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"}},
+        "required": ["name", "city"], "additionalProperties": False}
+ITEM = {"type": "object", "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"},
+                                         "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["sku", "qty", "tags"], "additionalProperties": False}
+NESTED = {"type": "object", "properties": {"items": {"type": "array", "items": ITEM}, "total": {"type": "number"},
+                                           "paid": {"type": "boolean"}},
+          "required": ["items", "total", "paid"], "additionalProperties": False}
+LOOSE = {"type": "object",  # no additionalProperties: false, like a pydantic model's schema
+         "properties": {"a": {"type": "string"}, "b": {"anyOf": [{"type": "integer"}, {"type": "null"}]}},
+         "required": ["a", "b"]}
+
+PATTERNED = {"type": "object",  # patterns and an enum, like pipelines/extract_invoices.yaml's schema
+             "properties": {"amount": {"type": "string", "pattern": "^[0-9][0-9,]*(\\.[0-9]{1,2})?$"},
+                            "currency": {"type": "string", "enum": ["USD", "EUR", "GBP"]},
+                            "due": {"type": "string", "pattern": "^20[0-9]{2}-[01][0-9]-[0-3][0-9]$"}},
+             "required": ["amount", "currency", "due"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory) -> Tokenizer:
+    return Tokenizer.from_dir(build_tiny_tokenizer(tmp_path_factory.mktemp("tok")))
+
+
+def constraint(tok: Tokenizer, params: SamplingParams, rows: int) -> GrammarConstraint:
+    return GrammarConstraint.for_params(params, tok.to_json(), tok.eos_token_ids, tok.vocab_size, rows)
+
+
+def shortest(tok: Tokenizer, params: SamplingParams) -> int:
+    """Tokens of the closing search's completion from the grammar's start (what a row needs at least)."""
+    con = constraint(tok, params, 1)
+    path = closing_path(con._matchers[0], con._tokenizer, ClosingTokens.for_tokenizer(con._tokenizer), 1000)
+    assert path is not None
+    return len(path)
+
+
+def run_random(tok: Tokenizer, params: SamplingParams, max_new: int, rows: int = 8, seed: int = 0,
+               scale: float = 6.0) -> list[Completion]:
+    """Decode `rows` rows from random logits under params' constraint and budget."""
+    gen = torch.Generator().manual_seed(seed)
+    dec = BlockDecoder([[1]] * rows, [max_new] * rows, params, eos_ids=tok.eos_token_ids, tokenizer=tok,
+                       keys=list(range(rows)), constraint=constraint(tok, params, rows))
+    alive = list(range(rows))
+    while alive:
+        logits = torch.randn(len(alive), tok.vocab_size, generator=gen) * scale
+        logits[:, list(tok.eos_token_ids)] = -50.0  # never ends by itself
+        _, finished = dec(alive, logits)
+        alive = [r for r, f in zip(alive, finished) if not f]
+    return dec.completions()
+
+
+def scripted(tok: Tokenizer, params: SamplingParams, text: str, max_new: int) -> Completion:
+    """Decode one row whose logits always favour the next token of `text` (then EOS)."""
+    script = tok.encode(text, add_special_tokens=False) + [tok.eos_token_ids[0]]
+    dec = BlockDecoder([[1]], [max_new], params, eos_ids=tok.eos_token_ids, tokenizer=tok,
+                       constraint=constraint(tok, params, 1))
+    for step in range(max_new):
+        logits = torch.zeros(1, tok.vocab_size)
+        logits[0, script[min(step, len(script) - 1)]] = 20.0
+        if dec([0], logits)[1][0]:
+            break
+    return dec.completions()[0]
+
+
+@pytest.mark.parametrize("schema", [FLAT, NESTED, LOOSE, PATTERNED], ids=["flat", "nested", "loose", "patterned"])
+def test_json_closes_inside_a_tight_budget(tok, schema):
+    need = shortest(tok, SamplingParams(json_schema=schema))
+    for extra, temperature in [(0, 0.0), (3, 0.0), (12, 1.0)]:
+        params = SamplingParams(json_schema=schema, max_new_tokens=need + extra, temperature=temperature)
+        for seed in range(2):
+            for c in run_random(tok, params, need + extra, seed=seed):
+                assert c.finish_reason == "stop" and len(c.token_ids) <= need + extra, c
+                assert set(json.loads(c.text)) == set(schema["properties"]), c.text
+
+
+def test_nested_schema_closes_after_opening_items(tok):
+    """The reserve follows the structure: a row that opened an array item keeps room for its required
+    fields and the outer object's; with one token less it has to close earlier."""
+    params = SamplingParams(json_schema=NESTED)
+    text = '{"items": [{"sku": "a", "qty": 1, "tags": ["x"]}, {"sku": "bb'
+    ids = tok.encode(text, add_special_tokens=False)
+    con = constraint(tok, params, 1)
+    assert con._matchers[0].consume_tokens(ids)
+    need = len(closing_path(con._matchers[0], con._tokenizer, ClosingTokens.for_tokenizer(con._tokenizer), 1000))
+    assert need > 20  # '", "qty": 0, "tags": []}], "total": 0, "paid": false}' in this small vocab
+    c = scripted(tok, params, text, len(ids) + need)
+    value = json.loads(c.text)
+    assert c.finish_reason == "stop" and len(value["items"]) == 2 and value["items"][1]["sku"].startswith("bb")
+    assert value["items"][1]["qty"] == 0 and value["items"][1]["tags"] == []
+    short = scripted(tok, params, text, len(ids) + need - 1)
+    assert short.finish_reason == "stop" and json.loads(short.text)["items"][1]["sku"] != "bb"
+
+
+def test_ample_budget_changes_nothing(tok):
+    text = '{"name": "Ada", "city": "London"}'
+    params = SamplingParams(json_schema=FLAT)
+    c = scripted(tok, params, text, 64)
+    assert c.text == text and c.finish_reason == "stop"
+    long = '{"name": "Ada Lovelace of London and the Analytical Engine", "city": "London"}'
+    cut = scripted(tok, SamplingParams(json_schema=FLAT, logprobs=True), long, shortest(tok, params) + 4)
+    assert cut.finish_reason == "stop" and json.loads(cut.text)["name"].startswith("Ada")
+    assert len(cut.logprobs) == len(cut.token_ids) and all(-1e4 < lp <= 0 for lp in cut.logprobs)
+
+
+def test_regex_and_choices_close(tok):
+    pattern = r"[a-z]+@[a-z]+\.com"
+    params = SamplingParams(regex=pattern)
+    need = shortest(tok, params)
+    for c in run_random(tok, params, need + 2):
+        assert c.finish_reason == "stop" and re.fullmatch(pattern, c.text), c
+    choices = ("bug", "billing", "other")
+    params = SamplingParams(choices=choices)
+    for c in run_random(tok, params, shortest(tok, params)):
+        assert c.finish_reason == "stop" and c.text in choices, c
+
+
+def test_complete_match_at_the_limit_is_stop(tok):
+    c = scripted(tok, SamplingParams(regex=r"[0-9]+"), "1234567", 3)
+    assert c.finish_reason == "stop" and c.text.isdigit() and len(c.token_ids) == 3
+
+
+def test_budget_below_any_completion_is_left_alone(tok):
+    params = SamplingParams(json_schema=NESTED)
+    need = shortest(tok, params)
+    outs = run_random(tok, params, need - 1, rows=2)
+    assert all(c.finish_reason == "length" and len(c.token_ids) == need - 1 for c in outs)
+
+
+def test_closing_is_deterministic(tok):
+    params = SamplingParams(json_schema=NESTED, temperature=0.8)
+    need = shortest(tok, params)
+    first = run_random(tok, params, need + 5, seed=3)
+    again = run_random(tok, params, need + 5, seed=3)
+    assert [c.token_ids for c in first] == [c.token_ids for c in again]
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tiny_llama):
+    """The engine on the tiny Llama (CPU, fp32, blocks of 4 rows)."""
+    with LLM(tiny_llama, dtype="float32", device="cpu", policy=Policy(gpu_batch_size=4, num_gpu_batches=1)) as llm:
+        yield llm
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_random_llama_json_always_closes(tiny_llm, tok, temperature):
+    budget = shortest(tok, SamplingParams(json_schema=FLAT)) + 4
+    prompts = [f"Extract the name and city from record {i}: Ada, London" for i in range(6)]
+    out = tiny_llm.generate(prompts, SamplingParams(max_new_tokens=budget, json_schema=FLAT,
+                                                    temperature=temperature, chat=False))
+    for c in out:
+        assert c.finish_reason == "stop" and len(c.token_ids) <= budget, c
+        assert set(json.loads(c.text)) == {"name", "city"}, c.text
+
+
+class _BadJsonLLM:
+    """An engine whose structured rows finish "stop" with text that is not JSON."""
+
+    def generate(self, prompts: list, params: SamplingParams | None = None) -> list[Completion]:
+        return [Completion('{"n": oops', [1, 2, 3], "stop", 4) for _ in prompts]
+
+
+def test_meta_keeps_text_and_says_why_output_is_null():
+    table = pa.table({"body": ["fine", "CUT here", None]})
+    spec = MapSpec(template="{body}", schema={"n": "integer"})
+    out = map_table_ordered(table, spec, engine=FakeLLM(), cache_dir=False).to_pylist()
+    good, cut, null = out
+    assert good["output"] is not None and good["error"] is None and json.loads(good["text"])["n"] == good["output"]["n"]
+    assert cut["output"] is None and cut["finish_reason"] == "length"
+    assert cut["error"] == "output cut by max_new_tokens=64 before the JSON was complete"
+    assert cut["text"] and cut["text"].startswith('{"n"')
+    assert null["text"] is None and null["error"] is None and null["finish_reason"] is None
+    bad = map_table_ordered(pa.table({"body": ["x"]}), spec, engine=_BadJsonLLM(), cache_dir=False).to_pylist()[0]
+    assert bad["output"] is None and bad["finish_reason"] == "error" and bad["text"] == '{"n": oops'
+    assert bad["error"].startswith("unparsable structured output: output is not valid JSON")
+
+
+def test_polars_meta_has_the_text():
+    import polars as pl
+
+    import llmops
+
+    df = pl.DataFrame({"body": ["fine", "CUT here"]})
+    out = df.with_columns(llmops.llm_map("{body}", schema={"n": pl.Int64}, engine=FakeLLM(), cache_dir=False,
+                                         with_meta=True).alias("m"))
+    m = out["m"].struct.unnest()
+    assert m.columns == ["output", "finish_reason", "error", "text", "prompt_tokens", "completion_tokens"]
+    assert m["error"].to_list()[0] is None and "max_new_tokens=64" in m["error"].to_list()[1]
+    assert all(t.startswith('{"n"') for t in m["text"].to_list())
+
+
+def test_hinted_search_reuses_the_old_closing(tok):
+    """After a token that replaced, began or needs one token before the row's closing, the search ends with
+    the old closing's tail: the same completion the full walk finds, in one validate or one step."""
+    con = constraint(tok, SamplingParams(json_schema=PATTERNED), 1)
+    matcher, ll = con._matchers[0], con._tokenizer
+    probes = ClosingTokens.for_tokenizer(ll)
+    assert matcher.consume_tokens(tok.encode('{"amount": "12', add_special_tokens=False))
+    closing = closing_path(matcher, ll, probes, 1000)
+    assert closing is not None and ll.decode_bytes(closing).startswith(b'"')
+    for text in [".", ".5", '"']:      # needs a digit first; a digit took the closing's place; begins it
+        ids = tok.encode(text, add_special_tokens=False)
+        work = matcher.deep_copy()
+        assert work.consume_tokens(ids)
+        hints = hints_after(ll, closing, ids[-1]) if len(ids) == 1 else [closing]
+        hinted = closing_path(work, ll, probes, 1000, hints)
+        full = closing_path(work, ll, probes, 1000)
+        assert hinted is not None and full is not None and len(hinted) <= len(full), text
+        assert work.validate_tokens([*hinted, probes.eos]) == len(hinted) + 1
+        done = json.loads((b'{"amount": "12' + ll.decode_bytes(ids + hinted)).decode())
+        assert done["amount"].startswith("12" + text.strip('"')) and set(done) == set(PATTERNED["properties"])
+
+
+@pytest.mark.parametrize("schema", [NESTED, PATTERNED], ids=["nested", "patterned"])
+def test_hinted_closings_are_valid_and_never_longer(tok, schema):
+    """Along random constrained walks, the closing each step keeps (from the previous step's hints)
+    completes the grammar and is no longer than a fresh search from the same state."""
+    params = SamplingParams(json_schema=schema)
+    con = constraint(tok, params, 1)
+    matcher, ll = con._matchers[0], con._tokenizer
+    probes = ClosingTokens.for_tokenizer(ll)
+    gen = torch.Generator().manual_seed(5)
+    closing = closing_path(matcher, ll, probes, 1000)
+    steps = 0
+    while closing and steps < 60:
+        allowed = con.allowed([0], tok.vocab_size)[0].nonzero().flatten().tolist()
+        choices = [t for t in allowed if t not in tok.eos_token_ids]
+        token = choices[int(torch.randint(len(choices), (1,), generator=gen))]
+        assert matcher.consume_token(token)
+        hinted = closing_path(matcher, ll, probes, 1000, hints_after(ll, closing, token))
+        full = closing_path(matcher, ll, probes, 1000)
+        assert hinted is not None and (full is None or len(hinted) <= len(full))  # None: the walk dead-ends
+        assert matcher.validate_tokens([*hinted, probes.eos]) == len(hinted) + 1 if hinted else matcher.is_accepting()
+        closing, steps = hinted, steps + 1
+    assert steps >= 10
