@@ -1,6 +1,8 @@
 """The output fingerprint: one id of everything that decides which tokens an `LLM` generates.
 
-`output_fingerprint` hashes the model weights' fingerprint (engine.models.loader), the tokenizer
+`output_fingerprint` hashes the model weights' fingerprint (engine.models.loader: a digest of every byte of
+every weight file, `engine.util.file_digest`, so a copy with two tensors swapped or a fine-tune that shares
+the metadata and the last tensors never matches the original), the tokenizer
 (`tokenizer_digest`: tokenizer.json, the special tokens and BOS rule, the chat template text), the dtype, the
 compression flags and `NUMERICS_VERSION`. Callers key stored results by it (llmops' result cache): two LLMs
 with equal fingerprints produce equal outputs for equal prompts and sampling parameters.

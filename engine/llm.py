@@ -1,8 +1,8 @@
-"""The engine facade: `LLM(model, ...)`, `.plan(prompts, params)`, `.generate(...)` and `.stream(...)`.
+"""The engine facade: `LLM(model, ...)`, `.plan(prompts or workload, params)`, `.generate(...)` and `.stream(...)`.
 
 Flow of one call: encode prompts (engine.decoding.prompts) -> per-prompt errors set aside -> the job's plan for the
-valid prompts' lengths (engine.calibrate.planner, engine.calibrate.planning: a plan given by the caller when it covers them,
-else one per workload bucket, chosen once and reused) -> sort by length and cut into blocks of the
+valid prompts' lengths (engine.calibrate.planning: a plan given by the caller when it covers them, else one
+per workload bucket, chosen once and reused) -> sort by length and cut into blocks of the
 policy's block size (engine.decoding.blocks) -> per block, the warm executor runs prefill + decode while a `BlockDecoder` picks tokens
 -> completions mapped back to the caller's order. `stream` yields each block's completions as soon as the
 block is done. `gpu_memory` caps torch's allocator on the device (engine.storage.device_cap), so planning,
@@ -23,10 +23,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from engine.calibrate.auto import prompts_prefix_len
-from engine.calibrate.cpu_dtype import fastest_cpu_dtype
-from engine.calibrate.planner import Planner
-from engine.calibrate.planning import Plan
+from engine.calibrate.planning import (
+    Plan, Planner, PlanSettings, bucketed, bucketed_workload, compute_dtype, planning_profile, prompts_prefix_len,
+    size_setting,
+)
 from engine.decoding.blocks import plan_blocks
 from engine.decoding.constrain import GrammarConstraint
 from engine.decoding.decoder import BlockDecoder
@@ -38,13 +38,13 @@ from engine.fingerprint import output_fingerprint, tokenizer_digest
 from engine.models.config import ModelConfig
 from engine.models.loader import load_model
 from engine.parallel import (
-    DeviceSpec, Lanes, Parallel, build_pipeline, choose_parallel, host_share, locked, resolve_devices, run_blocks,
+    DeviceSpec, Lanes, Parallel, build_pipeline, choose_parallel, locked, resolve_devices, run_blocks,
 )
+from engine.policy.cost_model import Workload
 from engine.policy.policy import Policy, as_policy
 from engine.runtime import executor as executor_mod
 from engine.runtime.run_stats import EngineStats
 from engine.storage import device_cap
-from engine.util.sizes import parse_size
 
 log = logging.getLogger(__name__)
 
@@ -73,23 +73,6 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """"auto" -> on CUDA bfloat16 (float16 without bf16 support); on a CPU whichever of bfloat16 and float32
-    multiplies faster there, measured once per machine and cached on disk (`engine.calibrate.cpu_dtype`), so every
-    process on the machine resolves it alike. A name or torch.dtype otherwise."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        if device.type != "cuda":
-            return fastest_cpu_dtype()
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    names = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-             "half": torch.float16, "float32": torch.float32, "fp32": torch.float32}
-    if dtype not in names:
-        raise ValueError(f"LLM: unsupported dtype {dtype!r}; use 'auto' or one of {sorted(names)}")
-    return names[dtype]
-
-
 def _weak_call(method: Callable[[], Any]) -> Callable[[], None]:
     """`method` called through a weak reference (a bound method held by a member would make a cycle that
     keeps the engine, and its device memory, alive until the cyclic collector runs)."""
@@ -102,23 +85,18 @@ def _weak_call(method: Callable[[], Any]) -> Callable[[], None]:
     return call
 
 
-def _size(value: int | str | None, name: str) -> int | None:
-    if value is None:
-        return None
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise ValueError(f"LLM({name}=...): {exc}") from exc
-
-
 class LLM:
     """An open LLM on this machine's tiers, generating for many prompts at once.
 
-    policy: "auto" (engine.calibrate.auto.choose_policy, once per workload bucket: see engine.calibrate.planning), a
-    `Policy` or a Policy dict.
-    gpu_memory / cpu_memory: hard budgets in bytes or strings like "16GiB" (None: what the machine has; on a
-    GPU machine the auto policy plans the cpu tier within `engine.calibrate.machine.PINNED_SHARE` of the available RAM).
-    On CUDA, gpu_memory also caps torch's allocator on the device for as long as this LLM lives.
+    policy: "auto" (planned once per workload bucket by `engine.calibrate.planning`: the cost model's choice,
+    kept in the plan cache), a `Policy` or a Policy dict.
+    gpu_memory / cpu_memory: hard budgets in bytes or strings like "16GiB" (None: planned within the
+    defaults of `engine.calibrate.planning.settings.resolve_budgets`, from the hardware profile: the device's
+    memory, `PINNED_SHARE` of the host's available RAM). On CUDA, gpu_memory also caps torch's allocator on
+    the device for as long as this LLM lives.
+    trials: on a GPU, the job's first run of a plan the cost model chose measures its best `trials`
+    candidates on truncated copies of the model and keeps the fastest, in the plan cache (0: the cost model
+    decides alone).
     disk_dir: folder for the disk tier. dtype: "auto" = bfloat16 on CUDA (float16 without bf16), the
     faster of bfloat16/float32 on a CPU (measured once per machine, cached: engine.calibrate.cpu_dtype).
     compress_weights: hold the decoder matmul weights 4-bit (`engine.models.weights.weight_quant`: groups of 64,
@@ -126,7 +104,7 @@ class LLM:
     says (never expanded to dense, never re-quantized); the flag then only compresses decoder weights the
     checkpoint left in float.
     devices: None (just `device`), "auto" (every visible CUDA device) or a list of CUDA indices / torch device
-    strings; with more than one, `gpu_memory` holds on each, each device plans and runs within `cpu_memory / N`,
+    strings; with more than one, `gpu_memory` holds on each, each device plans and runs within 1/N of the host's budgets,
     and `parallel` says how blocks use them: "auto" (data-parallel when the plan keeps every weight on the
     gpu tier, else pipeline), "data" or "pipeline" (engine.parallel).
     """
@@ -135,7 +113,7 @@ class LLM:
                  gpu_memory: int | str | None = None, cpu_memory: int | str | None = None,
                  disk_dir: str | Path | None = None, dtype: str | torch.dtype = "auto",
                  compress_weights: bool = False, compress_cache: bool = False, device: str = "auto",
-                 devices: DeviceSpec = None, parallel: Parallel = "auto") -> None:
+                 devices: DeviceSpec = None, parallel: Parallel = "auto", trials: int = 0) -> None:
         try:
             policy = as_policy(policy)
         except ValueError as exc:
@@ -146,10 +124,13 @@ class LLM:
         self.device = self.devices[0]
         choose_parallel(parallel, Policy(), len(self.devices))    # a bad value raises now, before loading
         self.parallel = parallel
-        self.dtype = resolve_dtype(dtype, self.device)
-        self.gpu_memory = _size(gpu_memory, "gpu_memory")
-        self.cpu_memory = _size(cpu_memory, "cpu_memory")
+        self.dtype = compute_dtype(dtype, self.device.type)
+        self.gpu_memory = size_setting("gpu_memory", gpu_memory)
+        self.cpu_memory = size_setting("cpu_memory", cpu_memory)
         self.disk_dir = None if disk_dir is None else Path(disk_dir)
+        settings = PlanSettings(gpu_memory=self.gpu_memory, cpu_memory=self.cpu_memory, disk_dir=self.disk_dir,
+                                num_devices=len(self.devices), parallel=parallel, compress_weights=compress_weights,
+                                compress_cache=compress_cache, trials=trials)
         self.compress_weights = compress_weights
         self.compress_cache = compress_cache
         self.model_name = Path(str(model)).name
@@ -162,11 +143,11 @@ class LLM:
         self.eos_token_ids: tuple[int, ...] = tuple(sorted(eos))
         self._policy: Policy | None = None
         self._plan: Plan | None = None
-        self._planner = Planner(self.loaded, device=self.device, dtype=self.dtype,
-                                fixed=policy if isinstance(policy, Policy) else None, gpu_memory=self.gpu_memory,
-                                cpu_memory=host_share(self.cpu_memory, len(self.devices)), disk_dir=self.disk_dir,
-                                compress_weights=compress_weights, compress_cache=compress_cache,
-                                model_name=self.model_name, before_trials=_weak_call(self.close))
+        device0 = self.device
+        self._planner = Planner(self.loaded.config, settings, dtype=self.dtype,
+                                profile=lambda: planning_profile(device0), model_name=self.model_name,
+                                fixed=policy if isinstance(policy, Policy) else None, device=self.device,
+                                before_trials=_weak_call(self.close))
         self._downsized: dict[Policy, Policy] = {}    # planned policy -> the smaller one an out-of-memory forced
         self._executor: Any = None
         self._parallel: Lanes | Any = None        # the Lanes or Pipeline of several devices, when in use
@@ -246,30 +227,35 @@ class LLM:
             self._constraint(params, 1)  # invalid grammar: raise now
         return self._run(encoded, params, plan, on_finished)
 
-    def plan(self, prompts: Sequence[Any], params: SamplingParams | None = None, *,
+    def plan(self, workload: Workload | Sequence[Any], params: SamplingParams | None = None, *,
              covering: Plan | None = None, rows: int | None = None, measure: bool = True) -> Plan:
-        """The plan a job over `prompts` (strings, messages or token ids, as for `stream`) runs with: chosen
-        now (the cost model, and trials on a GPU) or reused from this process or the plan cache; nothing is
-        generated. `covering`: a plan to keep when it covers these prompts, else the new plan covers both.
-        `rows`: the job's row count when `prompts` are a sample of it (their lengths stand for all rows, and
-        the tokens they all share for the prefix all rows share: a sample shares at least what the whole job
-        shares, so this assumes the job's rows share what the sample does, e.g. a template's fixed text; it
+        """The plan a job runs with, planned in the bucket of its workload; nothing is generated.
+
+        `workload`: the job's prompts (strings, messages or token ids, as for `stream`; `params` gives
+        their max_new_tokens and how they are encoded) or a `Workload` (prompt-length statistics and new
+        tokens; `params` is then not used). `rows`: the job's row count when the prompts are a sample of it
+        (their lengths stand for all rows, and the tokens they all share for the prefix all rows share: this
         is checked per call, not trusted: a call whose prompts share less is not covered by the plan, which
-        is then re-planned with the smaller prefix, `Planner.plan_for`).
-        `measure=False` (a preview): no trials; a plan not planned yet is the cost model's pick (source
-        "search"), which trials may still change when the job runs, and is not kept."""
-        params = self._check(prompts, params)
-        encoded = encode_prompts(prompts, params, self._tokenizer, self.loaded.config.vocab_size, self.max_context)
-        ids = [e.ids for e in encoded if e.error is None]
-        lens, prefix = [len(p) for p in ids], prompts_prefix_len(ids)
-        if rows and lens:
-            lens = (lens * -(-rows // len(lens)))[:rows]
+        is then re-planned with the smaller prefix, `Planner.plan_for`). `covering`: a plan to keep when it
+        covers these prompts, else the new plan covers both.
+        The plan is one this process or the plan cache holds, else the cost model's choice (see
+        `engine.calibrate.planning`); with `trials`, a plan the cost model chose is refined by trials
+        first. `measure=False` (a preview: `llmops run --dry-run`) never runs trials: the plan then says
+        whether the run will (`Plan.pending_trials`). Run the job with it: `generate(..., plan=plan)`."""
+        if isinstance(workload, Workload):
+            bucket = bucketed_workload(workload)
+        else:
+            params = self._check(workload, params)
+            encoded = encode_prompts(workload, params, self._tokenizer, self.loaded.config.vocab_size,
+                                     self.max_context)
+            ids = [e.ids for e in encoded if e.error is None]
+            bucket = bucketed([len(p) for p in ids], params.max_new_tokens, prompts_prefix_len(ids), rows=rows)
         if not measure:
             began = time.perf_counter()
-            preview = self._planner.preview(lens, params.max_new_tokens, prefix)
+            preview = self._planner.plan(bucket, measure=False)
             self.stats.plan_s += time.perf_counter() - began
             return preview
-        return self._plan_for(lens, params.max_new_tokens, covering, prefix)
+        return self._plan_for(bucket, covering)
 
     def _check(self, prompts: Sequence[Any], params: SamplingParams | None) -> SamplingParams:
         params = params or SamplingParams()
@@ -293,7 +279,8 @@ class LLM:
         self.stats.peak_bytes = dict.fromkeys(self.stats.peak_bytes, 0)   # peaks are the latest call's
         keys = sequence_keys(params.seed, [e.ids for e in encoded]) if params.temperature > 0 else None
         lens = [len(encoded[i].ids) for i in valid]
-        plan = self._plan_for(lens, params.max_new_tokens, plan, prompts_prefix_len([encoded[i].ids for i in valid]))
+        bucket = bucketed(lens, params.max_new_tokens, prompts_prefix_len([encoded[i].ids for i in valid]))
+        plan = self._plan_for(bucket, plan)
         policy = self._downsized.get(plan.policy, plan.policy)
         self._set_policy(policy)
         blocks = [[valid[b] for b in block] for block in plan_blocks(lens, policy.block_size)]
@@ -410,10 +397,9 @@ class LLM:
         return GrammarConstraint.for_params(params, self._tokenizer.to_json(), self.eos_token_ids, n_vocab, rows)
 
     # ---- policy and executor
-    def _plan_for(self, prompt_lens: list[int], max_new_tokens: int, given: Plan | None,
-                  shared_prefix_len: int = 0) -> Plan:
+    def _plan_for(self, workload: Workload, given: Plan | None) -> Plan:
         began = time.perf_counter()
-        self._plan = self._planner.plan_for(prompt_lens, max_new_tokens, given, shared_prefix_len)
+        self._plan = self._planner.plan_for(workload, given)
         self.stats.plan_s += time.perf_counter() - began
         return self._plan
 

@@ -1,12 +1,13 @@
 """`llmops batch`: an OpenAI / vLLM batch request file in, a batch output file out (llmops.openai_batch).
 
 Exit codes as the rest of the CLI: 0 every line answered; 1 some lines carry an error (unless
-`--allow-errors`) or the engine failed; 2 the command line is invalid (missing input, bad --set).
-The output file is written to a temporary name beside it and renamed into place when every line is done.
+`--allow-errors`) or the output could not be published; 2 the command line is invalid (missing input, bad
+--set, an output path that cannot be written: checked before any work). A bad request line or a failed
+job gives error lines, never a lost batch. The output file is staged beside the target as lines finish and
+renamed into place, in input order, when every line is done (`llmops.batch_output`).
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,8 @@ import click
 import yaml
 from pydantic import ValidationError
 
+from llmops.batch_output import OutputError, StagedOutput, json_line
 from llmops.cli_common import note, want_progress
-from llmops.core import write_text_atomic
 from llmops.openai_batch import DEFAULT_MAX_TOKENS, run_batch
 from llmops.pipeline.oneoff import check_can_generate
 from llmops.pipeline.spec import EngineSettings
@@ -42,20 +43,15 @@ def engine_overrides(items: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
         raise click.BadParameter(f"--set engine.{err['loc'][0]}: {err['msg']}") from None
 
 
-def _check_output(output: str) -> None:
-    """Before any work: the output path must be stdout or a regular file (or nothing yet)."""
-    target = Path(output)
-    if output != "-" and (target.is_symlink() or (target.exists() and not target.is_file())):
-        raise click.BadParameter(f"--output {output}: not a regular file (a link, folder or device is never replaced)")
-
-
-def _write(output: str, lines: list[dict[str, Any]]) -> None:
-    """The output lines to stdout, or to `output` atomically (`write_text_atomic`)."""
-    text = "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in lines)
-    if output == "-":
-        click.echo(text, nl=False)
-        return
-    write_text_atomic(Path(output), text)
+def _read_lines(input_file: str) -> list[str]:
+    """The request file's lines (split at "\n" only, a trailing "\r" dropped); BadParameter when unreadable."""
+    try:
+        text = sys.stdin.read() if input_file == "-" else Path(input_file).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {input_file}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise click.BadParameter(f"{input_file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return [line.removesuffix("\r") for line in text.split("\n")]
 
 
 @click.command("batch")
@@ -86,28 +82,28 @@ def batch_cmd(input_file: str, output: str, model: str, max_tokens: int, limit: 
       llmops batch sample_data/batch_requests.jsonl -o out/batch_results.jsonl
       llmops batch requests.jsonl --model /models/Llama-3-8B-Instruct --set engine.gpu_memory=24GiB > results.jsonl
     """
+    staged = None
     try:
         settings = engine_overrides(overrides)
         check_can_generate(model)
-        _check_output(output)
-        if input_file == "-":
-            lines = sys.stdin.read().splitlines()
-        else:
-            try:
-                lines = Path(input_file).read_text(encoding="utf-8").splitlines()
-            except OSError as exc:
-                raise click.BadParameter(f"cannot read {input_file}: {exc.strerror}") from None
-            except UnicodeDecodeError as exc:
-                raise click.BadParameter(f"{input_file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except click.BadParameter as exc:
-        click.echo(f"error: {exc.message}", err=True)
+        lines = _read_lines(input_file)
+        staged = StagedOutput(Path(output)) if output != "-" else None
+    except (click.BadParameter, OutputError) as exc:
+        click.echo(f"error: {exc.message if isinstance(exc, click.BadParameter) else exc}", err=True)
         sys.exit(EXIT_INVALID)
     try:
         result = run_batch(lines, model=model, engine_settings=settings, default_max_tokens=max_tokens, limit=limit,
-                           cache_dir=False if no_cache else None, progress=want_progress(progress))
-        _write(output, result.lines)
-    except Exception as exc:  # noqa: BLE001 (an engine failure is reported, not a traceback)
-        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+                           cache_dir=False if no_cache else None, progress=want_progress(progress),
+                           on_line=staged.add if staged is not None else None)
+        if staged is not None:
+            staged.publish()
+        else:
+            click.echo("".join(json_line(o) for o in result.lines), nl=False)
+    except Exception as exc:  # noqa: BLE001 (a failure is reported, not a traceback)
+        kept = f"; the answers so far are in {staged.keep()}" if staged is not None and not \
+            isinstance(exc, OutputError) else ""
+        click.echo(f"error: {exc if isinstance(exc, OutputError) else f'{type(exc).__name__}: {exc}'}{kept}",
+                   err=True)
         sys.exit(EXIT_FAILED)
     s = result.summary
     note(f"{len(result.lines)} lines, {result.failed} with errors, {result.jobs} job(s); {s}"

@@ -3,14 +3,22 @@
 `map_table(table, spec)` renders one prompt per row (`spec.template` over the table's columns), skips null
 rows, dedupes identical prompts, serves what the result cache already holds, hands the rest to the engine
 in one `stream` call and yields Arrow record batches as the engine's blocks finish. Every other adapter
-(Polars, DuckDB, pipelines, CLI, Ray) goes through here, and this is the only module importing `engine` besides
-`llmops.engine_tools` (the declared second bridge: planning tools for the CLI, re-exported here).
+(Polars, DuckDB, pipelines, CLI, Ray) goes through here, and this is the only module importing `engine`, and
+only its facade (the names `engine/__init__.py` exports): the commands that only plan or inspect (`llmops
+policy`, `profile`, `models`) get plans, hardware profiles, sizes and the model list from the functions at the
+end of this module.
+
+Planning: a job's plan is the engine's (`engine.LLM.plan`), made from at most `PLAN_SAMPLE_ROWS` of the
+prompts it generates, evenly spaced (`plan_job`): the run and its preview (`llmops run --dry-run`, through
+`llmops.estimate`) take the same sample of the same rows, so the preview shows the plan the run uses.
 
 Durability per row: with a result cache, each generated row is stored as it finishes, not when its block
 ends: the engine reports finished rows from its decode loop (`stream(..., on_finished=...)`) to a
 `result_cache.RowWriter`, which stores them in small groups at most `FLUSH_SECONDS` apart, and every
 block is wholly stored before it is yielded. A killed run loses at most the rows in flight and the last
 second's; its rerun serves the rest from the cache. An engine without `on_finished` is stored per block.
+Runs sharing a cache claim the rows they generate (`llmops.row_claims`): a row another live run is generating
+is waited for and served from the cache when it is stored, not generated twice.
 
 A `Job` is one operator run over a table that may reach the engine in several calls (DuckDB's 2048-row
 vectors, Polars morsels and groups): the engine's plan (policy) is chosen at the job's first call and
@@ -26,7 +34,9 @@ result cache: opening, looking up, storing) and `other` (rendering, dedup, parsi
 Output batches (`output_schema(spec)`): `row` int64 (index into the input table), `output` (`output_type`),
 `finish_reason` ("stop" | "length" | "error" | null for null rows), `error` (why the output is null; null
 for good rows), `text` (the raw generated text; null when nothing was generated), `prompt_tokens`,
-`completion_tokens` (int64). Per-row failures never stop the job:
+`completion_tokens` (int64), `confidence` (float64: how sure the model was of a constrained output,
+`engine.decoding.confidence`; null for free text and for null outputs), `model` (the model that answered the
+row; null for rows never sent to one). Per-row failures never stop the job:
 - a null in any placeholder column -> null output, null finish_reason, null error, no generation;
 - an empty or whitespace-only value -> as `MapSpec.on_empty` says (default: null output, null finish_reason,
   error "row i: column 'c' is empty"), no generation;
@@ -38,6 +48,9 @@ for good rows), `text` (the raw generated text; null when nothing was generated)
 - a structured output that does not parse or is not one of the choices -> null output, "error" saying why.
 Job-level failures raise: a template naming a missing column (TemplateError, before any work), a bad
 spec (ValueError), an engine that cannot load or crashes (its exception; finished rows stay cached).
+
+A spec with a `cascade` (`llmops.cascade`) runs as one `Job` per model: `MapRun` runs each model on the rows
+the previous one left (`llmops.cascade.run_stages`), and its batches, summary and time split cover them all.
 """
 from __future__ import annotations
 
@@ -48,25 +61,21 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
 
-from engine import LLM, Policy
-from engine.decoding.params import Completion, SamplingParams
-from engine.policy.policy import as_policy
+import engine
+from engine import LLM, Completion, HardwareProfile, Plan, Policy, SamplingParams, Workload, as_policy, check_choices
+from llmops import cascade as cascades
 from llmops import engines
-from llmops.engine_tools import (  # noqa: F401 (the CLI's planning tools, re-exported: see llmops.engine_tools)
-    PINNED_SHARE, Budgets, NoFeasiblePolicy, Workload, cuda_available, default_cpu_budget, device_profile_path,
-    device_split, dtype_bytes, engine_models, explain_split, format_size, load_or_measure, load_profile,
-    model_config, parse_size, reference_profile, resolve_dtype, search, write_json_atomic, write_text_atomic,
-)
 from llmops.progress import Progress
 from llmops.report import failure_kind
 from llmops.result_cache import CachedResult, RowWriter, open_cache, result_key
+from llmops.row_claims import Claim
 from llmops.row_clock import RowClock
 from llmops.structured import arrow_type, parse_json_output, to_json_schema
 from llmops.summary import RunSummary, last_summary, record  # noqa: F401 (last_summary: re-exported)
@@ -74,9 +83,10 @@ from llmops.templates import ON_EMPTY, RowOutcome, check_columns, check_examples
 from llmops.truncation import truncate_prompt, truncate_prompts  # noqa: F401 (truncate_prompt: re-exported)
 
 CacheDir = str | Path | None | Literal[False]
+Check = Callable[[pa.Table, pa.Array], Sequence[bool]]
 log = logging.getLogger(__name__)
 JOB_MEMO_ROWS = 200_000   # generated results a job keeps in memory for its later calls
-PLAN_SAMPLE_ROWS = 512    # rows whose prompt lengths stand for all of a job's first morsels when it plans
+PLAN_SAMPLE_ROWS = 512    # prompts whose lengths stand for all of a job's when it plans (`plan_job`)
 
 
 @dataclass(frozen=True)
@@ -91,7 +101,12 @@ class MapSpec:
     on_long_prompt: "error" (the row fails) or "truncate" (the row's data is cut to fit the context).
     on_empty: a row whose placeholder value is empty or whitespace only: "null" (null output, null
     finish_reason, error "row i: column 'c' is empty"), "error" (the same with finish_reason "error") or
-    "run" (sent to the model like any row)."""
+    "run" (sent to the model like any row).
+    cascade: models that answer in turn, each only the rows the one before was unsure of or got wrong
+    (`llmops.cascade`; it replaces `model`, which becomes the first of them); given as a list, or a mapping
+    {"models": [...], "min_confidence": x}. min_confidence: the confidence (in (0, 1]) a row needs to stop
+    at a model (needs a cascade and a constrained output; None: only invalid rows go on).
+    logprobs: each generated token's text and log-probability come back in the `logprobs` column."""
 
     template: str
     model: str = "smollm2-135m-instruct"
@@ -110,15 +125,25 @@ class MapSpec:
     engine: tuple[tuple[str, Any], ...] = ()
     on_long_prompt: Literal["error", "truncate"] = "error"
     on_empty: Literal["null", "error", "run"] = "null"
+    cascade: tuple[str, ...] = ()
+    min_confidence: float | None = None
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         put = object.__setattr__
+        constrained = self.schema is not None or self.choices is not None or self.regex is not None
+        chain = cascades.as_cascade(self.cascade, self.min_confidence, constrained=constrained)
+        put(self, "cascade", chain.models if chain is not None else ())
+        put(self, "min_confidence", chain.min_confidence if chain is not None else None)
+        if chain is not None:
+            put(self, "model", chain.models[0])
         put(self, "examples", tuple(dict(e) if isinstance(e, dict) else e for e in self.examples))
-        put(self, "stop", tuple(self.stop))
+        put(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))   # "END" is one stop
         if self.choices is not None:
-            put(self, "choices", tuple(str(c) for c in self.choices))
-            if not self.choices:
-                raise ValueError("MapSpec.choices must not be empty")
+            try:
+                put(self, "choices", check_choices(self.choices))
+            except ValueError as exc:
+                raise ValueError(f"MapSpec.{exc}") from None
         if self.schema is not None:
             put(self, "schema", to_json_schema(self.schema))
         settings = self.engine.items() if isinstance(self.engine, dict) else self.engine
@@ -141,6 +166,7 @@ class MapSpec:
         out["examples"] = [dict(e) for e in self.examples]
         out["stop"] = list(self.stop)
         out["choices"] = list(self.choices) if self.choices is not None else None
+        out["cascade"] = list(self.cascade)
         out["engine"] = {k: v.to_dict() if isinstance(v, Policy) else v for k, v in self.engine}
         return out
 
@@ -173,7 +199,7 @@ def sampling_params(spec: MapSpec) -> SamplingParams:
     return SamplingParams(
         max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
         seed=spec.seed, stop=spec.stop, json_schema=spec.schema, choices=spec.choices, regex=spec.regex,
-        chat=spec.chat)
+        chat=spec.chat, logprobs=spec.logprobs)
 
 
 def output_type(spec: MapSpec) -> pa.DataType:
@@ -181,11 +207,35 @@ def output_type(spec: MapSpec) -> pa.DataType:
     return arrow_type(spec.schema) if spec.schema is not None else pa.string()
 
 
+LOGPROBS_TYPE = pa.list_(pa.struct([("token", pa.string()), ("logprob", pa.float64())]))
+
+
 def output_schema(spec: MapSpec) -> pa.Schema:
-    """Schema of every record batch `map_table` yields."""
+    """Schema of every record batch `map_table` yields (with `spec.logprobs`, a last `logprobs` column:
+    one {token, logprob} per generated token)."""
     return pa.schema([("row", pa.int64()), ("output", output_type(spec)), ("finish_reason", pa.string()),
                       ("error", pa.string()), ("text", pa.string()), ("prompt_tokens", pa.int64()),
-                      ("completion_tokens", pa.int64())])
+                      ("completion_tokens", pa.int64()), ("confidence", pa.float64()), ("model", pa.string())]
+                     + ([("logprobs", LOGPROBS_TYPE)] if spec.logprobs else []))
+
+
+def stage_spec(spec: MapSpec, model: str) -> MapSpec:
+    """`spec` for one model of its cascade: that model, no cascade."""
+    return replace(spec, model=model, cascade=(), min_confidence=None)
+
+
+def stage_engines(models: tuple[str, ...], engine: Any) -> dict[str, Any]:
+    """The engines given for a cascade's models: None (each model's process-wide engine) or a mapping
+    {model: engine} over some of `models`. One engine object is an error: each model needs its own."""
+    if engine is None:
+        return {}
+    if not isinstance(engine, Mapping):
+        raise ValueError("a cascade runs each model on its own engine: give engine as a mapping {model: engine} "
+                         "or leave it unset (each model's engine is built on first use, see llmops.engines)")
+    unknown = sorted(set(engine) - set(models))
+    if unknown:
+        raise ValueError(f"engine names model(s) {unknown} that are not in the cascade {list(models)}")
+    return dict(engine)
 
 
 def _make_llm(model: str, **settings: Any) -> Any:
@@ -209,12 +259,17 @@ class Job:
     engine: an `engine.LLM`-like object (default: the process-wide engine for `spec`, built on first use).
     `plan` is the engine's plan once the first call has run (None for engines without plans), `summary`
     the figures of every call so far (`summary.calls` of them). A prompt generated by one call is served to
-    the job's later calls from memory (counted as deduped), with or without the result cache."""
+    the job's later calls from memory (counted as deduped), with or without the result cache.
+    A cascade's job holds one job per model (`stages`), each with its own engine, plan and memory; its
+    `plan` is the first model's (every row runs there). Its `engine`, when given, is a mapping {model:
+    engine}; a model it leaves out gets the process-wide engine."""
 
     def __init__(self, spec: MapSpec, *, engine: Any = None) -> None:
         self.spec = spec
         self.plan: Any = None
         self.summary = RunSummary(calls=0)
+        given = stage_engines(spec.cascade, engine) if spec.cascade else {}
+        self.stages = [Job(stage_spec(spec, model), engine=given.get(model)) for model in spec.cascade]
         self._engine = engine
         self._lock = threading.Lock()
         self._done: dict[str, CachedResult] = {}
@@ -239,7 +294,12 @@ class Job:
     def prepare(self, table: pa.Table) -> None:
         """Plan the job for `table`'s rows before its first call, when nothing is planned yet: a job whose
         rows come in morsels plans for the morsels that arrived together, and its runs can then be cut to
-        the plan's blocks (`llmops.coalesce`). No-op for an engine without plans or a table of null rows."""
+        the plan's blocks (`llmops.coalesce`). No-op for an engine without plans or a table of null rows.
+        A cascade plans its first model here (the later ones plan for the rows that reach them)."""
+        if self.stages:
+            self.stages[0].prepare(table)
+            self.plan = self.stages[0].plan
+            return
         if self.plan is not None or not hasattr(self.engine, "plan"):
             return
         spec, names = self.spec, check_columns(self.spec.template, table.column_names)
@@ -276,15 +336,26 @@ class Job:
             return self.summary
 
 
+def plan_job(eng: Any, prompts: list[Any], params: SamplingParams, *, rows: int | None = None,
+             measure: bool = True) -> Plan | None:
+    """The engine's plan for a job generating `prompts` (`rows` of them when they are a sample; default:
+    their count), made from at most `PLAN_SAMPLE_ROWS` of them, evenly spaced: the rule a run and its
+    preview share. `measure=False`: a preview (no trial runs; the plan says whether the run's will). The
+    caller holds `engine_lock(eng)`. None for an engine without plans or no prompts."""
+    if not prompts or not hasattr(eng, "plan"):
+        return None
+    step = max(1, len(prompts) // PLAN_SAMPLE_ROWS)
+    return eng.plan(prompts[::step][:PLAN_SAMPLE_ROWS], params, rows=rows or len(prompts), measure=measure)
+
+
 def explain_policy(spec: MapSpec, prompts: list[Any], rows: int | None = None) -> str:
     """Which plan a job of `rows` rows like `prompts` (a sample of them; None: just these) would run with and
-    where it comes from (this process, the plan cache, or the cost model's pick before trials); nothing is
-    generated and no trial runs. "" for an engine without plans."""
+    where it comes from (`plan_job`'s preview); nothing is generated and no trial runs. "" for an engine
+    without plans."""
     eng = get_engine(spec)
-    if not hasattr(eng, "plan"):
-        return ""
     with engine_lock(eng):
-        return eng.plan(prompts, sampling_params(spec), rows=rows, measure=False).explain()
+        plan = plan_job(eng, prompts, sampling_params(spec), rows=rows, measure=False)
+    return "" if plan is None else plan.explain()
 
 
 def rows_by_result_key(outcomes: list[RowOutcome], spec: MapSpec, eng: Any) -> dict[str, list[int]]:
@@ -303,11 +374,13 @@ class MapRun:
     """One run of `spec` over `table`: an iterator of record batches (see module docstring).
 
     `summary` is updated as batches are yielded and final once the iterator is exhausted. Construction
-    validates the template against the table's columns (TemplateError) and does nothing else."""
+    validates the template against the table's columns (TemplateError) and does nothing else. A cascade's
+    run drives one run per model (`stage_runs`, `llmops.cascade.run_stages`); `check(inputs, outputs)`, one
+    bool per row (True: the output fails the caller's rules), sends more rows on to the next model."""
 
     def __init__(self, table: pa.Table, spec: MapSpec, *, cache_dir: CacheDir = None,
                  progress: bool | None = None, engine: Any = None, job: Job | None = None,
-                 prompts: list[Any] | None = None) -> None:
+                 prompts: list[Any] | None = None, check: Check | None = None) -> None:
         self.table, self.spec = table, spec
         self.fields = check_columns(spec.template, table.column_names)
         if prompts is not None and len(prompts) != table.num_rows:
@@ -326,13 +399,15 @@ class MapRun:
         self.schema = output_schema(spec)
         self._out_type = output_type(spec)
         self._iter: Iterator[pa.RecordBatch] | None = None
+        self._check = check
+        self.stage_runs: list[MapRun] = []               # a cascade's run of each model, in order
 
     def __iter__(self) -> MapRun:
         return self
 
     def __next__(self) -> pa.RecordBatch:
         if self._iter is None:
-            self._iter = self._run()
+            self._iter = self._run_cascade() if self.spec.cascade else self._run()
         return next(self._iter)
 
     def ordered(self) -> pa.Table:
@@ -346,7 +421,7 @@ class MapRun:
         spec, summary = self.spec, self.summary
         bar = Progress(self.table.num_rows, enabled=self._progress) if self._own_job \
             else self.job.progress(self.table.num_rows, self._progress)
-        plan, writer = None, None
+        plan, writer, claim = None, None, None
         try:
             outcomes = self._render()
             early = [i for i, o in enumerate(outcomes) if o.prompt is None]
@@ -380,61 +455,133 @@ class MapRun:
             pending = [k for k in rest if k not in hits]
             if not pending:
                 return
-            prompts = [outcomes[rows_by_key[k][0]].prompt for k in pending]
-            if spec.on_long_prompt == "truncate":
-                prompts = truncate_prompts(prompts, eng, spec.max_new_tokens, params)
             writer = RowWriter(cache) if cache is not None else None
-            live = [0]   # tokens of rows reported finished in this call, for the bar's tok/s
 
-            def report(idx: int, c: Completion) -> None:
-                """One row finished in the engine's decode loop: store it, move the bar by its rows."""
-                if writer is not None:
-                    began = time.perf_counter()
-                    writer.add(pending[idx], _to_cached(c))
-                    self.cache_s += time.perf_counter() - began
-                rows = len(rows_by_key[pending[idx]])
-                live[0] += len(c.token_ids)
-                self._shown += rows
-                elapsed = time.perf_counter() - start
-                self.clock.add(elapsed, rows)
-                tokens = max(summary.generated_tokens, live[0])
-                bar.advance(rows, tokens_per_s=tokens / elapsed if elapsed > 0 else 0.0)
-            with engine_lock(eng):
-                stats = getattr(eng, "stats", None)
-                before = stats.snapshot() if stats is not None else None
-                for group in _stream(eng, prompts, params, self.job.plan, report):
-                    plan = getattr(eng, "last_plan", None)
-                    done = [(pending[idx], _to_cached(c), c.error) for idx, c in group]
-                    summary.generated_rows += len(done)
-                    summary.generated_tokens += sum(r.completion_tokens for _, r, _ in done)
-                    summary.prompt_tokens += sum(r.prompt_tokens for _, r, _ in done)
+            def generate(pending: list[str]) -> Iterator[pa.RecordBatch]:
+                """Generate the rows of keys `pending`, storing and yielding them block by block."""
+                nonlocal plan
+                prompts = [outcomes[rows_by_key[k][0]].prompt for k in pending]
+                with engine_lock(eng):     # planned as the dry run's preview plans (`plan_job`)
+                    if self.job.plan is None:
+                        self.job.plan = plan_job(eng, prompts, params)
+                if spec.on_long_prompt == "truncate":
+                    prompts = truncate_prompts(prompts, eng, spec.max_new_tokens, params)
+                live = [0]   # tokens of rows reported finished in this call, for the bar's tok/s
+
+                def report(idx: int, c: Completion) -> None:
+                    """One row finished in the engine's decode loop: store it, move the bar by its rows."""
                     if writer is not None:
                         began = time.perf_counter()
-                        writer.finish_block((k, r) for k, r, _ in done)
+                        writer.add(pending[idx], _to_cached(c, eng))
                         self.cache_s += time.perf_counter() - began
-                    self.job.remember((k, r) for k, r, _ in done)
-                    if before is not None:
-                        self.engine_stats = stats.since(before)
-                    yield self._emit([(i, r, err) for k, r, err in done for i in rows_by_key[k]], start, bar)
+                    rows = len(rows_by_key[pending[idx]])
+                    live[0] += len(c.token_ids)
+                    self._shown += rows
+                    elapsed = time.perf_counter() - start
+                    self.clock.add(elapsed, rows)
+                    tokens = max(summary.generated_tokens, live[0])
+                    bar.advance(rows, tokens_per_s=tokens / elapsed if elapsed > 0 else 0.0)
+                with engine_lock(eng):
+                    stats = getattr(eng, "stats", None)
+                    before = stats.snapshot() if stats is not None else None
+                    for group in _stream(eng, prompts, params, self.job.plan, report):
+                        plan = getattr(eng, "last_plan", None)
+                        done = [(pending[idx], _to_cached(c, eng), c.error) for idx, c in group]
+                        summary.generated_rows += len(done)
+                        summary.generated_tokens += sum(r.completion_tokens for _, r, _ in done)
+                        summary.prompt_tokens += sum(r.prompt_tokens for _, r, _ in done)
+                        if writer is not None:
+                            began = time.perf_counter()
+                            writer.finish_block((k, r) for k, r, _ in done)
+                            claim.release([k for k, _, _ in done])
+                            self.cache_s += time.perf_counter() - began
+                        self.job.remember((k, r) for k, r, _ in done)
+                        if before is not None:
+                            self.engine_stats = stats.since(before)
+                        yield self._emit([(i, r, err) for k, r, err in done for i in rows_by_key[k]], start, bar)
+
+            # rows another run sharing the cache is generating are waited for, not generated twice
+            claim = Claim(cache, pending) if cache is not None else None
+            todo, theirs = (claim.mine, claim.theirs) if claim is not None else (pending, [])
+            while todo or theirs:
+                if todo:
+                    yield from generate(todo)
+                found, todo = claim.wait(theirs) if theirs else ({}, [])
+                gone = set(found).union(todo)
+                theirs = [k for k in theirs if k not in gone]
+                if found:
+                    summary.cache_hits += sum(len(rows_by_key[k]) for k in found)
+                    yield self._emit([(i, res, None) for k, res in found.items() for i in rows_by_key[k]], start, bar)
         finally:
             if writer is not None:
                 began = time.perf_counter()
                 _close_quietly(writer)
                 self.cache_s += time.perf_counter() - began
+            if claim is not None:
+                _close_quietly(claim)
             if self._own_job:
                 bar.close()
             summary.seconds = time.perf_counter() - start
+            if summary.rows_by_model:
+                summary.seconds_by_model = {spec.model: summary.seconds}
             total = self.job.finished(summary, plan)
             record(total)
+
+    def _run_cascade(self) -> Iterator[pa.RecordBatch]:
+        """Each model of the cascade on the rows the one before left (`llmops.cascade`), one run of the
+        model's job each; batches carry the original rows."""
+        start = time.perf_counter()
+        spec, summary = self.spec, self.summary
+        summary.rows_by_model = dict.fromkeys(spec.cascade, 0)
+
+        def stage(k: int, rows: list[int]) -> Iterator[pa.RecordBatch]:
+            whole = k == 0
+            job = self.job.stages[k]
+            prompts = None if self._prompts is None else [self._prompts[i] for i in rows]
+            run = MapRun(self.table if whole else self.table.take(rows), job.spec, cache_dir=self._cache_dir,
+                         progress=self._progress, job=job, prompts=prompts)
+            self.stage_runs.append(run)
+            summary.escalated += 0 if whole else len(rows)
+            ids = pa.array(rows, pa.int64())
+            for batch in run:
+                yield batch if whole else batch.set_column(0, "row", ids.take(batch.column("row")))
+
+        def escalate(batch: pa.RecordBatch) -> list[bool]:
+            flagged = None if self._check is None else self._check(self.table.take(batch.column("row")),
+                                                                   batch.column("output"))
+            return cascades.escalates(batch, spec.min_confidence, flagged)
+
+        try:
+            for _, batch in cascades.run_stages(len(spec.cascade), range(self.table.num_rows), stage, escalate):
+                self._count(batch)
+                summary.seconds = time.perf_counter() - start
+                self.timeline.append((round(summary.seconds, 3), summary.done_rows, summary.generated_tokens))
+                self.clock.add(summary.seconds, batch.num_rows)
+                yield batch
+        finally:
+            for run in self.stage_runs:
+                done = run.summary
+                for name in ("generated_rows", "generated_tokens", "prompt_tokens", "cache_hits", "deduped", "nulls"):
+                    setattr(summary, name, getattr(summary, name) + getattr(done, name))
+                summary.seconds_by_model = {m: summary.seconds_by_model.get(m, 0.0) + done.seconds_by_model.get(m, 0.0)
+                                            for m in {**summary.seconds_by_model, **done.seconds_by_model}}
+            self.engine_stats = self.stage_runs[0].engine_stats if self.stage_runs else None
+            summary.seconds = time.perf_counter() - start
+            record(self.job.finished(summary, self.job.stages[0].plan))
 
     _empty_nulls: set[int] = set()  # rows with empty values under on_empty="null": error text, no reason
 
     def time_split(self) -> dict[str, float]:
         """Seconds of this run by where they went (see module docstring); they sum to `summary.seconds`
-        (`other` takes the rest). Engine figures are 0 for an engine without `stats`."""
-        eng = self.engine_stats
+        (`other` takes the rest). Engine figures are 0 for an engine without `stats`. A cascade's parts are
+        its models' runs' parts summed (`engine_stats` is the first model's)."""
+        eng = None if self.stage_runs else self.engine_stats
         split = {"load": self.load_s, "place_weights": 0.0, "plan": 0.0, "prefill": 0.0, "decode": 0.0,
                  "grammar_mask": 0.0, "cache": self.cache_s}
+        for run in self.stage_runs:
+            for part, seconds in run.time_split().items():
+                if part != "other":
+                    split[part] += seconds
         if eng is not None:
             split.update(place_weights=eng.place_s, plan=eng.plan_s, prefill=eng.prefill_s, decode=eng.decode_s,
                          grammar_mask=eng.grammar_mask_s)
@@ -461,19 +608,39 @@ class MapRun:
             cols["text"].append(res.text if res is not None and res.finish_reason != "error" else None)
             cols["prompt_tokens"].append(res.prompt_tokens if res is not None else 0)
             cols["completion_tokens"].append(res.completion_tokens if res is not None else 0)
-            self.summary.errors += reason == "error"
-            self.summary.truncated += reason == "length" and value is None
-            kind = failure_kind(reason, err) if value is None else None
-            if kind is not None:
-                self.failures[kind] += 1
+            cols["confidence"].append(res.confidence if res is not None and value is not None else None)
+            cols["model"].append(self.spec.model if res is not None else None)
+            if "logprobs" in cols:
+                cols["logprobs"].append(None if res is None or res.logprobs is None else
+                                        [{"token": t, "logprob": lp} for t, lp in res.logprobs])
+        batch = pa.RecordBatch.from_pydict(cols, schema=self.schema)
+        self._count(batch)
         s = self.summary
-        s.done_rows += len(items)
         s.seconds = time.perf_counter() - start
         self.timeline.append((round(s.seconds, 3), s.done_rows, s.generated_tokens))
         step, self._shown = max(0, s.done_rows - self._shown), max(self._shown, s.done_rows)
         self.clock.add(s.seconds, step)
         bar.update(step, tokens_per_s=s.tokens_per_s, cache_hits=s.cache_hits, errors=s.errors)
-        return pa.RecordBatch.from_pydict(cols, schema=self.schema)
+        return batch
+
+    def _count(self, batch: pa.RecordBatch) -> None:
+        """Add a batch of finished rows to the figures: errors, cut rows, failures by kind, rows per model,
+        the confidence histogram."""
+        s = self.summary
+        columns = (batch.column("output").is_null().to_pylist(), batch.column("finish_reason").to_pylist(),
+                   batch.column("error").to_pylist(), batch.column("model").to_pylist())
+        for missing, reason, err, model in zip(*columns):
+            s.errors += reason == "error"
+            s.truncated += reason == "length" and missing
+            kind = failure_kind(reason, err) if missing else None
+            if kind is not None:
+                self.failures[kind] += 1
+            if model is not None:
+                s.rows_by_model[model] = s.rows_by_model.get(model, 0) + 1
+        bins = cascades.confidence_bins(batch.column("confidence").to_pylist())
+        if any(bins):
+            s.confidence_bins = [a + b for a, b in zip(s.confidence_bins or [0] * len(bins), bins)]
+        s.done_rows += batch.num_rows
 
     def _decode(self, res: CachedResult | None, err: str | None) -> tuple[Any, str | None, str | None]:
         """(output value, finish_reason, error) of one row from its completion."""
@@ -497,8 +664,15 @@ class MapRun:
         return res.text, res.finish_reason, None
 
 
-def _to_cached(c: Completion) -> CachedResult:
-    return CachedResult(c.text, c.finish_reason, int(c.prompt_tokens), len(c.token_ids))
+def _to_cached(c: Completion, eng: Any = None) -> CachedResult:
+    """The stored form of a completion; its logprobs (when the engine reported them) as (token text, logprob)
+    pairs, each token decoded alone by the engine's tokenizer."""
+    logprobs = None
+    if c.logprobs is not None and c.finish_reason != "error":
+        tok = getattr(eng, "tokenizer", None)
+        texts = [tok.decode([t], skip_special_tokens=False) if tok is not None else str(t) for t in c.token_ids]
+        logprobs = tuple(zip(texts, (float(x) for x in c.logprobs)))
+    return CachedResult(c.text, c.finish_reason, int(c.prompt_tokens), len(c.token_ids), c.confidence, logprobs)
 
 
 def _stream(eng: Any, prompts: list[Any], params: SamplingParams, plan: Any,
@@ -521,16 +695,18 @@ def _takes(fn: Any, name: str) -> bool:
         return False
 
 
-def _close_quietly(writer: RowWriter) -> None:
-    """Store what the writer holds; a failure is logged (the run's own outcome, or exception, stands)."""
+def _close_quietly(owner: RowWriter | Claim) -> None:
+    """Store what a writer holds, or free a run's row claims; a failure is logged (the run's own outcome, or
+    exception, stands; claims of a gone run go stale and are taken over)."""
     try:
-        writer.close()
+        owner.close()
     except Exception as exc:  # noqa: BLE001
-        log.warning("result cache %s: could not store the last finished rows: %s", writer.cache.path, exc)
+        log.warning("result cache %s: could not close %s: %s", owner.cache.path, type(owner).__name__, exc)
 
 
 def map_table(table: pa.Table, spec: MapSpec, *, cache_dir: CacheDir = None, progress: bool | None = None,
-              engine: Any = None, job: Job | None = None, prompts: list[Any] | None = None) -> MapRun:
+              engine: Any = None, job: Job | None = None, prompts: list[Any] | None = None,
+              check: Check | None = None) -> MapRun:
     """Run `spec` over every row of `table`; an iterator of record batches as blocks finish (rows already
     cached, null and unrenderable rows come first; not in row order). cache_dir: None = the default
     result cache dir, False = no cache. progress: None = a bar when stderr is a TTY. engine: an object
@@ -538,11 +714,85 @@ def map_table(table: pa.Table, spec: MapSpec, *, cache_dir: CacheDir = None, pro
     job: the `Job` this run is one call of (its engine and plan are used; default: a job of its own).
     prompts: one engine prompt per row, already built (marked parts or chat messages, see llmops.templates;
     None: a null row), used instead of rendering `spec.template` (`llmops batch`: OpenAI request files).
+    check: for a cascade, `check(inputs, outputs)` flags rows whose output fails the caller's rules, so they
+    run on the next model too (`llmops.cascade`).
     The returned MapRun's `.summary` holds this call's figures (final once exhausted), `.job.summary` the
     job's; `last_summary()` returns the job's."""
-    return MapRun(table, spec, cache_dir=cache_dir, progress=progress, engine=engine, job=job, prompts=prompts)
+    return MapRun(table, spec, cache_dir=cache_dir, progress=progress, engine=engine, job=job, prompts=prompts,
+                  check=check)
 
 
 def map_table_ordered(table: pa.Table, spec: MapSpec, **kwargs: Any) -> pa.Table:
     """All of `map_table`'s rows as one table in row order (same columns; kwargs as map_table)."""
     return map_table(table, spec, **kwargs).ordered()
+
+
+# ---- planning, machines, models and sizes, for the commands that only plan or inspect (`llmops policy`,
+# `llmops profile`, `llmops models`), through the engine's facade
+
+NoFeasiblePolicy = engine.NoFeasiblePolicy    # what `plan_model` raises when no policy fits the budgets
+DEFAULT_CPU_SHARE = engine.PINNED_SHARE       # of the host's available RAM: the cpu tier's default budget
+REFERENCE_MACHINES = ("h200",)                # built-in hardware profiles (`engine.reference_profile`)
+
+
+def parse_size(value: str | int) -> int:
+    """Bytes from "16GiB", "500GB", "4096" (`engine.parse_size`); ValueError naming the input."""
+    return engine.parse_size(value)
+
+
+def format_size(n: float) -> str:
+    """Bytes for people, e.g. "16.00 GiB"."""
+    return engine.format_size(n)
+
+
+def engine_models() -> list[dict[str, Any]]:
+    """The engine's aliases and presets (`engine.list_models`)."""
+    return list(engine.list_models())
+
+
+def default_device() -> str:
+    """The device a run uses here: "cuda" with a GPU, else "cpu"."""
+    return engine.default_device()
+
+
+def hardware_profile(source: str | Path = "local") -> tuple[HardwareProfile, str]:
+    """(profile, description) to plan with: "local" (the profile a run on this machine plans with: on a GPU
+    measured once and cached, on a CPU the cached or default one), a built-in machine (`REFERENCE_MACHINES`)
+    or a profile JSON file (a Path). ValueError naming the file or the name otherwise."""
+    if isinstance(source, Path):
+        profile = engine.load_profile(source)
+        return profile, f"file {source} ({profile.device_name})"
+    if source == "local":
+        profile = engine.planning_profile(default_device())
+        return profile, f"this machine ({profile.device_name}, {profile.source})"
+    if source not in REFERENCE_MACHINES:
+        raise ValueError(f"hardware {source!r}: expected 'local', one of {list(REFERENCE_MACHINES)} or a file")
+    profile = engine.reference_profile(source)
+    return profile, f"built-in reference {source} ({profile.device_name})"
+
+
+def measure_profile(device: str, *, refresh: bool = False, disk_dir: Path | None = None) -> tuple[HardwareProfile, Path]:
+    """This machine's profile of `device` ("cuda" or "cpu"), measured (under a minute) unless cached
+    (`refresh`: measured again), and its cache file."""
+    kwargs = {"disk_dir": disk_dir} if disk_dir is not None else {}
+    return engine.load_or_measure(device, refresh=refresh, **kwargs), engine.profile_cache_path(device)
+
+
+def plan_model(model: str, *, prompt_len: int, gen_len: int, num_prompts: int | None = None,
+               max_prompt_len: int | None = None, shared_prefix_len: int = 0, profile: HardwareProfile,
+               **settings: Any) -> Plan:
+    """The plan `llmops run` would run a job of this shape with (`engine.plan_model`: the engine's planning
+    path and defaults, no weights loaded, no trial run). `settings`: `engine.LLM`'s (`gpu_memory`,
+    `cpu_memory`, `disk_memory`, `dtype`, `compress_weights`, `compress_cache`, `trials`) and `devices` (GPUs
+    of one host). Raises NoFeasiblePolicy, ValueError for a bad setting or workload."""
+    workload = Workload(prompt_len=prompt_len, gen_len=gen_len, num_prompts=num_prompts,
+                        max_prompt_len=max_prompt_len, shared_prefix_len=shared_prefix_len)
+    return engine.plan_model(model, workload, profile=profile, **settings)
+
+
+def plan_budgets(profile: HardwareProfile, *, devices: int = 1, gpu_memory: int | None = None,
+                 cpu_memory: int | None = None, disk_memory: int | None = None) -> engine.Budgets:
+    """Each GPU's budgets for a plan under these settings on `profile`'s machine (`engine.resolve_budgets`,
+    the rule every planning path follows)."""
+    return engine.resolve_budgets(profile, engine.PlanSettings(gpu_memory=gpu_memory, cpu_memory=cpu_memory,
+                                                               disk_memory=disk_memory, num_devices=devices))

@@ -1,7 +1,9 @@
 """DuckDB adapter: LLM generation as SQL functions (Arrow UDFs) and as a whole-relation operation.
 
 `register(con)` creates `llm_map(template, value)`: `value` is one value (bound to the template's single
-placeholder) or a struct whose fields the placeholders name (`llm_map('{a} and {b}', {'a': x, 'b': y})`).
+placeholder) or a struct whose fields the placeholders name (`llm_map('{a} and {b}', {'a': x, 'b': y})`); with
+one placeholder a struct names it only when its fields are exactly that name (`{'a': x}`), so any other
+STRUCT or JSON value (even one with a field called like the placeholder) renders as its JSON text.
 It returns VARCHAR (an `ENUM` of the choices for `choices=`, or the schema's STRUCT). `register(con, name="extract_invoice", template=...,
 schema=...)` creates a typed function whose arguments are the template's placeholders in order of first
 appearance. Both are SQL macros over one Arrow UDF that receives `to_json(value)`, so any argument type
@@ -32,11 +34,11 @@ import duckdb
 import pyarrow as pa
 
 from llmops import coalesce
-from llmops.core import Job, MapSpec, map_table_ordered
+from llmops.core import Job, MapSpec, check_choices, map_table_ordered
 from llmops.structured import arrow_type, to_json_schema
 from llmops.templates import TemplateError, template_fields
 
-_META = ("finish_reason", "error", "text", "prompt_tokens", "completion_tokens")
+_META = ("finish_reason", "error", "text", "prompt_tokens", "completion_tokens", "confidence", "model")
 
 
 def duckdb_type(typ: pa.DataType) -> str:
@@ -64,8 +66,8 @@ def enum_type(choices: Sequence[str]) -> str:
 def _spec_kwargs(model: str, schema: Any, choices: Sequence[str] | None, kw: Mapping[str, Any]) -> dict[str, Any]:
     settings = kw.pop("engine_settings", None) or {}
     examples = kw.pop("examples", None) or ()
-    return {"model": model, "schema": schema, "choices": tuple(choices) if choices is not None else None,
-            "examples": tuple(examples), "engine": tuple(settings.items()), "stop": tuple(kw.pop("stop", ())), **kw}
+    return {"model": model, "schema": schema, "choices": None if choices is None else check_choices(choices),
+            "examples": tuple(examples), "engine": tuple(settings.items()), "stop": kw.pop("stop", ()), **kw}
 
 
 class _Udf:
@@ -119,7 +121,7 @@ class _Udf:
         decoded = [None if v is None else json.loads(v) for v in values]
         columns: dict[str, list[Any]] = {n: [] for n in names}
         for v in decoded:
-            fields = v if isinstance(v, dict) else None
+            fields = v if isinstance(v, dict) and (len(names) != 1 or set(v) == set(names)) else None
             if fields is None and v is not None and len(names) != 1:
                 raise TemplateError(f"llm_map: template {template!r} has {len(names)} placeholders "
                                     f"{list(names)}; pass a struct naming them, e.g. {{'{names[0] if names else 'x'}': col}}")
@@ -130,7 +132,7 @@ class _Udf:
             for n in names:
                 cell = None if v is None else (fields[n] if fields is not None else v)
                 columns[n].append(cell if cell is None or isinstance(cell, str) else
-                                  json.dumps(cell) if isinstance(cell, (dict, list)) else str(cell))
+                                  json.dumps(cell, ensure_ascii=False) if isinstance(cell, (dict, list)) else str(cell))
         table = pa.table({n: pa.array(c, pa.string()) for n, c in columns.items()}) if names \
             else pa.table({"_": pa.array(values, pa.string())})
         return self.job(template)[1](table)
@@ -143,8 +145,11 @@ def register(con: duckdb.DuckDBPyConnection, *, name: str = "llm_map", template:
     """Create SQL function `name` on `con` (see module docstring); returns `name`.
 
     generation: the other `MapSpec` fields (system, examples, regex, max_new_tokens, temperature, top_p,
-    top_k, seed, stop, chat, on_long_prompt, on_empty) and `engine_settings` (dict for `engine.LLM`). engine: an
-    object with the `engine.LLM` API (default: the process-wide engine for `model`)."""
+    top_k, seed, stop, chat, on_long_prompt, on_empty, cascade, min_confidence) and `engine_settings` (dict for
+    `engine.LLM`). engine: an object with the `engine.LLM` API (default: the process-wide engine for `model`).
+    `cascade=[small, large], min_confidence=0.9` answers each row with the first model sure enough of it
+    (`llmops.cascade`: one job per model per template; it replaces `model`, and `engine` is then a mapping
+    {model: engine})."""
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ValueError(f"function name {name!r} must be a plain SQL identifier")
     spec_kwargs = _spec_kwargs(model, schema, choices, dict(generation))
@@ -187,8 +192,8 @@ def map_relation(con: duckdb.DuckDBPyConnection, query: str | duckdb.DuckDBPyRel
                  cache_dir: str | Path | None | Literal[False] = None, progress: bool | None = None,
                  engine: Any = None, **generation: Any) -> duckdb.DuckDBPyRelation:
     """Run `template` over every row of `query` (SQL text or a relation) as one job; return a relation of
-    the query's columns plus `output` (and finish_reason/error/text/token columns when `with_meta`, see
-    `llmops.core`).
+    the query's columns plus `output` (and finish_reason/error/text/token/confidence/model columns when
+    `with_meta`, see `llmops.core`); `cascade` and `min_confidence` as `register`.
     Placeholders name the query's columns (TemplateError listing them otherwise)."""
     rel = con.sql(query) if isinstance(query, str) else query
     table = rel.to_arrow_table()

@@ -1,15 +1,17 @@
 """What a job would cost, before it runs (`llmops run --dry-run`): rows, the rows the result cache and
 deduplication already serve, prompt and generated tokens, the plan's predicted speed, and the time that
-gives. Nothing is generated and no trial runs; the plan is the engine's preview (`plan(..., measure=False)`:
-a plan this process or the plan cache knows, else the cost model's pick), and its explanation carries the
-peak memory per tier.
+gives. Nothing is generated and no trial runs; the plan is the engine's preview of the plan the run uses
+(`llmops.core.plan_job(..., measure=False)`: the run's rule, over the same rows: a plan this process or the
+plan cache holds, else the cost model's choice, saying whether the run's trials will refine it), and its
+explanation carries the peak memory per tier.
 
 Figures: `rows` the table's rows; `null_rows` rows that do not run (a null or empty placeholder, a render
 failure); `cached_rows` rows whose result the cache holds; `deduped_rows` rows served by another row's
 identical prompt; `rows_to_generate` distinct prompts left; `prompt_tokens` their prompt tokens (counted on
 a sample of at most `SAMPLE` prompts, scaled); `max_generated_tokens` the bound `rows_to_generate x
 max_new_tokens` (rows stop earlier at EOS, a stop string or a closed schema); `predicted_tokens_per_s`
-and `seconds_at_most` = max_generated_tokens / predicted_tokens_per_s (prefill included in the prediction).
+and `seconds_at_most` = max_generated_tokens / predicted_tokens_per_s (prefill included in the prediction);
+`plan` the plan's explanation, `plan_detail` the plan as JSON (`Plan.to_dict()`; None without a plan).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from llmops.core import CacheDir, MapSpec, get_engine, rows_by_result_key, sampling_params
+from llmops.core import CacheDir, MapSpec, engine_lock, get_engine, plan_job, rows_by_result_key, sampling_params
 from llmops.result_cache import open_cache
 from llmops.templates import check_columns, render_rows
 
@@ -39,6 +41,7 @@ class JobEstimate:
     predicted_tokens_per_s: float | None
     seconds_at_most: float | None
     plan: str = ""
+    plan_detail: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,11 +76,14 @@ def estimate_job(table: pa.Table, spec: MapSpec, *, cache_dir: CacheDir = None, 
     if sample and hasattr(eng, "prompt_tokens"):
         counted = eng.prompt_tokens(sample, params)
         prompt_tokens = round(sum(counted) * len(pending) / len(sample))
-    if sample and hasattr(eng, "plan"):
-        plan = eng.plan(sample, params, rows=len(pending), measure=False)
-        speed, plan_text = getattr(plan, "predicted_tokens_per_s", None), plan.explain()
+    plan = None
+    if pending and eng is not None:
+        with engine_lock(eng):
+            plan = plan_job(eng, [outcomes[by_key[k][0]].prompt for k in pending], params, measure=False)
+    if plan is not None:
+        speed, plan_text = plan.predicted_tokens_per_s, plan.explain()
     bound = len(pending) * spec.max_new_tokens
     return JobEstimate(rows=table.num_rows, null_rows=null_rows, cached_rows=cached_rows, deduped_rows=deduped,
                        rows_to_generate=len(pending), prompt_tokens=prompt_tokens, max_generated_tokens=bound,
                        predicted_tokens_per_s=speed, seconds_at_most=bound / speed if speed else None,
-                       plan=plan_text)
+                       plan=plan_text, plan_detail=None if plan is None else plan.to_dict())

@@ -33,7 +33,7 @@ from llmops.core import Job, MapSpec, map_table_ordered, output_type
 from llmops.templates import template_fields
 
 _MEMO = 8             # (input, output) pairs an expression keeps to answer Polars' repeated calls
-_META = ("output", "finish_reason", "error", "text", "prompt_tokens", "completion_tokens")
+_META = ("output", "finish_reason", "error", "text", "prompt_tokens", "completion_tokens", "confidence", "model")
 
 
 def polars_dtype(arrow: pa.DataType) -> pl.DataType:
@@ -95,22 +95,30 @@ def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any 
             stop: Sequence[str] = (), chat: bool | None = None, engine_settings: Mapping[str, Any] | None = None,
             on_long_prompt: Literal["error", "truncate"] = "error", columns: Mapping[str, str | pl.Expr] | None = None,
             on_empty: Literal["null", "error", "run"] = "null",
+            cascade: Sequence[str] | Mapping[str, Any] | None = None, min_confidence: float | None = None,
             with_meta: bool = False, cache_dir: str | Path | None | Literal[False] = None,
             progress: bool | None = None, engine: Any = None) -> pl.Expr:
     """An expression generating one value per row from `template` (see `llmops.core.MapSpec` for the
     generation arguments). Output dtype: String, `pl.Enum(choices)` for choices, or a Struct matching
     `schema`; named `default_name(spec)` unless aliased; with `with_meta=True` a
-    Struct {output, finish_reason, error, text, prompt_tokens, completion_tokens} (error: why output is
-    null; text: the raw generated text, see `llmops.core`). Null in any placeholder column
-    -> null. `columns` binds placeholder names to other columns or expressions (default `pl.col(name)`).
-    `engine` is an object with the `engine.LLM` API (default: the process-wide engine for `model`).
+    Struct {output, finish_reason, error, text, prompt_tokens, completion_tokens, confidence, model} (error:
+    why output is null; text: the raw generated text; confidence: how sure the model was of a constrained
+    output, `engine.decoding.confidence`; model: the model that answered the row, see `llmops.core`). Null
+    in any placeholder column -> null.
+    `cascade=["smollm2-135m-instruct", "qwen2.5-0.5b-instruct"], min_confidence=0.9`: every row runs on the
+    first model, and the rows it was unsure of (confidence below min_confidence) or got wrong (an error, an
+    output that does not parse) run again on the next; the cascade replaces `model` and each model is one job
+    (`llmops.cascade`). `columns` binds placeholder names to other columns or expressions (default
+    `pl.col(name)`). `engine` is an object with the `engine.LLM` API (default: the process-wide engine for
+    `model`); with a cascade, a mapping {model: engine} (models left out get the process-wide one).
     Template errors (bad syntax) raise here; unknown columns raise Polars' ColumnNotFoundError (naming
     the column and listing the frame's columns) when the query runs, before any generation."""
     spec = MapSpec(template=template, model=model, system=system, examples=tuple(examples or ()), schema=schema,
-                   choices=tuple(choices) if choices is not None else None, regex=regex,
+                   choices=choices, regex=regex,
                    max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                   stop=tuple(stop), chat=chat, engine=tuple((engine_settings or {}).items()),
-                   on_long_prompt=on_long_prompt, on_empty=on_empty)
+                   stop=stop, chat=chat, engine=tuple((engine_settings or {}).items()),
+                   on_long_prompt=on_long_prompt, on_empty=on_empty, cascade=cascade or (),
+                   min_confidence=min_confidence)
     names = template_fields(template)
     if not names:
         raise ValueError(f"template {template!r} has no {{column}} placeholder: nothing to map over")
@@ -122,7 +130,8 @@ def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any 
     out = output_type(spec)
     if with_meta:
         out = pa.struct([("output", out), ("finish_reason", pa.string()), ("error", pa.string()),
-                         ("text", pa.string()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64())])
+                         ("text", pa.string()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
+                         ("confidence", pa.float64()), ("model", pa.string())])
     declared = None if with_meta else _declared_dtype(schema)
     dtype = declared if declared is not None else polars_dtype(out)
     if spec.choices is not None:   # choices come back as pl.Enum of exactly those categories

@@ -7,7 +7,8 @@
   `grammar_mask`, `cache` the result cache), `sink` (writing and publishing) and `other` (the rest:
   rendering, parsing, table steps). On the Ray runner, whose steps overlap in one streaming dataset:
   `setup`, `ray_dataset_and_sink`, `other`;
-- `llm_steps`, per llm_map step: its figures (`llmops.summary.RunSummary`), `failures` (rows by reason:
+- `llm_steps`, per llm_map step: its figures (`llmops.summary.RunSummary`, with the rows and seconds of each
+  model, the rows a cascade escalated and the histogram of the answers' confidence), `failures` (rows by reason:
   `cut by max_new_tokens`, `prompt too long`, `empty input`, `unparsable output`, `not one of the
   choices`, `engine error`), `timeline` ([seconds since the step began, rows done, generated tokens] per
   emitted batch), `throughput` (rows finished per time bucket: `{"bucket_s", "rows"}`,
@@ -17,7 +18,7 @@
   (measured over the engine's prefill + decode + grammar time, which is what the cost model predicts, and
   over the step's wall time) and peak bytes per tier (predicted by the cost model; measured as the
   executor's budget counts them). Predictions are null for a fixed policy or an engine without plans.
-The runner writes it atomically (`llmops.core.write_json_atomic`); `llmops run --report FILE.html` renders
+The runner writes it atomically (`llmops.files.write_json_atomic`); `llmops run --report FILE.html` renders
 it (`llmops.report_html`). Pure Python: no engine, no core (core imports `failure_kind` from here).
 """
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The run report as one self-contained HTML page (`llmops run ... --report out/report.html`).
 
 `render_html(report)` turns the JSON run report (`llmops.report`, version 2) into a page people would
-rather look at than read: the run's figures and failures by reason as tables; three plots: where the
-time went (load, plan, prefill, decode, grammar masks, cache, sink...), throughput over time (rows finished
-per second, per llm_map step) and, per step, the cost model's prediction beside the measurement (generated
-tokens/s, peak memory per tier); and each step's policy.
+rather look at than read: the run's figures and failures by reason as tables; the rows and seconds of each
+model (a cascade's, `llmops.cascade`); plots of where the time went (load, plan, prefill, decode, grammar
+masks, cache, sink...), throughput over time (rows finished per second, per llm_map step), the confidence
+of constrained outputs (a histogram per step that has any) and, per step, the cost model's prediction beside
+the measurement (generated tokens/s, peak memory per tier); and each step's policy.
 
 Why matplotlib, rendering inline SVG: a plot is drawn once, when the run ends, and only has to be looked
 at, so a static image serves; matplotlib is the most widely kept Python plotting library, draws without a
@@ -28,7 +29,7 @@ from typing import Any
 import matplotlib
 from matplotlib.figure import Figure
 
-from llmops.core import write_text_atomic
+from llmops.files import write_text_atomic
 from llmops.report import TIERS
 
 # One colour per plotted quantity (tests/test_report_html.py finds each in a browser's screenshot).
@@ -37,6 +38,7 @@ PART_COLORS = {"source": "#8c564b", "load": "#9467bd", "place_weights": "#c5b0d5
                "sink": "#17becf", "setup": "#7f7f7f", "ray_dataset_and_sink": "#aec7e8", "other": "#d9d9d9"}
 STEP_COLORS = ("#e41a1c", "#377eb8", "#4daf4a", "#984ea3", "#a65628", "#f781bf")
 PREDICTED_COLOR, MEASURED_COLOR = "#f2b134", "#3b5ba5"
+CONFIDENCE_COLOR = "#6a3d9a"
 PART_ORDER = ("source", "setup", "load", "place_weights", "plan", "prefill", "decode", "grammar_mask", "cache",
               "sink", "ray_dataset_and_sink", "other")
 PART_LABELS = {"place_weights": "place weights", "grammar_mask": "grammar masks",
@@ -112,6 +114,24 @@ def throughput_plot(steps: list[dict[str, Any]]) -> str:
     return _svg(fig)
 
 
+def confidence_plot(steps: list[dict[str, Any]]) -> str:
+    """The answered rows' confidence per step (`confidence_bins`: 10 bins over [0, 1]), a panel per step."""
+    fig = Figure(figsize=(10, 0.6 + 1.7 * max(1, len(steps))))
+    axes = fig.subplots(max(1, len(steps)), 1, squeeze=False)[:, 0]
+    for ax, step in zip(axes, steps):
+        bins = step.get("confidence_bins") or []
+        width = 1.0 / max(1, len(bins))
+        ax.bar([i * width for i in range(len(bins))], bins, width=width, align="edge", color=CONFIDENCE_COLOR,
+               edgecolor="white", linewidth=0.5)
+        ax.set_xlim(0, 1)
+        ax.set_title(_step_name(step), fontsize=9, loc="left")
+        ax.set_ylabel("rows")
+    axes[0].set_title("Confidence of the answers (rows per bin)", fontsize=11)
+    axes[-1].set_xlabel("confidence")
+    fig.tight_layout()
+    return _svg(fig)
+
+
 def comparison_plot(steps: list[dict[str, Any]]) -> str:
     """Per step: predicted vs measured generated tokens/s, and peak memory per tier (GiB)."""
     fig = Figure(figsize=(10, 3.4))
@@ -170,6 +190,16 @@ def _steps_table(steps: list[dict[str, Any]]) -> str:
     return _table(head, rows)
 
 
+def _models_table(steps: list[dict[str, Any]]) -> str:
+    """Rows answered and seconds per model of each step (a cascade's models in order), rows escalated."""
+    rows = []
+    for s in steps:
+        answered, seconds = s.get("rows_by_model") or {}, s.get("seconds_by_model") or {}
+        for model in {**seconds, **answered}:
+            rows.append([_step_name(s), model, answered.get(model, 0), seconds.get(model), s.get("escalated", 0)])
+    return _table(["step", "model", "rows answered", "seconds", "rows escalated (step)"], rows)
+
+
 def _time_table(split: dict[str, float]) -> str:
     total = sum(split.values()) or 1.0
     return _table(["part", "seconds", "share %"],
@@ -220,9 +250,17 @@ def render_html(report: dict[str, Any]) -> str:
              "<h2>Figures</h2>", _summary(report)]
     if steps:
         parts += ["<h3>llm_map steps</h3>", _steps_table(steps), "<h3>Failures by reason</h3>", _failures(steps)]
+        if any(s.get("rows_by_model") or s.get("seconds_by_model") for s in steps):
+            parts += ["<h3>Models</h3>", _models_table(steps)]
     parts += ["<h2>Where the time went</h2>", f"<div class=plot id=plot-time>{time_plot(split)}</div>",
               _time_table(split)]
     if steps:
+        rated = [s for s in steps if any(s.get("confidence_bins") or [])]
+        if rated:
+            parts += ["<h2>Confidence</h2>",
+                      "<p class=note>How sure each answering model was of its constrained outputs "
+                      "(engine.decoding.confidence).</p>",
+                      f"<div class=plot id=plot-confidence>{confidence_plot(rated)}</div>"]
         parts += ["<h2>Throughput over time</h2>", f"<div class=plot id=plot-throughput>{throughput_plot(steps)}</div>",
                   "<h2>Policy: predicted vs measured</h2>",
                   "<p class=note>The cost model predicts a block's prefill + decode throughput; the measured "

@@ -103,49 +103,62 @@ def to_json_schema(schema: Any) -> dict[str, Any]:
                     "Polars Struct or a pydantic model class")
 
 
-def _resolve(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
-    seen = 0
-    while "$ref" in node:
+def _resolve(node: dict[str, Any], root: dict[str, Any], refs: tuple[str, ...] = ()) -> tuple[dict[str, Any],
+                                                                                            tuple[str, ...]]:
+    """`node` with its `$ref` chain followed, and `refs` grown by the references followed. ValueError for a
+    reference that is not local or points at nothing."""
+    while isinstance(node, dict) and "$ref" in node:
         ref = node["$ref"]
-        if not ref.startswith("#/"):
-            raise ValueError(f"schema $ref {ref!r}: only local references are supported")
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise ValueError(f"schema $ref {ref!r}: only local references ('#/...') are supported")
+        if ref in refs:
+            return {"$recursive": ref}, refs
         target: Any = root
-        for part in ref[2:].split("/"):
+        for part in ref[2:].split("/") if ref != "#" else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(target, dict) or part not in target:
+                raise ValueError(f"schema $ref {ref!r} points at nothing (no {part!r} in the schema)")
             target = target[part]
+        if not isinstance(target, dict):
+            raise ValueError(f"schema $ref {ref!r} points at a {type(target).__name__}, not a schema")
         node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
-        seen += 1
-        if seen > 32:
-            raise ValueError(f"schema $ref {ref!r} is recursive: not supported as an Arrow type")
-    return node
+        refs += (ref,)
+    if not isinstance(node, dict):
+        raise ValueError(f"schema node {node!r} is not a JSON schema object")
+    return node, refs
 
 
 def _non_null_variants(node: dict[str, Any]) -> list[dict[str, Any]] | None:
     for key in ("anyOf", "oneOf"):
         if key in node:
-            return [v for v in node[key] if v.get("type") != "null"]
+            return [v for v in node[key] if not (isinstance(v, dict) and v.get("type") == "null")]
     return None
 
 
-def arrow_type(schema: dict[str, Any], _root: dict[str, Any] | None = None) -> pa.DataType:
+def arrow_type(schema: dict[str, Any], _root: dict[str, Any] | None = None,
+               _refs: tuple[str, ...] = ()) -> pa.DataType:
     """The Arrow type of values matching JSON schema `schema` (nullable everywhere). Untyped nodes,
-    free-form objects and unions of several types become strings holding JSON text."""
+    free-form objects, unions of several types and a recursive reference (a node inside its own definition)
+    become strings holding JSON text. ValueError for a `$ref` that points at nothing."""
     root = _root if _root is not None else schema
-    node = _resolve(schema, root)
+    node, refs = _resolve(schema, root, _refs)
+    if "$recursive" in node:
+        return pa.string()
     variants = _non_null_variants(node)
     if variants is not None:
-        return arrow_type(variants[0], root) if len(variants) == 1 else pa.string()
+        return arrow_type(variants[0], root, refs) if len(variants) == 1 else pa.string()
     kind = node.get("type")
     if isinstance(kind, list):
         kinds = [k for k in kind if k != "null"]
         kind = kinds[0] if len(kinds) == 1 else None
-    if kind is None and "enum" in node:
+    if kind is None and isinstance(node.get("enum"), list):
         kind = "string" if all(isinstance(v, str) for v in node["enum"]) else None
     if kind is None and "properties" in node:
         kind = "object"
-    if kind == "object" and node.get("properties"):
-        return pa.struct([pa.field(k, arrow_type(v, root)) for k, v in node["properties"].items()])
+    if kind == "object" and isinstance(node.get("properties"), dict) and node["properties"]:
+        return pa.struct([pa.field(k, arrow_type(v, root, refs)) for k, v in node["properties"].items()])
     if kind == "array" and isinstance(node.get("items"), dict):
-        return pa.list_(arrow_type(node["items"], root))
+        return pa.list_(arrow_type(node["items"], root, refs))
     return {"integer": pa.int64(), "number": pa.float64(), "boolean": pa.bool_()}.get(kind, pa.string())
 
 

@@ -1,8 +1,10 @@
-"""The import contracts of DESIGN.md section 6 ("Layers, arrows down"), checked on every test run.
+"""The import contracts ("Layers, arrows down": adapters -> llmops.core -> the engine facade), checked on every
+test run.
 
 - import-linter's contracts in pyproject.toml (`[tool.importlinter]`): the engine's layers, the engine
-  importing no operator-layer library, only the bridges (`llmops.core`, `llmops.engine_tools`) importing
-  `engine`, no cycle between sibling packages. `lint-imports` runs the same check by hand.
+  importing no operator-layer library, only the bridge (`llmops.core`) importing `engine`, and only its
+  facade (`engine/__init__.py`'s names), no cycle between sibling packages. `lint-imports` runs the same
+  check by hand.
 - no module-level import cycle anywhere in `engine` or `llmops` (strongly connected components of
   grimp's import graph, function-level imports included): import-linter has no contract for that.
 - no import inside a function except of an optional dependency, each with a comment saying why.

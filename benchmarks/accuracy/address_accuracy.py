@@ -1,8 +1,9 @@
-"""Few-shot city extraction with a JSON schema on SmolLM2 over sample_data/addresses.csv: exact-match
+"""City extraction with a JSON schema over sample_data/addresses.csv, few-shot or --zero-shot: exact-match
 accuracy of `city` (target >= 0.8) and the share of valid (finished, parsed) outputs (target 1.0), as one
 record (common fields, rows_per_h) appended to benchmarks/records/<machine>/address_accuracy.jsonl (or --out).
 
     python benchmarks/accuracy/address_accuracy.py [--limit N] [--dtype float32] [--out /tmp/address_accuracy.jsonl]
+    python benchmarks/accuracy/address_accuracy.py --model qwen2.5-0.5b-instruct --zero-shot
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--dtype", default="auto", help="engine dtype: auto (bfloat16), float32, ...")
+    ap.add_argument("--zero-shot", action="store_true", help="no examples: the system prompt and template only")
     add_record_args(ap)
     args = ap.parse_args()
     record = new_record(BENCHMARK, WORKLOAD, args.model, commit=args.commit)
@@ -49,7 +51,8 @@ def main() -> None:
     table = pacsv.read_csv(ROOT / "sample_data" / "addresses.csv")
     if args.limit:
         table = table.slice(0, args.limit)
-    spec = MapSpec(TEMPLATE, model=args.model, system=SYSTEM, examples=EXAMPLES, schema={"city": str},
+    examples = () if args.zero_shot else EXAMPLES
+    spec = MapSpec(TEMPLATE, model=args.model, system=SYSTEM, examples=examples, schema={"city": str},
                    max_new_tokens=args.max_new_tokens, engine={"dtype": args.dtype})
     with Timer() as clock:
         out = map_table_ordered(table, spec, cache_dir=False, progress=None)
@@ -62,11 +65,11 @@ def main() -> None:
     misses = [{"address": a, "label": lab, "got": o and o["city"]}
               for a, lab, o, ok in zip(table.column("address").to_pylist(), labels, outputs, exact) if not ok]
     n = table.num_rows
-    result = {**record, "rows_per_h": rows_per_hour(n, seconds), "rows": n, "dtype": args.dtype, "exact_match": sum(exact) / n, "casefold_match": sum(loose) / n,
+    result = {**record, "rows_per_h": rows_per_hour(n, seconds), "rows": n, "dtype": args.dtype, "shots": len(examples), "exact_match": sum(exact) / n, "casefold_match": sum(loose) / n,
               "valid_outputs": sum(valid) / n, "targets": {"exact_match": 0.8, "valid_outputs": 1.0},
               "seconds": seconds, "summary": last_summary().to_dict(), "misses": misses}
     save_record(result, args.out)
-    print(json.dumps({k: result[k] for k in ("rows", "exact_match", "casefold_match", "valid_outputs", "seconds")}))
+    print(json.dumps({k: result[k] for k in ("rows", "shots", "exact_match", "casefold_match", "valid_outputs", "seconds")}))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ the common fields (tokens_per_s over all tasks) and {"rows", "overrides", "tasks
 
 Usage (from the repository root):
     python benchmarks/accuracy/pipeline_accuracy.py --rows 20
+    python benchmarks/accuracy/pipeline_accuracy.py --rows 20 --model qwen2.5-0.5b-instruct
     python benchmarks/accuracy/pipeline_accuracy.py --rows 2 --tasks classify_tickets --no-cache --out /tmp/p.jsonl
     python benchmarks/accuracy/pipeline_accuracy.py --rows 200 --tasks classify_tickets --set model=/models/Llama-3-8B-Instruct
 """
@@ -118,11 +119,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=20, help="rows per task (the first N of each table)")
     parser.add_argument("--tasks", nargs="*", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--model", default=None, help="run every task on this model (as --set model=MODEL)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                         help="pipeline override for every task, e.g. model=... or engine.device=cuda")
     parser.add_argument("--no-cache", action="store_true", help="recompute every row")
     add_record_args(parser)
     args = parser.parse_args(argv)
+    if args.model:
+        args.overrides.insert(0, f"model={args.model}")
     report = new_record(BENCHMARK, WORKLOAD, None, commit=args.commit)
     report.update(rows=args.rows, overrides=args.overrides, tasks={})
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,4 +1,4 @@
-"""Accuracy of the semantic operators' sample pipelines against their labels, on the embedded model.
+"""Accuracy of the semantic operators' sample pipelines against their labels, on their model or `--model`.
 
 - `resolve_customers` (resolve): pairwise precision / recall / F1 of the entity ids against `label_entity`,
   pairs compared vs all pairs, and the blocking's recall of the true pairs;
@@ -12,6 +12,7 @@ llm_join's right table) to N rows. Appends one record to benchmarks/records/<mac
 (or --out).
 
 Usage (from the repository root): python benchmarks/accuracy/semantic_accuracy.py [--rows 120] [--tasks resolve_customers]
+    [--model qwen2.5-0.5b-instruct]
 """
 from __future__ import annotations
 
@@ -107,16 +108,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=None, help="llm_join: source and right rows (default all)")
     ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--model", default=None, help="run every task on this model (default: the pipelines' own)")
     add_record_args(ap)
     args = ap.parse_args()
-    record = new_record("semantic_accuracy", "sample-pipelines", "smollm2-135m-instruct", commit=args.commit)
+    model = (f"model={args.model}",) if args.model else ()
+    record = new_record("semantic_accuracy", "sample-pipelines", args.model or "smollm2-135m-instruct",
+                        commit=args.commit)
     tasks = {}
     with tempfile.TemporaryDirectory() as tmp:
         for task in args.tasks.split(","):
-            tasks[task] = run_task(task, args.rows, Path(tmp))
+            tasks[task] = run_task(task, args.rows, Path(tmp), model)
             print(task, tasks[task], flush=True)
             if task == "join_products":   # the same answers (result cache) at the lower confidence bar
-                low = run_task(task, args.rows, Path(tmp), ("steps.0.llm_join.min_confidence=0.5",))
+                low = run_task(task, args.rows, Path(tmp), (*model, "steps.0.llm_join.min_confidence=0.5"))
                 tasks[task]["at_min_confidence_0.5"] = {k: low[k] for k in ("accuracy", "precision", "recall",
                                                                            "tp", "fp", "fn", "tn", "matched_pairs")}
     record.update(rows=args.rows, tasks=tasks)

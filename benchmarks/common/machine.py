@@ -89,13 +89,6 @@ def device_name() -> str:
     return f"cpu ({_cpu_model()}, {os.cpu_count()} cores)"
 
 
-def device_slug() -> str:
-    """A file-name form of the device: "cpu" or e.g. "nvidia_h200"."""
-    if not cuda_available():
-        return "cpu"
-    return "".join(c if c.isalnum() else "_" for c in device_name().lower()).strip("_")
-
-
 def machine_slug(gpu_name: str | None = None, cpus: int | None = None) -> str:
     """The machine's folder under benchmarks/records/: $LLMOPS_MACHINE when set; else the GPU's model in lower
     case ("NVIDIA H100 80GB HBM3" -> "h100"; a name without such a model: its slug); else "cpu-<N>core"."""

@@ -59,20 +59,6 @@ def record_path(benchmark: str, machine_name: str | None = None) -> Path:
     return records_dir() / (machine_name or machine_slug()) / f"{benchmark}.jsonl"
 
 
-def workload_slug(text: str) -> str:
-    """A workload name as a file-name part: lower case, runs of other characters than letters, digits, '.', '+'
-    and '-' as one '-' ("OPT-6.7B split 1/32" -> "opt-6.7b-split-1-32")."""
-    out, dash = [], False
-    for c in text.lower():
-        if c.isalnum() or c in ".+-":
-            out.append(c)
-            dash = False
-        elif not dash:
-            out.append("-")
-            dash = True
-    return "".join(out).strip("-")
-
-
 def size_gib(value: int | str | None) -> float | None:
     """A size (bytes or "16GiB") in GiB; None stays None."""
     if value is None:

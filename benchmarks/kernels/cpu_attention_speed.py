@@ -5,7 +5,7 @@ hd), as the executor runs it when the cache lives on the cpu tier with cpu_atten
 in fp16, bf16 and fp32, over a 4-bit cache (`engine.quant`, dequantized per chunk of rows) at several chunk
 sizes (--chunk-mib), and FlexGen's way (upcast the whole cache to fp32, then attend). The 4-bit cache is the
 engine's (`CACHE_QUANT`, Hadamard-rotated groups): `engine 4-bit` is the engine's path (affine dequantization
-only, attention in the rotated basis), `4-bit unrotating (old)` the path before it (every cached key and value
+only, attention in the rotated basis), `4-bit unrotating (old)` the alternative (every cached key and value
 row un-rotated by a matmul with H, then attention), same chunks. Reports seconds per
 call (mean and best of --repeats), the cache bytes read per second as stored (`gb_s`; for 4-bit the packed bytes) and in dense bf16
 equivalent (`dense_gb_s`, what the cost model's `cpu_attention_q4_gib_s` means; for 4-bit rows also
@@ -61,7 +61,7 @@ def _row(kernel: str, dtype: str, times: tuple[float, float], stored: int, dense
 
 def unrotating_attention(q: torch.Tensor, k: QTensor, v: QTensor, valid: torch.Tensor, scale: float,
                          chunk_bytes: int) -> torch.Tensor:
-    """The old host path over a rotated 4-bit cache, for comparison: per chunk of rows (as
+    """The un-rotating host path over a rotated 4-bit cache, for comparison: per chunk of rows (as
     `cpu_decode_attention` cuts them), dequantize with every row un-rotated, then `decode_attention`."""
     b, _, _, hd = q.shape
     rows = max(1, min(b, chunk_bytes // (2 * k.shape[1] * k.shape[2] * hd * q.element_size())))

@@ -1,8 +1,8 @@
-"""Micro-benchmark: the routed experts of one sparse-MoE layer, the per-expert loop that `moe_experts` was
-against the grouped path it is now (engine.models.moe), with two alternatives to the engine's grouping.
+"""Micro-benchmark: the routed experts of one sparse-MoE layer, a loop per expert against the grouped path of
+`engine.models.moe.moe_experts`, with two alternatives to the engine's grouping.
 
 Variants, each on the same x [n, h], routing and stacked weights w1/w3 [E, i, h], w2 [E, h, i]:
-  loop         the old `moe_experts`: one stable sort, then per expert with tokens a gather, three linears,
+  loop         a loop per expert: one stable sort, then per expert with tokens a gather, three linears,
                the activation, the product and a weighted index_add (~8 launches per expert)
   grouped      `engine.models.moe.moe_experts` as on an accelerator: groups of consecutive experts spanning
                those without tokens (`gaps`), padded to the largest count, three bmm against views of the

@@ -9,6 +9,8 @@ import json
 import os
 import random
 import re
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 from benchmarks.common import ROOT, Timer
 from benchmarks.operators.engine_probe import StreamProbe
 
-PATHS = ("engine", "pipeline", "polars", "polars-streaming", "duckdb-relation", "duckdb-udf")
+PATHS = ("engine", "pipeline", "pipeline-cold", "polars", "polars-streaming", "duckdb-relation", "duckdb-udf")
 PIPELINE = ROOT / "pipelines" / "bench_invoices.yaml"
 UDF_NAME = "extract_invoice"
 OUTPUT = "fields"
@@ -149,12 +151,8 @@ class Job:
         from llmops.pipeline.steps import map_spec
 
         sink = self.work / "pipeline_out.parquet"
-        os.environ["LLMOPS_BENCH_INPUT"] = str(self.csv)
-        os.environ["LLMOPS_BENCH_OUTPUT"] = str(sink)
-        overrides = [f"steps.0.llm_map.max_new_tokens={self.spec.max_new_tokens}",
-                     *(f"engine.{k}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in self.settings.items())]
-        argv = ["run", str(self.args.pipeline), "--no-cache", "--json", "--allow-errors", "--no-progress",
-                "--model", self.model, *(x for o in overrides for x in ("--set", o))]
+        argv = self.pipeline_argv(sink)
+        overrides = [argv[i + 1] for i, word in enumerate(argv) if word == "--set"]
         pipeline = load_pipeline(self.args.pipeline, overrides=[f"model={json.dumps(self.model)}", *overrides])
         same = map_spec(pipeline.steps[0].llm_map, pipeline) == self.spec
         original = sinks.SinkWriter.write
@@ -181,6 +179,33 @@ class Job:
                 "first_result_note": "first batch written to the sink's staging file",
                 "non_null_rows": table.num_rows - table.column(OUTPUT).null_count, "rows_out": table.num_rows,
                 "same_spec_as_engine": same, "pipeline_summary": summary, "argv": ["llmops", *argv]}
+
+    def pipeline_argv(self, sink: Path) -> list[str]:
+        """`llmops run` of the pipeline file over the job's rows into `sink`, with the job's settings."""
+        os.environ["LLMOPS_BENCH_INPUT"] = str(self.csv)
+        os.environ["LLMOPS_BENCH_OUTPUT"] = str(sink)
+        overrides = [f"steps.0.llm_map.max_new_tokens={self.spec.max_new_tokens}",
+                     *(f"engine.{k}={json.dumps(v) if isinstance(v, dict) else v}" for k, v in self.settings.items())]
+        return ["run", str(self.args.pipeline), "--no-cache", "--json", "--allow-errors", "--no-progress",
+                "--model", self.model, *(x for o in overrides for x in ("--set", o))]
+
+    # -- pipeline-cold (llmops run in a fresh process: model load, planning and the run, end to end)
+    def run_pipeline_cold(self) -> dict[str, Any]:
+        import pyarrow.parquet as pq
+
+        sink = self.work / "pipeline_cold_out.parquet"
+        argv = self.pipeline_argv(sink)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        with Timer() as t:
+            done = subprocess.run([sys.executable, "-m", "llmops.cli", *argv], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"llmops run exited {done.returncode}: {done.stderr[-2000:]}")
+        summary = json.loads(done.stdout[done.stdout.index("{"):])
+        table = pq.read_table(sink)
+        return {"seconds": t.seconds, "first_result_s": None, "peak_device_gib": None, "peak_reserved_gib": None,
+                "first_result_note": "a separate process: the first result is not observable here",
+                "non_null_rows": table.num_rows - table.column(OUTPUT).null_count, "rows_out": table.num_rows,
+                "pipeline_summary": summary, "argv": ["llmops", *argv]}
 
     # -- polars
     def _polars_frame_and_expr(self):

@@ -15,6 +15,8 @@ Paths (each one job over all N rows, result cache off everywhere):
 - pipeline: `llmops run pipelines/bench_invoices.yaml --no-cache --json --allow-errors` in-process (click's
   CliRunner, so the same cached engine serves it and torch's peak can be read), CSV source of the N rows,
   parquet sink;
+- pipeline-cold: the same `llmops run` in a fresh process, timed end to end (model load, planning, warm-up and
+  the run: what a user's first command pays; its device peak is the other process's, recorded null);
 - polars: eager `df.with_columns(llmops.llm_map(...).alias("fields"))`;
 - polars-streaming: `df.lazy().with_columns(...)` through the streaming engine: `sink_batches` writing each
   batch to a parquet file (first_result_s = the first batch), or `--polars-streaming sink_parquet|collect`
@@ -260,7 +262,7 @@ def run_path(job: Job, path: str, runner: Callable[[], dict[str, Any]], common: 
         res = runner()
     except Exception as exc:  # noqa: BLE001 (one path failing must not lose the others)
         res = {"seconds": None, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
-    res.update(peak_gib())
+    res = {**peak_gib(), **res}          # a runner in another process says its peak is not this one's
     seconds = res.get("seconds")
     rate = rows_per_hour(len(job.rows), seconds)
     base_rate = rates.base_for(path, rate)
@@ -301,7 +303,8 @@ def run_all(job: Job, order: list[str], common: dict[str, Any], out: Path, inter
     rewritten with its ratio to the mean of the engine runs around it (`ratio_to_engine_bracketed`) once the
     engine run after it has finished."""
     runners: dict[str, Callable[[], dict[str, Any]]] = {
-        "engine": job.run_engine, "pipeline": job.run_pipeline, "polars": job.run_polars,
+        "engine": job.run_engine, "pipeline": job.run_pipeline, "pipeline-cold": job.run_pipeline_cold,
+        "polars": job.run_polars,
         "polars-streaming": job.run_polars_streaming, "duckdb-relation": job.run_duckdb_relation,
         "duckdb-udf": job.run_duckdb_udf}
     first = next((r.get("rows_per_h") for r in read_jsonl(out)

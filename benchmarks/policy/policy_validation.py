@@ -54,6 +54,7 @@ from engine.calibrate.machine import default_cpu_profile
 from engine.calibrate.profile_cache import load_or_measure
 from engine.policy.hardware import GIB, reference_profile  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
+from engine.runtime.layout import model_layout  # noqa: E402
 from engine.runtime.selector import GreedyToEnd  # noqa: E402
 from engine.util.sizes import parse_size  # noqa: E402
 
@@ -223,7 +224,8 @@ def earlier_grid(path: Path, name: str, gen_len: int) -> list[dict]:
 
 def predicted(config, policy: Policy, workload: Workload, profile, bpe: int) -> dict:
     """The cost model's prediction for `policy` (one block, unbounded by the workload's row count)."""
-    est = estimate(config, policy, replace(workload, num_prompts=None), profile, bpe)
+    est = estimate(config, policy, replace(workload, num_prompts=None), profile, bpe,
+                   layout=model_layout(config, bpe, policy.compress_weights))
     return {"predicted_tokens_per_s": est.tokens_per_s, "predicted_prefill_s": est.prefill_s,
             "predicted_decode_s": est.decode_s,
             "predicted_peak_gib": {t: v / GIB for t, v in est.peak_memory_bytes.items()}}
@@ -251,7 +253,8 @@ def autos(loaded, name: str, workload: Workload, budgets: Budgets, profile, devi
         allow = None if args.compress == "auto" else False
         with Timer() as searching:
             top = search_top(loaded.config, workload, budgets, profile, top=max(1, args.trials),
-                             bytes_per_element=bpe, compress_weights=allow, compress_cache=allow, model_name=name)
+                             bytes_per_element=bpe, compress_weights=allow, compress_cache=allow, model_name=name,
+                             layout=model_layout(loaded.config, bpe))
         entry["search_s"] = searching.seconds
         out.append((AUTO_MODEL, top[0].policy))
         entry["auto_model_explain"] = top[0].explain()
@@ -268,7 +271,7 @@ def autos(loaded, name: str, workload: Workload, budgets: Budgets, profile, devi
     return out
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_record_args(ap)
     ap.add_argument("--models", default="opt-6.7b,opt-30b:8",
@@ -291,19 +294,78 @@ def main() -> None:
                     help="for the models this earlier record (JSONL or JSON file) measured, run only the autos and take the grid's "
                          "measurements from it, predicted again with this run's profile and cost model (the "
                          "earlier prediction is kept as earlier_predicted_tokens_per_s); other models run their grid")
-    args = ap.parse_args()
+    return ap
+
+
+def candidates(loaded, name: str, gen_len: int, workload: Workload, budgets: Budgets, profile,
+               device: torch.device, args, entry: dict) -> list[dict]:
+    """The distinct policies to measure for one model, each with its prediction: the autos first, then the grid
+    from the cheapest predicted. With --grid-from, the earlier grid's measured records join `entry` (predicted
+    again) and only the autos are returned for measuring."""
+    bpe = ms.dtype_bytes(loaded.dtype)
+    named = autos(loaded, name, workload, budgets, profile, device, args, entry)
+    earlier = earlier_grid(args.grid_from, name, gen_len) if args.grid_from is not None else []
+    for record in earlier:          # the earlier measurement against this run's profile and cost model
+        record["earlier_predicted_tokens_per_s"] = record["predicted_tokens_per_s"]
+        record.update(predicted(loaded.config, Policy.from_dict(record["policy"]), workload, profile, bpe))
+    if earlier:
+        entry["policies"] += earlier
+    else:
+        named += grid_policies(name)
+    distinct: dict[Policy, list[str]] = {}
+    for label, policy in named:
+        distinct.setdefault(policy, []).append(label)
+    records = []
+    for policy, names in distinct.items():
+        fields = predicted(loaded.config, policy, workload, profile, bpe)
+        records.append({"names": names, "policy": policy.to_dict(), **fields,
+                        "_total_s": fields["predicted_prefill_s"] + fields["predicted_decode_s"],
+                        "_auto": names[0].startswith("auto")})
+    records.sort(key=lambda r: (not r["_auto"], r["_total_s"]))    # autos first, then the cheapest
+    return records
+
+
+def measure(record: dict, loaded, gen_len: int, args, device: torch.device, first: bool, remaining_s: float) -> bool:
+    """Run `record`'s policy unless it is predicted not to fit or to outlast `remaining_s` (then `skipped` says
+    why); an error or OOM is recorded, not raised. True when it ran."""
+    policy = Policy.from_dict(record["policy"])
+    cpu_gib = record["predicted_peak_gib"]["cpu"]
+    expected = 5 + cpu_gib / (PIN_GIB_S if first else 8.0) + SAFETY * record.pop("_total_s")
+    record.pop("_auto")
+    ran = False
+    if record["predicted_peak_gib"]["gpu"] * GIB > args.gpu_memory:
+        record["skipped"] = "predicted not to fit the gpu budget"
+    elif expected > remaining_s:
+        record["skipped"] = f"expected {expected:.0f} s > {remaining_s:.0f} s left of this model's time"
+    else:
+        try:
+            record.update(run_policy(loaded, policy, replace_gen(args, gen_len), device))
+            ran = True
+        except BaseException as exc:  # noqa: BLE001 - OOM and engine errors are results here
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            record["error"] = f"{type(exc).__name__}: {exc}"
+            record["oom"] = "out of memory" in str(exc).lower() or isinstance(exc, MemoryError)
+            record["traceback"] = traceback.format_exc(limit=4)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return ran
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     start = time.perf_counter()
     device = torch.device(args.device)
     gpu_memory_text = args.gpu_memory
     parse_budgets(args)
     models = parse_models(args.models, args.gen_len)
-    workload = "+".join(name for name, _ in models)
     out = args.out or record_path("policy_validation")
     with Timer() as profiling:
         profile = {"local": lambda: load_or_measure(device), "h200": lambda: reference_profile("h200"),
                    "default": default_cpu_profile}[args.hardware]()
-    payload = new_record("policy_validation", workload, args.models, gpu_memory=gpu_memory_text,
-                         device=None if device.type == "cuda" else "cpu", commit=args.commit)
+    payload = new_record("policy_validation", "+".join(name for name, _ in models), args.models,
+                         gpu_memory=gpu_memory_text, device=None if device.type == "cuda" else "cpu", commit=args.commit)
     payload.update({"torch_device": str(device), "profile": profile.to_dict(), "profile_s": profiling.seconds,
                     "args": vars(args) | {"out": str(out)}, "models": {}})
     budgets = Budgets(args.gpu_memory, args.cpu_memory, 0)
@@ -311,53 +373,12 @@ def main() -> None:
         now = time.perf_counter()
         model_deadline = now + (args.time_budget_s - (now - start)) / (len(models) - m)   # leftovers pass on
         loaded = load_model(name, dtype=torch.float16 if device.type == "cuda" else torch.float32)
-        bpe = ms.dtype_bytes(loaded.dtype)
         workload = Workload(args.prompt_len, gen_len, num_prompts=args.max_block)
-        entry = payload["models"][name] = {"gen_len": gen_len, "policies": []}
-        entry["compress"] = args.compress
-        named = autos(loaded, name, workload, budgets, profile, device, args, entry)
-        earlier = earlier_grid(args.grid_from, name, gen_len) if args.grid_from is not None else []
-        for record in earlier:          # the earlier measurement against this run's profile and cost model
-            record["earlier_predicted_tokens_per_s"] = record["predicted_tokens_per_s"]
-            record.update(predicted(loaded.config, Policy.from_dict(record["policy"]), workload, profile, bpe))
-        if earlier:
-            entry["policies"] += earlier
-        else:
-            named += grid_policies(name)
-        distinct: dict[Policy, list[str]] = {}
-        for label, policy in named:
-            distinct.setdefault(policy, []).append(label)
-        records = []
-        for policy, names in distinct.items():
-            fields = predicted(loaded.config, policy, workload, profile, bpe)
-            records.append({"names": names, "policy": policy.to_dict(), **fields,
-                            "_total_s": fields["predicted_prefill_s"] + fields["predicted_decode_s"],
-                            "_auto": names[0].startswith("auto")})
-        records.sort(key=lambda r: (not r["_auto"], r["_total_s"]))    # autos first, then the cheapest
+        entry = payload["models"][name] = {"gen_len": gen_len, "policies": [], "compress": args.compress}
         first = True
-        for record in records:
-            policy = Policy.from_dict(record["policy"])
-            cpu_gib = record["predicted_peak_gib"]["cpu"]
-            expected = 5 + cpu_gib / (PIN_GIB_S if first else 8.0) + SAFETY * record.pop("_total_s")
-            record.pop("_auto")
-            remaining = model_deadline - time.perf_counter()
-            if record["predicted_peak_gib"]["gpu"] * GIB > args.gpu_memory:
-                record["skipped"] = "predicted not to fit the gpu budget"
-            elif expected > remaining:
-                record["skipped"] = f"expected {expected:.0f} s > {remaining:.0f} s left of this model's time"
-            else:
-                try:
-                    record.update(run_policy(loaded, policy, replace_gen(args, gen_len), device))
-                    first = False
-                except BaseException as exc:  # noqa: BLE001 - OOM and engine errors are results here
-                    if isinstance(exc, KeyboardInterrupt):
-                        raise
-                    record["error"] = f"{type(exc).__name__}: {exc}"
-                    record["oom"] = "out of memory" in str(exc).lower() or isinstance(exc, MemoryError)
-                    record["traceback"] = traceback.format_exc(limit=4)
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        for record in candidates(loaded, name, gen_len, workload, budgets, profile, device, args, entry):
+            if measure(record, loaded, gen_len, args, device, first, model_deadline - time.perf_counter()):
+                first = False
             entry["policies"].append(record)
             summarize(payload)
             payload["elapsed_s"] = time.perf_counter() - start

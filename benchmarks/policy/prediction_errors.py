@@ -29,7 +29,8 @@ from engine.models.presets import PRESETS  # noqa: E402
 from engine.policy.affine import evaluate  # noqa: E402
 from engine.policy.cost_model import Workload, cost_terms, estimate  # noqa: E402
 from engine.policy.hardware import HardwareProfile, reference_profile  # noqa: E402
-from engine.policy.memory import model_layout, realized_placement  # noqa: E402
+from engine.policy.memory import realized_placement  # noqa: E402
+from engine.runtime.layout import model_layout  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
 
 DEFAULT_FILES = ("benchmarks/records/h200/throughput.jsonl",)
@@ -61,9 +62,10 @@ def compare(r: dict, profile: HardwareProfile) -> dict:
     policy = Policy.from_dict(r["policy"])
     workload = Workload(r["prompt_len"], r["gen_len"], num_prompts=r["num_prompts"],
                         shared_prefix_len=r.get("prefix_len") or 0)
-    est = estimate(config, policy, workload, profile)
-    terms = cost_terms(config, policy, workload, profile, 2)
-    x = realized_placement(config, model_layout(config, 2, policy.compress_weights), policy, profile.device_type)
+    layout = model_layout(config, 2, policy.compress_weights)
+    est = estimate(config, policy, workload, profile, layout=layout)
+    terms = cost_terms(config, policy, workload, profile, 2, layout)
+    x = realized_placement(config, layout, policy, profile.device_type)
     _, decode = terms.at(x)
     L, steps = config.num_hidden_layers, max(1, r["gen_len"] - 1)
     predicted_step = est.decode_s / steps

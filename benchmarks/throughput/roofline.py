@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository 
 from engine.models.config import ModelConfig  # noqa: E402
 from engine.policy import model_stats as ms  # noqa: E402
 from engine.policy.hardware import GIB, HardwareProfile  # noqa: E402
-from engine.policy.memory import model_layout, split_fraction_on, weight_fraction_on  # noqa: E402
+from engine.policy.memory import split_fraction_on, weight_fraction_on  # noqa: E402
+from engine.runtime.layout import model_layout  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
 from engine.policy.prefix import batch_prefix_len, prefix_held_once  # noqa: E402
 

@@ -76,7 +76,7 @@ from benchmarks.profiling.timeline import device_events, timeline_summary, write
 
 import torch  # noqa: E402
 
-from engine.calibrate.auto import choose_policy_estimate  # noqa: E402
+from engine.calibrate.planning.choose import choose_policy_estimate  # noqa: E402
 from engine.calibrate.machine import default_cpu_profile  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from engine.models.presets import PRESETS  # noqa: E402

@@ -53,7 +53,8 @@ def device_display_name(device: torch.device) -> str:
 
 def default_cpu_profile() -> HardwareProfile:
     """A cheap, unmeasured profile of this CPU-only machine (nominal desktop-class rates, real capacities):
-    what `choose_policy` uses on a CPU when no cached profile exists, so no test pays for a benchmark."""
+    what planning uses on a CPU when no cached profile exists (`planning.settings.planning_profile`), so no
+    test pays for a benchmark."""
     ram = host_memory_bytes()
     return HardwareProfile(
         device_name=device_display_name(torch.device("cpu")), device_type="cpu",

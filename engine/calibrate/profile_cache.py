@@ -24,8 +24,9 @@ from engine.storage.atomic import write_json_atomic
 PROFILE_VERSION = 4
 
 
-def profile_cache_path(device: torch.device, directory: Path | None = None) -> Path:
-    key = profile_key(device)
+def profile_cache_path(device: torch.device | str, directory: Path | None = None) -> Path:
+    """Where this machine's profile for `device` ("cuda", "cpu" or a torch.device) is cached."""
+    key = profile_key(torch.device(device))
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return (directory or cache_dir()) / f"hardware-{digest}.json"
 

@@ -27,7 +27,6 @@ sizes, not with a numpy reshape error.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -40,6 +39,7 @@ import numpy as np
 
 from engine.models.gguf_arch import ARCHS, CONFIG_TENSORS, EXPERT_NAMES, GLOBAL_NAMES, hf_config
 from engine.models.gguf_source import INDEX, dequantize_tensor
+from engine.util.file_digest import file_digest
 
 MARKER = ".complete.json"
 # 1: fp32 model.safetensors copy; 2: tensor index into the GGUF (no weight copy), llama only;
@@ -85,15 +85,10 @@ def _reader(path: Path) -> Any:
     return CheckedReader(str(path))
 
 
-def gguf_fingerprint(path: Path) -> str:
-    """A stable id of a GGUF file's content: sha256 of its size, first and last MiB (reads 2 MiB)."""
-    size = path.stat().st_size
-    h = hashlib.sha256(f"gguf:{size}:".encode())
-    with open(path, "rb") as f:
-        h.update(f.read(1 << 20))
-        f.seek(max(0, size - (1 << 20)))
-        h.update(f.read(1 << 20))
-    return h.hexdigest()[:32]
+def gguf_fingerprint(path: Path, cache_dir: Path | None = None) -> str:
+    """A stable id of a GGUF file's content: the digest of every byte (metadata and every tensor,
+    `engine.util.file_digest`), remembered in `cache_dir` (the model cache) while the file is unchanged."""
+    return file_digest(path, cache_dir)
 
 
 def cache_is_complete(folder: Path) -> bool:
@@ -108,7 +103,7 @@ def cache_is_complete(folder: Path) -> bool:
 
 def convert_gguf(path: Path, cache_dir: Path) -> Path:
     """The converted folder for the GGUF file `path`, converting it first if no complete one is cached."""
-    target = Path(cache_dir) / f"{gguf_fingerprint(path)}-v{FORMAT}"
+    target = Path(cache_dir) / f"{gguf_fingerprint(path, Path(cache_dir))}-v{FORMAT}"
     if cache_is_complete(target):
         return target
     Path(cache_dir).mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ from engine.models.registry import build_family, check_architecture
 from engine.models.safetensors_source import SafetensorsSource
 from engine.models.weights import WeightSource, layer_nbytes
 from engine.quant.config import GGUF_WEIGHT_QUANT
+from engine.util.file_digest import file_digest
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
@@ -39,7 +40,9 @@ _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "hal
 class LoadedModel:
     """A model ready for the runtime. `tokenizer_dir` holds tokenizer.json + tokenizer_config.json (with
     chat_template, eos_token, bos_token when known) or is None (dummy presets). `fingerprint` is a stable id
-    of the weights (a result-cache key). `dtype` is the dtype `weights.get` returns."""
+    of the weights' content (a result-cache key): every byte of every weight file is hashed
+    (`engine.util.file_digest`, once per file version), so any changed tensor changes it. `dtype` is the
+    dtype `weights.get` returns."""
 
     config: ModelConfig
     family: ModelFamily
@@ -97,15 +100,17 @@ def _union(a: int | list[int] | None, b: int | list[int] | None) -> list[int]:
     return out
 
 
-def _folder_fingerprint(folder: Path, files: list[Path]) -> str:
+def _folder_fingerprint(folder: Path, files: list[Path], cache_dir: Path | None) -> str:
+    """config.json's bytes and the content digest of every weight file (`engine.util.file_digest`, remembered
+    in the model cache `cache_dir`): any changed tensor changes it, an identical copy of the folder keeps it."""
     h = hashlib.sha256((folder / "config.json").read_bytes())
     for f in files:
-        st = f.stat()
-        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+        h.update(f"{f.name}:{file_digest(f, cache_dir)}".encode())
     return h.hexdigest()[:32]
 
 
-def _load_folder(folder: Path, dtype: torch.dtype | str, fingerprint: str | None = None) -> LoadedModel:
+def _load_folder(folder: Path, dtype: torch.dtype | str, fingerprint: str | None = None,
+                 cache_dir: Path | None = None) -> LoadedModel:
     config = _read_config(folder)
     family = build_family(config)
     dt = resolve_dtype(dtype, config)
@@ -118,18 +123,19 @@ def _load_folder(folder: Path, dtype: torch.dtype | str, fingerprint: str | None
     has_tok = (folder / "tokenizer.json").is_file()
     return LoadedModel(
         config, family, source, folder if has_tok else None,
-        fingerprint or _folder_fingerprint(folder, source.files), dt,
+        fingerprint or _folder_fingerprint(folder, source.files, cache_dir or model_cache_dir()), dt,
     )
 
 
 def _load_gguf(path: Path, dtype: torch.dtype | str, cache_dir: Path | None) -> LoadedModel:
-    folder = convert_gguf(path, Path(cache_dir) if cache_dir else model_cache_dir())
+    models = Path(cache_dir) if cache_dir else model_cache_dir()
+    folder = convert_gguf(path, models)
     # compress_weights re-quantizes in groups of 32, the width of llama.cpp's Q4/Q8 blocks (engine.quant.config)
     config = replace(_read_config(folder), weight_group_size=GGUF_WEIGHT_QUANT.group_size)
     family = build_family(config)
     dt = resolve_dtype(dtype, config)
     source = GGUFSource(path, read_index(folder), family.layer_specs(), dt)
-    return LoadedModel(config, family, source, folder, gguf_fingerprint(path), dt)
+    return LoadedModel(config, family, source, folder, gguf_fingerprint(path, models), dt)
 
 
 def _load_preset(name: str, dtype: torch.dtype | str) -> LoadedModel:
@@ -151,7 +157,7 @@ def load_model(
         return _load_preset(model, dtype)
     path = Path(model).expanduser()
     if path.is_dir():
-        return _load_folder(path, dtype)
+        return _load_folder(path, dtype, cache_dir=cache_dir)
     if path.is_file() and path.suffix.lower() == ".gguf":
         return _load_gguf(path, dtype, cache_dir)
     if path.exists():

@@ -57,14 +57,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from engine.models.config import ModelConfig
 from engine.policy import model_stats as ms
 from engine.policy.affine import const, evaluate, share
+from engine.policy.buffers import pipelines_host_attention, runs_ahead
 from engine.policy.hardware import GIB, HardwareProfile
-from engine.policy.memory import (
-    TIERS, ModelLayout, memory_terms, model_layout, peak_memory, pipelines_host_attention, realized_placement,
-    runs_ahead,
-)
+from engine.policy.layout import ModelConfig, ModelLayout
+from engine.policy.memory import TIERS, memory_terms, peak_memory, realized_placement
 from engine.policy.policy import Policy
 from engine.policy.prefix import batch_prefix_len, prefix_held_once
 
@@ -228,6 +226,15 @@ def weight_pages(config: ModelConfig, layout: ModelLayout, num_gpu_batches: int,
     return max(num_gpu_batches, -(-largest // PAGE_BYTES))
 
 
+def model_view(layout: ModelLayout | None, bytes_per_element: int, compress_weights: bool,
+               caller: str) -> ModelLayout:
+    """`layout` in `bytes_per_element`-byte elements with `compress_weights` (`ModelLayout.view`); a clear error
+    without one: the policy package plans from the model's layout and builds no model."""
+    if layout is None:
+        raise TypeError(f"{caller}: pass the model's layout (layout=engine.runtime.layout.model_layout(config))")
+    return layout.view(bytes_per_element, compress_weights)
+
+
 def _roofline(flops: float, nbytes: float, peak_flops: float, bandwidth: float) -> float:
     """Seconds of a kernel bound by either compute or memory traffic (the roofline)."""
     return max(flops / peak_flops, nbytes / bandwidth)
@@ -244,13 +251,14 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
                bytes_per_element: int, layout: ModelLayout | None = None) -> CostTerms:
     """Channel times and tier memory, affine in the placement fractions (those of `policy` are ignored).
 
-    `layout` (from `memory.model_layout`, for this dtype and weight compression) is built when not given."""
+    `layout`: the model's (`engine.runtime.layout.model_layout`; any dtype and weight compression: the
+    policy's and `bytes_per_element`'s view is taken)."""
     L, g, k = config.num_hidden_layers, policy.gpu_batch_size, policy.num_gpu_batches
     b, s, n = policy.block_size, workload.prompt_len, workload.gen_len
     ctx = workload.prompt_len + workload.gen_len / 2
     B, cw, cc = bytes_per_element, policy.compress_weights, policy.compress_cache
     cpu_att, on_cpu = policy.cpu_attention, profile.device_type == "cpu"
-    layout = layout or model_layout(config, B, cw)
+    layout = model_view(layout, B, cw, "cost_terms")
     h2d, d2h = profile.h2d_gib_s * GIB, profile.d2h_gib_s * GIB
     d_read, d_write = profile.disk_read_gib_s * GIB, profile.disk_write_gib_s * GIB
     gpu_flops, gpu_bw = profile.gpu_tflops_bf16 * 1e12, profile.gpu_mem_gib_s * GIB
@@ -425,7 +433,7 @@ def decode_slack(config: ModelConfig, policy: Policy, workload: Workload, profil
     plain = replace(policy, prefill_ahead=False)
     if not plain.overlap:
         return 0.0
-    layout = layout or model_layout(config, bytes_per_element, plain.compress_weights)
+    layout = model_view(layout, bytes_per_element, plain.compress_weights, "decode_slack")
     terms = cost_terms(config, plain, workload, profile, bytes_per_element, layout)
     x = realized_placement(config, layout, plain, profile.device_type)
     _, decode = terms.at(x)
@@ -453,8 +461,8 @@ def estimate(config: ModelConfig, policy: Policy, workload: Workload, profile: H
              terms: CostTerms | None = None) -> CostEstimate:
     """The model's prediction for one fully specified policy: times at the placement the executor really
     makes (tensors whole, kv heads and hidden features rounded), peak memory as the executor counts it
-    plus its untracked device memory (`memory.peak_memory`)."""
-    layout = layout or model_layout(config, bytes_per_element, policy.compress_weights)
+    plus its untracked device memory (`memory.peak_memory`). `layout`: the model's (as `cost_terms`)."""
+    layout = model_view(layout, bytes_per_element, policy.compress_weights, "estimate")
     terms = terms or cost_terms(config, policy, workload, profile, bytes_per_element, layout)
     result = estimate_terms(terms, realized_placement(config, layout, policy, profile.device_type))
     peak = peak_memory(config, layout, policy, workload.memory_prompt_len, workload.gen_len, bytes_per_element,

@@ -11,24 +11,23 @@ with it the layer as it is; `total_numel` sums the layers exactly. Byte
 counts multiply by `bytes_per_element`, and `compressed_bytes` gives the 4-bit group-wise size
 (4 bits per value plus an fp16 min and scale per group of 64: 36 / 128 = 0.28x of fp16). An int4 checkpoint's
 matmul weights (`config.quantization_config`) count in its own groups (whole-row groups as hidden_size inputs)
-with or without `compress`; the exact per-tensor sizes are engine.policy.memory's `model_layout`.
+with or without `compress`; the exact per-tensor sizes are the model's `engine.policy.layout.ModelLayout`.
 """
 from __future__ import annotations
 
-import torch
+from typing import Any
 
-from engine.models.config import ModelConfig
+from engine.policy.dtypes import element_size
+from engine.policy.layout import ModelConfig
 
 QUANT_GROUP_SIZE = 64
 QUANT_BITS = 4
 QUANT_SCALE_BYTES = 2  # min and scale are stored in fp16, one pair per group
 
 
-def dtype_bytes(dtype: torch.dtype | str) -> int:
+def dtype_bytes(dtype: Any) -> int:
     """Bytes per element of a floating dtype (torch dtype or name like "float16")."""
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.replace("torch.", ""))
-    return torch.empty((), dtype=dtype).element_size()
+    return element_size(dtype)
 
 
 def _is_opt(config: ModelConfig) -> bool:

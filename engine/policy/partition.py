@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
-from engine.models.config import ModelConfig
 from engine.policy import model_stats as ms
+from engine.policy.layout import ModelConfig
 from engine.policy.policy import Policy
 
 Parallel = Literal["auto", "data", "pipeline"]

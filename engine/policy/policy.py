@@ -19,7 +19,7 @@ class Policy:
     `cache_*` of each GPU batch's KV cache, `act_*` of each GPU batch's hidden states.
     `w_gpu_extra`: that many more whole tensors on the gpu, the first tensor the fractions leave off the gpu in
     each of the first `w_gpu_extra` layers (in the executor's layer order) that have one
-    (`engine.storage.placement.with_extra`): the search fills the device memory a per-layer share leaves with
+    (`engine.policy.placement.with_extra`): the search fills the device memory a per-layer share leaves with
     them, since the next share moves one tensor in every layer (a third of Mixtral-8x7B's experts, 7.9 GiB).
 
     MoE models (`engine.runtime.moe_schedule`): `pipeline` runs MoE-Lightning's CGOPipe: with `cpu_attention`,

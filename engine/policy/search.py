@@ -31,17 +31,16 @@ from typing import Sequence
 import numpy as np
 from scipy.optimize import linprog
 
-from engine.models.config import ModelConfig
 from engine.policy import model_stats as ms
 from engine.policy.affine import NUM_VARS, VARS
+from engine.policy.buffers import runs_ahead
 from engine.policy.cost_model import (
-    TIERS, CostEstimate, CostTerms, Workload, cost_terms, decode_slack, estimate, weight_pages,
+    TIERS, CostEstimate, CostTerms, Workload, cost_terms, decode_slack, estimate, model_view, weight_pages,
 )
 from engine.policy.estimate import Budgets, NoFeasiblePolicy, PolicyEstimate, workload_dict
 from engine.policy.hardware import GIB, HardwareProfile
-from engine.policy.memory import (
-    ModelLayout, model_layout, peak_memory, runs_ahead, weight_fraction_on, weight_settings,
-)
+from engine.policy.layout import ModelConfig, ModelLayout
+from engine.policy.memory import peak_memory, weight_fraction_on, weight_settings
 from engine.policy.policy import Policy
 from engine.util.sizes import format_size
 
@@ -308,6 +307,7 @@ def search_top(
     relax_cpu: float = 0.9,
     relax_disk: float = 0.95,
     model_name: str = "model",
+    layout: ModelLayout | None = None,
 ) -> list[PolicyEstimate]:
     """The `top` distinct policies with the highest predicted throughput that fit `budgets` (bytes), best
     first: at most one per (batch shape, flags); the candidates are taken over the flag kinds
@@ -319,7 +319,8 @@ def search_top(
     memory per tier, as the executor counts it, fits `relax_* x budget`. `relax_*` scale each budget
     (head-room for allocator rounding and fragmentation); `cpu_attention`, `compress_weights` and
     `compress_cache` None try both settings (compression changes the outputs slightly: callers that
-    need exact outputs pass False). Raises NoFeasiblePolicy, saying what does not fit, when no shape fits.
+    need exact outputs pass False). `layout`: the model's (`engine.runtime.layout.model_layout`). Raises
+    NoFeasiblePolicy, saying what does not fit, when no shape fits.
     """
     if top < 1:
         raise ValueError(f"search_top: top must be >= 1, got {top}")
@@ -329,7 +330,7 @@ def search_top(
     flag_sets = [(att, cw, cc) for att in (both if cpu_attention is None else (cpu_attention,))
                  for cw in (both if compress_weights is None else (compress_weights,))
                  for cc in (both if compress_cache is None else (compress_cache,))]
-    layouts = {cw: model_layout(config, bytes_per_element, cw) for _, cw, _ in flag_sets}
+    layouts = {cw: model_view(layout, bytes_per_element, cw, "search") for _, cw, _ in flag_sets}
     found: list[_Candidate] = []
     infeasible_from: dict[tuple, int] = {}                  # (k, flags) -> smallest g whose LP is infeasible
     for g, k in candidate_shapes(workload.num_prompts, gpu_batch_sizes, num_gpu_batches):
@@ -358,9 +359,9 @@ def search_top(
                 continue                # no cache off the gpu, no host attention: the same run as without
             found.append(best)
     if not found:
-        raise NoFeasiblePolicy(_no_fit_message(config, workload, budgets, relax, bytes_per_element,
-                                               compress_weights is not False, compress_cache is not False,
-                                               model_name, profile.device_type))
+        raise NoFeasiblePolicy(_no_fit_message(config, layouts[compress_weights is not False], workload, budgets,
+                                               relax, bytes_per_element, compress_cache is not False, model_name,
+                                               profile.device_type))
     found.sort(key=_rank)
     chosen = _diverse(found, top)
     context = {
@@ -461,18 +462,19 @@ def search(config: ModelConfig, workload: Workload, budgets: Budgets, profile: H
            **kwargs) -> PolicyEstimate:
     """The policy with the highest predicted throughput that fits `budgets` (bytes) under the cost model.
 
-    Keyword arguments are `search_top`'s (except `top`). Raises NoFeasiblePolicy, saying what does not
+    Keyword arguments are `search_top`'s (except `top`; `layout`, the model's, is needed). Raises NoFeasiblePolicy, saying what does not
     fit, when no shape fits.
     """
     return search_top(config, workload, budgets, profile, top=1, **kwargs)[0]
 
 
-def _no_fit_message(config: ModelConfig, workload: Workload, budgets: Budgets, relax: dict[str, float],
-                    bytes_per_element: int, compress_weights: bool, compress_cache: bool, model_name: str,
+def _no_fit_message(config: ModelConfig, layout: ModelLayout, workload: Workload, budgets: Budgets,
+                    relax: dict[str, float], bytes_per_element: int, compress_cache: bool, model_name: str,
                     device_type: str) -> str:
     """Why nothing fits: the smallest block's needs (all tiers together, the gpu's working set, and on a GPU
-    the host memory of one row with every weight streamed) against the relaxed budgets."""
-    B = bytes_per_element
+    the host memory of one row with every weight streamed) against the relaxed budgets; `layout` the model's
+    with the weight compression tried (compressed when the search tried it)."""
+    B, compress_weights = bytes_per_element, layout.compress_weights
     weights = (ms.layer_weight_bytes(config, B, compress_weights) * config.num_hidden_layers
                + ms.edge_weight_bytes(config, B))
     s = workload.memory_prompt_len + workload.gen_len
@@ -498,7 +500,7 @@ def _no_fit_message(config: ModelConfig, workload: Workload, budgets: Budgets, r
     elif device_type == "cuda" and budgets.disk_bytes == 0:
         streamed = Policy(gpu_batch_size=1, w_gpu=0.0, w_cpu=1.0, compress_weights=compress_weights,
                           compress_cache=compress_cache)
-        host = peak_memory(config, model_layout(config, B, compress_weights), streamed,
+        host = peak_memory(config, layout, streamed,
                            workload.memory_prompt_len, workload.gen_len, B, device_type,
                            shared_prefix_len=workload.shared_prefix_len)["cpu"]
         if host > usable["cpu"]:

@@ -26,11 +26,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
-from engine.models.base import LayerSpec
-from engine.models.config import ModelConfig
-from engine.models.weights import stored_quant
-from engine.quant.config import QuantConfig
-
 
 def held_whole(kinds: Sequence[str], device_type: str) -> frozenset[str]:
     """The layer kinds whose weights live on the device whatever the policy's weight fractions: on CUDA,
@@ -43,7 +38,7 @@ def held_whole(kinds: Sequence[str], device_type: str) -> frozenset[str]:
 
 
 def kind_fractions(kind: str, held: frozenset[str], w_gpu: float, w_cpu: float) -> tuple[float, float]:
-    """The (gpu, cpu) fractions `storage.placement.weight_tiers` places a layer of `kind` by: the policy's,
+    """The (gpu, cpu) fractions `placement.weight_tiers` places a layer of `kind` by: the policy's,
     or all on the gpu for a kind `held_whole` holds."""
     return (1.0, 0.0) if kind in held else (w_gpu, w_cpu)
 
@@ -55,16 +50,12 @@ def kind_gap(kinds: Sequence[str], kind: str) -> int:
     return min(b - a for a, b in zip(ps, ps[1:]))
 
 
-def streamed_ahead(config: ModelConfig, specs: Sequence[LayerSpec], quant: QuantConfig | None) -> frozenset[str]:
+def streamed_ahead(kinds: Sequence[str], is_moe: bool, experts_packed: bool) -> frozenset[str]:
     """The layer kinds whose loads the MoE schedule issues a layer of their kind ahead: a MoE model's "mlp"
-    (the experts, nearly all its weight bytes) where its layers alternate with others and every quantizable
-    weight of theirs is held 4-bit under `quant` (`stored_quant`: a dense expert is read by the GEMMs from its
-    buffer, which would then need a second copy as large); none otherwise."""
-    kinds = [spec.kind for spec in specs]
-    if not config.is_moe or "mlp" not in kinds or kind_gap(kinds, "mlp") < 2:
-        return frozenset()
-    weights = [w for spec in specs if spec.kind == "mlp" for w in spec.weights.values() if w.quantizable]
-    if not all(stored_quant(config, w, quant) is not None for w in weights):
+    (the experts, nearly all its weight bytes) where its layers alternate with others (`kinds`: an executor's
+    specs, in order) and every quantizable weight of theirs is held 4-bit (`experts_packed`: a dense expert
+    is read by the GEMMs from its buffer, which would then need a second copy as large); none otherwise."""
+    if not is_moe or "mlp" not in kinds or kind_gap(kinds, "mlp") < 2 or not experts_packed:
         return frozenset()
     return frozenset({"mlp"})
 
@@ -90,6 +81,13 @@ class WeightSlots:
         """The buffer slot of layer j's weights at step i."""
         return (i * self._count[j] + self._ordinal[j]) % self.slots[self.kinds[j]]
 
-    def slot_set(self, js: Sequence[int]) -> tuple[int, ...]:
-        """The slots layers `js` use over a run (two steps cover every parity)."""
-        return tuple(sorted({self.slot(i, j) for i in (0, 1) for j in js}))
+    def slot_set(self, js: Sequence[int], steps: Sequence[int] = (0, 1)) -> tuple[int, ...]:
+        """The slots layers `js` use over the steps `steps` (`step_parities`: two consecutive steps cover
+        every parity)."""
+        return tuple(sorted({self.slot(i, j) for i in steps for j in js}))
+
+
+def step_parities(first: int, num_steps: int) -> tuple[int, ...]:
+    """Representatives of the steps [first, num_steps) for a rule periodic in the step with period 2 (weight
+    and cache buffer slots): at most two consecutive steps, as few as the range holds."""
+    return tuple(range(first, min(num_steps, first + 2)))

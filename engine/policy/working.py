@@ -1,7 +1,8 @@
 """The compute device's working memory for one GPU batch, and the row chunks that bound it (pure arithmetic).
 
 In the policy package so the memory model (`memory`) and the runtime's executor share one formula and one
-chunking rule with the arrow pointing down (runtime -> policy).
+chunking rule with the arrow pointing down (runtime -> policy). Numbers of the model's code that the formula
+needs (the buffers of one expert group, `ExpertBuffers`) come in as data.
 
 Chunked prefill. A GPU batch's prefill runs each layer over chunks of rows (`row_chunks`: about
 `PREFILL_CHUNK_TOKENS` tokens per chunk, whole rows), writing each chunk's output into the batch's hidden
@@ -30,18 +31,15 @@ margin covers the allocator's rounding):
 """
 from __future__ import annotations
 
-import torch
+from typing import Any
 
-from engine.models.config import ModelConfig
-from engine.models.moe import EXPERT_GROUP_BYTES, expert_slot_bytes
-from engine.storage.placement import split_ranges
-from engine.storage.tiers import Tier
+from engine.policy.dtypes import element_size
+from engine.policy.layout import ExpertBuffers, ModelConfig
+from engine.policy.placement import split_ranges
 
 _MARGIN = 16 << 20
 PREFILL_CHUNK_TOKENS = 4096          # tokens per prefill row chunk (at least one whole row)
 DECODE_CHUNK_BYTES = 256 << 20       # dense keys + values dequantized per decode chunk of rows
-# EXPERT_GROUP_BYTES (engine.models.moe, where moe_experts reads it: models sit below policy): the padded
-# buffers of one group of routed experts
 
 
 def chunk_rows(b: int, s: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS) -> int:
@@ -62,12 +60,11 @@ def row_chunks(b: int, s: int, chunk_tokens: int = PREFILL_CHUNK_TOKENS) -> list
     return [(r0, min(b, r0 + rows)) for r0 in range(0, b, rows)]
 
 
-def decode_chunk_rows(b: int, num_kv_heads: int, length: int, head_dim: int, dtype: torch.dtype,
+def decode_chunk_rows(b: int, num_kv_heads: int, length: int, head_dim: int, dtype: Any,
                       chunk_bytes: int = DECODE_CHUNK_BYTES) -> int:
     """Rows per chunk when decode dequantizes a compressed cache [b, num_kv_heads, length, head_dim] on the
     device: as many as keep the dense keys + values of a chunk within `chunk_bytes` (at least one)."""
-    e = torch.empty((), dtype=dtype).element_size()
-    row = 2 * num_kv_heads * length * head_dim * e
+    row = 2 * num_kv_heads * length * head_dim * element_size(dtype)
     return max(1, min(b, chunk_bytes // max(1, row)))
 
 
@@ -77,24 +74,23 @@ def staged_kv_heads(num_kv_heads: int, cache_gpu: float, cache_cpu: float, devic
     in place: every non-gpu home, except a dense cpu home on a CPU-only machine, which is compute memory)."""
     n = 0
     for tier, h0, h1 in split_ranges(num_kv_heads, cache_gpu, cache_cpu):
-        in_place = tier is Tier.GPU or (tier is Tier.CPU and device_type == "cpu" and not compressed_cache)
+        in_place = tier == "gpu" or (tier == "cpu" and device_type == "cpu" and not compressed_cache)
         n += 0 if in_place else h1 - h0
     return n
 
 
-def expert_buffer_bytes(c: ModelConfig, tokens: int, element_size: int,
-                        group_bytes: int = EXPERT_GROUP_BYTES) -> int:
+def expert_buffer_bytes(c: ModelConfig, tokens: int, element_size: int, experts: ExpertBuffers) -> int:
     """The most bytes one expert group of `moe_experts` holds for `tokens` tokens, over every routing: a
-    group of several experts stays within `group_bytes`, a single expert holds its count (at most `tokens`)
-    padded rows, and no group has more than E experts of `tokens` rows (on an accelerator a group spans experts
-    without tokens too); `expert_slot_bytes` per padded row. On a CPU device (one expert per group, `CPU_GROUP_BYTES`) a group holds at most `tokens`
-    rows: within this bound, not at it."""
-    slot = expert_slot_bytes(c.hidden_size, c.expert_intermediate_size, element_size)
+    group of several experts stays within `experts.group_bytes`, a single expert holds its count (at most
+    `tokens`) padded rows, and no group has more than E experts of `tokens` rows (on an accelerator a group
+    spans experts without tokens too); `experts.row_elements` elements per padded row. On a CPU device (one
+    expert per group, `CPU_GROUP_BYTES`) a group holds at most `tokens` rows: within this bound, not at it."""
+    slot = experts.row_elements * element_size
     widest = c.num_local_experts * tokens
-    return min(widest, max(group_bytes // slot, tokens)) * slot
+    return min(widest, max(experts.group_bytes // slot, tokens)) * slot
 
 
-def moe_mlp_bytes(c: ModelConfig, tokens: int, element_size: int, group_bytes: int = EXPERT_GROUP_BYTES) -> int:
+def moe_mlp_bytes(c: ModelConfig, tokens: int, element_size: int, experts: ExpertBuffers) -> int:
     """Live bytes of one sparse-MoE layer over `tokens` tokens: per token the normed input, the routed output,
     the residual sum and a shared expert's fused gate/up, activation and product [4 h + 4 si], and the k routed
     pairs' outputs before their sum (`experts_grouped_mm`, [k h]); the router's
@@ -103,12 +99,13 @@ def moe_mlp_bytes(c: ModelConfig, tokens: int, element_size: int, group_bytes: i
     e, h, k = element_size, c.hidden_size, c.num_experts_per_tok
     shared = c.n_shared_experts * c.expert_intermediate_size or c.shared_expert_intermediate_size
     per_token = (4 * h + k * h + 4 * shared) * e + c.num_local_experts * (e + 8) + k * (5 * 8 + 2 * 4)
-    return tokens * per_token + expert_buffer_bytes(c, tokens, e, group_bytes)
+    return tokens * per_token + expert_buffer_bytes(c, tokens, e, experts)
 
 
-def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtype, compressed_cache: bool,
+def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: Any, compressed_cache: bool,
                   staged_heads: int = 0, chunk_tokens: int = PREFILL_CHUNK_TOKENS,
-                  decode_chunk_bytes: int = DECODE_CHUNK_BYTES, prefix_len: int = 0) -> int:
+                  decode_chunk_bytes: int = DECODE_CHUNK_BYTES, prefix_len: int = 0,
+                  experts: ExpertBuffers | None = None) -> int:
     """Bytes of device working memory for b rows of s prompt tokens over a cache of `length` positions;
     `staged_heads` as `staged_kv_heads` gives; `chunk_tokens` / `decode_chunk_bytes` the chunk sizes of the
     prefill (`row_chunks`, cut by the tokens each row computes: s, or s - L past a prefix) and of decode over a compressed cache
@@ -117,8 +114,12 @@ def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtyp
     the prefix's layer (L tokens' intermediates and its causal mask) before the row chunks, keeps the
     prefix's keys/values [1, nkv, L, hd] for them, and a chunk's intermediates span its rows' s - L own
     tokens plus the prefix keys/values concatenated to theirs [c, nkv, s, hd] and the masks [c, 1, s - L, s].
-    Grouped-query attention adds its fold (`attention._folded_sdpa`: q's copy and the g-fold mask)."""
-    e = torch.empty((), dtype=dtype).element_size()
+    Grouped-query attention adds its fold (`attention._folded_sdpa`: q's copy and the g-fold mask). A sparse-MoE
+    model's MoE layers need its `experts` (`ExpertBuffers`)."""
+    if c.is_moe and experts is None:
+        raise ValueError("working_bytes: a sparse-MoE model needs its expert group buffers (ExpertBuffers, "
+                         "engine.runtime.layout.expert_buffers)")
+    e = element_size(dtype)
     qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
     attn = (4 * c.hidden_size + 3 * qkv + 2 * c.num_attention_heads * c.head_dim) * e
     dense = any(not c.is_moe_layer(j) for j in range(c.num_hidden_layers))
@@ -126,7 +127,7 @@ def working_bytes(c: ModelConfig, b: int, s: int, length: int, dtype: torch.dtyp
 
     def layer(tokens: int) -> int:
         """The larger of one attention, one dense MLP and one sparse-MoE layer over `tokens` tokens."""
-        moe = moe_mlp_bytes(c, tokens, e) if c.is_moe else 0
+        moe = moe_mlp_bytes(c, tokens, e, experts) if c.is_moe else 0
         return max(tokens * max(attn, mlp), moe)
 
     soft = c.attn_logit_softcapping is not None

@@ -27,10 +27,10 @@ from typing import Callable, Sequence
 
 import torch
 
+from engine.policy.placement import split_ranges
 from engine.runtime.arena import Arena
 from engine.runtime.transfers import Transfers
 from engine.storage.copy import copy
-from engine.storage.placement import split_ranges
 from engine.storage.tiers import Tier
 
 
@@ -71,8 +71,8 @@ class ActHomes:
         if not self.active or not isinstance(x, torch.Tensor) or x.shape[-2] <= 1:
             return x
         parts = []
-        for n, (tier, a, b) in enumerate(split_ranges(x.shape[-1], self.act_gpu, self.act_cpu)):
-            piece = x[..., a:b]
+        for n, (placed, a, b) in enumerate(split_ranges(x.shape[-1], self.act_gpu, self.act_cpu)):
+            tier, piece = Tier(placed), x[..., a:b]
             if tier is Tier.GPU or (tier is Tier.CPU and self.device.type == "cpu"):
                 parts.append((Tier.GPU, a, b, piece.contiguous(), None))
                 continue

@@ -31,7 +31,7 @@ import torch
 from engine.models.attention import attention_layer, prefix_attention, suffix_attention
 from engine.models.base import LayerSpec, ModelFamily, Weights
 from engine.models.config import ModelConfig
-from engine.policy.memory import ahead_stage_slots
+from engine.policy.buffers import ahead_passes, ahead_stage_slots
 from engine.policy.working import row_chunks
 from engine.runtime.block_state import BlockState
 from engine.runtime.prefill_chunks import RowView
@@ -64,12 +64,10 @@ class AheadPrefill:
         self.passes: deque[list[Chunk]] = deque()
         self.current: list[Chunk] | None = None
         self.picked: list[dict[int, int]] = [{} for _ in state.batches]
-        todo = [(k, r) for k, b in enumerate(state.batches) for r in range(b.size)]
-        for p0 in range(0, len(todo), per_pass):
-            part, chunks = todo[p0:p0 + per_pass], []
-            for k in sorted({k for k, _ in part}):
-                rows, batch = [r for kk, r in part if kk == k], state.batches[k]
-                lo, n = rows[0], len(rows)
+        for part in ahead_passes([b.size for b in state.batches], per_pass):
+            chunks = []
+            for k, lo, n in part:
+                batch = state.batches[k]
                 if batch.prefix_len and lo == 0:
                     chunks.append(Chunk(k, 0, 0, prefix=True))
                 chunks += [Chunk(k, lo + a, lo + b) for a, b in

@@ -1,9 +1,14 @@
-"""Named, reusable buffers on every tier, counted against the tiers' hard budgets.
+"""Named, reusable buffers on every tier, counted against the tiers' hard budgets, handed out by the plan.
 
-`get(key, tier, shape, dtype)` returns a view of the buffer named `key`, grown (re-allocated) only when the
-requested size exceeds it, so blocks of similar shapes reuse their KV-cache homes and staging buffers
-instead of allocating (and pinning) every block; a grown cpu buffer's old space goes back to the pinned
-pool for the next growth. Contents are uninitialised.
+The executor gives the arena its buffer plan (`plan`, an `engine.policy.buffers.BufferPlan`): `get(key, ...)`
+then returns a view of the planned buffer named `key`, allocated at the plan's size (the plan's shape, dtype
+and 4-bit grouping) when first asked for and grown when a later plan makes it larger, so blocks of similar
+shapes reuse their KV-cache homes and staging buffers instead of allocating (and pinning) every block. A name
+outside the plan, or a request its planned buffer cannot hold (another tier, dtype or grouping, more bytes),
+raises `PlanViolation`: a buffer the runtime would allocate but the memory model does not count. Without a
+plan (a standalone cache home in a test or a microbenchmark) a buffer is the size asked for, grown when a
+request exceeds it. `held` records every buffer the arena holds, as the plan entry it was allocated by. A
+grown cpu buffer's old space goes back to the pinned pool for the next growth. Contents are uninitialised.
 """
 from __future__ import annotations
 
@@ -11,18 +16,17 @@ from pathlib import Path
 
 import torch
 
+from engine.policy.buffers import BufferPlan, BufferSpec
+from engine.policy.dtypes import dtype_name, numel, quant_parts, stored_nbytes
 from engine.quant.config import QuantConfig
-from engine.quant.qtensor import QTensor, scale_dtype
+from engine.quant.qtensor import QTensor
 from engine.storage.disk import ScratchFiles
 from engine.storage.pinned import HostPool
-from engine.storage.tiers import MemoryBudget, Stored, Tier
+from engine.storage.tiers import MemoryBudget, Stored, Tier, stored_nbytes as value_nbytes
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+class PlanViolation(RuntimeError):
+    """The runtime asked for a buffer its plan does not hold (a bug: the memory model would not count it)."""
 
 
 class Arena:
@@ -33,31 +37,65 @@ class Arena:
         self.disk_dir = disk_dir
         self._scratch: ScratchFiles | None = None
         self._flat: dict[str, tuple[Tier, torch.Tensor]] = {}
+        self._plan: dict[str, BufferSpec] | None = None
+        self.held: dict[str, BufferSpec] = {}
+
+    def plan(self, plan: BufferPlan) -> None:
+        """Hand out `plan`'s buffers from now on (and only those)."""
+        self._plan = plan.buffers()
+
+    def entry(self, key: str) -> BufferSpec:
+        """The planned buffer `key` (PlanViolation when the plan has none)."""
+        spec = None if self._plan is None else self._plan.get(key)
+        if spec is None:
+            raise PlanViolation(f"buffer {key!r} is not in the executor's buffer plan")
+        return spec
 
     def get(self, key: str, tier: Tier, shape: tuple[int, ...], dtype: torch.dtype,
             quant: QuantConfig | None = None) -> Stored:
         """A buffer of `shape` on `tier`: dense, or a QTensor of that logical shape when `quant` is given."""
+        name = dtype_name(dtype)
+        want = BufferSpec(key, tier.value, tuple(shape), name, "unplanned", quant)
+        if self._plan is None:
+            held = self.held.get(key)
+            spec = held if held is not None and _holds(held, want) else want
+        else:
+            spec = self.entry(key)
+            if not _holds(spec, want):
+                raise PlanViolation(f"buffer {key!r}: asked for {tier.value} {list(shape)} {name}"
+                                    f"{' 4-bit' if quant else ''}, planned {spec.tier} {list(spec.shape)} "
+                                    f"{spec.dtype}{' 4-bit' if spec.quant else ''}")
+        held = self.held.get(key)
+        if held is None or not _holds(held, spec):
+            self.held[key] = spec
         if quant is None:
-            return self._dense(key, tier, shape, dtype)
-        *lead, d = shape
-        groups = -(-d // quant.group_size)
-        data = self._dense(f"{key}.data", tier, (*lead, groups, quant.group_size // 2), torch.uint8)
-        mn = self._dense(f"{key}.mn", tier, (*lead, groups, 1), scale_dtype(dtype))
-        scale = self._dense(f"{key}.scale", tier, (*lead, groups, 1), scale_dtype(dtype))
-        return QTensor(data, mn, scale, torch.Size(shape), quant, dtype)
+            return self._view(key, tier, self.held[key].nbytes, shape, name)
+        parts = [self._view(f"{key}.{part}", tier, numel(planned) * _size(pdt), got, pdt)
+                 for (part, planned, pdt), (_, got, _) in zip(quant_parts(self.held[key].shape, name, quant),
+                                                                 quant_parts(shape, name, quant))]
+        return QTensor(*parts, torch.Size(shape), quant, dtype)
 
-    def _dense(self, key: str, tier: Tier, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        nbytes = _numel(shape) * torch.empty((), dtype=dtype).element_size()
+    def adopt(self, key: str, value: Stored) -> Stored:
+        """Record `value`, a planned buffer held elsewhere (a weight file mapped from disk), as this arena's."""
+        spec = self.entry(key)
+        if spec.tier != Tier.DISK.value or value_nbytes(value) != spec.nbytes:
+            raise PlanViolation(f"buffer {key!r}: a mapped file of {value_nbytes(value)} bytes, planned "
+                                f"{spec.tier} {spec.nbytes} bytes")
+        self.held[key] = spec
+        return value
+
+    def _view(self, key: str, tier: Tier, nbytes: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+        """A view [shape] of the first bytes of the flat buffer `key`, (re)allocated to `nbytes` when smaller."""
         held = self._flat.get(key)
         if held is None or held[0] != tier or held[1].numel() < nbytes:
             if held is not None:
                 self.budget.release(held[0], held[1].numel(), key)
                 del self._flat[key]
                 self._free(*held)
-            self.budget.reserve(tier, nbytes, f"{key} {list(shape)} {str(dtype).removeprefix('torch.')}")
+            self.budget.reserve(tier, nbytes, f"{key} {list(shape)} {dtype}")
             self._flat[key] = (tier, self._alloc(tier, nbytes))
-        flat = self._flat[key][1]
-        return flat[:nbytes].view(dtype).view(shape)
+        torch_dtype = getattr(torch, dtype)
+        return self._flat[key][1][:numel(shape) * _size(dtype)].view(torch_dtype).view(shape)
 
     def _alloc(self, tier: Tier, nbytes: int) -> torch.Tensor:
         if tier is Tier.GPU:
@@ -84,12 +122,32 @@ class Arena:
             tier, flat = self._flat.pop(key)
             self.budget.release(tier, flat.numel(), key)
             self._free(tier, flat)
+        keep = None if keep_tier is None else keep_tier.value
+        for key in [k for k, spec in self.held.items() if k.startswith(prefixes) and spec.tier != keep]:
+            del self.held[key]
 
     def close(self) -> None:
         for key, (tier, flat) in self._flat.items():
             self.budget.release(tier, flat.numel(), key)
         self._flat.clear()
+        self.held.clear()
         self.host.close()
         if self._scratch is not None:
             self._scratch.close()
             self._scratch = None
+
+
+def _size(dtype: str) -> int:
+    return stored_nbytes((1,), dtype)
+
+
+def _holds(planned: BufferSpec, want: BufferSpec) -> bool:
+    """Whether buffer `planned` can hold the request `want`: the same tier, dtype and grouping, and no part
+    of it larger than the planned one's."""
+    if (planned.tier, planned.dtype, planned.quant) != (want.tier, want.dtype, want.quant):
+        return False
+    if want.quant is None:
+        return want.nbytes <= planned.nbytes
+    return all(numel(w) <= numel(p) for (_, p, _), (_, w, _) in zip(quant_parts(planned.shape, planned.dtype,
+                                                                               planned.quant),
+                                                                   quant_parts(want.shape, want.dtype, want.quant)))

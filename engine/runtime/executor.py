@@ -1,7 +1,10 @@
 """The one executor: runs a block of prompts through the block schedule on the placed tensors.
 
 `Executor` owns every tensor of a run: weight homes (`WeightHomes`), KV-cache homes (`KVHome`), buffers
-(`Arena`, counted against the hard gpu/cpu budgets) and the transfer channels (`Transfers`). One loop
+(`Arena`, counted against the hard gpu/cpu budgets) and the transfer channels (`Transfers`). Every buffer comes
+from the arena by name, out of the buffer plan the executor gives it (`engine.policy.buffers.buffer_plan` of
+its model layout, policy and the block it runs: the plan the memory model sums), which it sets at every block
+start (`_plan_buffers`). One loop
 consumes `block_schedule`'s actions; overlap on/off, debugging and timing are flags and hooks on that loop.
 What one block holds (rows, cache homes, hidden states, pending transfers) is one `BlockState`, made at block
 start and dropped at its end; the attention layer itself is `engine.models.attention.attention_layer`.
@@ -13,19 +16,21 @@ Indices: i step (0 = prefill), j layer (embed, attention/mlp per decoder layer, 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
 from engine.models.attention import attention_layer, attention_output, decode_inputs
 from engine.models.layers import reserve_positions
 from engine.models.weights import weight_quant
-from engine.policy.memory import decode_stage_slots, pipelines_host_attention
+from engine.policy.buffers import (
+    BatchShape, BlockShape, BufferPlan, buffer_plan, decode_stage_slots, pipelines_host_attention, weight_homes,
+)
 from engine.policy.partition import Stage
 from engine.policy.policy import Policy
 from engine.policy.prefix import MIN_SHARED_PREFIX, prefix_held_once
-from engine.policy.weight_slots import WeightSlots, held_whole, streamed_ahead
 from engine.policy.working import (
     DECODE_CHUNK_BYTES, PREFILL_CHUNK_TOKENS, row_chunks, staged_kv_heads, working_bytes,
 )
@@ -39,6 +44,7 @@ from engine.runtime.executor_ahead import AheadDriver
 from engine.runtime.host_attention import HostAttention
 from engine.runtime.kv_buffers import BufferReleases
 from engine.runtime.kv_cache import KVHome
+from engine.runtime.layout import model_layout
 from engine.runtime.moe_schedule import moe_block_schedule, previous_of_kind
 from engine.runtime.prefill_chunks import attention_prefill, mlp_prefill
 from engine.runtime.schedule import Action, block_schedule
@@ -84,7 +90,8 @@ class Executor(AheadDriver):
         self.device, self.dtype = torch.device(device), dtype
         self.specs = [sp for sp in self.family.layer_specs() if stage is None or stage.holds(sp.kind, sp.index)]
         self.wquant = (quant_config or weight_quant(self.config)) if policy.compress_weights else None
-        self.slots = WeightSlots([sp.kind for sp in self.specs], streamed_ahead(self.config, self.specs, self.wquant))
+        self.layout = model_layout(self.config, dtype, policy.compress_weights, specs=self.specs, quant=quant_config)
+        self.slots = self.layout.slots
         self.budget = MemoryBudget({Tier.GPU: gpu_memory, Tier.CPU: cpu_memory, Tier.DISK: None})
         self.arena = Arena(self.device, self.budget, Path(disk_dir) if disk_dir is not None else None)
         self.transfers = Transfers(self.device, policy.overlap)
@@ -99,15 +106,16 @@ class Executor(AheadDriver):
         self.block: BlockState | None = None     # the running block's state (None between blocks)
         self.stage = stage
         self.ahead: AheadPrefill | None = None   # the next block's prefill riding on this block's decode
+        self._running: list[tuple[BlockShape, str]] = []   # the blocks whose buffers the plan holds
         self._ahead_work = 0                     # its reserved device working memory
         self._host_tag = self._next_tag = "kv"   # host cache homes alternate kv / kvx between ahead blocks
         self.kv_releases = BufferReleases()      # when each device cache buffer was last read
+        self.plan = BufferPlan(tuple(weight_homes(self.layout, policy, self.device.type)))
+        self.arena.plan(self.plan)
         try:
             with torch.inference_mode():
-                self.weights = WeightHomes(loaded, self.specs, w_gpu=policy.w_gpu, w_cpu=policy.w_cpu, dtype=dtype,
-                                           quant=self.wquant, arena=self.arena, disk_dir=disk_dir,
-                                           held=held_whole(self.slots.kinds, self.device.type),
-                                           ahead=self.slots.ahead, extra=policy.w_gpu_extra)
+                self.weights = WeightHomes(loaded, self.specs, dtype=dtype, quant=self.wquant, arena=self.arena,
+                                           disk_dir=disk_dir, ahead=self.slots.ahead)
         except BaseException:
             self.close()
             raise
@@ -166,6 +174,8 @@ class Executor(AheadDriver):
         prefill ahead where it can. Returns the next block's state when its prefill ran ahead."""
         batches = ready.batches if ready is not None else self._batches(prompts, max_new_tokens)
         num_steps = max(max_new_tokens)
+        self._running = [(self._shape(batches, num_steps, 1 if ready is not None else 0), "")]
+        self._plan_buffers()
         reserve_positions(self.family, max(b.length for b in batches), self.device, self.dtype)
         work = self._working_bytes(batches)
         self.budget.reserve(Tier.GPU, work, "working memory of one GPU batch")
@@ -201,13 +211,35 @@ class Executor(AheadDriver):
             for s in range(0, len(prompts), gbs)
         ]
 
+    @staticmethod
+    def _shape(batches: Sequence[GpuBatch], steps: int, first: int = 0) -> BlockShape:
+        """The buffer plan's view of a block of `batches` running steps [first, steps)."""
+        return BlockShape(tuple(BatchShape(b.size, b.prompt_len, b.length, b.prefix_len) for b in batches), steps,
+                          first)
+
+    def _plan_buffers(self, ahead: tuple[BlockShape, str] | None = None) -> None:
+        """Give the arena the plan of what runs now: the weights' buffers, each running block's (`_running`:
+        (shape, tag) as `_block_state` names its homes) and, with `ahead` ((shape, host name)), the buffers of
+        that next block's prefill run on the first running block's decode steps."""
+        p, dev = self.policy, self.device.type
+        policy = p if self.pipelined or not p.pipeline else replace(p, pipeline=False)   # host attention in line
+        plan = BufferPlan(tuple(weight_homes(self.layout, p, dev)))
+        for n, (shape, tag) in enumerate(self._running):
+            plan = plan + buffer_plan(self.config, self.layout, policy, shape, dev,
+                                      ahead=ahead[0] if ahead is not None and n == 0 else None,
+                                      cache_quant=self.cquant, chunk_tokens=self.prefill_chunk_tokens,
+                                      host=self._host_tag, next_host=ahead[1] if ahead is not None else "kvx",
+                                      tag=tag)
+        self.plan = plan
+        self.arena.plan(plan)
+
     def _working_bytes(self, batches: list[GpuBatch]) -> int:
         """Device working memory of the largest GPU batch (the memory model's count)."""
         p, c = self.policy, self.config
         cc = self.cquant is not None
         staged = staged_kv_heads(c.num_key_value_heads, p.cache_gpu, p.cache_cpu, self.device.type, cc)
-        return max(working_bytes(c, b.size, b.prompt_len, b.length, self.dtype, cc, staged,
-                                 self.prefill_chunk_tokens, self.decode_chunk_bytes, b.prefix_len) for b in batches)
+        return max(working_bytes(c, b.size, b.prompt_len, b.length, self.dtype, cc, staged, self.prefill_chunk_tokens,
+                                 self.decode_chunk_bytes, b.prefix_len, self.layout.experts) for b in batches)
 
     def _block_state(self, batches: list[GpuBatch], select: TokenSelector, tag: str = "", host: str | None = None,
                      park: bool = False) -> BlockState:

@@ -39,6 +39,7 @@ class AheadDriver:
         per_pass = rows_per_pass(len(prompts), decode_steps)
         tag = "kvx" if self._host_tag == "kv" else "kv"
         work = self._ahead_bytes(batches, per_pass)
+        self._plan_buffers(ahead=(self._shape(batches, max(max_new_tokens)), tag))
         try:
             self.budget.reserve(Tier.GPU, work, "working memory of the ahead prefill")
             self._ahead_work = work
@@ -71,7 +72,8 @@ class AheadDriver:
         c, cc = self.config, self.cquant is not None
         staged = staged_kv_heads(c.num_key_value_heads, 0.0, 1.0, self.device.type, cc)
         return max(working_bytes(c, min(per_pass, b.size), b.prompt_len, b.length, self.dtype, cc, staged,
-                                 self.prefill_chunk_tokens, self.decode_chunk_bytes, b.prefix_len) for b in batches)
+                                 self.prefill_chunk_tokens, self.decode_chunk_bytes, b.prefix_len,
+                                 self.layout.experts) for b in batches)
 
     def _switch(self) -> BlockState | None:
         """After a block: the next block's state if its prefill ran ahead (its gpu cache moved to the device)."""

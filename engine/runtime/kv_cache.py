@@ -41,6 +41,7 @@ import torch
 from engine.models.attention import (chunked_decode_attention, cpu_decode_attention, decode_attention, dense_keys,
                                      prefill_attention, stored_rotation)
 from engine.models.quant_decode import quantized_decode_attention
+from engine.policy.placement import split_ranges
 from engine.policy.working import DECODE_CHUNK_BYTES, decode_chunk_rows
 from engine.quant.config import QuantConfig
 from engine.quant.group import quantize, rotate_last
@@ -50,7 +51,6 @@ from engine.runtime.host_attention import HostAttention, HostJob
 from engine.runtime.kv_buffers import BufferReleases, StagingClaims, address
 from engine.runtime.transfers import Pending, Transfers
 from engine.storage.copy import copy
-from engine.storage.placement import split_ranges
 from engine.storage.tiers import Stored, Tier
 
 _ALL = slice(None)
@@ -125,7 +125,8 @@ class KVHome:
         self.pending: list[Pending] = []            # this home's stores not yet complete on the host
         self.written = 0                            # home positions [0, written) hold keys/values
         self.segments: list[KVSegment] = []
-        for n, (tier, h0, h1) in enumerate(split_ranges(num_kv_heads, cache_gpu, cache_cpu)):
+        for n, (placed, h0, h1) in enumerate(split_ranges(num_kv_heads, cache_gpu, cache_cpu)):
+            tier = Tier(placed)
             shape = (rows, h1 - h0, length - prefix_len, head_dim)
             parked = park_key is not None and tier is Tier.GPU
             name = f"{park_key}.s{n}" if parked else f"{key if tier is Tier.GPU else host_key or key}.s{n}"

@@ -85,6 +85,9 @@ class StageExecutor(Executor):
         batches = [self._batches(prompts, max_new) for prompts, max_new, _ in blocks]
         reserve_positions(self.family, max(b.length for group in batches for b in group), self.device, self.dtype)
         work = max(self._working_bytes(b) for b in batches)
+        self._running = [(self._shape(b, max(max_new)), f".m{m}") for m, (b, (_, max_new, _)) in
+                         enumerate(zip(batches, blocks))]
+        self._plan_buffers()
         self.budget.reserve(Tier.GPU, work, "working memory of one GPU batch")
         self._work = work
         self.stats = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0}

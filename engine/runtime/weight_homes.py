@@ -1,9 +1,8 @@
 """Weight homes: every layer's tensors placed on gpu/cpu/disk, and their loads into device buffers.
 
-Placement per layer by cumulative-size fractions (`weight_tiers`; then `extra` more tensors on the gpu,
-`with_extra`: `Policy.w_gpu_extra`), except the kinds `held` whole on the device
-(`engine.policy.weight_slots.held_whole`: on CUDA the embedding and the head, whose streamed copy would need a
-device buffer as large as the home), in stored size: 4-bit where
+Each tensor's home is its buffer plan entry `home.{layer}.{tensor}` (`engine.policy.buffers.weight_homes`:
+placement per layer by cumulative-size fractions, `w_gpu_extra` more tensors on the gpu, the kinds held whole on
+the device on CUDA, `engine.policy.weight_slots.held_whole`), on its tier and in its stored form: 4-bit where
 `engine.models.weights.stored_quant` says (an int4 checkpoint's packed weights in the checkpoint's own groups,
 read packed from the source and kept bit for bit; other quantizable weights with `compress_weights`), dense
 otherwise. gpu homes live on the compute device; cpu homes in
@@ -36,16 +35,13 @@ from pathlib import Path
 import torch
 
 from engine.models.base import LayerSpec
-from engine.models.weights import stored_quant
-from engine.policy.weight_slots import kind_fractions
 from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, quantize
-from engine.quant.qtensor import QTensor, qtensor_nbytes, with_dtype
+from engine.quant.qtensor import QTensor, with_dtype
 from engine.runtime.arena import Arena
 from engine.runtime.transfers import Pending, Transfers
 from engine.storage.copy import copy
 from engine.storage.disk import WeightFiles
-from engine.storage.placement import weight_tiers, with_extra
 from engine.storage.tiers import Handle, Stored, Tier
 
 _QUANT_CHUNK = 1 << 20          # elements quantized at once while placing weights (bounded host temporaries)
@@ -77,13 +73,11 @@ def _on_host(v: Stored) -> Stored:
 
 
 class WeightHomes:
-    def __init__(self, loaded, specs: list[LayerSpec], *, w_gpu: float, w_cpu: float, dtype: torch.dtype,
-                 quant: QuantConfig | None, arena: Arena, disk_dir: Path | None,
-                 held: frozenset[str] = frozenset(), ahead: frozenset[str] = frozenset(), extra: int = 0):
-        """`quant`: the policy's weight compression (None: compress_weights off); an int4 checkpoint's packed
-        weights are held in its own groups either way (`stored_quant`). `held`: layer kinds placed on the
-        gpu tier whatever w_gpu says. `ahead`: layer kinds whose compressed tensors have one buffer. `extra`:
-        `Policy.w_gpu_extra` (counted over `specs`, in order)."""
+    def __init__(self, loaded, specs: list[LayerSpec], *, dtype: torch.dtype, quant: QuantConfig | None,
+                 arena: Arena, disk_dir: Path | None, ahead: frozenset[str] = frozenset()):
+        """`arena` holds the buffer plan whose `home.{layer}.{tensor}` entries say each tensor's tier and stored
+        form; `quant`: the policy's weight compression (None: compress_weights off), which names the weight
+        files. `ahead`: layer kinds whose compressed tensors have one buffer."""
         self.specs, self.dtype, self.quant, self.arena = specs, dtype, quant, arena
         self.ahead = ahead
         self.int4 = loaded.config.quantization_config
@@ -98,17 +92,13 @@ class WeightHomes:
         # wall seconds of placement: reading the source (a dummy source makes the tensors), quantizing (with
         # its copies to the device), and filling the homes (allocation, copies into them, each layer's sync)
         self.place_s = {"read": 0.0, "quantize": 0.0, "homes": 0.0}
-        esize = torch.empty((), dtype=dtype).element_size()
         read_layer = getattr(loaded.weights, "get_stored", loaded.weights.get)   # packed where the source has it
         make_one = getattr(loaded.weights, "tensor", None)     # a source that makes one weight, on any device
         start = time.perf_counter()
-        quants_of = [[stored_quant(loaded.config, w, quant) for w in spec.weights.values()] for spec in specs]
-        tiers_of = with_extra([weight_tiers([qtensor_nbytes(w.shape, dtype, q) if q else w.numel * esize
-                                             for w, q in zip(spec.weights.values(), quants)],
-                                            *kind_fractions(spec.kind, held, w_gpu, w_cpu))
-                               for spec, quants in zip(specs, quants_of)], extra)
-        for spec, quants, tiers in zip(specs, quants_of, tiers_of):
+        for spec in specs:
             names = list(spec.weights)
+            planned = [arena.entry(f"home.{spec.name}.{n}") for n in names]
+            tiers, quants = [Tier(e.tier) for e in planned], [e.quant for e in planned]
             source: dict[str, Stored] = {}
             read: list[bool] = []
 
@@ -160,7 +150,7 @@ class WeightHomes:
             homes = {}
             for n, tier, q in zip(names, tiers, quants):
                 if tier is Tier.DISK:
-                    homes[n] = Handle(tier, mapped[n])
+                    homes[n] = Handle(tier, arena.adopt(f"home.{spec.name}.{n}", mapped[n]))
                     continue
                 v = value(n, q)
                 dst = arena.get(f"home.{spec.name}.{n}", tier, tuple(v.shape), dtype, q)

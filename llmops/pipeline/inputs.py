@@ -1,5 +1,6 @@
 """The input of `llmops generate`: a text file or stdin (one prompt per line, the column `prompt`), or a
-table (CSV, JSONL, Parquet) as a file or on stdin.
+table (CSV, JSONL, Parquet) as a file or on stdin. Text lines end at "\n" only (a trailing "\r" is dropped;
+U+2028, form feeds and other Unicode line breaks stay inside their line); blank lines are skipped.
 
 The format is `--format` when given, else a file's suffix, else (stdin) sniffed from the bytes: Parquet's
 `PAR1` magic, a first non-blank character `{` (JSONL), or a template naming a column other than `prompt`
@@ -83,7 +84,8 @@ def read_input(input_file: str, template: str | None, stdin: BinaryIO, *, fmt: s
             data = None if fmt != "text" else data
     if fmt == "text":
         text = (data or b"").decode("utf-8", errors="replace")
-        lines = [line for line in text.splitlines() if line.strip()][:limit]
+        lines = [line.removesuffix("\r") for line in text.split("\n")]   # "\n" only: U+2028, \f stay in their line
+        lines = [line for line in lines if line.strip()][:limit]
         return pa.table({"prompt": pa.array(lines, pa.string())}), template or "{prompt}"
     table = _read_table(fmt, input_file, data, limit)
     if template:

@@ -226,9 +226,22 @@ def load_pipeline(path: str | Path, *, overrides: list[str] = ()) -> Pipeline:
                              f"got {type(data).__name__}"])
     apply_overrides(data, list(overrides))
     try:
-        return Pipeline.from_dict(data)
+        pipeline = Pipeline.from_dict(data)
     except ValidationError as exc:
         raise PipelineError(validation_problems(exc, data, filename, list(overrides))) from None
+    _check_sink_path(pipeline, data, filename)
+    return pipeline
+
+
+def _check_sink_path(pipeline: Pipeline, data: Any, filename: str) -> None:
+    """A sink that names a directory is refused at load (file:line), before anything is read."""
+    sink = pipeline.sink
+    key = "database" if sink.kind == "database" else sink.kind
+    target = Path(getattr(sink, key))
+    if target.is_dir():
+        line, path = locate(data, ("sink", key))
+        raise PipelineError([f"{filename}:{line or 1}: {path}: {target} is a directory; name the file to write "
+                             f"(e.g. {target / ('out.' + (sink.kind if sink.kind != 'database' else 'duckdb'))})"])
 
 
 _STEP_PREFIX = re.compile(r"^steps\[(\d+)\] \((\w+)\): ")

@@ -2,12 +2,12 @@
 
 Nothing is generated: the source is read with a small limit, table steps run on that sample, and each
 llm_map is checked (template columns, examples) and stands in null output columns of its declared type so
-later steps and templates can be checked too. For the last llm_map the model is loaded (no executor is
-built, no trial runs) to say which plan the job will run with and where it comes from (this process, the
-plan cache, or the cost model's pick that trials will refine), for the source's row count of prompts like
-the sample's. Each llm_map also gets its job's cost estimate (`llmops.estimate`: rows, cached rows, tokens,
-predicted speed and time; peak memory per tier is in the plan's explanation). The plan is a dict
-(JSON-ready); `format_plan` renders it for people.
+later steps and templates can be checked too. Each llm_map gets its job's cost estimate (`llmops.estimate`:
+rows, cached rows, tokens, predicted speed and time) over the rows reaching it, with the plan the run will use
+(the model is loaded, no executor built, no trial run: `llmops.core.plan_job`'s preview, the run's rule over
+the same rows): the last llm_map's is `policy_note` (its explanation: policy, placement, prediction, peak
+memory per tier, where it comes from and whether the run's trials will refine it) and `job_plan` (as JSON).
+The plan is a dict (JSON-ready); `format_plan` renders it for people.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from llmops import core
+from llmops.cascade import as_cascade
 from llmops.core import output_schema, output_type
 from llmops.estimate import duration, estimate_job
 from llmops.pipeline.runner import cache_setting
@@ -102,6 +103,13 @@ def _estimate(full: pa.Table, step: LlmMapStep, pipeline: Pipeline, cache: Any, 
     return est
 
 
+def step_cascade(cfg: Any) -> str:
+    """An llm_map step's cascade as text: `a -> b (min_confidence 0.9)` (validated with the step)."""
+    chain = as_cascade(cfg.cascade, cfg.min_confidence, constrained=True)
+    rule = f"min_confidence {chain.min_confidence}" if chain.min_confidence is not None else "invalid rows only"
+    return f"{' -> '.join(chain.models)} ({rule})"
+
+
 def _describe(step: Any) -> str:
     kind = step_kind(step)
     if isinstance(step, LlmMapStep):
@@ -111,7 +119,8 @@ def _describe(step: Any) -> str:
                       f"regex {c.regex!r}" if c.regex is not None else "free text")
         target = "columns from the schema" if c.unnest else f"column {c.output!r}"
         return (f"llm_map -> {target}: {constraint}; max_new_tokens={c.max_new_tokens}, "
-                f"{len(c.examples)} example(s)" + (f", model {c.model}" if c.model else ""))
+                f"{len(c.examples)} example(s)" + (f", model {c.model}" if c.model else "")
+                + (f", cascade {step_cascade(c)}" if c.cascade else ""))
     value = getattr(step, kind)
     if hasattr(value, "model_dump"):  # a semantic step's settings (llmops.pipeline.semantic_spec)
         value = value.model_dump(mode="json", by_alias=True, exclude_defaults=True)
@@ -133,7 +142,7 @@ def plan_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: bo
     scale = total / full.num_rows if full is not None and full.num_rows else 1.0
     steps_out: list[dict[str, Any]] = []
     last_map: tuple[LlmMapStep | None, list[Any]] = (None, [])
-    last_plan = ""
+    last_plan, last_detail = "", None
     for i, step in enumerate(pipeline.steps):
         entry: dict[str, Any] = {"index": i, "kind": step_kind(step), "detail": _describe(step),
                                  "rows_in_sample": None}
@@ -147,6 +156,7 @@ def plan_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: bo
             if full is not None:
                 entry["estimate"] = _estimate(full, step, pipeline, cache, scale, label)
                 last_plan = entry["estimate"].pop("plan", "") or last_plan
+                last_detail = entry["estimate"].pop("plan_detail", None) or last_detail
                 full = _null_outputs(full, step, pipeline)
         elif is_semantic(step):
             table, entry["prompts"] = dry_run_semantic(i, step, table, pipeline)
@@ -163,6 +173,7 @@ def plan_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: bo
         "name": pipeline.name, "description": pipeline.description, "model": pipeline.model,
         "engine": {"policy": pipeline.engine.policy, **pipeline.engine.llm_kwargs()},
         "policy_note": last_plan or _policy_preview(pipeline, *last_map, rows=total),
+        "job_plan": last_detail,
         "source": {"kind": pipeline.source.kind, "from": getattr(pipeline.source, pipeline.source.kind),
                    "limit": limit, "sample_rows": n},
         "steps": steps_out,

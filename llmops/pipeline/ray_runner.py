@@ -31,6 +31,7 @@ import ray.data
 
 from llmops.core import RunSummary
 from llmops.pipeline.runner import RunResult, cache_setting, write_run_report
+from llmops.pipeline.preflight import check_pipeline
 from llmops.pipeline.semantic_steps import StepContext, is_semantic, run_semantic
 from llmops.pipeline.sinks import SinkWriter
 from llmops.pipeline.sources import count_source_rows, read_source
@@ -100,6 +101,8 @@ def run_pipeline_ray(pipeline: Pipeline, *, limit: int | None = None, use_cache:
     (`ray.init(address=...)`; None: the running instance, else a local one). engine_factory: a picklable
     `f(spec) -> engine` run in each actor (tests)."""
     start = time.perf_counter()
+    check_pipeline(pipeline)              # every step against the data's columns, before any work
+    writer = SinkWriter(pipeline.sink)    # the sink's folder created and writable, before any work
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     check_room(num_engines, gpus_per_engine)
@@ -126,7 +129,6 @@ def run_pipeline_ray(pipeline: Pipeline, *, limit: int | None = None, use_cache:
             ds = ds.map_batches(_row_wise(i, step), batch_format="pyarrow", batch_size=None)
         else:
             ds = ray.data.from_arrow(apply_step(i, step, _whole(ds)))
-    writer = SinkWriter(pipeline.sink)
     rows, began = 0, time.perf_counter()
     try:
         for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):

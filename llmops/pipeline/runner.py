@@ -8,7 +8,9 @@ whole table. The sink is published atomically at the end (see `sinks.py`); with 
 rerun after a crash recomputes only the rows that had not finished.
 
 Job-level problems raise: `SourceError`, `StepError`, `TemplateError` (the pipeline does not fit its
-data: the CLI exits 2), `SinkError` or the engine's own exception (exit 1). Per-row failures are counted
+data: the CLI exits 2), `SinkError` or the engine's own exception (exit 1). Everything that can fail without
+generating fails first: every step is checked against the data's columns (`preflight.check_pipeline`) and
+the sink's folder is created and checked writable before the source is read. Per-row failures are counted
 in `RunResult.failed_rows`, never raised. Every finished run writes its report beside the sink
 (`llmops.report`: figures, failures by reason, throughput over time, where the time went, the plan's
 predicted vs the measured speed); `RunResult.report` is its path.
@@ -22,7 +24,9 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from llmops.core import CacheDir, MapRun, map_table, output_schema, write_json_atomic
+from llmops.core import CacheDir, MapRun, map_table, output_schema
+from llmops.files import write_json_atomic
+from llmops.pipeline.preflight import check_pipeline
 from llmops.pipeline.semantic_steps import StepContext, is_semantic, run_semantic
 from llmops.pipeline.sinks import SinkWriter
 from llmops.pipeline.sources import read_source
@@ -175,22 +179,23 @@ def run_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: boo
     use_cache False: ignore and do not fill the result cache. progress: None = a bar when stderr is a
     TTY. engine: an `engine.LLM`-like object for every llm_map (tests); default: the cached engine."""
     start = time.perf_counter()
+    check_pipeline(pipeline)              # every step against the data's columns, before any work
+    writer = SinkWriter(pipeline.sink)    # the sink's folder created and writable, before any work
     state = _Run(pipeline, limit=limit, use_cache=use_cache, progress=progress, engine=engine)
-    table = read_source(pipeline.source, limit=limit)
-    state.times["source"] = time.perf_counter() - start
-    state.result.source_rows = table.num_rows
     steps = pipeline.steps
     llm_indices = [i for i, s in enumerate(steps) if isinstance(s, LlmMapStep) and not is_semantic(s)]
     last = llm_indices[-1] if llm_indices else -1
-    for i, step in enumerate(steps[:max(last, 0)]):
-        if isinstance(step, LlmMapStep) and not is_semantic(step):
-            ordered = state.start_map(i, step, table).ordered()
-            table = attach_output(table, ordered, step.llm_map).drop_columns([ROW_COLUMN])
-        else:
-            table = state.apply(i, step, table)
     tail = list(enumerate(steps))[last + 1:]
-    writer = SinkWriter(pipeline.sink)
     try:
+        table = read_source(pipeline.source, limit=limit)
+        state.times["source"] = time.perf_counter() - start
+        state.result.source_rows = table.num_rows
+        for i, step in enumerate(steps[:max(last, 0)]):
+            if isinstance(step, LlmMapStep) and not is_semantic(step):
+                ordered = state.start_map(i, step, table).ordered()
+                table = attach_output(table, ordered, step.llm_map).drop_columns([ROW_COLUMN])
+            else:
+                table = state.apply(i, step, table)
         if last < 0:
             parts: Iterator[pa.Table] = iter([_with_positions(table)])
         else:

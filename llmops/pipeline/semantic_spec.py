@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from llmops.cascade import as_cascade
 from llmops.core import MapSpec
 from llmops.semantic.blocking import Blocking
 from llmops.semantic.compare import TEMPLATE as COMPARE_TEMPLATE
@@ -59,9 +60,12 @@ class Checks(_Model):
 
 
 class LlmOptions(Checks):
-    """The generation settings of a semantic step (as `llm_map`'s); `model` overrides the pipeline's."""
+    """The generation settings of a semantic step (as `llm_map`'s); `model` overrides the pipeline's.
+    `cascade`: models that answer in turn (`llmops.cascade`), a list or `{models: [...], min_confidence: x}`
+    (one mapping, as `llm_join`'s own `min_confidence` is its pair threshold); it replaces `model`."""
 
     model: str | None = None
+    cascade: list[str] | dict[str, Any] | None = None
     system: str | None = None
     examples: list[dict[str, Any]] = []
     max_new_tokens: Num | None = Field(None, ge=1)
@@ -69,10 +73,20 @@ class LlmOptions(Checks):
     seed: Num = 0
     on_long_prompt: Literal["error", "truncate"] = "error"
 
+    @field_validator("cascade")
+    @classmethod
+    def _cascade(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None:
+            if info.data.get("model") is not None:
+                raise ValueError("give model or cascade, not both (the cascade's first model answers first)")
+            as_cascade(value, constrained=True)     # the models and the threshold; the output: check_template
+        return value
+
     def generation(self) -> dict[str, Any]:
         """The MapSpec keywords this step sets (None: the operator's default)."""
         out = {"system": self.system, "examples": tuple(self.examples) or None, "temperature": self.temperature,
-               "seed": self.seed, "on_long_prompt": self.on_long_prompt, "max_new_tokens": self.max_new_tokens}
+               "seed": self.seed, "on_long_prompt": self.on_long_prompt, "max_new_tokens": self.max_new_tokens,
+               "cascade": self.cascade}
         return {k: v for k, v in out.items() if v is not None}
 
     def check_template(self, template: str, **constraint: Any) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from llmops.cascade import as_cascade
 from llmops.core import CacheDir, Completion
 from llmops.pipeline.semantic_spec import (SEMANTIC_STEPS, LlmFilterStep, LlmJoinStep, LlmReduceStep, ResolveStep,
                                            step_config)
@@ -126,7 +127,11 @@ def run_semantic(index: int, step: Any, table: pa.Table, ctx: StepContext) -> tu
 
 def dry_run_semantic(index: int, step: Any, table: pa.Table, pipeline: Pipeline) -> tuple[pa.Table, int]:
     """`run_semantic` without generation or result cache: the step's output columns (empty answers) and the
-    number of prompts its LLM stages would send for `table` (the first attempt of each)."""
+    number of prompts its LLM stages would send for `table` (the first attempt of each; with a cascade, of
+    every model, as if every row went on: an upper bound)."""
     engine = DryEngine()
-    out, _ = run_semantic(index, step, table, StepContext(pipeline, cache_dir=False, progress=False, engine=engine))
+    cfg = step.llm_map if isinstance(step, LlmMapStep) else step_config(step)
+    chain = as_cascade(cfg.cascade, constrained=True)
+    given = engine if chain is None else dict.fromkeys(chain.models, engine)
+    out, _ = run_semantic(index, step, table, StepContext(pipeline, cache_dir=False, progress=False, engine=given))
     return out, engine.prompts

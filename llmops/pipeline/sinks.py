@@ -13,7 +13,8 @@ the same sink starts.
 What may be replaced: only a regular file, or nothing. A target that is a symbolic link (even to a
 regular file), a directory, a device (`/dev/full`), a FIFO or a socket is a `SinkError` naming the path,
 raised when the writer is made (before any work) and checked again just before publishing. Links are
-refused rather than followed: name the file itself as the sink.
+refused rather than followed: name the file itself as the sink. Making the writer also creates the target's
+folder and proves a file can be created in it, so an unwritable sink fails before any row is generated.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def check_target(path: Path) -> None:
     """Raise SinkError unless `path` is absent or a regular file (not a link)."""
     try:
         mode = os.lstat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):   # nothing there yet (a bad folder fails `check_writable`)
         return
     except OSError as exc:
         raise SinkError(f"sink {path}: cannot inspect it: {exc.strerror}") from None
@@ -58,6 +59,19 @@ def check_target(path: Path) -> None:
     if not stat.S_ISREG(mode):
         kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
         raise SinkError(f"sink {path} is {kind}; llmops replaces only regular files")
+
+
+def check_writable(staging: Path) -> None:
+    """Create `staging`'s folder and prove a file can be made there (created and removed at once); SinkError
+    naming the folder otherwise, before any work."""
+    folder = staging.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(staging, "xb"):
+            pass
+        staging.unlink()
+    except OSError as exc:
+        raise SinkError(f"sink: cannot write in folder {folder}: {exc.strerror or exc}") from None
 
 
 def _alive(pid: int) -> bool:
@@ -102,6 +116,7 @@ class SinkWriter:
         _remove_stale(base.parent, f"{base.name}.llmops-tmp-", host)     # a run killed while publishing
         self.staging = base.with_name(f"{prefix}{run}.parquet")
         self.tmp = base.with_name(f"{base.name}.llmops-tmp-{run}")
+        check_writable(self.staging)
         self.rows = 0
         self._writer: pq.ParquetWriter | None = None
         self._schema: pa.Schema | None = None
@@ -111,10 +126,6 @@ class SinkWriter:
         if ROW_COLUMN not in table.column_names:
             raise SinkError(f"sink: rows lack the {ROW_COLUMN} column")
         if self._writer is None:
-            try:
-                self.staging.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise SinkError(f"sink: cannot create folder {self.staging.parent}: {exc.strerror}") from None
             self._schema = table.schema
             self._writer = pq.ParquetWriter(self.staging, table.schema)
         if table.schema != self._schema:

@@ -31,11 +31,14 @@ import os
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag,
+                      ValidationInfo, field_validator, model_validator)
 
-from llmops.core import engine_policy
+from llmops.cascade import as_cascade
+from llmops.core import check_choices, engine_policy, parse_size
 from llmops.pipeline.semantic_spec import SEMANTIC_STEP_KINDS, Rules
-from llmops.structured import to_json_schema
+from llmops.structured import arrow_type, to_json_schema
+from llmops.templates import template_fields
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -98,6 +101,7 @@ def check_json_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     try:
         normal = to_json_schema(schema)
+        arrow_type(normal)               # a $ref that points at nothing fails here, with its name
     except (TypeError, ValueError) as exc:
         raise ValueError(f"invalid JSON schema: {exc}") from None
     from llguidance import LLMatcher  # optional at import time: only grammar checks need llguidance
@@ -210,6 +214,48 @@ def _policy_setting(value: str | dict[str, Any]) -> str | dict[str, Any]:
     return value
 
 
+DTYPES = ("auto", "float32", "float16", "bfloat16", "fp32", "fp16", "bf16", "half")
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def _size(value: Any) -> Any:
+    """A budget: bytes or a string like "16GiB" (checked here, kept as given); None: no budget."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"expected a size in bytes or a string like '16GiB', got {value!r}")
+    parse_size(value)
+    return value
+
+
+def _dtype(value: str) -> str:
+    if value not in DTYPES:
+        raise ValueError(f"unknown dtype {value!r}; expected one of {', '.join(DTYPES)}")
+    return value
+
+
+def _device(value: str) -> str:
+    if not _DEVICE.match(value):
+        raise ValueError(f"unknown device {value!r}; expected auto, cpu, cuda or cuda:N")
+    return value
+
+
+def _devices(value: Any) -> Any:
+    """None, "auto", or a list of CUDA indices (>= 0) / device strings ("cuda:1")."""
+    if value is None or value == "auto":
+        return value
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"expected auto or a non-empty list of CUDA indices / device strings, got {value!r}")
+    for i, d in enumerate(value):
+        if isinstance(d, bool) or not (isinstance(d, int) and d >= 0 or isinstance(d, str) and _DEVICE.match(d)):
+            raise ValueError(f"devices[{i}]: expected a CUDA index (0, 1, ...) or a device string like 'cuda:1', "
+                             f"got {d!r}")
+    return value
+
+
+Size = Annotated[int | str | None, BeforeValidator(_size)]
+
+
 class EngineSettings(_Strict):
     """Arguments of `engine.LLM(...)`. Sizes are bytes or strings like "16GiB"; None: no budget. `policy`:
     "auto" (the engine plans the job) or a fixed plan, a mapping of Policy fields (what `llmops policy --json`
@@ -218,12 +264,12 @@ class EngineSettings(_Strict):
     ("auto": data-parallel when the model's weights fit each GPU's budget, else pipeline stages)."""
 
     policy: Annotated[Literal["auto"] | dict[str, Any], AfterValidator(_policy_setting)] = "auto"
-    gpu_memory: Annotated[int | str | None, BeforeValidator(_not_bool)] = None
-    cpu_memory: Annotated[int | str | None, BeforeValidator(_not_bool)] = None
+    gpu_memory: Size = None
+    cpu_memory: Size = None
     disk_dir: PathStr | None = None
-    dtype: str = "auto"
-    device: str = "auto"
-    devices: Literal["auto"] | list[Int | str] | None = None
+    dtype: Annotated[str, AfterValidator(_dtype)] = "auto"
+    device: Annotated[str, AfterValidator(_device)] = "auto"
+    devices: Annotated[Literal["auto"] | list[int | str] | None, BeforeValidator(_devices)] = None
     parallel: Literal["auto", "data", "pipeline"] = "auto"
     compress_weights: bool = False
     compress_cache: bool = False
@@ -266,9 +312,14 @@ class LlmMap(_Strict):
 
     At most one of `schema` (JSON schema or shorthand: struct output), `choices` (one of these strings)
     and `regex` constrains decoding. `unnest: true` turns a struct output into one column per field
-    (`unnest: "prefix_"` prefixes them). `error_column` names an optional column holding each row's error.
+    (`unnest: "prefix_"` prefixes them). `error_column` names an optional column holding each row's error,
+    `model_column` one holding the model that answered it, `confidence_column` one holding how sure that model
+    was (`llmops.core`).
     `model` overrides the pipeline's model for this step. `on_empty` (null | error | run): what a row whose
-    placeholder value is empty or whitespace only gives (see `llmops.core.MapSpec`)."""
+    placeholder value is empty or whitespace only gives (see `llmops.core.MapSpec`). `cascade: [small, large]`
+    with `min_confidence: 0.9` runs every row on the first model and the rows it was unsure of or got wrong
+    (an error, an unparsable output, a broken `validate` rule) on the next (`llmops.cascade`); it replaces
+    `model`, and `min_confidence` needs a schema, choices or regex."""
 
     output: str = Field(min_length=1)
     template: str = Field(min_length=1)
@@ -280,6 +331,8 @@ class LlmMap(_Strict):
     choices: list[Annotated[str, Field(min_length=1)]] | None = Field(None, min_length=1)
     regex: Annotated[str | None, AfterValidator(check_regex)] = None
     model: str | None = None
+    cascade: list[str] | dict[str, Any] | None = None
+    min_confidence: Float | None = None
     max_new_tokens: Int = Field(64, ge=1)
     temperature: Float = Field(0.0, ge=0)
     top_p: Float = Field(1.0, gt=0, le=1)
@@ -291,8 +344,60 @@ class LlmMap(_Strict):
     on_empty: Literal["null", "error", "run"] = "null"
     unnest: bool | str = False
     error_column: str | None = None
+    model_column: str | None = None
+    confidence_column: str | None = None
     validate_: Rules = Field([], alias="validate")  # DuckDB rules on the output (llmops.semantic.validate)
     max_attempts: Int = Field(2, ge=1, le=10)
+
+    @field_validator("cascade")
+    @classmethod
+    def _cascade(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None:
+            if info.data.get("model") is not None:
+                raise ValueError("give model or cascade, not both (the cascade's first model answers first)")
+            as_cascade(value, constrained=_constrained(info.data))
+        return value
+
+    @field_validator("min_confidence")
+    @classmethod
+    def _min_confidence(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and "cascade" in info.data:    # a bad cascade is reported at its own key
+            as_cascade(info.data["cascade"], value, constrained=_constrained(info.data))
+        return value
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        template_fields(value)           # syntax: bare {column} names only, balanced braces
+        return value
+
+    @field_validator("output", "error_column", "model_column", "confidence_column")
+    @classmethod
+    def _column_name(cls, value: str | None) -> str | None:
+        return None if value is None else check_column_name(value)
+
+    @field_validator("choices")
+    @classmethod
+    def _choices(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else list(check_choices(value))
+
+    @model_validator(mode="after")
+    def _output_names(self) -> "LlmMap":
+        """The columns this step writes are distinct and none is reserved (unnested fields included)."""
+        names = self.written_columns()
+        for name in names:
+            check_column_name(name)
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"llm_map writes column(s) {twice} twice (output, unnested fields, error_column, "
+                             "model_column and confidence_column must be distinct)")
+        return self
+
+    def written_columns(self) -> list[str]:
+        """The columns this step adds to (or sets in) the table."""
+        prefix = self.unnest if isinstance(self.unnest, str) else ""
+        names = [f"{prefix}{f}" for f in (self.schema_ or {}).get("properties", {})] if self.unnest else [self.output]
+        return names + [n for n in (self.error_column, self.model_column, self.confidence_column) if n is not None]
 
     @model_validator(mode="after")
     def _constraints(self) -> "LlmMap":
@@ -308,6 +413,22 @@ class LlmMap(_Strict):
             if self.schema_ is not None and not isinstance(ex.output, dict):
                 raise ValueError(f"examples[{i}].output must be a mapping matching the schema")
         return self
+
+
+RESERVED_PREFIX = "__llmops_"   # the hidden columns the runner adds (the row position, retry feedback)
+
+
+def check_column_name(name: str) -> str:
+    """`name` unless it is a reserved column name (starts with RESERVED_PREFIX); ValueError otherwise."""
+    if name.startswith(RESERVED_PREFIX):
+        raise ValueError(f"column name {name!r} is reserved (names starting with {RESERVED_PREFIX!r} are the "
+                         "runner's own hidden columns); choose another name")
+    return name
+
+
+def _constrained(fields: dict[str, Any]) -> bool:
+    """Whether the step's fields validated so far constrain its output (schema, choices or regex)."""
+    return any(fields.get(name) is not None for name in ("schema_", "choices", "regex"))
 
 
 class SqlStep(_Strict):

@@ -88,14 +88,16 @@ def apply_step(index: int, step: Any, table: pa.Table, *, keep: tuple[str, ...] 
 
 
 def map_spec(cfg: LlmMap, pipeline: Pipeline) -> MapSpec:
-    """The `MapSpec` of an llm_map step (its model, else the pipeline's; the pipeline's engine settings)."""
+    """The `MapSpec` of an llm_map step (its model or cascade, else the pipeline's model; the pipeline's
+    engine settings)."""
     return MapSpec(
         template=cfg.template, model=cfg.model or pipeline.model, system=cfg.system,
         examples=tuple({"input": e.input, "output": e.output} for e in cfg.examples), schema=cfg.schema_,
         choices=tuple(cfg.choices) if cfg.choices is not None else None, regex=cfg.regex,
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
         seed=cfg.seed, stop=tuple(cfg.stop), chat=cfg.chat, engine=pipeline.engine.llm_kwargs(),
-        on_long_prompt=cfg.on_long_prompt, on_empty=cfg.on_empty)
+        on_long_prompt=cfg.on_long_prompt, on_empty=cfg.on_empty, cascade=cfg.cascade or (),
+        min_confidence=cfg.min_confidence)
 
 
 def _set_column(table: pa.Table, name: str, values: pa.Array | pa.ChunkedArray) -> pa.Table:
@@ -111,8 +113,8 @@ def row_errors(batch: pa.RecordBatch | pa.Table) -> pa.Array:
 
 def attach_output(table: pa.Table, batch: pa.RecordBatch | pa.Table, cfg: LlmMap) -> pa.Table:
     """The rows of `table` named by `batch["row"]` with the step's output column(s) set (a struct
-    unnested into one column per field when `cfg.unnest`), the error column when asked, and the
-    hidden `ROW_COLUMN` (the row's index in `table`) unless the table already carries one."""
+    unnested into one column per field when `cfg.unnest`), the error, model and confidence columns when asked,
+    and the hidden `ROW_COLUMN` (the row's index in `table`) unless the table already carries one."""
     rows = batch.column(batch.schema.get_field_index("row"))
     out = table.take(rows)
     output = batch.column(batch.schema.get_field_index("output"))
@@ -126,6 +128,9 @@ def attach_output(table: pa.Table, batch: pa.RecordBatch | pa.Table, cfg: LlmMap
         out = _set_column(out, cfg.output, output)
     if cfg.error_column:
         out = _set_column(out, cfg.error_column, row_errors(batch))
+    for name, column in ((cfg.model_column, "model"), (cfg.confidence_column, "confidence")):
+        if name:
+            out = _set_column(out, name, batch.column(batch.schema.get_field_index(column)))
     if ROW_COLUMN not in out.column_names:
         out = out.append_column(ROW_COLUMN, pc.cast(rows, pa.int64()))
     return out

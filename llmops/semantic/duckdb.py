@@ -87,7 +87,7 @@ def llm_reduce(con: duckdb.DuckDBPyConnection, query: Query, *, by: Sequence[str
                choices: Sequence[str] | None = None, max_prompt_tokens: int | None = None,
                **kwargs: Any) -> duckdb.DuckDBPyRelation:
     """One row per group of `by` (see `llmops.semantic.reduce`)."""
-    constraint = {"schema": schema, "choices": tuple(choices) if choices else None,
+    constraint = {"schema": schema, "choices": choices,
                   "max_new_tokens": kwargs.pop("max_new_tokens", None)}
     table, _ = llm_reduce_table(_table(con, query), list(by), template, Llm.of(**kwargs), item=item, output=output,
                                 max_prompt_tokens=max_prompt_tokens, **constraint)

@@ -5,7 +5,9 @@ engine object, validation rules and attempts); `Llm.spec(template, ...)` builds 
 `Llm.run(table, spec)` runs it through `llmops.validate.run_checked`, i.e. through `llmops.core.map_table`:
 one job per call over the whole table of prompts (dedup, result cache, data marking, one plan), never a
 call per row or per pair. Generation keywords are `MapSpec`'s (system, examples, max_new_tokens,
-temperature, top_p, top_k, seed, stop, chat, on_long_prompt, on_empty) plus `engine_settings`.
+temperature, top_p, top_k, seed, stop, chat, on_long_prompt, on_empty, cascade, min_confidence) plus
+`engine_settings`. A cascade (`llmops.cascade`) is best given as one mapping, `cascade={"models": [small,
+large], "min_confidence": 0.9}`: `llm_join`'s own `min_confidence` is its pair threshold.
 """
 from __future__ import annotations
 
@@ -48,9 +50,8 @@ class Llm:
         max_new_tokens, system...) overrides the generation settings."""
         settings = {**self.generation, **{k: v for k, v in constraint.items() if v is not None}}
         engine = settings.pop("engine_settings", None) or settings.pop("engine", None) or {}
-        for key in ("examples", "stop", "choices"):
-            if settings.get(key) is not None:
-                settings[key] = tuple(settings[key])
+        if settings.get("examples") is not None:      # stop and choices go as given: MapSpec checks them
+            settings["examples"] = tuple(settings["examples"])
         return MapSpec(template=template, model=self.model, engine=tuple(dict(engine).items()), **settings)
 
     def run(self, table: pa.Table, spec: MapSpec, *, output_name: str = "output") -> Checked:

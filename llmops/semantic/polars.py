@@ -88,7 +88,7 @@ def llm_reduce(df: Frame, by: Sequence[str] | str, template: str, *, item: str |
                choices: Sequence[str] | None = None, regex: str | None = None, with_report: bool = False,
                **kwargs: Any) -> Any:
     """One row per group of `by` with the reduced `output` (see `llmops.semantic.reduce`)."""
-    constraint = {"schema": schema, "choices": tuple(choices) if choices else None, "regex": regex,
+    constraint = {"schema": schema, "choices": choices, "regex": regex,
                   "max_new_tokens": kwargs.pop("max_new_tokens", None)}
     table, report = llm_reduce_table(_eager(df).to_arrow(), [by] if isinstance(by, str) else list(by), template,
                                      Llm.of(**kwargs), item=item, output=output, fold_template=fold_template,

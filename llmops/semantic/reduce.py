@@ -1,6 +1,7 @@
 """`llm_reduce`: one LLM call per group over the group's rows, folded hierarchically when they do not fit.
 
-Each row is rendered with `item` (a `{column}` template, default `- {first column}`); a group's items,
+Each row is rendered with `item` (a `{column}` template, default `- {first column}`; a row with a null in any
+of the item's columns is left out, and a group left with no item gets a null output and an error); a group's items,
 joined by newlines, fill the `{rows}` placeholder of `template` as one data value (never instructions);
 `template` may also name the `by` columns (`"Summarise the {category} tickets:\\n{rows}"`). The output is
 like `llm_map`'s: text, `choices`, `regex` or a `schema` (a struct column).
@@ -22,10 +23,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from llmops.core import get_engine, sampling_params
+from llmops.core import get_engine, output_type, sampling_params
 from llmops.semantic.options import Llm
 from llmops.semantic.resolve import check_columns
-from llmops.templates import TemplateError, check_columns as check_template, render, render_rows
+from llmops.templates import TemplateError, check_columns as check_template, render, render_rows, template_fields
 
 ROWS = "rows"
 MAX_LEVELS = 8
@@ -97,9 +98,13 @@ def llm_reduce_table(table: pa.Table, by: Sequence[str], template: str, llm: Llm
     for i, r in enumerate(rows):
         groups.setdefault(tuple(r[c] for c in by), []).append(i)
     keys = list(groups)
-    items = {k: [render(item, rows[i]) for i in groups[k]] for k in keys}
+    names = template_fields(item)
+    items = {k: [render(item, rows[i]) for i in groups[k] if all(rows[i][c] is not None for c in names)]
+             for k in keys}   # a row whose item value is null is left out, never rendered as "None"
     report = ReduceReport(groups=len(keys), budget=budget)
-    done: dict[tuple, tuple[Any, str | None]] = {}
+    done: dict[tuple, tuple[Any, str | None]] = {
+        k: (None, f"group {dict(zip(by, k))}: nothing to reduce (every row's {', '.join(names)} is null)")
+        for k in keys if not items[k]}
     level_spec = spec
     for level in range(MAX_LEVELS):
         todo = [k for k in keys if k not in done]
@@ -124,7 +129,7 @@ def llm_reduce_table(table: pa.Table, by: Sequence[str], template: str, llm: Llm
                     done[k] = (None, f"group {dict(zip(by, k))}: every partial reduce failed: {errs[ns[0]]}")
                 items[k] = ["- " + (o if isinstance(o, str) else json.dumps(o, ensure_ascii=False)) for o in partial]
         level_spec = fold
-    typ = result.schema.field("output").type if keys else pa.string()
+    typ = output_type(spec)
     cols = {c: pa.array([k[by.index(c)] for k in keys], table.schema.field(c).type) for c in by}
     out = pa.table({**cols, output: pa.array([done[k][0] for k in keys], typ),
                     f"{output}_error": pa.array([done[k][1] for k in keys], pa.string())})

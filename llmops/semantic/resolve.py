@@ -6,7 +6,8 @@
    table is one `map_table` job (dedup and the result cache apply; identical pairs run once).
 3. Components (`llmops.semantic.components`): the pairs the model calls Same are edges; each connected
    component is one entity. The output column (`output`, default `entity_id`) holds the `id_column` value of
-   the component's first row (its smallest row index), or that row index when no `id_column` is given.
+   the component's first row (its smallest row index), or that row index when no `id_column` is given; an
+   `id_column` must be unique and non-null (checked before any work).
 
 `ResolveReport` says how much blocking saved: all pairs, candidate pairs, pairs the model was asked about
 (candidates whose records both rendered to something), matched pairs, entities.
@@ -53,6 +54,20 @@ def check_columns(table: pa.Table, columns: Sequence[str], what: str) -> None:
         raise ValueError(f"{what}: unknown column(s) {missing}; columns: {', '.join(table.column_names)}")
 
 
+def check_unique(table: pa.Table, column: str) -> None:
+    """ValueError naming the rows unless every value of `column` is non-null and distinct (an id column:
+    an entity is named by its first row's id, so a repeated id would merge unrelated entities)."""
+    first: dict[str, int] = {}
+    for i, value in enumerate(table.column(column).to_pylist()):
+        if value is None:
+            raise ValueError(f"resolve.id_column {column!r} is null at row {i}; it must identify every row")
+        key = repr(value)
+        if key in first:
+            raise ValueError(f"resolve.id_column {column!r} is not unique: {value!r} is on rows {first[key]} and "
+                             f"{i}; name a column that identifies each row, or leave id_column out (row numbers)")
+        first[key] = i
+
+
 def resolve_table(table: pa.Table, on: Sequence[str], llm: Llm, *, blocking: Blocking = Blocking(),
                   template: str | None = None, output: str = "entity_id",
                   id_column: str | None = None) -> tuple[pa.Table, ResolveReport]:
@@ -64,6 +79,7 @@ def resolve_table(table: pa.Table, on: Sequence[str], llm: Llm, *, blocking: Blo
     check_columns(table, blocking.keys, "resolve.blocking.keys")
     if id_column is not None:
         check_columns(table, [id_column], "resolve.id_column")
+        check_unique(table, id_column)
     rows = table.select(list(dict.fromkeys([*on, *blocking.keys]))).to_pylist()
     texts = [render_record(r, on) for r in rows]
     candidates = candidate_pairs(texts, [[r[k] for r in rows] for k in blocking.keys], blocking)

@@ -8,7 +8,9 @@ run again with the failure fed back as data: the template gains the previous ans
 (`RETRY_SUFFIX`, its values substituted as data, never as instructions). All retried rows of an attempt are
 one `map_table` call. After `max_attempts` a row that still fails keeps a null output and an error naming
 the rule and its last output. A rule that DuckDB cannot run (unknown column, syntax) is a job-level
-`RuleError` naming the rule and the columns it may use.
+`RuleError` naming the rule and the columns it may use. With a cascade (`llmops.cascade`), every attempt runs
+the cascade, and a row whose output breaks a rule goes on to the next model like an unparsable one
+(`rule_check`); the retries start from the first model again.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from llmops.core import CacheDir, MapSpec, map_table
+from llmops.core import CacheDir, Check, MapSpec, map_table, output_type
 from llmops.summary import RunSummary
 
 PREVIOUS, FAILURE = "__llmops_previous", "__llmops_failure"
@@ -31,18 +33,53 @@ class RuleError(ValueError):
     """A validation rule DuckDB cannot evaluate on this step's columns (a job-level error)."""
 
 
-def check_rule_syntax(rule: str) -> str:
-    """`rule` when DuckDB can parse it as an expression; else ValueError with DuckDB's complaint."""
+def _parsed(sql: str) -> dict[str, Any]:
+    con = duckdb.connect()
     try:
-        duckdb.connect().extract_statements(f"SELECT ({rule}) AS ok")
+        return json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+    finally:
+        con.close()
+
+
+def _shape(statement: dict[str, Any]) -> dict[str, Any]:
+    """A parsed SELECT without its select list (what must equal a bare `SELECT (x) AS ok`)."""
+    return {k: v for k, v in statement.get("node", {}).items() if k != "select_list"}
+
+
+def check_rule_syntax(rule: str) -> str:
+    """`rule` when DuckDB parses `SELECT (rule) AS ok` as exactly one expression and nothing more (no second
+    column, clause or statement smuggled in through a parenthesis, as in `true) AS ok, (false`); else
+    ValueError with DuckDB's complaint or what is wrong."""
+    try:
+        tree = _parsed(f"SELECT ({rule}) AS ok")
     except duckdb.Error as exc:
         raise ValueError(f"validate rule {rule!r} is not a DuckDB expression: {exc}") from None
+    if tree.get("error"):
+        raise ValueError(f"validate rule {rule!r} is not a DuckDB expression: {tree.get('error_message')}")
+    statements = tree.get("statements", [])
+    bare = _parsed("SELECT (NULL) AS ok")["statements"][0]
+    if len(statements) != 1 or _shape(statements[0]) != _shape(bare) or \
+            len(statements[0]["node"].get("select_list", [])) != 1:
+        raise ValueError(f"validate rule {rule!r} is not one DuckDB expression (its parentheses close early, "
+                         "adding columns, clauses or statements)")
     return rule
 
 
-def failed_rules(table: pa.Table, rules: Sequence[str]) -> list[str | None]:
-    """Per row of `table`: the first rule it fails (false or NULL), or None when it passes all of them."""
-    if not rules or table.num_rows == 0:
+def check_rules(table: pa.Table, rules: Sequence[str], name: str, typ: pa.DataType) -> None:
+    """RuleError unless every rule runs on `table`'s columns plus the output column `name` of type `typ`
+    (checked on no rows, before any generation)."""
+    if not rules:
+        return
+    empty = table.schema.empty_table()
+    if name in empty.column_names:
+        empty = empty.drop_columns([name])
+    failed_rules(empty.append_column(name, pa.array([], typ)), rules, check=True)
+
+
+def failed_rules(table: pa.Table, rules: Sequence[str], *, check: bool = False) -> list[str | None]:
+    """Per row of `table`: the first rule it fails (false or NULL), or None when it passes all of them. With
+    `check`, the rules run even on no rows (RuleError when DuckDB cannot run one)."""
+    if not rules or (table.num_rows == 0 and not check):
         return [None] * table.num_rows
     con = duckdb.connect()
     try:
@@ -59,8 +96,8 @@ def failed_rules(table: pa.Table, rules: Sequence[str]) -> list[str | None]:
 @dataclass
 class Checked:
     """A validated run: `table` has one row per input row, in order (columns `output`, `finish_reason`,
-    `error`, `text`, `attempts`); `summary` adds up every attempt; `retried` counts rows run again,
-    `rejected` rows still failing after the last attempt."""
+    `error`, `text`, `confidence`, `model`, `attempts`: see `llmops.core`); `summary` adds up every attempt;
+    `retried` counts rows run again, `rejected` rows still failing after the last attempt."""
 
     table: pa.Table
     summary: RunSummary = field(default_factory=lambda: RunSummary(calls=0))
@@ -86,14 +123,17 @@ def run_checked(table: pa.Table, spec: MapSpec, *, rules: Sequence[str] = (), ma
     one `map_table_ordered` call. `output_name` is what the rules call the output column."""
     if max_attempts < 1:
         raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
-    kw = {"cache_dir": cache_dir, "progress": progress, "engine": engine}
+    kw = {"cache_dir": cache_dir, "progress": progress, "engine": engine,
+          "check": rule_check(rules, output_name) if rules and spec.cascade else None}
+    check_rules(table, rules, output_name, output_type(spec))
     result, summary = run_map(table, spec, **kw)
-    out = Checked(result.select(["output", "finish_reason", "error", "text"]))
+    out = Checked(result.select(["output", "finish_reason", "error", "text", "confidence", "model"]))
     out.summary.add(summary)
     if not rules:
         return _with_attempts(out, [1] * table.num_rows)
     outputs, reasons = result.column("output").to_pylist(), result.column("finish_reason").to_pylist()
     errors, texts = result.column("error").to_pylist(), result.column("text").to_pylist()
+    scores, models = result.column("confidence").to_pylist(), result.column("model").to_pylist()
     attempts = [1] * table.num_rows
     typ = result.schema.field("output").type
     again, spec2 = _failing(table, outputs, errors, texts, rules, output_name, typ), retry_spec(spec)
@@ -110,14 +150,16 @@ def run_checked(table: pa.Table, spec: MapSpec, *, rules: Sequence[str] = (), ma
             attempts[r] = attempt
             outputs[r], reasons[r] = res.column("output")[k].as_py(), res.column("finish_reason")[k].as_py()
             errors[r], texts[r] = res.column("error")[k].as_py(), res.column("text")[k].as_py()
+            scores[r], models[r] = res.column("confidence")[k].as_py(), res.column("model")[k].as_py()
         again = _failing(table.take(rows), [outputs[r] for r in rows], [errors[r] for r in rows],
                          [texts[r] for r in rows], rules, output_name, typ, offset=rows)
     for r, (shown, rule) in again.items():
-        outputs[r], reasons[r] = None, "error"
+        outputs[r], reasons[r], scores[r] = None, "error", None
         errors[r] = f"row {r}: output {shown!r} fails validate rule {rule!r} after {attempts[r]} attempt(s)"
     out.rejected = len(again)
     out.table = pa.table({"output": pa.array(outputs, typ), "finish_reason": pa.array(reasons, pa.string()),
-                          "error": pa.array(errors, pa.string()), "text": pa.array(texts, pa.string())})
+                          "error": pa.array(errors, pa.string()), "text": pa.array(texts, pa.string()),
+                          "confidence": pa.array(scores, pa.float64()), "model": pa.array(models, pa.string())})
     return _with_attempts(out, attempts)
 
 
@@ -138,6 +180,16 @@ def _failing(table: pa.Table, outputs: list[Any], errors: list[str | None], text
         if v is None and err is not None and text:
             out[rows[k]] = (text, "the output must parse: " + err)
     return out
+
+
+def rule_check(rules: Sequence[str], name: str) -> Check:
+    """A cascade's check (`llmops.core.map_table`): per row, whether its output (as column `name` beside the
+    row's input columns) breaks one of `rules`."""
+    def check(inputs: pa.Table, outputs: pa.Array) -> list[bool]:
+        if name in inputs.column_names:
+            inputs = inputs.drop_columns([name])
+        return [rule is not None for rule in failed_rules(inputs.append_column(name, outputs), rules)]
+    return check
 
 
 def run_map(table: pa.Table, spec: MapSpec, **kw: Any) -> tuple[pa.Table, RunSummary]:

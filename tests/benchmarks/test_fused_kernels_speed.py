@@ -1,4 +1,4 @@
-"""benchmarks/fused_kernels_speed.py on the CPU at a small scale: one record with every case per dtype, the
+"""benchmarks/kernels/fused_kernels_speed.py on the CPU at a small scale: one record with every case per dtype, the
 kernels' results at parity with the torch ops (both paths are the torch ops here)."""
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import fused_kernels_speed  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository root: `benchmarks.*`
+from benchmarks.kernels import fused_kernels_speed  # noqa: E402
 
 
 def test_cpu_smoke_run_writes_a_record(tmp_path):
-    out = tmp_path / "fused.json"
+    out = tmp_path / "fused.jsonl"
     fused_kernels_speed.main(["--device", "cpu", "--scale", "256", "--repeat", "1", "--dtype", "bfloat16",
                               "--out", str(out)])
-    rec = json.loads(out.read_text())
+    (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert rec["benchmark"] == "fused_kernels_speed" and rec["workload"] == "llama-3-70b-prefill-div256"
     cases = rec["results"]["bfloat16"]
     assert sorted(cases) == ["quantize_decode", "quantize_k", "rms_norm", "rope_decode", "rope_prefill", "silu_mul"]

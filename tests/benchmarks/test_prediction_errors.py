@@ -1,14 +1,12 @@
-"""benchmarks/prediction_errors.py: committed records re-predicted by today's cost model."""
+"""benchmarks/policy/prediction_errors.py: committed records re-predicted by today's cost model."""
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import prediction_errors  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository root: `benchmarks.*`
+from benchmarks.policy import prediction_errors  # noqa: E402
 
 RECORD = {"system": "llmops", "ok": True, "model": "opt-30b", "config_name": "custom:56x1", "run_id": "r",
           "commit": {"sha": "abc1234"}, "prompt_len": 512, "gen_len": 32, "num_prompts": 56, "prefill_s": 3.6,

@@ -1,12 +1,11 @@
-"""benchmarks/roofline.py: the transfer floor counts what the policy must move per decode step."""
+"""benchmarks/throughput/roofline.py: the transfer floor counts what the policy must move per decode step."""
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from roofline import cache_load_bytes, refloor, roofline  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository root: `benchmarks.*`
+from benchmarks.throughput.roofline import cache_load_bytes, refloor, roofline  # noqa: E402
 
 from engine.models.hf_config import config_from_hf  # noqa: E402
 from engine.models.presets import PRESETS  # noqa: E402

@@ -1,18 +1,17 @@
-"""benchmarks/throughput.py on the CPU with tiny presets: records carry the issue's fields, the roofline, and
+"""benchmarks/throughput/throughput.py on the CPU with tiny presets: records carry the common fields, the roofline, and
 (with --profile) the per-layer profile; absent peers skip with a reason."""
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import throughput  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository root: `benchmarks.*`
+from benchmarks.throughput import throughput  # noqa: E402
 
 FIELDS = {"run_id", "system", "workload", "model", "prompt_len", "gen_len", "num_prompts", "gpu_memory_gib",
           "tokens_per_s", "rows_per_h", "roofline_fraction", "peak_device_gib", "device", "commit", "command"}
@@ -112,38 +111,25 @@ def test_moe_workload_runs_ours_and_the_ablation(tmp_path):
 
 
 def test_run_id_from_the_environment_joins_invocations(tmp_path, monkeypatch):
-    """$LLMOPS_RUN_ID: two invocations of one device call (an A/B of two commits) share their run_id."""
-    monkeypatch.setenv("LLMOPS_RUN_ID", "call-7")
+    """$LLMOPS_RUN_ID: two invocations of one suite run (an A/B of two commits) share their run_id."""
+    monkeypatch.setenv("LLMOPS_RUN_ID", "suite-7")
     args = ["--workload", "wrangle", "--model", "tiny-llama", "--prompt-len", "24", "--prefix-len", "16",
             "--gen-len", "2", "--rows", "4", "--gpu-memory", "none", "--no-warmup",
             "--policy", '{"gpu_batch_size": 4, "num_gpu_batches": 1}']
     out = tmp_path / "ab.jsonl"
     (one,) = throughput.main(args + ["--out", str(out), "--commit", "aaaaaaa"])
     (two,) = throughput.main(args + ["--out", str(out), "--commit", "bbbbbbb"])
-    assert one["run_id"] == two["run_id"] == "call-7"
+    assert one["run_id"] == two["run_id"] == "suite-7"
     lines = [json.loads(line) for line in out.read_text().splitlines()]            # one file, both commits kept
     assert [r["commit"]["sha"] for r in lines] == ["aaaaaaa", "bbbbbbb"]
     assert one["ok"] and len(one["step_s"]) == 1 and len(one["step_s"][0]) == 2   # the prefill, one decode step
-    shape = list(args)                                                              # another cell of the matrix
+    shape = list(args)                                                              # another shape of the run
     shape[shape.index("--gen-len") + 1] = "3"
     (three,) = throughput.main(shape + ["--out", str(out), "--commit", "aaaaaaa"])
-    (again,) = throughput.main(shape + ["--out", str(out), "--commit", "aaaaaaa"])   # a rerun replaces its cell
+    (again,) = throughput.main(shape + ["--out", str(out), "--commit", "aaaaaaa"])   # a rerun replaces its record
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["commit"]["sha"], r["gen_len"]) for r in lines] == [("aaaaaaa", 2), ("bbbbbbb", 2), ("aaaaaaa", 3)]
     assert lines[-1]["total_s"] == again["total_s"] != three["total_s"]
-
-
-def test_ab_prepare_writes_a_commit_copy_without_results(tmp_path):
-    """benchmarks/ab_prepare.sh: a commit's engine/ and benchmarks/ (its results left out) for an A/B in one call."""
-    root = Path(__file__).resolve().parents[1]
-    if shutil.which("git") is None or not (root / ".git").exists():
-        pytest.skip("needs git and the repository's history")
-    res = subprocess.run(["bash", str(root / "benchmarks" / "ab_prepare.sh"), "HEAD"], cwd=root, capture_output=True,
-                         text=True, env={**os.environ, "AB_DIR": str(tmp_path)})
-    assert res.returncode == 0, res.stderr
-    (copy,) = tmp_path.iterdir()
-    assert (copy / "engine" / "runtime" / "executor.py").is_file()
-    assert (copy / "benchmarks" / "throughput.py").is_file() and not (copy / "benchmarks" / "results").exists()
 
 
 TINY_CUT = ["--workload", "flexgen", "--model", "tiny-opt", "--prompt-len", "8", "--gen-len", "4", "--num-prompts", "6",
@@ -175,7 +161,7 @@ def test_a_cut_configuration_is_recorded_and_the_harness_stops(tmp_path, monkeyp
 def test_sigterm_during_a_run_writes_the_cut_record(tmp_path):
     """The real signal, as `timeout` sends it, once the harness says the measured blocks began."""
     out = tmp_path / "term.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = dict(os.environ)
     args = ["--workload", "flexgen", "--model", "tiny-opt", "--prompt-len", "8", "--gen-len", "64", "--num-prompts",
             "400", "--gpu-memory", "none", "--policy", '{"gpu_batch_size": 1, "num_gpu_batches": 1}', "--out", str(out)]
     proc = subprocess.Popen([sys.executable, str(Path(throughput.__file__)), *args], env=env,

@@ -1,4 +1,4 @@
-"""benchmarks/throughput_peers.py on the CPU: the Accelerate peer's dummy model (built without transformers'
+"""benchmarks/throughput/throughput_peers.py on the CPU: the Accelerate peer's dummy model (built without transformers'
 init, filled as the engine's dummy weights are), its per-step timing and its short-run projection."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import throughput_peers as peers  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository root: `benchmarks.*`
+from benchmarks.throughput import throughput_peers as peers  # noqa: E402
 
 from engine.models.dummy_source import BLOCK  # noqa: E402
 from engine.models.presets import PRESETS  # noqa: E402

@@ -1,4 +1,4 @@
-"""benchmarks/timeline.py: a traced run's device events split into prefill and decode at the selection marks,
+"""benchmarks/profiling/timeline.py: a traced run's device events split into prefill and decode at the selection marks,
 with per-stream busy time, the compute stream's gaps and kernel seconds by category."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from timeline import (SELECT_MARK, DeviceEvent, category, device_events, main, phase_summary,  # noqa: E402
-                      read_events, timeline_summary, write_events)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository root: `benchmarks.*`
+from benchmarks.profiling.timeline import (SELECT_MARK, DeviceEvent, category, device_events, main,  # noqa: E402
+                                           phase_summary, read_events, timeline_summary, write_events)
 
 
 def _events() -> tuple[list[DeviceEvent], list[tuple[float, float]]]:

@@ -10,9 +10,10 @@ from engine.models.presets import PRESETS
 from engine.policy.affine import placement_vector
 from engine.policy.cost_model import Workload, cost_terms
 from engine.policy.hardware import reference_profile
-from engine.policy.memory import executor_memory, model_layout, untracked_gpu_bytes
+from engine.policy.memory import executor_memory, untracked_gpu_bytes
 from engine.policy.policy import Policy
 from engine.runtime.act_homes import ActHomes
+from engine.runtime.layout import model_layout
 
 H200 = reference_profile("h200")
 
@@ -167,7 +168,7 @@ def test_decode_channels_do_not_depend_on_the_act_placement():
     times = []
     for act in (dict(act_gpu=1.0, act_cpu=0.0), dict(act_gpu=0.0, act_cpu=1.0)):
         policy = Policy(**base, **act)
-        terms, x = cost_terms(config, policy, workload, H200, 2), placement_vector(policy)
+        terms, x = cost_terms(config, policy, workload, H200, 2, layout=model_layout(config)), placement_vector(policy)
         times.append(({c: terms.decode[c] @ [*x, 1] for c in terms.decode}, terms.decode_slots.seconds(x),
                       terms.prefill["cpu->gpu"] @ [*x, 1]))
     (on_gpu, slot_gpu, pre_gpu), (parked, slot_parked, pre_parked) = times

@@ -9,8 +9,8 @@ from engine.policy import model_stats as ms
 from engine.policy.affine import placement_vector
 from engine.policy.cost_model import Workload, cost_terms, decode_slack, estimate
 from engine.policy.hardware import GIB, reference_profile
-from engine.policy.memory import model_layout
 from engine.policy.policy import Policy
+from engine.runtime.layout import model_layout
 
 H200 = reference_profile("h200")
 WORKLOAD = Workload(prompt_len=512, gen_len=32)
@@ -52,8 +52,8 @@ def test_compression_is_028_of_fp16():
 def test_compressed_weights_move_fewer_bytes():
     c = preset("opt-30b")
     base = Policy(gpu_batch_size=32, w_gpu=0.0, w_cpu=1.0, cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True)
-    plain = cost_terms(c, base, WORKLOAD, H200, 2)
-    packed = cost_terms(c, replace(base, compress_weights=True), WORKLOAD, H200, 2)
+    plain = cost_terms(c, base, WORKLOAD, H200, 2, layout=model_layout(c))
+    packed = cost_terms(c, replace(base, compress_weights=True), WORKLOAD, H200, 2, layout=model_layout(c))
     x = placement_vector(base)
     ratio = (packed.decode["cpu->gpu"][:6] @ x + packed.decode["cpu->gpu"][6]) / (
         plain.decode["cpu->gpu"][:6] @ x + plain.decode["cpu->gpu"][6])
@@ -66,8 +66,8 @@ def test_compressed_weights_move_fewer_bytes():
 def test_kv_cache_growth_raises_decode_traffic():
     c = preset("opt-6.7b")
     p = Policy(gpu_batch_size=64, w_gpu=1.0, cache_gpu=0.0, cache_cpu=1.0)
-    short = estimate(c, p, Workload(prompt_len=128, gen_len=32), H200)
-    long = estimate(c, p, Workload(prompt_len=128, gen_len=512), H200)
+    short = estimate(c, p, Workload(prompt_len=128, gen_len=32), H200, layout=model_layout(c))
+    long = estimate(c, p, Workload(prompt_len=128, gen_len=512), H200, layout=model_layout(c))
     per_step_short = short.decode_s / 31
     per_step_long = long.decode_s / 511
     assert per_step_long > per_step_short * 2          # mean context 128 + 256 against 128 + 16
@@ -78,8 +78,8 @@ def test_cpu_attention_avoids_moving_the_cache():
     c = preset("opt-30b")
     p = Policy(gpu_batch_size=32, num_gpu_batches=2, w_gpu=0.0, w_cpu=1.0, cache_gpu=0.0, cache_cpu=1.0)
     x = placement_vector(p)
-    gpu_att = cost_terms(c, p, WORKLOAD, H200, 2).decode["cpu->gpu"]
-    cpu_att_terms = cost_terms(c, replace(p, cpu_attention=True), WORKLOAD, H200, 2)
+    gpu_att = cost_terms(c, p, WORKLOAD, H200, 2, layout=model_layout(c)).decode["cpu->gpu"]
+    cpu_att_terms = cost_terms(c, replace(p, cpu_attention=True), WORKLOAD, H200, 2, layout=model_layout(c))
     assert cpu_att_terms.decode["cpu->gpu"] @ [*x, 1] < gpu_att @ [*x, 1]
     # the executor waits for q/k/v before attending on the host: one serial compute channel, no overlap
     assert "compute" in cpu_att_terms.decode and "gpu compute" not in cpu_att_terms.decode
@@ -103,7 +103,7 @@ SLOTS = replace(H200, slot_decode_ms=0.3, slot_gpu_cache_q4_ms=1.0, slot_off_cac
 def test_decode_slot_time_steps_with_what_the_slot_does(placement, compressed, per_slot_ms):
     c = preset("opt-6.7b")
     p = Policy(gpu_batch_size=8, num_gpu_batches=4, compress_cache=compressed, **placement)
-    terms = cost_terms(c, p, WORKLOAD, SLOTS, 2)
+    terms = cost_terms(c, p, WORKLOAD, SLOTS, 2, layout=model_layout(c))
     x = placement_vector(p)
     assert terms.decode_slots.seconds(x) * 1e3 == pytest.approx(per_slot_ms)
     # four GPU batches: four slots of host time per layer, in the "host" channel
@@ -120,7 +120,7 @@ def test_weights_off_the_gpu_pay_per_slot_and_4bit_weights_per_layer():
 
     def host_ms(p):
         x = placement_vector(p)
-        return 1e3 * (cost_terms(c, p, WORKLOAD, profile, 2).at(x)[1]["host"] @ [*x, 1])
+        return 1e3 * (cost_terms(c, p, WORKLOAD, profile, 2, layout=model_layout(c)).at(x)[1]["host"] @ [*x, 1])
     assert host_ms(resident) == pytest.approx(4 * 0.3)
     assert host_ms(streamed) == pytest.approx(4 * (0.3 + 0.7))     # a page of copies in every slot
     assert host_ms(packed) == pytest.approx(4 * 0.3 + 0.4)         # dequantized once per layer and step
@@ -130,27 +130,27 @@ def test_cpu_attention_pays_its_slot_only_for_a_cache_off_the_gpu():
     c = preset("opt-6.7b")
     on_gpu = Policy(gpu_batch_size=8, num_gpu_batches=2, cpu_attention=True)
     off = replace(on_gpu, cache_gpu=0.0, cache_cpu=1.0)
-    assert cost_terms(c, on_gpu, WORKLOAD, SLOTS, 2).decode_slots.seconds(placement_vector(on_gpu)) == \
+    assert cost_terms(c, on_gpu, WORKLOAD, SLOTS, 2, layout=model_layout(c)).decode_slots.seconds(placement_vector(on_gpu)) == \
         pytest.approx(0.3e-3)
-    assert cost_terms(c, off, WORKLOAD, SLOTS, 2).decode_slots.seconds(placement_vector(off)) == \
+    assert cost_terms(c, off, WORKLOAD, SLOTS, 2, layout=model_layout(c)).decode_slots.seconds(placement_vector(off)) == \
         pytest.approx(1.1e-3)
 
 
 def test_overlap_never_slower_than_serial():
     c = preset("opt-30b")
     p = Policy(gpu_batch_size=16, num_gpu_batches=4, w_gpu=0.2, w_cpu=0.8, cache_gpu=0.0, cache_cpu=1.0)
-    fast = estimate(c, p, WORKLOAD, H200)
-    slow = estimate(c, replace(p, overlap=False), WORKLOAD, H200)
+    fast = estimate(c, p, WORKLOAD, H200, layout=model_layout(c))
+    slow = estimate(c, replace(p, overlap=False), WORKLOAD, H200, layout=model_layout(c))
     assert slow.tokens_per_s < fast.tokens_per_s
 
 
 def test_peak_memory_homes_by_tier():
     c = preset("opt-6.7b")
     weights = ms.total_numel(c) * 2
-    on_gpu = estimate(c, Policy(gpu_batch_size=8), WORKLOAD, H200)
+    on_gpu = estimate(c, Policy(gpu_batch_size=8), WORKLOAD, H200, layout=model_layout(c))
     assert on_gpu.peak_memory_bytes["gpu"] > weights
     assert on_gpu.peak_memory_bytes["cpu"] == 0 and on_gpu.peak_memory_bytes["disk"] == 0
-    on_disk = estimate(c, Policy(gpu_batch_size=8, w_gpu=0.0, w_cpu=0.0), WORKLOAD, H200)
+    on_disk = estimate(c, Policy(gpu_batch_size=8, w_gpu=0.0, w_cpu=0.0), WORKLOAD, H200, layout=model_layout(c))
     stored = model_layout(c, 2, False).total_bytes            # OPT's head keeps its own lm_head copy
     assert stored == pytest.approx(weights + c.vocab_size * c.hidden_size * 2)
     held = model_layout(c, 2, False).held_fraction("cuda") * stored   # embedding and head stay on the gpu
@@ -164,7 +164,7 @@ def test_estimate_is_consistent():
     c = preset("mixtral-8x7b")
     p = Policy(gpu_batch_size=64, num_gpu_batches=4, w_gpu=0.1, w_cpu=0.9, cache_gpu=0.0, cache_cpu=1.0,
                cpu_attention=True)
-    e = estimate(c, p, WORKLOAD, H200)
+    e = estimate(c, p, WORKLOAD, H200, layout=model_layout(c))
     assert e.total_s == pytest.approx(e.prefill_s + e.decode_s)
     assert e.tokens_per_s == pytest.approx(p.block_size * 32 / e.total_s)
     assert e.decode_bottleneck in ("cpu->gpu", "gpu->cpu", "disk->cpu", "cpu->disk", "gpu compute", "cpu compute")
@@ -181,12 +181,12 @@ def test_ahead_prefill_hides_only_in_the_decodes_slack(shape, cache_gpu):
     plain = Policy(gpu_batch_size=shape[0], num_gpu_batches=shape[1], w_gpu=0.0, w_cpu=1.0, cache_gpu=cache_gpu,
                    cache_cpu=1.0 - cache_gpu, compress_weights=True, compress_cache=True)
     ahead = replace(plain, prefill_ahead=True)
-    slack = decode_slack(config, ahead, workload, profile)
-    p, a = estimate(config, plain, workload, profile), estimate(config, ahead, workload, profile)
+    slack = decode_slack(config, ahead, workload, profile, layout=model_layout(config))
+    p, a = estimate(config, plain, workload, profile, layout=model_layout(config)), estimate(config, ahead, workload, profile, layout=model_layout(config))
     assert a.prefill_s == 0.0
     assert a.decode_s == pytest.approx(p.decode_s + max(0.0, p.prefill_s - slack * p.decode_s), rel=1e-6)
     assert (slack == 0.0) == (shape == (512, 8)) and 0.0 <= slack < 1.0
-    assert decode_slack(config, replace(ahead, overlap=False), workload, profile) == 0.0
+    assert decode_slack(config, replace(ahead, overlap=False), workload, profile, layout=model_layout(config)) == 0.0
 
 
 @pytest.mark.parametrize("shape, cache_gpu", [((1536, 1), 0.4), ((512, 1), 1.0)])
@@ -201,8 +201,8 @@ def test_only_the_blocks_that_carry_a_prefill_pay_for_it(shape, cache_gpu):
     plain = Policy(gpu_batch_size=shape[0], num_gpu_batches=shape[1], w_gpu=0.0, w_cpu=1.0, cache_gpu=cache_gpu,
                    cache_cpu=1.0 - cache_gpu, compress_weights=True, compress_cache=True)
     ahead = replace(plain, prefill_ahead=True)
-    slack = decode_slack(config, ahead, workload, profile)
-    p, a = estimate(config, plain, workload, profile), estimate(config, ahead, workload, profile)
+    slack = decode_slack(config, ahead, workload, profile, layout=model_layout(config))
+    p, a = estimate(config, plain, workload, profile, layout=model_layout(config)), estimate(config, ahead, workload, profile, layout=model_layout(config))
     assert a.prefill_s == pytest.approx(p.prefill_s / 4)
     assert a.decode_s == pytest.approx(p.decode_s + 0.75 * max(0.0, p.prefill_s - slack * p.decode_s), rel=1e-6)
     assert p.prefill_s > slack * p.decode_s                  # the carried prefill does not fit the slack here

@@ -187,7 +187,7 @@ def test_silu_mul_kernel_on_cuda(dtype, shape):
     scaled = silu_mul(gate, up, scale=scale)
     check_close(scaled, silu_mul_torch(gate, up, scale=scale), exact_factor=False)
     assert torch.equal(scaled, got.float().mul(scale.unsqueeze(-1)).to(dtype))           # the same rounded product
-    inplace = gate.clone()                       # (gate.contiguous() is gate itself where the lead dims are 1)
+    inplace = gate.clone()                       # (gate.contiguous() is gate itself where the leading dims are 1)
     assert silu_mul(inplace, up, out=inplace) is inplace and torch.equal(inplace, got)   # one pass, in place
 
 

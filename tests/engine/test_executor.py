@@ -211,7 +211,11 @@ def test_decode_stores_stage_through_their_own_ring(layers, batches, slots):
     from engine.models.presets import PRESETS
     from engine.policy.cost_model import Workload, estimate
     from engine.policy.hardware import reference_profile
-    from engine.policy.memory import _kv_bytes, decode_stage_slots, executor_memory, model_layout
+    from engine.policy.buffers import decode_stage_slots
+    from engine.policy.dtypes import stored_nbytes
+    from engine.policy.memory import executor_memory
+    from engine.quant.config import CACHE_QUANT
+    from engine.runtime.layout import model_layout
 
     config = replace(config_from_hf(PRESETS["llama-3-70b"]), num_hidden_layers=layers)
     layout = model_layout(config, 2, True)
@@ -222,11 +226,11 @@ def test_decode_stores_stage_through_their_own_ring(layers, batches, slots):
     def cpu(pol, gen_len):
         return executor_memory(config, layout, pol, 200, gen_len, 2, "cuda")["cpu"]
     host_attention = replace(policy, cpu_attention=True)
-    ring = slots * 2 * _kv_bytes(96, config.num_key_value_heads, 1, config.head_dim, torch.float16, True)
+    ring = slots * 2 * stored_nbytes((96, config.num_key_value_heads, 1, config.head_dim), "float16", CACHE_QUANT)
     assert cpu(policy, 10) - cpu(host_attention, 10) == ring
     assert cpu(policy, 1) == cpu(host_attention, 1)
-    assert estimate(config, policy, Workload(200, 10), reference_profile("h200")).peak_memory_bytes["cpu"] \
-        == cpu(policy, 10)
+    assert estimate(config, policy, Workload(200, 10), reference_profile("h200"),
+                    layout=layout).peak_memory_bytes["cpu"] == cpu(policy, 10)
 
 
 def test_host_side_store_completes_inline_without_cuda():

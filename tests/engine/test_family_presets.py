@@ -1,6 +1,6 @@
-"""Dummy presets of the benchmark shapes added with the issue-18 families: each builds its config and family,
-its parameter count matches the published size and the layer specs (model_stats is exact for them), and the
-policy search and estimate run under a 16 GiB GPU budget."""
+"""Dummy presets of benchmark shapes (Qwen3, Qwen3-MoE, Gemma 3, Llama-3.1-405B, DeepSeek-V2-Lite): each builds
+its config and family, its parameter count matches the published size and the layer specs (model_stats is exact
+for them), and the policy search and estimate run under a 16 GiB GPU budget."""
 from __future__ import annotations
 
 import pytest
@@ -12,8 +12,8 @@ from engine.models.registry import build_family
 from engine.policy.cost_model import Workload, estimate
 from engine.policy.estimate import Budgets
 from engine.policy.hardware import GIB, reference_profile
-from engine.policy.memory import model_layout
 from engine.policy.search import search
+from engine.runtime.layout import model_layout
 
 H200 = reference_profile("h200")
 WORKLOAD = Workload(prompt_len=512, gen_len=32)
@@ -70,9 +70,9 @@ def test_policy_search_and_estimate_accept_preset(name):
     layout = model_layout(c, 2, True)
     assert layout.total_bytes > 0
     budgets = Budgets(16 * GIB, 200 * GIB, 2000 * GIB)
-    result = search(c, WORKLOAD, budgets, H200, compress_weights=None, compress_cache=None)   # search may choose
+    result = search(c, WORKLOAD, budgets, H200, compress_weights=None, compress_cache=None, layout=model_layout(c))   # search may choose
     assert result.predicted_tokens_per_s > 0
     for tier in ("gpu", "cpu", "disk"):
         assert result.peak_memory_bytes[tier] <= budgets.of(tier) * 0.95 + 1
-    again = estimate(c, result.policy, WORKLOAD, H200)
+    again = estimate(c, result.policy, WORKLOAD, H200, layout=model_layout(c))
     assert again.tokens_per_s == pytest.approx(result.predicted_tokens_per_s)

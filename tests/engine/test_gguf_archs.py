@@ -19,10 +19,10 @@ gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
 from engine.models.loader import load_model  # noqa: E402
-from engine.policy.memory import model_layout  # noqa: E402
 from engine.policy.policy import Policy  # noqa: E402
 from engine.quant.qtensor import QTensor  # noqa: E402
 from engine.runtime.executor import Executor  # noqa: E402
+from engine.runtime.layout import model_layout  # noqa: E402
 from helpers.gguf_tiny import VOCAB, write_gguf  # noqa: E402
 from helpers.greedy_runs import make_prompts, run_logits  # noqa: E402
 

@@ -4,13 +4,12 @@ import pytest
 
 from engine.models.hf_config import config_from_hf
 from engine.models.presets import PRESETS
-from engine.models.registry import build_family
 from engine.policy.cost_model import Workload, estimate
 from engine.policy.hardware import reference_profile
-from engine.policy.memory import executor_memory, model_layout, weight_fraction_on
+from engine.policy.memory import executor_memory, weight_fraction_on
 from engine.policy.policy import Policy
 from engine.policy.weight_slots import WeightSlots, held_whole, streamed_ahead
-from engine.quant.config import WEIGHT_QUANT
+from engine.runtime.layout import model_layout
 
 H200 = reference_profile("h200")
 WORKLOAD = Workload(prompt_len=512, gen_len=32)
@@ -52,7 +51,7 @@ def test_held_kinds_are_not_moved_per_step():
     c = config_from_hf(PRESETS["llama-3-70b"])
     policy = Policy(gpu_batch_size=64, w_gpu=0.0, w_cpu=1.0, compress_weights=True, compress_cache=True)
     layout = model_layout(c, 2, True)
-    est = estimate(c, policy, WORKLOAD, H200)
+    est = estimate(c, policy, WORKLOAD, H200, layout=layout)
     assert est.decode_bottleneck == "cpu->gpu"
     moved = (1.0 - layout.held_fraction("cuda")) * layout.total_bytes
     step = est.decode_s / (WORKLOAD.gen_len - 1)
@@ -67,7 +66,7 @@ def test_the_plan_says_what_is_held():
 
     c = config_from_hf(PRESETS["llama-3-70b"])
     est = search(c, Workload(200, 10, num_prompts=1536, shared_prefix_len=150), Budgets(16 * GIB, 100 * GIB),
-                 H200, compress_weights=True, compress_cache=True)
+                 H200, compress_weights=True, compress_cache=True, layout=model_layout(c))
     held = est.context["held_weights"]
     assert held["kinds"] == ["embed", "head"]
     assert held["share"] == pytest.approx(model_layout(c, 2, True).held_fraction("cuda"))
@@ -77,10 +76,9 @@ def test_the_plan_says_what_is_held():
 def test_only_compressed_experts_are_loaded_ahead():
     """`streamed_ahead`: a MoE model's experts when they are held 4-bit (a dense expert is read from its buffer
     by the GEMMs, so loading ahead would need a second buffer as large); never a dense model's MLPs."""
-    for name, quant, want in (("mixtral-8x7b", WEIGHT_QUANT, {"mlp"}), ("mixtral-8x7b", None, set()),
-                              ("llama-3-70b", WEIGHT_QUANT, set())):
-        config = config_from_hf(PRESETS[name])
-        specs = build_family(config).layer_specs()
-        ahead = streamed_ahead(config, specs, quant)
-        assert ahead == want, name
-        assert WeightSlots([s.kind for s in specs], ahead).slots["mlp"] == (2 if want else 1)
+    for name, compress, want in (("mixtral-8x7b", True, {"mlp"}), ("mixtral-8x7b", False, set()),
+                                 ("llama-3-70b", True, set())):
+        layout = model_layout(config_from_hf(PRESETS[name]), 2, compress)
+        assert layout.ahead == want, name
+        assert streamed_ahead(layout.kind_order, layout.is_moe, compress) == want
+        assert WeightSlots(layout.kind_order, layout.ahead).slots["mlp"] == (2 if want else 1)

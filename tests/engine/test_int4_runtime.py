@@ -22,11 +22,12 @@ from safetensors.torch import load_file, save_file
 from engine.calibrate.machine import default_cpu_profile
 from engine.models.loader import load_model
 from engine.policy.cost_model import estimate
-from engine.policy.memory import executor_memory, model_layout
+from engine.policy.memory import executor_memory
 from engine.policy.policy import Policy
 from engine.quant.config import WEIGHT_QUANT
 from engine.quant.qtensor import QTensor
 from engine.runtime.executor import Executor
+from engine.runtime.layout import model_layout
 from engine.storage.tiers import Tier
 from helpers.budget_checks import POLICIES, WORKLOAD
 from helpers.greedy_runs import GreedyRecorder, RunToEnd, make_prompts, run_policy
@@ -189,7 +190,7 @@ def test_memory_model_is_the_executors_accounting(reference, name, policy, tmp_p
     config = loaded.config
     layout = model_layout(config, 4, policy.compress_weights)
     counted = executor_memory(config, layout, policy, WORKLOAD.prompt_len, WORKLOAD.gen_len, 4, "cpu")
-    predicted = estimate(config, policy, WORKLOAD, default_cpu_profile(), 4).peak_memory_bytes
+    predicted = estimate(config, policy, WORKLOAD, default_cpu_profile(), 4, layout=model_layout(config)).peak_memory_bytes
     assert predicted["gpu"] >= counted["gpu"] and predicted["cpu"] == counted["cpu"]
     assert layout.total_bytes < model_layout(_float_config(config), 4, False).total_bytes / 2
     held, report = _uniform_block(loaded, policy, "cpu", tmp_path, gpu_memory=predicted["gpu"] + 1024,

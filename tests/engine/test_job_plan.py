@@ -10,13 +10,15 @@ import pyarrow as pa
 import pytest
 import torch
 
-import engine.calibrate.auto as auto
+import engine.calibrate.planning.choose as choose
 import engine.runtime.executor as executor_mod
 from engine import LLM, Policy, SamplingParams
-from engine.calibrate.planning import Plan, PlanCache, bucket, bucketed, merged, workload_list
+from engine.calibrate.planning import Plan, PlanCache
+from engine.calibrate.planning.workload import bucket, bucketed, merged, prompts_prefix_len, workload_list
 from engine.models.hf_config import config_from_hf
 from engine.models.presets import PRESETS
 from engine.policy.cost_model import Workload
+from engine.policy.estimate import PolicyEstimate
 from llmops import engines
 from llmops.coalesce import COALESCE_BLOCKS, Coalescer, for_job
 
@@ -38,7 +40,7 @@ def test_bucketed_workload_bounds_every_workload_inside_it():
 
 
 def test_buckets_keep_the_shared_prefix_and_round_the_rows_own_tokens():
-    """Issue 16's rows (150 shared + 50 own tokens): planned as 144 + 56, not as 224 tokens; a plan covers
+    """Rows of 150 shared + 50 own tokens (the wrangle shape): planned as 144 + 56, not as 224 tokens; a plan covers
     prompts sharing at least its prefix; a merged bucket has the smaller prefix."""
     w = bucketed([200] * 1536, 10, 150)
     assert (w.prompt_len, w.shared_prefix_len, w.max_prompt_len, w.num_prompts) == (200, 144, 224, 2048)
@@ -54,13 +56,13 @@ def test_plans_know_the_prefix_the_prompts_share(tiny_llama, counted, monkeypatc
     a sample carries the sample's, and a call whose prompts share less is not covered by it: the job's plan
     grows to the bucket holding both (the smaller prefix) once its policy is checked to fit that."""
     planned = []
-    search = auto.choose_policy_estimate
+    search = choose.cost_model_choice
 
-    def recording(*args, **kwargs):
-        planned.append(kwargs["workload"])
-        return search(*args, **kwargs)
+    def recording(config, workload, *args, **kwargs):
+        planned.append(workload)
+        return search(config, workload, *args, **kwargs)
 
-    monkeypatch.setattr(auto, "choose_policy_estimate", recording)
+    monkeypatch.setattr(choose, "cost_model_choice", recording)
     llm = LLM(tiny_llama, dtype="float32", device="cpu")
     params = SamplingParams(max_new_tokens=2)
     prompts = [ids(1, 20, offset=7)[0] + own for own in ids(6, 5)]          # 20 shared tokens, 5 own
@@ -76,27 +78,34 @@ def test_plans_know_the_prefix_the_prompts_share(tiny_llama, counted, monkeypatc
 
 
 def test_prompts_prefix_len_is_the_executors_rule():
-    assert auto.prompts_prefix_len([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 4, 6]]) == 3
-    assert auto.prompts_prefix_len([[1, 2, 3], [1, 2, 3, 4]]) == 2          # every prompt keeps a token
-    assert auto.prompts_prefix_len([[1, 2, 3]]) == 0 and auto.prompts_prefix_len([]) == 0
-    est = auto.choose_policy_estimate(preset_config("tiny-llama"), prompts=[[5] * 9 + [6], [5] * 9 + [7]],
-                                      max_new_tokens=4, device="cpu", dtype=torch.float32, gpu_memory=1 << 30,
-                                      cpu_memory=None)
+    assert prompts_prefix_len([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 3, 4, 6]]) == 3
+    assert prompts_prefix_len([[1, 2, 3], [1, 2, 3, 4]]) == 2          # every prompt keeps a token
+    assert prompts_prefix_len([[1, 2, 3]]) == 0 and prompts_prefix_len([]) == 0
+    est = choose.choose_policy_estimate(preset_config("tiny-llama"), prompts=[[5] * 9 + [6], [5] * 9 + [7]],
+                                        max_new_tokens=4, device="cpu", dtype=torch.float32, gpu_memory=1 << 30,
+                                        cpu_memory=None)
     assert est.context["workload"]["shared_prefix_len"] == 9 and est.context["workload"]["prompt_len"] == 10
 
 
 def test_plan_cache_round_trip_and_rejects_other_keys_and_corrupt_files(tmp_path):
     cache = PlanCache(tmp_path)
     key = {"config": {"hidden_size": 64}, "workload": [8, 4, 2, 8, 4]}
-    plan = Plan(Policy(gpu_batch_size=6, num_gpu_batches=2), Workload(8, 4, 2, 8, shared_prefix_len=4), "trials",
-                "why", 12.5, 3.0)
-    cache.put(key, plan)
+    policy = Policy(gpu_batch_size=6, num_gpu_batches=2)
+    est = PolicyEstimate(policy, 12.5, 1.0, 2.0, {"gpu": 1 << 20, "cpu": 0, "disk": 0}, {"prefill": "compute"},
+                         {"model": "tiny", "trials": [{"policy": policy.to_dict(), "predicted_tokens_per_s": 13.0,
+                                                       "trial_tokens_per_s": 12.5}]})
+    plan = Plan(policy, Workload(8, 4, 2, 8, shared_prefix_len=4), "trials", "trials", est, 3.0)
+    stored = cache.put(key, plan)
+    assert stored.cache_file == str(cache.path(key))
     got = cache.get(key)
-    assert got is not None and got.source == "disk"
+    assert got is not None and (got.source, got.chosen_by) == ("disk", "trials")
     assert (got.policy, got.workload, got.predicted_tokens_per_s) == (plan.policy, plan.workload, 12.5)
-    assert "plan cache" in got.explain()
+    assert got.estimate.context["trials"] == est.context["trials"] and got.to_dict()["predicted_decode_s"] == 2.0
+    assert "plan cache" in got.explain() and "trials" in got.explain()
     assert cache.get({**key, "workload": [8, 4, 4, 8, 4]}) is None
     assert cache.get({**key, "workload": [8, 4, 2, 8, 0]}) is None
+    cache.path(key).write_text(cache.path(key).read_text().replace('"gpu_batch_size": 6', '"gpu_batch_size": 7'))
+    assert cache.get(key) is None                                  # an altered file fails its digest
     cache.path(key).write_text("{not json")
     assert cache.get(key) is None
 
@@ -105,7 +114,7 @@ def test_plan_cache_round_trip_and_rejects_other_keys_and_corrupt_files(tmp_path
 def counted(monkeypatch):
     """Counts of policy searches and executor builds while the test runs."""
     counts = {"plans": 0, "executors": 0}
-    search = auto.choose_policy_estimate
+    search = choose.cost_model_choice
 
     def counting_search(*args, **kwargs):
         counts["plans"] += 1
@@ -116,7 +125,7 @@ def counted(monkeypatch):
             counts["executors"] += 1
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(auto, "choose_policy_estimate", counting_search)
+    monkeypatch.setattr(choose, "cost_model_choice", counting_search)
     monkeypatch.setattr(executor_mod, "Executor", CountingExecutor)
     return counts
 

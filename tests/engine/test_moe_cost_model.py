@@ -10,9 +10,10 @@ from engine.models.presets import PRESETS
 from engine.policy.cost_model import PAGE_BYTES, Workload, estimate, weight_pages
 from engine.policy.estimate import Budgets
 from engine.policy.hardware import GIB, Q4_ATTENTION_RATIO, reference_profile
-from engine.policy.memory import executor_memory, model_layout
+from engine.policy.memory import executor_memory
 from engine.policy.policy import Policy
 from engine.policy.search import search
+from engine.runtime.layout import model_layout
 
 H200 = reference_profile("h200")
 MOE_WORKLOAD = Workload(prompt_len=77, gen_len=128, num_prompts=512)   # the Mixtral-8x7B benchmark shape
@@ -27,7 +28,7 @@ def _mixtral_auto(q4_share: float, **host):
     replaced by `host`, and that profile."""
     profile = replace(H200, cpu_attention_q4_gib_s=H200.cpu_attention_bytes_s / GIB * q4_share, **host)
     return search(MIXTRAL, MOE_WORKLOAD, Budgets(16 * GIB, 88 * GIB), profile, compress_weights=True,
-                  compress_cache=True, cpu_attention=None, model_name="mixtral-8x7b"), profile
+                  compress_cache=True, cpu_attention=None, model_name="mixtral-8x7b", layout=model_layout(MIXTRAL)), profile
 
 
 # an executor whose host work is free (not the H200's, see below): what is left is the channels' overlap
@@ -44,7 +45,7 @@ def test_auto_picks_pipelined_cpu_attention_for_mixtral_when_the_host_is_fast():
     assert p.cpu_attention and p.pipeline and p.cache_gpu < 1.0 and p.compress_cache
     assert p.block_size == MOE_WORKLOAD.num_prompts   # every row in one block, most of its cache on the host
     assert p.weight_pages == weight_pages(MIXTRAL, model_layout(MIXTRAL, 2, True), p.num_gpu_batches, True)
-    ablation = estimate(MIXTRAL, replace(p, pipeline=False), MOE_WORKLOAD, profile)
+    ablation = estimate(MIXTRAL, replace(p, pipeline=False), MOE_WORKLOAD, profile, layout=model_layout(MIXTRAL))
     assert best.predicted_tokens_per_s > 1.2 * ablation.tokens_per_s
 
 
@@ -66,20 +67,20 @@ def test_reference_profile_predicts_the_measured_cgopipe_policies():
     eight = Policy(gpu_batch_size=256, num_gpu_batches=8, w_gpu=0.0, w_cpu=1.0, cache_gpu=0.125, cache_cpu=0.875,
                    **base)
     measured_tok_s = 719.2
-    predicted = estimate(MIXTRAL, four, work, H200).tokens_per_s
+    predicted = estimate(MIXTRAL, four, work, H200, layout=model_layout(MIXTRAL)).tokens_per_s
     assert measured_tok_s <= predicted <= 1.25 * measured_tok_s
-    step = estimate(MIXTRAL, eight, replace(work, num_prompts=2048), H200).decode_s / 127
+    step = estimate(MIXTRAL, eight, replace(work, num_prompts=2048), H200, layout=model_layout(MIXTRAL)).decode_s / 127
     assert 1.96 / 1.25 <= step <= 1.96 * 1.25
-    with_page = estimate(MIXTRAL, four, work, replace(H200, weight_page_ms=2 * H200.weight_page_ms))
-    assert with_page.decode_s > estimate(MIXTRAL, four, work, H200).decode_s    # pages cost the executor
+    with_page = estimate(MIXTRAL, four, work, replace(H200, weight_page_ms=2 * H200.weight_page_ms), layout=model_layout(MIXTRAL))
+    assert with_page.decode_s > estimate(MIXTRAL, four, work, H200, layout=model_layout(MIXTRAL)).decode_s    # pages cost the executor
 
 
 def test_slow_host_4bit_attention_moves_mixtral_attention_to_the_gpu():
     """At the dev CPU's measured share (`Q4_ATTENTION_RATIO`, 1/8, the default of the reference profile) host
-    attention over the 4-bit cache no longer pays: the plan attends on the GPU."""
+    attention over the 4-bit cache does not pay: the plan attends on the GPU."""
     best, _ = _mixtral_auto(Q4_ATTENTION_RATIO)
     default = search(MIXTRAL, MOE_WORKLOAD, Budgets(16 * GIB, 88 * GIB), H200, compress_weights=True,
-                     compress_cache=True, cpu_attention=None, model_name="mixtral-8x7b")
+                     compress_cache=True, cpu_attention=None, model_name="mixtral-8x7b", layout=model_layout(MIXTRAL))
     assert not best.policy.cpu_attention and default.policy == best.policy
 
 
@@ -92,8 +93,8 @@ def test_pipeline_overlaps_host_attention_with_gpu_work():
     for k in (1, 2, 4):
         policy = Policy(gpu_batch_size=512 // k, num_gpu_batches=k, weight_pages=32,
                         **{**HOST_CACHE, "w_gpu": 1.0, "w_cpu": 0.0})
-        on = estimate(MIXTRAL, policy, MOE_WORKLOAD, replace(H200, **FAST_HOST))
-        off = estimate(MIXTRAL, replace(policy, pipeline=False), MOE_WORKLOAD, replace(H200, **FAST_HOST))
+        on = estimate(MIXTRAL, policy, MOE_WORKLOAD, replace(H200, **FAST_HOST), layout=model_layout(MIXTRAL))
+        off = estimate(MIXTRAL, replace(policy, pipeline=False), MOE_WORKLOAD, replace(H200, **FAST_HOST), layout=model_layout(MIXTRAL))
         assert on.decode_s < off.decode_s if k > 1 else on.decode_s == off.decode_s   # one batch: no overlap
         times[k] = on.decode_s
     assert times[4] < times[2] < times[1]
@@ -104,11 +105,11 @@ def test_more_pages_shorten_the_wait_behind_weights_but_cost_the_executor():
     measured cost per page (0.42 ms) 32 pages cost more host time than the wait they save."""
     policy = Policy(gpu_batch_size=128, num_gpu_batches=4, **{**HOST_CACHE, "w_gpu": 0.5, "w_cpu": 0.5})
     fast = replace(H200, **FAST_HOST)
-    few = estimate(MIXTRAL, replace(policy, weight_pages=1), MOE_WORKLOAD, fast)
-    many = estimate(MIXTRAL, replace(policy, weight_pages=32), MOE_WORKLOAD, fast)
+    few = estimate(MIXTRAL, replace(policy, weight_pages=1), MOE_WORKLOAD, fast, layout=model_layout(MIXTRAL))
+    many = estimate(MIXTRAL, replace(policy, weight_pages=32), MOE_WORKLOAD, fast, layout=model_layout(MIXTRAL))
     assert many.decode_s < few.decode_s
-    few = estimate(MIXTRAL, replace(policy, weight_pages=1), MOE_WORKLOAD, H200)
-    many = estimate(MIXTRAL, replace(policy, weight_pages=32), MOE_WORKLOAD, H200)
+    few = estimate(MIXTRAL, replace(policy, weight_pages=1), MOE_WORKLOAD, H200, layout=model_layout(MIXTRAL))
+    many = estimate(MIXTRAL, replace(policy, weight_pages=32), MOE_WORKLOAD, H200, layout=model_layout(MIXTRAL))
     assert many.decode_s > few.decode_s
 
 
@@ -138,7 +139,7 @@ def test_memory_model_counts_host_attention_staging(split):
     host_heads = c.num_key_value_heads - round(split[0] * c.num_key_value_heads)
     stage = 3 * 64 * c.head_dim * 2 * (2 * group * host_heads + 2 * host_heads)
     assert on["cpu"] - off["cpu"] == stage and on["gpu"] == off["gpu"]
-    assert estimate(c, policy, w, H200).peak_memory_bytes["cpu"] == on["cpu"]
+    assert estimate(c, policy, w, H200, layout=model_layout(c)).peak_memory_bytes["cpu"] == on["cpu"]
     cpu_only = executor_memory(c, layout, policy, w.prompt_len, w.gen_len, 2, "cpu")
     assert cpu_only == executor_memory(c, layout, replace(policy, pipeline=False), w.prompt_len, w.gen_len, 2,
                                        "cpu")
@@ -149,11 +150,11 @@ def test_search_pages_coarsely_where_pages_cost_the_executor():
     the finest paging (27 pages of 0.42 ms each a layer); with a free executor the finest paging wins
     (the test above)."""
     best = search(MIXTRAL, MOE_WORKLOAD, Budgets(16 * GIB, 88 * GIB), H200, compress_weights=True,
-                  compress_cache=False, cpu_attention=True, model_name="mixtral-8x7b")
+                  compress_cache=False, cpu_attention=True, model_name="mixtral-8x7b", layout=model_layout(MIXTRAL))
     p = best.policy
     assert p.cpu_attention and 1 < p.num_gpu_batches == p.weight_pages
     fine = estimate(MIXTRAL, replace(p, weight_pages=weight_pages(MIXTRAL, model_layout(MIXTRAL, 2, True),
-                                                                  p.num_gpu_batches, True)), MOE_WORKLOAD, H200)
+                                                                  p.num_gpu_batches, True)), MOE_WORKLOAD, H200, layout=model_layout(MIXTRAL))
     assert best.predicted_tokens_per_s > fine.tokens_per_s
 
 
@@ -178,4 +179,4 @@ def test_search_fills_the_device_memory_weights_left_with_cache():
     assert p.cache_gpu > 0 and p.cache_gpu + p.cache_cpu == 1.0
     assert found.estimate.peak_memory_bytes["gpu"] <= limits["gpu"] and found.tokens_per_s > before.tokens_per_s
     more = replace(p, cache_gpu=p.cache_gpu + step, cache_cpu=p.cache_cpu - step)   # one more head: too much
-    assert estimate(MIXTRAL, more, workload, H200).peak_memory_bytes["gpu"] > limits["gpu"]
+    assert estimate(MIXTRAL, more, workload, H200, layout=model_layout(MIXTRAL)).peak_memory_bytes["gpu"] > limits["gpu"]

@@ -150,6 +150,7 @@ def test_expert_buffers_reach_and_stay_within_the_memory_model(cap_rows):
     allocates are at least the group bound `expert_buffer_bytes` (the bound is reached, so it is not loose)
     and at most `moe_mlp_bytes` (the bound plus the per-token terms); with a cap of 3N padded rows the
     groups split and the bound follows the cap."""
+    from engine.policy.layout import ExpertBuffers
     from engine.policy.working import expert_buffer_bytes, moe_mlp_bytes
 
     g = torch.Generator().manual_seed(4)
@@ -160,10 +161,11 @@ def test_expert_buffers_reach_and_stay_within_the_memory_model(cap_rows):
     cap = (1 << 30) if cap_rows is None else cap_rows * expert_slot_bytes(H, I, 4)
     with LiveBytes() as live:
         moe_experts(x, top_w, top_e, w1, w2, w3, F.silu, group_bytes=cap)
-    buffers = expert_buffer_bytes(_config(), N, 4, cap)
+    experts = ExpertBuffers(expert_slot_bytes(H, I, 1), cap)
+    buffers = expert_buffer_bytes(_config(), N, 4, experts)
     assert buffers == (E * N if cap_rows is None else cap_rows) * expert_slot_bytes(H, I, 4)
     inputs = {t.untyped_storage().data_ptr() for t in (x, top_w, top_e, w1, w2, w3)}
-    assert buffers <= live.peak(inputs) <= moe_mlp_bytes(_config(), N, 4, cap)
+    assert buffers <= live.peak(inputs) <= moe_mlp_bytes(_config(), N, 4, experts)
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 7, 2 * N, None])
@@ -200,6 +202,7 @@ def test_the_cpu_keeps_the_grouped_bmm():
 def test_grouped_mm_buffers_stay_within_the_memory_model(cap_rows):
     """The sync-free path's peak bytes stay within `moe_mlp_bytes` (its chunks hold at most the cap's rows, no
     padding), for the routing that pads the bmm groups most."""
+    from engine.policy.layout import ExpertBuffers
     from engine.policy.working import moe_mlp_bytes
 
     g = torch.Generator().manual_seed(4)
@@ -211,7 +214,7 @@ def test_grouped_mm_buffers_stay_within_the_memory_model(cap_rows):
     with LiveBytes() as live:
         experts_grouped_mm(x, top_w, top_e, w1, w2, w3, F.silu, cap)
     inputs = {t.untyped_storage().data_ptr() for t in (x, top_w, top_e, w1, w2, w3)}
-    assert 0 < live.peak(inputs) <= moe_mlp_bytes(_config(), N, 4, cap)
+    assert 0 < live.peak(inputs) <= moe_mlp_bytes(_config(), N, 4, ExpertBuffers(expert_slot_bytes(H, I, 1), cap))
 
 
 @requires_cuda

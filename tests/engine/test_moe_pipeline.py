@@ -171,4 +171,3 @@ def test_memory_accounting_with_the_pipeline_on_cuda(pipeline, tmp_path):
                     cpu_attention=True, compress_weights=True, compress_cache=True, pipeline=pipeline,
                     weight_pages=3)
     check_budget_consistency("tiny-mixtral", policy, torch.device("cuda"), profile, tmp_path)
-

@@ -213,4 +213,3 @@ def test_weight_pages_never_overwrite_a_buffer_in_use(layers, batches, pages, pi
                 if previous is not None and previous != layer:
                     assert reads.get(previous, 0) >= 1, f"page {a.page} of {layer} overwrites {previous}'s experts"
                 packed[kind] = layer
-

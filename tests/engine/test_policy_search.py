@@ -4,7 +4,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine.calibrate.auto import choose_policy, choose_policy_estimate
+from engine.calibrate.planning.choose import choose_policy, choose_policy_estimate
 from engine.models.hf_config import config_from_hf
 from engine.models.presets import PRESETS
 from engine.policy.cost_model import Workload, estimate, rows_filled
@@ -12,6 +12,7 @@ from engine.policy.estimate import Budgets, NoFeasiblePolicy
 from engine.policy.hardware import GIB, reference_profile
 from engine.policy.policy import Policy
 from engine.policy.search import search, search_top
+from engine.runtime.layout import model_layout
 
 H200 = reference_profile("h200")
 WORKLOAD = Workload(prompt_len=512, gen_len=32)
@@ -34,7 +35,7 @@ CASES = [
 @pytest.mark.parametrize("name, budgets, compress", CASES)
 def test_search_result_is_feasible_and_consistent(name, budgets, compress):
     config = preset(name)
-    result = search(config, WORKLOAD, budgets, H200, compress_weights=compress, compress_cache=compress)
+    result = search(config, WORKLOAD, budgets, H200, compress_weights=compress, compress_cache=compress, layout=model_layout(config))
     p = result.policy
     for cls in ("w", "cache", "act"):
         shares = [getattr(p, f"{cls}_{tier}") for tier in ("gpu", "cpu", "disk")]
@@ -42,20 +43,20 @@ def test_search_result_is_feasible_and_consistent(name, budgets, compress):
         assert sum(shares) == pytest.approx(1.0, abs=1e-9)
     for tier in ("gpu", "cpu", "disk"):
         assert result.peak_memory_bytes[tier] <= budgets.of(tier) * 0.95 + 1
-    again = estimate(config, p, WORKLOAD, H200)
+    again = estimate(config, p, WORKLOAD, H200, layout=model_layout(config))
     assert again.tokens_per_s == pytest.approx(result.predicted_tokens_per_s)
     assert result.predicted_tokens_per_s > 0
 
 
 def test_model_that_fits_stays_on_gpu():
-    result = search(preset("opt-6.7b"), WORKLOAD, Budgets(139 * GIB, 100 * GIB), H200)
+    result = search(preset("opt-6.7b"), WORKLOAD, Budgets(139 * GIB, 100 * GIB), H200, layout=model_layout(preset("opt-6.7b")))
     p = result.policy
     assert (p.w_gpu, p.cache_gpu, p.act_gpu) == (1.0, 1.0, 1.0)
 
 
 def test_block_never_exceeds_the_number_of_prompts():
     for n in (1, 5, 37):
-        result = search(preset("opt-30b"), Workload(512, 32, num_prompts=n), Budgets(16 * GIB, 100 * GIB), H200)
+        result = search(preset("opt-30b"), Workload(512, 32, num_prompts=n), Budgets(16 * GIB, 100 * GIB), H200, layout=model_layout(preset("opt-30b")))
         assert result.policy.block_size <= n
 
 
@@ -71,7 +72,7 @@ def test_more_memory_never_predicts_lower_throughput(field, values):
     config = preset("opt-30b")
     base = Budgets(16 * GIB, 100 * GIB, 100 * GIB)
     speeds = [search(config, WORKLOAD, replace(base, **{field: v * GIB}), H200,
-                     gpu_batch_sizes=(4, 16, 64, 256), num_gpu_batches=(1, 4)).predicted_tokens_per_s
+                     gpu_batch_sizes=(4, 16, 64, 256), num_gpu_batches=(1, 4), layout=model_layout(config)).predicted_tokens_per_s
               for v in values]
     assert all(b >= a * (1 - 1e-3) for a, b in zip(speeds, speeds[1:])), speeds
     assert speeds[-1] > speeds[0]
@@ -85,13 +86,13 @@ def test_more_bandwidth_never_predicts_lower_throughput(field):
     for scale in (0.25, 0.5, 1.0, 2.0, 4.0):
         profile = replace(H200, **{field: getattr(H200, field) * scale})
         speeds.append(search(config, WORKLOAD, budgets, profile, gpu_batch_sizes=(4, 16, 64),
-                             num_gpu_batches=(1, 4)).predicted_tokens_per_s)
+                             num_gpu_batches=(1, 4), layout=model_layout(config)).predicted_tokens_per_s)
     assert all(b >= a * (1 - 1e-6) for a, b in zip(speeds, speeds[1:])), speeds
 
 
 def test_full_search_solves_a_bounded_number_of_lps(monkeypatch):
     """The search's cost is its LP count (each HiGHS solve takes milliseconds; wall time is measured by
-    benchmarks/policy_validation.py, not asserted here): one LP per (batch shape, cpu_attention flag, slot
+    benchmarks/policy/policy_validation.py, not asserted here): one LP per (batch shape, cpu_attention flag, slot
     regime), twice where the ahead prefill applies (rows unbounded here: every shape, with and without it),
     fewer where a smaller batch of the same shape was already infeasible, more where no rounding fits (one
     per weight setting tried: `search._weight_branches`)."""
@@ -100,7 +101,7 @@ def test_full_search_solves_a_bounded_number_of_lps(monkeypatch):
     calls = []
     real = search_module.linprog
     monkeypatch.setattr(search_module, "linprog", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    search(preset("mixtral-8x7b"), WORKLOAD, Budgets(24 * GIB, 128 * GIB, 200 * GIB), H200)
+    search(preset("mixtral-8x7b"), WORKLOAD, Budgets(24 * GIB, 128 * GIB, 200 * GIB), H200, layout=model_layout(preset("mixtral-8x7b")))
     assert 0 < len(calls) <= 960
 
 
@@ -118,22 +119,22 @@ def test_costly_offload_slots_keep_the_cache_resident():
     assert paid.policy.cache_gpu == 1.0
     assert paid.predicted_tokens_per_s <= free.predicted_tokens_per_s
     # the prediction of the chosen policy is its exact estimate, extras included
-    again = estimate(config, paid.policy, replace(WORKLOAD, num_prompts=None), costly)
+    again = estimate(config, paid.policy, replace(WORKLOAD, num_prompts=None), costly, layout=model_layout(config))
     assert again.tokens_per_s == pytest.approx(paid.predicted_tokens_per_s, rel=1e-6)
 
 
 def test_no_fit_says_what_does_not_fit():
     with pytest.raises(NoFeasiblePolicy, match=r"no policy fits opt-175b .*disk budget") as info:
-        search(preset("opt-175b"), WORKLOAD, Budgets(16 * GIB, 100 * GIB), H200, model_name="opt-175b")
+        search(preset("opt-175b"), WORKLOAD, Budgets(16 * GIB, 100 * GIB), H200, model_name="opt-175b", layout=model_layout(preset("opt-175b")))
     assert "325" in str(info.value)                       # the weights' size in GiB
     with pytest.raises(NoFeasiblePolicy, match="two in-flight copies of the largest layer"):
-        search(preset("opt-30b"), WORKLOAD, Budgets(1 * GIB, 100 * GIB), H200)
+        search(preset("opt-30b"), WORKLOAD, Budgets(1 * GIB, 100 * GIB), H200, layout=model_layout(preset("opt-30b")))
 
 
 def test_relaxation_is_an_argument():
     config, budgets = preset("opt-30b"), Budgets(16 * GIB, 100 * GIB)
-    tight = search(config, WORKLOAD, budgets, H200, relax_gpu=0.6, relax_cpu=0.7)
-    loose = search(config, WORKLOAD, budgets, H200, relax_gpu=0.95, relax_cpu=0.95)
+    tight = search(config, WORKLOAD, budgets, H200, relax_gpu=0.6, relax_cpu=0.7, layout=model_layout(config))
+    loose = search(config, WORKLOAD, budgets, H200, relax_gpu=0.95, relax_cpu=0.95, layout=model_layout(config))
     slack = 1 + 1e-5   # HiGHS' feasibility tolerance on byte-sized right-hand sides
     assert tight.peak_memory_bytes["gpu"] <= 0.6 * budgets.gpu_bytes * slack
     assert tight.peak_memory_bytes["cpu"] <= 0.7 * budgets.cpu_bytes * slack
@@ -141,7 +142,7 @@ def test_relaxation_is_an_argument():
 
 
 def test_explain_and_json():
-    result = search(preset("opt-30b"), WORKLOAD, Budgets(16 * GIB, 100 * GIB), H200, model_name="opt-30b")
+    result = search(preset("opt-30b"), WORKLOAD, Budgets(16 * GIB, 100 * GIB), H200, model_name="opt-30b", layout=model_layout(preset("opt-30b")))
     text = result.explain()
     assert "opt-30b" in text and "tokens/s" in text and "reference:h200" in text
     data = result.to_dict()
@@ -185,12 +186,12 @@ def test_search_may_choose_compression_when_allowed():
     workload = Workload(512, 32, num_prompts=256)
     budgets = Budgets(16 << 30, 100 << 30)
     profile = reference_profile("h200")
-    plain = search(config, workload, budgets, profile)
-    free = search(config, workload, budgets, profile, compress_weights=None, compress_cache=None)
+    plain = search(config, workload, budgets, profile, layout=model_layout(config))
+    free = search(config, workload, budgets, profile, compress_weights=None, compress_cache=None, layout=model_layout(config))
     assert not plain.policy.compress_weights and not plain.policy.compress_cache
     assert free.policy.compress_weights or free.policy.compress_cache
     assert free.predicted_tokens_per_s >= plain.predicted_tokens_per_s
-    top = search_top(config, workload, budgets, profile, top=8, compress_weights=None, compress_cache=None)
+    top = search_top(config, workload, budgets, profile, top=8, compress_weights=None, compress_cache=None, layout=model_layout(config))
     kinds = [(e.policy.cpu_attention, e.policy.compress_weights, e.policy.compress_cache) for e in top]
     assert len(top) == 8 and len(set(kinds)) == 4 and all(kinds.count(kind) == 2 for kind in kinds)
 
@@ -231,7 +232,7 @@ def test_search_drops_cpu_attention_without_offloaded_cache():
     """When the search decides cpu_attention, no candidate has the flag with the whole cache on the gpu."""
     config = config_from_hf(PRESETS["opt-30b"])
     top = search_top(config, Workload(512, 8, num_prompts=256), Budgets(16 << 30, 80 << 30),
-                     reference_profile("h200"), top=8, compress_weights=None, compress_cache=None)
+                     reference_profile("h200"), top=8, compress_weights=None, compress_cache=None, layout=model_layout(config))
     assert all(not (e.policy.cpu_attention and e.policy.cache_gpu >= 1.0) for e in top)
     assert any(e.policy.cpu_attention for e in top) and any(e.policy.num_gpu_batches == 1 for e in top)
 
@@ -242,20 +243,20 @@ def test_no_fit_on_the_host_names_the_memory_one_row_needs():
     needs and what to change. (In groups of 32 it needed 8x GiB and did not fit the H200 host's default 87 GiB.)"""
     with pytest.raises(NoFeasiblePolicy, match=r"one row needs 7\d\.\d+ GiB of CPU memory.*raise cpu_memory"):
         search(preset("mixtral-8x22b"), Workload(77, 32, num_prompts=512), Budgets(16 * GIB, 78 * GIB),
-               H200, compress_weights=True, compress_cache=True, model_name="mixtral-8x22b")
+               H200, compress_weights=True, compress_cache=True, model_name="mixtral-8x22b", layout=model_layout(preset("mixtral-8x22b")))
 
 
 def test_a_short_last_block_costs_a_full_blocks_time():
     """A run's tokens/s counts its last block, short of rows, at a full block's time (its steps stream every
-    weight): Mixtral-8x7B over 2,048 rows at 77/32/24 GiB measured 2,506 tok/s with 1536x1 (a block of 1,536
-    rows, then one of 512) where it was predicted 4,795 per full block; the search now plans blocks that the
-    rows fill."""
+    weight): Mixtral-8x7B over 2,048 rows at 77/32/24 GiB with 1536x1 runs a block of 1,536 rows, then one of
+    512, at 2,506 tok/s (benchmarks/records/h100/throughput.jsonl) against 4,795 predicted per full block; the
+    search plans blocks that the rows fill."""
     assert rows_filled(1536, 2048) == pytest.approx(2048 / 3072)
     assert rows_filled(1024, 2048) == 1.0 and rows_filled(7, None) == 1.0
     config = preset("mixtral-8x7b")
     rows = Workload(prompt_len=77, gen_len=32, num_prompts=2048)
     policy = Policy(gpu_batch_size=1536, w_gpu=0.5, w_cpu=0.5, compress_weights=True, compress_cache=True)
-    run, block = (estimate(config, policy, w, H200) for w in (rows, replace(rows, num_prompts=None)))
+    run, block = (estimate(config, policy, w, H200, layout=model_layout(config)) for w in (rows, replace(rows, num_prompts=None)))
     assert run.tokens_per_s == pytest.approx(block.tokens_per_s * 2048 / 3072)
-    found = search(config, rows, Budgets(24 * GIB, 110 * GIB), H200, compress_weights=True, compress_cache=True)
+    found = search(config, rows, Budgets(24 * GIB, 110 * GIB), H200, compress_weights=True, compress_cache=True, layout=model_layout(config))
     assert 2048 % found.policy.block_size == 0

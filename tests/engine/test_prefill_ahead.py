@@ -458,13 +458,13 @@ def test_ahead_block_longer_than_the_running_blocks_rope_table(tmp_path):
 
 def test_ahead_stores_take_a_ring_of_staging_buffers(monkeypatch):
     """An ahead prefill's cache stores take `ahead_stage_slots` staging buffers in turn (one per attention layer
-    up to 16), not two: with two, the compute thread waited for the store two back (stop 53, Mixtral-8x7B at
+    up to 16), not two: with two, the compute thread waits for the store two back (Mixtral-8x7B at
     512/32/24 GiB). The tokens stay those of the block-by-block run."""
     import engine.runtime.kv_cache as kv_cache
     from engine.calibrate.trial import truncated_model
     from engine.models.hf_config import config_from_hf
     from engine.models.presets import PRESETS
-    from engine.policy.memory import ahead_stage_slots
+    from engine.policy.buffers import ahead_stage_slots
 
     loaded = truncated_model(config_from_hf(PRESETS["tiny-llama"]), 20, torch.float32)
     slots, store = [], kv_cache.KVHome.store

@@ -10,18 +10,22 @@ from engine.models.presets import PRESETS
 from engine.policy import model_stats as ms
 from engine.policy.affine import VARS
 from engine.policy.cost_model import Workload, _expected_expert_bytes, cost_terms, estimate
+from engine.policy.dtypes import stored_nbytes
 from engine.policy.hardware import GIB, reference_profile
-from engine.policy.memory import _kv_bytes, _stage_bytes, executor_memory, model_layout
+from engine.policy.memory import executor_memory
 from engine.policy.policy import Policy
 from engine.policy.prefix import MIN_SHARED_PREFIX, batch_prefix_len
+from engine.policy.working import row_chunks
+from engine.quant.config import CACHE_QUANT
+from engine.runtime.layout import model_layout
 
 # the reference profile without its measured per-slot host costs: the numbers pinned below were computed so
 H200 = replace(reference_profile("h200"), slot_prefill_ms=0.0, slot_decode_ms=0.0, slot_gpu_cache_q4_ms=0.0,
                slot_off_cache_ms=0.0, slot_off_cache_q4_ms=0.0, slot_off_weights_ms=0.0,
                layer_q4_weights_ms=0.0, cpu_attention_gib_s=0.0, cpu_attention_q4_gib_s=0.0,  # nor host attention's
                moe_cpu_attention_slot_ms=0.0, weight_page_ms=0.0)
-WRANGLE = Workload(200, 10, num_prompts=1536)                   # issue 16: 150 shared + 50 own tokens
-# the auto policy for llama-3-70b at 16 GiB before the planner knew of prefixes
+WRANGLE = Workload(200, 10, num_prompts=1536)                   # the wrangle shape: 150 shared + 50 own tokens
+# the planner's policy for llama-3-70b at 16 GiB when the prompts share no prefix
 LLAMA_96X16 = Policy(gpu_batch_size=96, num_gpu_batches=16, w_gpu=0.2779, w_cpu=0.7221, cache_gpu=0.0,
                      cache_cpu=1.0, act_gpu=0.0, act_cpu=1.0, compress_weights=True, compress_cache=True)
 MIXTRAL_64X4 = Policy(gpu_batch_size=64, num_gpu_batches=4, w_gpu=0.0, w_cpu=1.0, cache_gpu=0.0, cache_cpu=1.0,
@@ -32,40 +36,43 @@ def preset(name):
     return config_from_hf(PRESETS[name])
 
 
+def kv_bytes(rows: int, heads: int, length: int, head_dim: int) -> int:
+    """Bytes of one 4-bit float16 keys (or values) tensor [rows, heads, length, head_dim]."""
+    return stored_nbytes((rows, heads, length, head_dim), "float16", CACHE_QUANT)
+
+
+def stage_bytes(rows: int, heads: int, prompt_len: int, head_dim: int, prefix: int = 0) -> int:
+    """Bytes of one set of a prefill's 4-bit store staging (keys + values per row chunk of the rows' own
+    tokens, each holding their own prompt positions: a prefix held once)."""
+    return sum(2 * kv_bytes(r1 - r0, heads, prompt_len - prefix, head_dim)
+               for r0, r1 in row_chunks(rows, prompt_len - prefix))
+
+
 @pytest.mark.parametrize("name, policy, prefill_s, decode_s, peak", [
-    ("llama-3-70b", LLAMA_96X16, 62.22810316112912, 10.988038059338521,      # gpu: + the GQA fold's q copy
-     {"gpu": 8533608192, "cpu": 73168453632, "disk": 0}),                     # and masks (was 8186912768)
+    ("llama-3-70b", LLAMA_96X16, 62.22810316112912, 10.988038059338521,      # gpu: with the GQA fold's q
+     {"gpu": 8533608192, "cpu": 73168453632, "disk": 0}),                     # copy and masks
     ("mixtral-8x7b", MIXTRAL_64X4, 1.9900291050823231, 6.336870902529642,      # gpu: the grouped experts'
      {"gpu": 5257848672, "cpu": 28131852288, "disk": 0}),                     # working memory, the fold, the pairs
 ])
-def test_no_prefix_predicts_what_it_did_before(name, policy, prefill_s, decode_s, peak):
-    """Prefix 0, a prefix under the executor's minimum, or one row per GPU batch: the numbers of the cost
-    model before prefixes (commit c2983ff), exactly; the gpu peaks with the grouped-query fold of a prefill
-    chunk's attention (`working.working_bytes`) and Mixtral's with the MoE layer's working memory of the
-    grouped experts (`working.moe_mlp_bytes`, 750 MiB less than the old per-token term); decode and the cpu
-    peak with the embedding and the head held on the gpu (`weight_slots.held_whole`: the gpu peak is the
-    same, their buffers were as large; llama's decode was 12.722 s, its cpu peak 81,647,566,848); llama's
-    decode and gpu peak with a decode step's hidden states on the gpu (`engine.runtime.act_homes`: no hidden
-    crosses the link in decode, 12.037 s before; the other 15 GPU batches' [96, 1, 8192] held, +23,592,960);
-    mixtral's decode with the executor's slot time in series with its pipelined host attention (stop 40: they
-    share the host's cores; 5.705 s before, when the slots were a channel of their own); llama's cpu peak with
-    the decode stores' own staging ring (`memory.decode_stage_slots`: 16 sets of [96, 8, 1, 128] 4-bit keys and
-    values, +1,769,472; it was 77,444,874,240 when they shared the prefill's two); llama's decode with a cache
-    load moving each row's written positions, 204 on average over the 9 decode steps, where the mean context
-    is 205 (`KVHome.load`; 11.709 s when it was the mean context, 11.801 s when a load copied the whole home);
-    mixtral's gpu peak with the routed pairs' outputs before their sum (`experts_grouped_mm`: 4,000 tokens of
-    [2, 4096] bfloat16, +65,536,000; it was 5,282,940,768) and a second buffer for the expert layers' dense
-    tensors (loaded a layer of their kind ahead, `weight_slots.streamed_ahead`: the norm and the router,
-    +73,728; it was 5,348,476,768); decode and both peaks with the weights compressed in groups of 64
-    (`engine.models.weights.weight_quant`: 4.5 bits a weight, not 5): llama's decode was 11.686 s and its
-    peaks 8,587,085,568 / 77,446,643,712, mixtral's decode 6.396 s and its peaks 5,348,550,496 /
-    31,034,310,656."""
+def test_no_usable_prefix_predicts_the_pinned_numbers(name, policy, prefill_s, decode_s, peak):
+    """Prefix 0, a prefix under the executor's minimum, or one row per GPU batch: the same numbers, pinned
+    exactly. They count the grouped-query fold of a prefill chunk's attention in the gpu peaks
+    (`working.working_bytes`); Mixtral's MoE working memory of the grouped experts (`working.moe_mlp_bytes`)
+    and its routed pairs' outputs before their sum (`experts_grouped_mm`: 4,000 tokens of [2, 4096] bfloat16);
+    the embedding and the head held on the gpu (`weight_slots.held_whole`); a decode step's hidden states on
+    the gpu (`engine.runtime.act_homes`: no hidden crosses the link in decode; llama's other 15 GPU batches'
+    [96, 1, 8192] held); Mixtral's executor slot time in series with its pipelined host attention (they share
+    the host's cores); the decode stores' own staging ring (`memory.decode_stage_slots`: for llama 16 sets of
+    [96, 8, 1, 128] 4-bit keys and values); a cache load moving each row's written positions (`KVHome.load`:
+    204 on average over llama's 9 decode steps, where the mean context is 205); a second buffer for the expert
+    layers' dense tensors (`weight_slots.streamed_ahead`: the norm and the router); and weights compressed in
+    groups of 64 (`engine.models.weights.weight_quant`: 4.5 bits a weight)."""
     c = preset(name)
     for workload, pol in ((WRANGLE, policy), (replace(WRANGLE, shared_prefix_len=MIN_SHARED_PREFIX - 1), policy)):
-        est = estimate(c, pol, workload, H200)
+        est = estimate(c, pol, workload, H200, layout=model_layout(c))
         assert (est.prefill_s, est.decode_s, est.peak_memory_bytes) == (prefill_s, decode_s, peak)
     one_row = replace(policy, gpu_batch_size=1)
-    assert estimate(c, one_row, replace(WRANGLE, shared_prefix_len=150), H200) == estimate(c, one_row, WRANGLE, H200)
+    assert estimate(c, one_row, replace(WRANGLE, shared_prefix_len=150), H200, layout=model_layout(c)) == estimate(c, one_row, WRANGLE, H200, layout=model_layout(c))
 
 
 @pytest.mark.parametrize("name, policy", [("llama-3-70b", LLAMA_96X16), ("mixtral-8x7b", MIXTRAL_64X4)])
@@ -74,7 +81,7 @@ def test_prefill_falls_with_the_prefix(name, policy):
     cache loads shrink with the prefix (held once on the device); with CPU attention (mixtral) the host
     still reads the mean context, so decode does not move."""
     c = preset(name)
-    runs = [estimate(c, policy, replace(WRANGLE, shared_prefix_len=p), H200) for p in (0, 50, 100, 150)]
+    runs = [estimate(c, policy, replace(WRANGLE, shared_prefix_len=p), H200, layout=model_layout(c)) for p in (0, 50, 100, 150)]
     prefill = [e.prefill_s for e in runs]
     assert prefill == sorted(prefill, reverse=True) and len(set(prefill)) == 4
     decode = [e.decode_s for e in runs]
@@ -94,7 +101,7 @@ def test_the_cache_holds_each_rows_own_positions():
     staging shrink to the own positions, the device gains the dense prefix k/v; the prefill's hidden states
     are not parked with a prefix (the (prefix, rows) pair stays on the device)."""
     c = preset("llama-3-70b")
-    plain, shared = (cost_terms(c, LLAMA_96X16, replace(WRANGLE, shared_prefix_len=p), H200, 2) for p in (0, 150))
+    plain, shared = (cost_terms(c, LLAMA_96X16, replace(WRANGLE, shared_prefix_len=p), H200, 2, layout=model_layout(c)) for p in (0, 150))
     cache_gpu, act_gpu = VARS.index("cache_gpu"), VARS.index("act_gpu")
     for channel in ("gpu->cpu", "cpu->disk"):
         assert shared.prefill[channel][cache_gpu] == pytest.approx(plain.prefill[channel][cache_gpu] * 50 / 200)
@@ -105,10 +112,8 @@ def test_the_cache_holds_each_rows_own_positions():
     cache_only = replace(LLAMA_96X16, act_gpu=1.0, act_cpu=0.0)
     m0, m1 = (executor_memory(c, layout, cache_only, 200, 10, 2, "cuda", shared_prefix_len=p) for p in (0, 150))
     g, k, layers, nkv, hd = 96, 16, c.num_hidden_layers, c.num_key_value_heads, c.head_dim
-    homes = layers * k * 2 * (_kv_bytes(g, nkv, 209, hd, torch.float16, True)
-                              - _kv_bytes(g, nkv, 59, hd, torch.float16, True))
-    stages = 2 * (_stage_bytes(g, nkv, 200, hd, torch.float16, True)
-                  - _stage_bytes(g, nkv, 200, hd, torch.float16, True, 150))
+    homes = layers * k * 2 * (kv_bytes(g, nkv, 209, hd) - kv_bytes(g, nkv, 59, hd))
+    stages = 2 * (stage_bytes(g, nkv, 200, hd) - stage_bytes(g, nkv, 200, hd, 150))
     assert m0["cpu"] - m1["cpu"] == homes + stages
     prefix_kv = layers * k * 2 * nkv * 150 * hd * 2
     assert m1["gpu"] - prefix_kv < m0["gpu"]                       # one GPU batch's working memory shrinks
@@ -124,7 +129,7 @@ def test_prefill_hidden_with_a_prefix_is_never_parked():
     h, g, k = c.hidden_size, 96, 16
     assert m0["cpu"] - m1["cpu"] == k * g * 200 * h * 2
     m0, m1 = (executor_memory(c, layout, LLAMA_96X16, 200, 10, 2, "cuda", shared_prefix_len=p) for p in (0, 150))
-    e0, e1 = (estimate(c, LLAMA_96X16, replace(WRANGLE, shared_prefix_len=p), H200) for p in (0, 150))
+    e0, e1 = (estimate(c, LLAMA_96X16, replace(WRANGLE, shared_prefix_len=p), H200, layout=model_layout(c)) for p in (0, 150))
     kept = (k - 1) * (150 + g * 50) * h * 2
     assert e1.peak_memory_bytes["gpu"] - m1["gpu"] == kept
     ahead = g * 200 * h * 2                                         # act_gpu 0 without a prefix, K = 16: the next
@@ -136,14 +141,14 @@ def test_moe_experts_see_the_prefix_once():
     read for the prefix's 4 tokens once and for the rows' 2 x 2 own tokens, not for 2 x 6 tokens."""
     c = preset("mixtral-8x7b")
     policy = Policy(gpu_batch_size=2, num_gpu_batches=1)
-    prefixed = cost_terms(c, policy, Workload(6, 2, shared_prefix_len=4), H200, 2).prefill["gpu compute"][6]
+    prefixed = cost_terms(c, policy, Workload(6, 2, shared_prefix_len=4), H200, 2, layout=model_layout(c)).prefill["gpu compute"][6]
     per_expert = ms.expert_numel(c) * 2
     dense = (ms.layer_dense_bytes(c, 2) + ms.edge_weight_bytes(c, 2) / c.num_hidden_layers
              - c.num_local_experts * per_expert)
     bw = H200.gpu_mem_gib_s * GIB
     reads = (2 * dense + 2 * _expected_expert_bytes(c, 4, per_expert)) / bw
     assert prefixed == pytest.approx(reads, rel=0.01)                # attention and the rest: under 1%
-    plain = cost_terms(c, policy, Workload(6, 2), H200, 2).prefill["gpu compute"][6]
+    plain = cost_terms(c, policy, Workload(6, 2), H200, 2, layout=model_layout(c)).prefill["gpu compute"][6]
     assert plain == pytest.approx((dense + _expected_expert_bytes(c, 12, per_expert)) / bw, rel=0.01)
 
 

@@ -35,7 +35,7 @@ def _case(shape: tuple[int, ...], device: str, seed: int = 0):
 
 
 def _reference(q, qk, qv, valid, scale, softcap=None):
-    """The old path: dequantize (un-rotating every row), then attend."""
+    """The plain path: dequantize (un-rotating every row), then attend."""
     return decode_attention(q, dequantize(qk), dequantize(qv), valid, scale, softcap)
 
 
@@ -132,8 +132,8 @@ KV_POLICIES = {
 @pytest.mark.parametrize("name", list(KV_POLICIES))
 @pytest.mark.parametrize("kind", ["llama", "mixtral"])
 def test_kv_home_paths_equal_dequantize_then_attend(tiny_checkpoints, kind, name, device, monkeypatch, tmp_path):
-    """Whole decode runs (fp32, decode in chunks of one row): the rotated paths give the old path's greedy
-    tokens and logits within fp32 tolerance; the old path is the same code with no rotation detected."""
+    """Whole decode runs (fp32, decode in chunks of one row): the rotated paths give the plain path's greedy
+    tokens and logits within fp32 tolerance; the plain path is the same code with no rotation detected."""
     dev = torch.device(device)
     loaded = load_model(tiny_checkpoints[kind], dtype=torch.float32)
     prompts = make_prompts(5, loaded.config.vocab_size, seed=21, lo=3, hi=12)
@@ -145,8 +145,8 @@ def test_kv_home_paths_equal_dequantize_then_attend(tiny_checkpoints, kind, name
     monkeypatch.setattr(attention, "stored_rotation", lambda k, v: None)
     monkeypatch.setattr(kv_cache, "stored_rotation", lambda k, v: None)
     calls.clear()
-    ref = run(loaded, policy, prompts, max_new, tmp_path / "old", device=dev, decode_chunk_bytes=1)
-    assert calls == []                                                         # the old path un-rotates rows
+    ref = run(loaded, policy, prompts, max_new, tmp_path / "plain", device=dev, decode_chunk_bytes=1)
+    assert calls == []                                                         # the plain path un-rotates rows
     assert got.tokens == ref.tokens
     for r in ref.logits:
         torch.testing.assert_close(torch.stack(got.logits[r]), torch.stack(ref.logits[r]), rtol=1e-5, atol=1e-5)

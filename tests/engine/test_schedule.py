@@ -79,7 +79,8 @@ def test_the_prefill_snakes_and_keeps_the_last_batch_on_the_device(batches):
 def test_parked_hiddens_load_a_slot_ahead_at_the_prefill_only_past_two_batches(batches):
     """With K > 2 every hidden the prefill parks is loaded before the previous slot's compute is issued, so it
     crosses the link under that compute; with K = 2 each parked hidden is loaded between the previous slot's
-    compute and its own (no second prefill hidden on the device during a compute: stop 48's out-of-memory)."""
+    compute and its own (no second prefill hidden on the device during a compute: that would run out of
+    memory)."""
     layers = 6
     actions = list(block_schedule(2, layers, batches))
     computes = [n for n, a in enumerate(actions) if a.verb == "compute"]

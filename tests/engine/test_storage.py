@@ -6,8 +6,9 @@ import json
 import pytest
 import torch
 
+from engine.policy.placement import split_ranges, weight_tiers
 from engine.quant import dequantize, quantize
-from engine.storage import BudgetExceeded, MemoryBudget, Tier, copy, split_ranges, weight_tiers
+from engine.storage import BudgetExceeded, MemoryBudget, Tier, copy
 from engine.storage.disk import ScratchFiles, WeightFiles
 from engine.runtime.arena import Arena
 from engine.storage.pinned import HostPool

@@ -12,13 +12,13 @@ from engine.models.presets import PRESETS
 from engine.policy.cost_model import Workload, estimate
 from engine.policy.estimate import Budgets
 from engine.policy.hardware import reference_profile
-from engine.policy.memory import model_layout, weight_fraction_on
+from engine.policy.memory import weight_fraction_on
+from engine.policy.placement import with_extra
 from engine.policy.policy import Policy
 from engine.policy.search import search
-from engine.storage.placement import with_extra
-from engine.storage.tiers import Tier
+from engine.runtime.layout import model_layout
 
-G, C, D = Tier.GPU, Tier.CPU, Tier.DISK
+G, C, D = "gpu", "cpu", "disk"
 GIB = 1 << 30
 H200 = reference_profile("h200")
 
@@ -43,15 +43,15 @@ def test_search_fills_the_memory_the_share_leaves_with_whole_tensors():
     config = config_from_hf(PRESETS["mixtral-8x7b"])
     workload = Workload(prompt_len=77, gen_len=128, num_prompts=2048)
     budgets = Budgets(gpu_bytes=16 * GIB, cpu_bytes=110 * GIB, disk_bytes=0)
-    found = search(config, workload, budgets, H200, compress_weights=True, compress_cache=True)
+    layout = model_layout(config, 2, True)
+    found = search(config, workload, budgets, H200, compress_weights=True, compress_cache=True, layout=layout)
     policy, limit = found.policy, 0.95 * budgets.gpu_bytes
     assert policy.w_gpu_extra > 0
     assert found.peak_memory_bytes["gpu"] <= limit
-    without = estimate(config, replace(policy, w_gpu_extra=0), workload, H200)
-    one_more = estimate(config, replace(policy, w_gpu_extra=policy.w_gpu_extra + 1), workload, H200)
+    without = estimate(config, replace(policy, w_gpu_extra=0), workload, H200, layout=layout)
+    one_more = estimate(config, replace(policy, w_gpu_extra=policy.w_gpu_extra + 1), workload, H200, layout=layout)
     assert found.predicted_tokens_per_s > without.tokens_per_s * 1.02
     assert one_more.peak_memory_bytes["gpu"] > limit
-    layout = model_layout(config, 2, True)
     share = weight_fraction_on(layout, policy.w_gpu, policy.w_cpu, "cuda", policy.w_gpu_extra)[0]
     assert share > weight_fraction_on(layout, policy.w_gpu, policy.w_cpu, "cuda")[0]
     assert f"+ {policy.w_gpu_extra} whole tensors on the gpu" in found.explain()

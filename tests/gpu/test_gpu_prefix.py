@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from engine.models.loader import load_model
-from engine.policy.memory import model_layout, peak_memory
+from engine.policy.memory import peak_memory
 from engine.policy.policy import Policy
+from engine.runtime.layout import model_layout
 from helpers.greedy_runs import run_policy
 from helpers.skips import requires_cuda
 

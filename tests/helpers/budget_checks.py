@@ -11,10 +11,11 @@ from engine.calibrate.trial import truncated_model
 from engine.models.hf_config import config_from_hf
 from engine.models.presets import PRESETS
 from engine.policy.cost_model import Workload, estimate
-from engine.policy.memory import executor_memory, model_layout
+from engine.policy.memory import executor_memory
 from engine.policy.policy import Policy
 from engine.runtime.executor import Executor
-from engine.storage.tiers import BudgetExceeded, Tier
+from engine.runtime.layout import model_layout
+from engine.storage.tiers import BudgetExceeded
 from helpers.greedy_runs import RunToEnd
 
 WORKLOAD = Workload(prompt_len=7, gen_len=4)
@@ -59,7 +60,7 @@ def weights_on_disk(config, policy, device_type="cpu"):
     layout = model_layout(config, 4, policy.compress_weights)
     placed = layout.placed(policy.w_gpu, policy.w_cpu, device_type, policy.w_gpu_extra)
     return sum(count * size for kl in layout.kinds for tiers, count in placed[id(kl)]
-               for size, tier in zip(kl.stored, tiers) if tier is Tier.DISK)
+               for size, tier in zip(kl.stored, tiers) if tier == "disk")
 
 
 def check_budget_consistency(name, policy, device, profile, tmp_path, workload=WORKLOAD):
@@ -67,7 +68,7 @@ def check_budget_consistency(name, policy, device, profile, tmp_path, workload=W
     block under budgets just above the prediction peaks at exactly the counted bytes (disk: less the weight
     files); budgets of 97% of the counted gpu (cpu) bytes raise BudgetExceeded."""
     config = preset(name)
-    predicted = estimate(config, policy, workload, profile, 4).peak_memory_bytes
+    predicted = estimate(config, policy, workload, profile, 4, layout=model_layout(config)).peak_memory_bytes
     counted = executor_memory(config, model_layout(config, 4, policy.compress_weights), policy,
                               workload.prompt_len, workload.gen_len, 4, device.type,
                               shared_prefix_len=workload.shared_prefix_len)

@@ -1,4 +1,5 @@
-"""`llmops policy` / `llmops profile` through click's CliRunner, and the shared size parser."""
+"""`llmops policy` / `llmops profile` through click's CliRunner, and the shared size parser. Every test plans
+into a plan cache of its own (`LLMOPS_CACHE_DIR`)."""
 import json
 
 import pytest
@@ -29,6 +30,11 @@ def test_format_size():
     assert format_size(16 * 1024**3) == "16.00 GiB"
 
 
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMOPS_CACHE_DIR", str(tmp_path / "llmops-cache"))
+
+
 BASE = ["--model", "opt-30b", "--gpu-memory", "16GiB", "--cpu-memory", "100GiB", "--disk-memory", "500GiB",
         "--prompt-len", "512", "--gen-len", "32", "--hardware", "h200"]
 
@@ -37,9 +43,11 @@ def test_policy_json_keys():
     result = CliRunner().invoke(policy_cmd, BASE + ["--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert {"policy", "predicted_tokens_per_s", "prefill_s", "decode_s", "peak_memory_gib"} <= set(data)
-    assert set(data["peak_memory_gib"]) == {"gpu", "cpu", "disk"}
-    assert data["peak_memory_gib"]["gpu"] <= 16
+    assert {"policy", "predicted_tokens_per_s", "predicted_prefill_s", "predicted_decode_s", "predicted_peak_bytes",
+            "budgets_bytes", "workload", "source", "chosen_by"} <= set(data)
+    assert set(data["predicted_peak_bytes"]) == {"gpu", "cpu", "disk"}
+    assert data["predicted_peak_bytes"]["gpu"] <= 16 * 1024**3 == data["budgets_bytes"]["gpu"]
+    assert data["chosen_by"] == "cost model" and data["workload"]["prompt_len"] == 512
     assert {"gpu_batch_size", "num_gpu_batches", "w_gpu", "cache_cpu", "cpu_attention"} <= set(data["policy"])
     assert "h200" in data["profile"]
 
@@ -52,16 +60,18 @@ def test_policy_shared_prefix_len_shortens_the_prefill_and_is_checked():
     result = CliRunner().invoke(policy_cmd, wrangle + ["--shared-prefix-len", "150"])
     assert result.exit_code == 0, result.output
     shared = json.loads(result.output)
-    assert shared["workload"]["shared_prefix_len"] == 150 and plain["workload"]["shared_prefix_len"] == 0
-    # either plan may run its prefills ahead (`prefill_s` is then its 1 / blocks in series): compare whole prefills
+    # planned in the run's bucket: the prefix rounded down to 16 tokens, the prompt count up to a power of two
+    assert shared["workload"]["shared_prefix_len"] == 144 and plain["workload"]["shared_prefix_len"] == 0
+    # either plan may run its prefills ahead (`predicted_prefill_s` is then its 1 / blocks in series): compare
+    # whole prefills
 
     def whole_prefill(plan):
         p = plan["policy"]
-        return plan["prefill_s"] * (-(-1536 // (p["gpu_batch_size"] * p["num_gpu_batches"])) if p["prefill_ahead"]
-                                    else 1)
+        return plan["predicted_prefill_s"] * (-(-2048 // (p["gpu_batch_size"] * p["num_gpu_batches"]))
+                                              if p["prefill_ahead"] else 1)
     assert whole_prefill(shared) < whole_prefill(plain) / 2
     text = CliRunner().invoke(policy_cmd, wrangle[:-1] + ["--shared-prefix-len", "150"]).output
-    assert "prompt 200 tokens (150 shared)" in text
+    assert "prompt 200 tokens (144 shared)" in text
     bad = CliRunner().invoke(policy_cmd, wrangle + ["--shared-prefix-len", "200"])
     assert bad.exit_code == 2 and "--shared-prefix-len" in bad.output and "below --prompt-len 200" in bad.output
 
@@ -127,12 +137,13 @@ def test_policy_gpus_explains_the_split():
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     split = data["devices"]
-    assert data["peak_memory_gib"]["cpu"] <= 50 and split["num_gpus"] == 2
+    assert data["budgets_bytes"]["cpu"] == 50 * 1024**3 and split["num_gpus"] == 2
+    assert data["predicted_peak_bytes"]["cpu"] <= 50 * 1024**3
     assert split["predicted_tokens_per_s"] == pytest.approx(2 * data["predicted_tokens_per_s"])
     if data["policy"]["w_gpu"] < 1:
         assert split["parallel"] == "pipeline" and split["micro_batches"] == 2
         assert [s["layers"] for s in split["stages"]][0][0] == 0 and split["stages"][-1]["layers"][1] == 47
         assert split["stages"][0]["layers"][1] + 1 == split["stages"][1]["layers"][0]
-    assert "devices" not in one
+    assert one["devices"] is None
     text = CliRunner().invoke(policy_cmd, BASE + ["--gpus", "2"]).output
     assert "2 GPUs" in text and ("stage 1  layers" in text or "data-parallel" in text)

@@ -63,7 +63,7 @@ def test_map_relation_whole_query(con):
     rel = map_relation(con, "SELECT * FROM t ORDER BY id", "City of {addr}", output="city", with_meta=True,
                        engine=eng, cache_dir=False)
     assert rel.columns == ["addr", "id", "city", "finish_reason", "error", "text", "prompt_tokens",
-                           "completion_tokens"]
+                           "completion_tokens", "confidence", "model"]
     rows = rel.fetchall()
     assert [r[2] for r in rows] == ["echo: City of Paris rue", None, "echo: City of Oslo gate",
                                     "echo: City of Paris rue"]

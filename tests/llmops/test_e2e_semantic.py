@@ -1,5 +1,5 @@
 """The semantic operators end to end on the embedded SmolLM2-135M-Instruct, a few rows each: the outputs
-are well formed (a 135M model's accuracy is measured in benchmarks/semantic_accuracy.py, not asserted).
+are well formed (a 135M model's accuracy is measured in benchmarks/accuracy/semantic_accuracy.py, not asserted).
 The tests share one loaded model: every call here asks for the same default engine, which `llmops.engines`
 builds once per process (test_e2e_smollm2.py's calls share it too)."""
 from __future__ import annotations

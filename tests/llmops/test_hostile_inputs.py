@@ -208,7 +208,7 @@ def test_on_empty_modes_on_every_path(path, mode, runs, tok, tmp_path):
 
 
 def test_on_empty_few_shot_rows_never_copy_an_example():
-    """The issue's case: with examples, an empty row used to come back as an example's value."""
+    """With few-shot examples, an empty or blank row never comes back as an example's value."""
     eng = FakeLLM()
     table = pa.table({"b": ["INV-9 due", "", "  "]})
     spec = MapSpec(TEMPLATE, system="Answer with the number.",
@@ -306,9 +306,9 @@ def test_template_that_transforms_content(llm):
     assert evil.ids.count(ids_of(tok, "<|im_start|>")) == 2
 
 
-def test_the_issue_reproduction_on_the_model(llm, tok):
-    """The issue's Polars call on the real engine: the prompt is the 86-token safe encoding (5 `<|im_start|>`
-    tokens before the fix), and the engine runs it like any row."""
+def test_an_injection_attempt_through_polars_on_the_model(llm, tok):
+    """A Polars call whose row holds chat-template control text, on the real engine: the prompt is the safe
+    encoding (only the template's own `<|im_start|>` tokens), and the engine runs it like any row."""
     df = pl.DataFrame({"b": [EVIL]})
     out = df.with_columns(llmops.llm_map(TEMPLATE, max_new_tokens=6, engine=llm, cache_dir=False,
                                          with_meta=True).alias("o"))["o"][0]
@@ -365,8 +365,8 @@ def test_truncate_counts_the_template_overhead_on_the_model(llm):
 
 @pytest.mark.parametrize("path", list(PATHS))
 def test_truncate_on_every_path_with_a_built_in_system_prompt(path, tmp_path):
-    """The fake's 30-token overhead stands for SmolLM2's built-in system prompt: the old 16-token margin
-    made these rows fail; the engine's own count fits them exactly."""
+    """The fake's 30-token overhead stands for SmolLM2's built-in system prompt: a fixed 16-token
+    margin would make these rows fail; the engine's own count fits them exactly."""
     eng = FakeLLM(max_context=100, prompt_overhead=30)
     rows = PATHS[path](["short", "y" * 100], eng, tmp_path, on_long_prompt="truncate", max_new_tokens=8)
     prefix = TEMPLATE.format(b="")
@@ -551,7 +551,7 @@ def test_truncated_gguf_names_the_file_and_tensor(tmp_path):
     with pytest.raises(GGUFTruncatedError, match="truncated GGUF file: tensor 'token_embd.weight'") as info:
         convert_gguf(path, tmp_path / "cache")
     assert str(path) in str(info.value) and "reshape" not in str(info.value)
-    assert not any((tmp_path / "cache").iterdir())
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["weight_digests.json"]   # no partial conversion
 
 
 def test_output_cut_mid_character_has_no_replacement_char(tok):

@@ -54,7 +54,8 @@ def test_choices_meta_and_namespace(df):
     out = df.with_columns(pl.col("body").llm.map("Pick for {text}", choices=["a", "c", "z"], engine=eng,
                                                  cache_dir=False, with_meta=True).alias("m"))
     assert out.schema["m"] == pl.Struct({"output": pl.Enum(["a", "c", "z"]), "finish_reason": pl.String, "error": pl.String,
-                                         "text": pl.String, "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64})
+                                         "text": pl.String, "prompt_tokens": pl.Int64, "completion_tokens": pl.Int64,
+                                         "confidence": pl.Float64, "model": pl.String})
     m = out["m"].struct.unnest()
     assert m["output"].to_list()[:4] == ["a", None, "a", "c"]
     assert m["finish_reason"].to_list()[:2] == ["stop", None]

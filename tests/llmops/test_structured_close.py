@@ -209,7 +209,8 @@ def test_polars_meta_has_the_text():
     out = df.with_columns(llmops.llm_map("{body}", schema={"n": pl.Int64}, engine=FakeLLM(), cache_dir=False,
                                          with_meta=True).alias("m"))
     m = out["m"].struct.unnest()
-    assert m.columns == ["output", "finish_reason", "error", "text", "prompt_tokens", "completion_tokens"]
+    assert m.columns == ["output", "finish_reason", "error", "text", "prompt_tokens", "completion_tokens",
+                         "confidence", "model"]
     assert m["error"].to_list()[0] is None and "max_new_tokens=64" in m["error"].to_list()[1]
     assert all(t.startswith('{"n"') for t in m["text"].to_list())
 
