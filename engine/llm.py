@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 Group = list[tuple[int, Completion]]
 OnFinished = Callable[[int, Completion], None]
+OnStep = Callable[[int], None]
 
 
 def once_per_row(on_finished: OnFinished | None) -> OnFinished | None:
@@ -208,7 +209,8 @@ class LLM:
         return out  # type: ignore[return-value]
 
     def stream(self, prompts: Sequence[Any], params: SamplingParams | None = None, *,
-               plan: Plan | None = None, on_finished: OnFinished | None = None) -> Iterator[Group]:
+               plan: Plan | None = None, on_finished: OnFinished | None = None,
+               on_step: OnStep | None = None) -> Iterator[Group]:
         """Yield lists of (input index, Completion): first the prompts that cannot run, then one list per
         block as it finishes. Every index is yielded exactly once. Type and parameter errors raise here,
         before any work. `plan` (from `plan()` or an earlier call's `last_plan`) is used when it covers
@@ -220,12 +222,17 @@ class LLM:
         groups do not change: each index is still yielded once, with its block, and for a row reported
         early with the same Completion. Prompts that cannot run are yielded first and not reported; a
         row may be reported twice when its block is retried after an out-of-memory (the retry's completion
-        is the one yielded)."""
+        is the one yielded).
+
+        `on_step(tokens)`, when given, is called from the decode loop each time tokens are chosen for a GPU
+        batch (its first tokens after its prefill, then one per decode step), with how many were chosen
+        (`engine.decoding.decoder`): a progress display moves while a block decodes. It must be quick, an
+        exception it raises aborts the call, and with several devices it is serialized like `on_finished`."""
         params = self._check(prompts, params)
         encoded = encode_prompts(prompts, params, self._tokenizer, self.loaded.config.vocab_size, self.max_context)
         if any(e.error is None for e in encoded):
             self._constraint(params, 1)  # invalid grammar: raise now
-        return self._run(encoded, params, plan, on_finished)
+        return self._run(encoded, params, plan, on_finished, on_step)
 
     def plan(self, workload: Workload | Sequence[Any], params: SamplingParams | None = None, *,
              covering: Plan | None = None, rows: int | None = None, measure: bool = True) -> Plan:
@@ -268,7 +275,7 @@ class LLM:
         return params
 
     def _run(self, encoded: list[Encoded], params: SamplingParams, plan: Plan | None,
-             on_finished: OnFinished | None = None) -> Iterator[Group]:
+             on_finished: OnFinished | None = None, on_step: OnStep | None = None) -> Iterator[Group]:
         errors = [(i, Completion("", finish_reason="error", prompt_tokens=len(e.ids), error=e.error))
                   for i, e in enumerate(encoded) if e.error is not None]
         if errors:
@@ -286,23 +293,24 @@ class LLM:
         blocks = [[valid[b] for b in block] for block in plan_blocks(lens, policy.block_size)]
         mode = choose_parallel(self.parallel, policy, len(self.devices))
         if mode != "single":
-            yield from self._run_parallel(mode, blocks, encoded, params, keys, on_finished)
+            yield from self._run_parallel(mode, blocks, encoded, params, keys, on_finished, on_step)
             return
         done = 0
         if policy.prefill_ahead and len(blocks) > 1:
             on_finished = once_per_row(on_finished)
-            for group in self._run_ahead(blocks, encoded, params, keys, on_finished):
+            for group in self._run_ahead(blocks, encoded, params, keys, on_finished, on_step):
                 done += 1
                 yield group
         for indices in blocks[done:]:
             report = None if on_finished is None else (
                 lambda row, c, indices=indices: on_finished(indices[row], c))  # block row -> input index
             completions = self._run_block([encoded[i].ids for i in indices], params,
-                                          None if keys is None else [keys[i] for i in indices], report)
+                                          None if keys is None else [keys[i] for i in indices], report, on_step)
             yield list(zip(indices, completions))
 
     def _run_ahead(self, blocks: list[list[int]], encoded: list[Encoded], params: SamplingParams,
-                   keys: list[int] | None, on_finished: OnFinished | None) -> Iterator[Group]:
+                   keys: list[int] | None, on_finished: OnFinished | None,
+                   on_step: OnStep | None = None) -> Iterator[Group]:
         """Blocks through one `Executor.generate_blocks` stream, each block's prefill run ahead on the previous
         block's decode (`Policy.prefill_ahead`), yielded as each ends. On out-of-memory it stops; `_run` runs
         the blocks not yielded one by one (`_run_block` halves the batch), so no finished block is lost."""
@@ -313,7 +321,7 @@ class LLM:
                 report = None if on_finished is None else (
                     lambda row, c, indices=indices: on_finished(indices[row], c))
                 decoders[n] = self._decoder([encoded[i].ids for i in indices], params,
-                                            None if keys is None else [keys[i] for i in indices], report)
+                                            None if keys is None else [keys[i] for i in indices], report, on_step)
                 yield [encoded[i].ids for i in indices], decoders[n].max_new_tokens, decoders[n]
 
         executor = self._get_executor()
@@ -327,12 +335,12 @@ class LLM:
             log.warning("out of memory with the ahead prefill; running the remaining blocks one by one")
 
     def _run_block(self, prompts: list[list[int]], params: SamplingParams, keys: list[int] | None,
-                   on_finished: OnFinished | None = None) -> list[Completion]:
+                   on_finished: OnFinished | None = None, on_step: OnStep | None = None) -> list[Completion]:
         """Generate one block; on out-of-memory, halve the GPU batch size and rerun the block in pieces of
         the new block size (saying so in the log); later blocks and calls of that plan keep the smaller
         batch. Nothing is lost: completions are per input row. `on_finished(block row, completion)`: the
         decoder's row-finish hook."""
-        decoder = self._decoder(prompts, params, keys, on_finished)
+        decoder = self._decoder(prompts, params, keys, on_finished, on_step)
         try:
             executor = self._get_executor()
             executor.generate_block(prompts, decoder.max_new_tokens, decoder)
@@ -354,24 +362,26 @@ class LLM:
         for start in range(0, len(prompts), smaller.block_size):
             part = slice(start, start + smaller.block_size)
             report = None if on_finished is None else (lambda row, c, start=start: on_finished(start + row, c))
-            out += self._run_block(prompts[part], params, None if keys is None else keys[part], report)
+            out += self._run_block(prompts[part], params, None if keys is None else keys[part], report, on_step)
         return out
 
     def _decoder(self, prompts: list[list[int]], params: SamplingParams, keys: list[int] | None,
-                 on_finished: OnFinished | None) -> BlockDecoder:
+                 on_finished: OnFinished | None, on_step: OnStep | None = None) -> BlockDecoder:
         return BlockDecoder(prompts, [params.max_new_tokens] * len(prompts), params,
                             eos_ids=self.eos_token_ids, tokenizer=self._tokenizer, keys=keys,
-                            constraint=self._constraint(params, len(prompts)), on_finished=on_finished)
+                            constraint=self._constraint(params, len(prompts)), on_finished=on_finished,
+                            on_step=on_step)
 
     def _run_parallel(self, mode: str, blocks: list[list[int]], encoded: list[Encoded], params: SamplingParams,
-                      keys: list[int] | None, on_finished: OnFinished | None) -> Iterator[Group]:
+                      keys: list[int] | None, on_finished: OnFinished | None,
+                      on_step: OnStep | None = None) -> Iterator[Group]:
         """Blocks (input indices each) on several devices: "data", each block on the next free device, yielded
         as each ends; "pipeline", N blocks at a time as the N micro-batches of the pipeline, yielded in order.
-        `on_finished` is serialized (it is called from the devices' threads)."""
-        report = locked(on_finished)
+        `on_finished` and `on_step` are serialized (they are called from the devices' threads)."""
+        report, step = locked(on_finished), locked(on_step)
         prompts = [[encoded[i].ids for i in idx] for idx in blocks]
         decoders = [self._decoder(p, params, None if keys is None else [keys[i] for i in idx],
-                                  None if report is None else (lambda row, c, idx=idx: report(idx[row], c)))
+                                  None if report is None else (lambda row, c, idx=idx: report(idx[row], c)), step)
                     for p, idx in zip(prompts, blocks)]
         for n in run_blocks(self._get_parallel(mode), prompts, decoders):
             yield list(zip(blocks[n], decoders[n].completions()))

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmops.core import (MapRun, MapSpec, RunSummary, last_summary, map_table, map_table_ordered,
+from llmops.core import (MapRun, MapSpec, RunSummary, last_summaries, last_summary, map_table, map_table_ordered,
                          output_schema, output_type)
 from llmops.templates import TemplateError
 
 __version__ = "0.1.0"   # the package version (pyproject.toml reads it from here)
-__all__ = ["MapRun", "MapSpec", "RunSummary", "TemplateError", "last_summary", "llm_map", "map_table",
-           "map_table_ordered", "output_schema", "output_type"]
+__all__ = ["MapRun", "MapSpec", "RunSummary", "TemplateError", "last_summaries", "last_summary", "llm_map",
+           "map_table", "map_table_ordered", "output_schema", "output_type"]
 SEMANTIC = ("llm_filter", "llm_join", "resolve", "llm_reduce")  # llmops.semantic.polars, imported on first use
 
 

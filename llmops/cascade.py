@@ -10,7 +10,7 @@ Which rows go on (`escalates`): a row the model answered (finish_reason not null
 when
 - its output is null: an engine error (a prompt too long for the model...), a structured output cut by
   max_new_tokens, an unparsable output, an answer that is not one of the choices;
-- the caller's check flags it (an `llm_map`'s `validate` rules: `llmops.semantic.validate`);
+- the caller's check flags it (an `llm_map`'s `validate` rules: `llmops.validate`);
 - `min_confidence` is set and the row's confidence (`engine.decoding.confidence`) is below it, or unknown (an
   engine that reports none, or a result cached before results carried one).
 Rows never sent to a model (null or empty inputs, unrenderable rows) keep the first model's null answer. The

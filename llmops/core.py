@@ -77,8 +77,8 @@ from llmops.report import failure_kind
 from llmops.result_cache import CachedResult, RowWriter, open_cache, result_key
 from llmops.row_claims import Claim
 from llmops.row_clock import RowClock
-from llmops.structured import arrow_type, parse_json_output, to_json_schema
-from llmops.summary import RunSummary, last_summary, record  # noqa: F401 (last_summary: re-exported)
+from llmops.structured import arrow_type, decoding_schema, parse_json_output, to_json_schema
+from llmops.summary import RunSummary, last_summaries, last_summary, record  # noqa: F401 (re-exported)
 from llmops.templates import ON_EMPTY, RowOutcome, check_columns, check_examples, render_rows, template_fields
 from llmops.truncation import truncate_prompt, truncate_prompts  # noqa: F401 (truncate_prompt: re-exported)
 
@@ -198,7 +198,8 @@ def sampling_params(spec: MapSpec) -> SamplingParams:
     """The engine's SamplingParams for `spec` (raises ValueError on an invalid combination)."""
     return SamplingParams(
         max_new_tokens=spec.max_new_tokens, temperature=spec.temperature, top_p=spec.top_p, top_k=spec.top_k,
-        seed=spec.seed, stop=spec.stop, json_schema=spec.schema, choices=spec.choices, regex=spec.regex,
+        seed=spec.seed, stop=spec.stop, json_schema=None if spec.schema is None else decoding_schema(spec.schema),
+        choices=spec.choices, regex=spec.regex,
         chat=spec.chat, logprobs=spec.logprobs)
 
 
@@ -274,6 +275,7 @@ class Job:
         self._lock = threading.Lock()
         self._done: dict[str, CachedResult] = {}
         self._bar: Progress | None = None
+        self.created = time.perf_counter()   # when the job was built (`llmops.summary.record` groups queries)
 
     def progress(self, rows: int, enabled: bool | None) -> Progress:
         """The job's one progress bar, its total grown by this call's `rows` (closed with the job)."""
@@ -312,7 +314,7 @@ class Job:
         if prompts:
             rows = round(len(prompts) * table.num_rows / sample.num_rows)
             with engine_lock(self.engine):
-                plan = self.engine.plan(prompts, sampling_params(spec), rows=rows)
+                plan = plan_job(self.engine, prompts, sampling_params(spec), rows=rows)
             with self._lock:
                 self.plan = self.plan or plan
 
@@ -401,6 +403,7 @@ class MapRun:
         self._iter: Iterator[pa.RecordBatch] | None = None
         self._check = check
         self.stage_runs: list[MapRun] = []               # a cascade's run of each model, in order
+        self.records = True                              # False for a cascade's stage: its cascade records
 
     def __iter__(self) -> MapRun:
         return self
@@ -467,6 +470,8 @@ class MapRun:
                 if spec.on_long_prompt == "truncate":
                     prompts = truncate_prompts(prompts, eng, spec.max_new_tokens, params)
                 live = [0]   # tokens of rows reported finished in this call, for the bar's tok/s
+                bar.expect(len(pending), spec.max_new_tokens, getattr(self.job.plan, "predicted_tokens_per_s", None))
+                steps = [0, 0]   # decode steps and tokens of this call, for the debug log
 
                 def report(idx: int, c: Completion) -> None:
                     """One row finished in the engine's decode loop: store it, move the bar by its rows."""
@@ -480,12 +485,28 @@ class MapRun:
                     elapsed = time.perf_counter() - start
                     self.clock.add(elapsed, rows)
                     tokens = max(summary.generated_tokens, live[0])
-                    bar.advance(rows, tokens_per_s=tokens / elapsed if elapsed > 0 else 0.0)
+                    bar.advance(rows, tokens=len(c.token_ids), tokens_per_s=tokens / elapsed if elapsed > 0 else 0.0)
+
+                def step(tokens: int) -> None:
+                    """One decode step of the engine: move the display; a debug line per step."""
+                    steps[0] += 1
+                    steps[1] += tokens
+                    bar.step(tokens)
+                    if log.isEnabledFor(logging.DEBUG):
+                        log.debug("step %d: %d tokens (%d this call, %.1f s)", steps[0], tokens, steps[1],
+                                  time.perf_counter() - start)
                 with engine_lock(eng):
                     stats = getattr(eng, "stats", None)
                     before = stats.snapshot() if stats is not None else None
-                    for group in _stream(eng, prompts, params, self.job.plan, report):
+                    if self.job.plan is not None and log.isEnabledFor(logging.INFO):
+                        log.info("%d rows to generate (%d more served from the cache or deduped) with %s",
+                                 len(pending), self.table.num_rows - len(pending), _plan_text(self.job.plan))
+                    block_began = time.perf_counter()
+                    for group in _stream(eng, prompts, params, self.job.plan, report, step):
                         plan = getattr(eng, "last_plan", None)
+                        log.info("block of %d rows done in %.1f s (%d tokens)", len(group),
+                                 time.perf_counter() - block_began, sum(len(c.token_ids) for _, c in group))
+                        block_began = time.perf_counter()
                         done = [(pending[idx], _to_cached(c, eng), c.error) for idx, c in group]
                         summary.generated_rows += len(done)
                         summary.generated_tokens += sum(r.completion_tokens for _, r, _ in done)
@@ -525,7 +546,8 @@ class MapRun:
             if summary.rows_by_model:
                 summary.seconds_by_model = {spec.model: summary.seconds}
             total = self.job.finished(summary, plan)
-            record(total)
+            if self.records:
+                record(total, job=self.job, created=self.job.created, began=start)
 
     def _run_cascade(self) -> Iterator[pa.RecordBatch]:
         """Each model of the cascade on the rows the one before left (`llmops.cascade`), one run of the
@@ -540,6 +562,7 @@ class MapRun:
             prompts = None if self._prompts is None else [self._prompts[i] for i in rows]
             run = MapRun(self.table if whole else self.table.take(rows), job.spec, cache_dir=self._cache_dir,
                          progress=self._progress, job=job, prompts=prompts)
+            run.records = False
             self.stage_runs.append(run)
             summary.escalated += 0 if whole else len(rows)
             ids = pa.array(rows, pa.int64())
@@ -567,7 +590,8 @@ class MapRun:
                                             for m in {**summary.seconds_by_model, **done.seconds_by_model}}
             self.engine_stats = self.stage_runs[0].engine_stats if self.stage_runs else None
             summary.seconds = time.perf_counter() - start
-            record(self.job.finished(summary, self.job.stages[0].plan))
+            record(self.job.finished(summary, self.job.stages[0].plan), job=self.job, created=self.job.created,
+                   began=start)
 
     _empty_nulls: set[int] = set()  # rows with empty values under on_empty="null": error text, no reason
 
@@ -675,17 +699,25 @@ def _to_cached(c: Completion, eng: Any = None) -> CachedResult:
     return CachedResult(c.text, c.finish_reason, int(c.prompt_tokens), len(c.token_ids), c.confidence, logprobs)
 
 
-def _stream(eng: Any, prompts: list[Any], params: SamplingParams, plan: Any,
-            on_finished: Any = None) -> Iterator[list[tuple[int, Completion]]]:
+def _stream(eng: Any, prompts: list[Any], params: SamplingParams, plan: Any, on_finished: Any = None,
+            on_step: Any = None) -> Iterator[list[tuple[int, Completion]]]:
     """The engine's groups; `on_finished(index, completion)` goes to an engine whose `stream` takes it
-    (`engine.LLM`: rows reported as they finish, for `RowWriter`), else rows are stored per group."""
+    (`engine.LLM`: rows reported as they finish, for `RowWriter`), else rows are stored per group;
+    `on_step(tokens)` (each decode step, for the progress display) likewise."""
     if not hasattr(eng, "stream"):
         yield list(enumerate(eng.generate(prompts, params)))
         return
     kwargs: dict[str, Any] = {"plan": plan} if hasattr(eng, "plan") else {}
-    if on_finished is not None and _takes(eng.stream, "on_finished"):
-        kwargs["on_finished"] = on_finished
+    for name, hook in (("on_finished", on_finished), ("on_step", on_step)):
+        if hook is not None and _takes(eng.stream, name):
+            kwargs[name] = hook
     yield from eng.stream(prompts, params, **kwargs)
+
+
+def _plan_text(plan: Any) -> str:
+    """A plan as the log shows it: `Plan.explain()` (placement, predicted speed) or its repr."""
+    explain = getattr(plan, "explain", None)
+    return ("the plan:\n" + explain()) if callable(explain) else repr(plan)
 
 
 def _takes(fn: Any, name: str) -> bool:
@@ -717,7 +749,7 @@ def map_table(table: pa.Table, spec: MapSpec, *, cache_dir: CacheDir = None, pro
     check: for a cascade, `check(inputs, outputs)` flags rows whose output fails the caller's rules, so they
     run on the next model too (`llmops.cascade`).
     The returned MapRun's `.summary` holds this call's figures (final once exhausted), `.job.summary` the
-    job's; `last_summary()` returns the job's."""
+    job's; `last_summary()` returns the job's, or its query's (`llmops.summary.last_summary`)."""
     return MapRun(table, spec, cache_dir=cache_dir, progress=progress, engine=engine, job=job, prompts=prompts,
                   check=check)
 

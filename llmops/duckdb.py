@@ -37,6 +37,7 @@ from llmops import coalesce
 from llmops.core import Job, MapSpec, check_choices, map_table_ordered
 from llmops.structured import arrow_type, to_json_schema
 from llmops.templates import TemplateError, template_fields
+from llmops.validate import check_rule_syntax, run_checked
 
 _META = ("finish_reason", "error", "text", "prompt_tokens", "completion_tokens", "confidence", "model")
 
@@ -74,8 +75,9 @@ class _Udf:
     """The Arrow UDF behind one registered function: owns a job per template seen (and its coalescer)."""
 
     def __init__(self, template: str | None, spec_kwargs: dict[str, Any], run_kwargs: dict[str, Any],
-                 engine: Any) -> None:
+                 engine: Any, rules: tuple[str, ...] = (), max_attempts: int = 2) -> None:
         self.template, self.spec_kwargs, self.run_kwargs, self.engine = template, spec_kwargs, run_kwargs, engine
+        self.rules, self.max_attempts = rules, max_attempts
         self._specs: dict[str, MapSpec] = {}
         self._jobs: dict[str, tuple[Job, coalesce.Coalescer]] = {}
         self._lock = threading.Lock()
@@ -94,9 +96,15 @@ class _Udf:
         with self._lock:
             if template not in self._jobs:
                 job = Job(spec, engine=self.engine)
-                run = lambda table: map_table_ordered(table, spec, job=job, **self.run_kwargs)  # noqa: E731
-                self._jobs[template] = (job, coalesce.for_job(job, run))
+                self._jobs[template] = (job, coalesce.for_job(job, lambda table: self._map(table, spec, job)))
             return self._jobs[template]
+
+    def _map(self, table: pa.Table, spec: MapSpec, job: Job) -> pa.Table:
+        """One chunk's rows of `job`, validated and retried when there are rules."""
+        if self.rules:
+            return run_checked(table, spec, rules=self.rules, max_attempts=self.max_attempts, job=job,
+                               **self.run_kwargs).table
+        return map_table_ordered(table, spec, job=job, **self.run_kwargs)
 
     def __call__(self, *args: pa.ChunkedArray) -> pa.Array:
         if self.template is None:
@@ -141,7 +149,8 @@ class _Udf:
 def register(con: duckdb.DuckDBPyConnection, *, name: str = "llm_map", template: str | None = None,
              model: str = "smollm2-135m-instruct", schema: Any = None, choices: Sequence[str] | None = None,
              cache_dir: str | Path | None | Literal[False] = None, progress: bool | None = False,
-             engine: Any = None, **generation: Any) -> str:
+             engine: Any = None, validate: str | Sequence[str] = (), max_attempts: int = 2,
+             **generation: Any) -> str:
     """Create SQL function `name` on `con` (see module docstring); returns `name`.
 
     generation: the other `MapSpec` fields (system, examples, regex, max_new_tokens, temperature, top_p,
@@ -149,13 +158,20 @@ def register(con: duckdb.DuckDBPyConnection, *, name: str = "llm_map", template:
     `engine.LLM`). engine: an object with the `engine.LLM` API (default: the process-wide engine for `model`).
     `cascade=[small, large], min_confidence=0.9` answers each row with the first model sure enough of it
     (`llmops.cascade`: one job per model per template; it replaces `model`, and `engine` is then a mapping
-    {model: engine})."""
+    {model: engine}). `validate`: DuckDB rules (one or a list, `llmops.validate`) over the template's
+    placeholders and `output`; a row that breaks one runs again with the failure fed back (within its chunk),
+    at most `max_attempts` times in all, then gives NULL (its error counted in `llmops.last_summary()`)."""
+    rules = (validate,) if isinstance(validate, str) else tuple(validate)
+    for rule in rules:
+        check_rule_syntax(rule)
+    if max_attempts < 1:
+        raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ValueError(f"function name {name!r} must be a plain SQL identifier")
     spec_kwargs = _spec_kwargs(model, schema, choices, dict(generation))
     if template is not None:
         MapSpec(template=template, **spec_kwargs)
-    udf = _Udf(template, spec_kwargs, {"cache_dir": cache_dir, "progress": progress}, engine)
+    udf = _Udf(template, spec_kwargs, {"cache_dir": cache_dir, "progress": progress}, engine, rules, max_attempts)
     impl = f"__llmops_{name}_impl"
     ret = duckdb_type(udf.out_type)
     side_effects = float(spec_kwargs.get("temperature", 0.0)) > 0

@@ -31,6 +31,7 @@ import pyarrow as pa
 from llmops import coalesce
 from llmops.core import Job, MapSpec, map_table_ordered, output_type
 from llmops.templates import template_fields
+from llmops.validate import check_rule_syntax, run_checked
 
 _MEMO = 8             # (input, output) pairs an expression keeps to answer Polars' repeated calls
 _META = ("output", "finish_reason", "error", "text", "prompt_tokens", "completion_tokens", "confidence", "model")
@@ -45,8 +46,9 @@ class _MapBatches:
     """The UDF of one `llm_map` expression: owns the spec, the job, and the last few (input, output) pairs."""
 
     def __init__(self, spec: MapSpec, dtype: pl.DataType, meta: bool, cache_dir: Any, progress: bool | None,
-                 engine: Any) -> None:
+                 engine: Any, rules: tuple[str, ...] = (), max_attempts: int = 2) -> None:
         self.spec, self.dtype, self.meta = spec, dtype, meta
+        self.rules, self.max_attempts = rules, max_attempts
         self.kw = {"cache_dir": cache_dir, "progress": progress}
         self.job = Job(spec, engine=engine)
         self._coalescer = coalesce.for_job(self.job, self._run)
@@ -73,6 +75,9 @@ class _MapBatches:
 
     def _run(self, table: pa.Table) -> pa.Table:
         self.generations += 1
+        if self.rules:
+            return run_checked(table, self.spec, rules=self.rules, max_attempts=self.max_attempts, job=self.job,
+                               **self.kw).table
         return map_table_ordered(table, self.spec, job=self.job, **self.kw)
 
 
@@ -96,6 +101,7 @@ def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any 
             on_long_prompt: Literal["error", "truncate"] = "error", columns: Mapping[str, str | pl.Expr] | None = None,
             on_empty: Literal["null", "error", "run"] = "null",
             cascade: Sequence[str] | Mapping[str, Any] | None = None, min_confidence: float | None = None,
+            validate: str | Sequence[str] = (), max_attempts: int = 2,
             with_meta: bool = False, cache_dir: str | Path | None | Literal[False] = None,
             progress: bool | None = None, engine: Any = None) -> pl.Expr:
     """An expression generating one value per row from `template` (see `llmops.core.MapSpec` for the
@@ -111,6 +117,10 @@ def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any 
     (`llmops.cascade`). `columns` binds placeholder names to other columns or expressions (default
     `pl.col(name)`). `engine` is an object with the `engine.LLM` API (default: the process-wide engine for
     `model`); with a cascade, a mapping {model: engine} (models left out get the process-wide one).
+    `validate`: DuckDB rules (one or a list, `llmops.validate`) over the placeholders and `output` (a struct
+    output's fields are `output.field`), e.g. `"output.total > 0"`; a row whose output breaks one runs again
+    with the failure fed back, at most `max_attempts` times in all, then gets a null output and an error
+    naming the rule (a rule DuckDB cannot run raises `llmops.validate.RuleError` when the query runs).
     Template errors (bad syntax) raise here; unknown columns raise Polars' ColumnNotFoundError (naming
     the column and listing the frame's columns) when the query runs, before any generation."""
     spec = MapSpec(template=template, model=model, system=system, examples=tuple(examples or ()), schema=schema,
@@ -119,6 +129,11 @@ def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any 
                    stop=stop, chat=chat, engine=tuple((engine_settings or {}).items()),
                    on_long_prompt=on_long_prompt, on_empty=on_empty, cascade=cascade or (),
                    min_confidence=min_confidence)
+    rules = (validate,) if isinstance(validate, str) else tuple(validate)
+    for rule in rules:
+        check_rule_syntax(rule)
+    if max_attempts < 1:
+        raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
     names = template_fields(template)
     if not names:
         raise ValueError(f"template {template!r} has no {{column}} placeholder: nothing to map over")
@@ -137,7 +152,7 @@ def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any 
     if spec.choices is not None:   # choices come back as pl.Enum of exactly those categories
         enum = pl.Enum(list(dict.fromkeys(spec.choices)))
         dtype = pl.Struct({**dict(dtype), "output": enum}) if with_meta else enum
-    udf = _MapBatches(spec, dtype, with_meta, cache_dir, progress, engine)
+    udf = _MapBatches(spec, dtype, with_meta, cache_dir, progress, engine, rules, max_attempts)
     return pl.struct(exprs).map_batches(udf, return_dtype=dtype, is_elementwise=True).alias(default_name(spec))
 
 

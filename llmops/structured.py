@@ -6,6 +6,11 @@ a type (Polars dtype, Python type or a JSON type name: `{"amount": pl.Float64, "
 required, no extra properties) so the engine's constrained decoding yields every field. `arrow_type`
 maps a JSON schema to the Arrow type of the output column and `parse_json_output` turns a finished
 generation into a value of that type (raising ValueError naming the field at fault).
+
+The grammar and the parser agree: every JSON text the grammar of `decoding_schema(schema)` allows parses into
+the column. An `integer` is int64, so the grammar bounds integers to that range (`INT_BOUND`); a `number` is
+float64, and a JSON number beyond its range is the float64 it rounds to, +-inf, as JSON parsers round it
+(the grammar allows any exponent). NaN and Infinity are no JSON values and never parse.
 Nothing here imports polars or pydantic eagerly.
 """
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow as pa
 
@@ -23,6 +28,12 @@ _NAMES = {
     "number": "number", "float": "number", "float64": "number", "double": "number",
     "boolean": "boolean", "bool": "boolean",
 }
+# The widest integer bounds the grammar compiler (llguidance) takes: it reads bounds as float64, where int64's
+# own limits round to 2**63, out of its range; 2**63 - 1024 is the largest float64 below 2**63.
+INT_BOUND = 2**63 - 1024
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_NODES = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
 
 
 def _is_json_schema(d: Mapping[str, Any]) -> bool:
@@ -179,20 +190,93 @@ def coerce(value: Any, typ: pa.DataType, where: str = "$") -> Any:
             raise ValueError(f"{where}: expected a boolean, got {value!r}")
         return value
     if pa.types.is_integer(typ):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
-            raise ValueError(f"{where}: expected an integer, got {value!r}")
-        return int(value)
+        number = _integral(value)
+        low, high = _int_range(typ)
+        if number is None or not low <= number <= high:
+            raise ValueError(f"{where}: expected an integer in [{low}, {high}], got {_short(value)}")
+        return number
     if pa.types.is_floating(typ):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{where}: expected a number, got {value!r}")
-        return float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:     # NaN
+            raise ValueError(f"{where}: expected a number, got {_short(value)}")
+        return _to_float(value)
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def parse_json_output(text: str, schema: dict[str, Any], typ: pa.DataType) -> Any:
-    """Parse a finished generation into a value of Arrow type `typ` (see `arrow_type(schema)`)."""
+def _integral(value: Any) -> int | None:
+    """`value` as an int when it is a whole number (an int, or a float with no fraction), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _int_range(typ: pa.DataType) -> tuple[int, int]:
+    """The smallest and largest value of Arrow integer type `typ`."""
+    bits = typ.bit_width
+    if pa.types.is_signed_integer(typ):
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
+def _to_float(value: int | float) -> float:
+    """The float64 a JSON number rounds to: +-inf beyond float64's range (an int too large for float())."""
     try:
-        value = json.loads(text)
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def _short(value: Any) -> str:
+    """`repr(value)`, cut to 80 characters (a generated integer may have hundreds of digits)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _not_json(name: str) -> NoReturn:
+    raise ValueError(f"output is not valid JSON ({name} is not a JSON value)")
+
+
+def parse_json_output(text: str, schema: dict[str, Any], typ: pa.DataType) -> Any:
+    """Parse a finished generation into a value of Arrow type `typ` (see `arrow_type(schema)`). ValueError when
+    `text` is not JSON (Python's NaN / Infinity literals included) or does not fit `typ`."""
+    try:
+        value = json.loads(text, parse_constant=_not_json)
     except json.JSONDecodeError as exc:
         raise ValueError(f"output is not valid JSON ({exc.msg} at char {exc.pos})") from None
     return coerce(value, typ)
+
+
+def decoding_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema constrained decoding uses for `schema`: a copy in which every node whose values become
+    int64 (`type` integer, or integer and null) is bounded to [-INT_BOUND, INT_BOUND] (tighter bounds of its
+    own stay), so every integer the grammar allows fits the column. Subschemas are followed through
+    properties, items, $defs, anyOf/oneOf/allOf and the other keywords that hold schemas."""
+    out = _bound_integers(schema)
+    return out if isinstance(out, dict) else schema
+
+
+def _bound_integers(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_bound_integers(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _bound_integers(sub) for name, sub in out[key].items()}
+    for key in (*_SCHEMA_LISTS, *_SCHEMA_NODES):
+        if key in out:
+            out[key] = _bound_integers(out[key])
+    kind = out.get("type")
+    kinds = [k for k in kind if k != "null"] if isinstance(kind, list) else [kind]
+    if kinds == ["integer"]:
+        for key, bound, tighter in (("minimum", -INT_BOUND, max), ("maximum", INT_BOUND, min)):
+            given = out.get(key)
+            if given is None:
+                out[key] = bound
+            elif isinstance(given, (int, float)) and not isinstance(given, bool):
+                out[key] = tighter(given, bound)
+    return out

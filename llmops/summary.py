@@ -1,8 +1,12 @@
 """`RunSummary`: the figures of one map run (or of a job, summed over its calls), and the process-wide
-record of the latest job's summary behind `llmops.last_summary()`. Pure Python, no engine."""
+record of the latest query's jobs behind `llmops.last_summary()` and `llmops.last_summaries()`. Pure
+Python, no engine."""
 from __future__ import annotations
 
 import threading
+import time
+import weakref
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from itertools import zip_longest
 from typing import Any
@@ -71,19 +75,75 @@ class RunSummary:
         return f"; {self.escalated} escalated; by model: {models}"
 
 
-_last: list[RunSummary] = []
+class _Query:
+    """The jobs of one query (see `last_summary`): their summaries in order of first record, and the span
+    of their calls."""
+
+    def __init__(self, began: float) -> None:
+        self.jobs: list[tuple[Callable[[], object], RunSummary]] = []   # (weak reference to the job, summary)
+        self.began = began
+        self.ended = began
+        self.read = False
+
+    def holds(self, job: object) -> int | None:
+        return next((k for k, (ref, _) in enumerate(self.jobs) if ref() is job), None)
+
+
+_query: list[_Query] = []
 _last_lock = threading.Lock()
 
 
 def last_summary() -> RunSummary | None:
-    """The summary of the job of the most recent finished (or failed) map run in this process, any thread
-    (DuckDB runs UDFs on its own threads): all the calls of that job so far (a DuckDB query's vectors, a
-    Polars expression's morsels). None before the first run."""
+    """The figures of the most recent query in this process (None before the first run), any thread (DuckDB
+    runs UDFs on its own threads). A query is the jobs that ran together: a job (one map run, one Polars
+    expression, one registered DuckDB function) joins the latest query when it was built before that query's
+    last call ended, or when it is already part of it; so the expressions of one Polars `with_columns` or
+    `select` are one query, however Polars schedules them, and two runs one after the other are two. Reading
+    the summary ends the query: the next job starts a new one. One job: its summary, all its calls so far (a
+    DuckDB query's vectors, a Polars expression's morsels). Several: their figures added up (`rows` counts
+    each job's rows, `calls` every call), `seconds` the wall time from the first call's start to the last
+    call's end; `last_summaries()` gives them one per job."""
     with _last_lock:
-        return _last[-1] if _last else None
+        if not _query:
+            return None
+        query = _query[-1]
+        query.read = True
+        if len(query.jobs) == 1:
+            return query.jobs[0][1]
+        total = RunSummary(calls=0)
+        for _, summary in query.jobs:
+            total.add(summary)
+        total.seconds = query.ended - query.began
+        return total
 
 
-def record(summary: RunSummary) -> None:
-    """Make `summary` what `last_summary()` returns (any thread)."""
+def last_summaries() -> list[RunSummary]:
+    """The summary of each job of the most recent query (see `last_summary`), in the order they first
+    finished a call; [] before the first run."""
     with _last_lock:
-        _last[:] = [summary]
+        if not _query:
+            return []
+        _query[-1].read = True
+        return [summary for _, summary in _query[-1].jobs]
+
+
+def record(summary: RunSummary, *, job: object = None, created: float | None = None,
+           began: float | None = None) -> None:
+    """Make `summary` (job `job`'s, all its calls so far) part of what `last_summary()` returns (any thread).
+    created: when the job was built (`time.perf_counter()`); began: when the call that just ended started.
+    Without `job` the summary is a query of its own."""
+    now = time.perf_counter()
+    began = now - summary.seconds if began is None else began
+    opened = created if created is not None and summary.calls <= 1 else began
+    with _last_lock:
+        query = _query[-1] if _query and not _query[-1].read else None
+        at = None if query is None or job is None else query.holds(job)
+        if query is None or (at is None and (job is None or opened > query.ended)):
+            query, at = _Query(began), None
+            _query[:] = [query]
+        if at is None:
+            query.jobs.append((weakref.ref(job) if job is not None else lambda: None, summary))
+        else:
+            query.jobs[at] = (query.jobs[at][0], summary)
+        query.began = min(query.began, began)
+        query.ended = max(query.ended, now)

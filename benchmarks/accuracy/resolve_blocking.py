@@ -23,8 +23,7 @@ from benchmarks.common import ROOT, add_record_args, new_record, save_record  # 
 sys.path.insert(0, str(ROOT / "sample_data"))
 from make_entity_samples import customer_records  # noqa: E402
 
-from llmops.semantic.blocking import Blocking, candidate_pairs, pair_recall  # noqa: E402
-from llmops.semantic.compare import render_record  # noqa: E402
+from llmops.semantic.blocking import Blocking, blocking_text, candidate_pairs, pair_recall  # noqa: E402
 from llmops.semantic.components import true_pairs  # noqa: E402
 
 SETTINGS = {  # name -> (Blocking, use the phone key)
@@ -50,7 +49,7 @@ def main() -> None:
     add_record_args(ap)
     args = ap.parse_args()
     rows = records(args.rows)
-    texts = [render_record(r, ["name", "city"]) for r in rows]
+    texts = [blocking_text(r, ["name", "city"]) for r in rows]
     truth = true_pairs([r["label_entity"] for r in rows])
     n = len(rows)
     record = new_record("resolve_blocking", f"customers-{n}", None, commit=args.commit)

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository 
 from benchmarks.common import ROOT, add_record_args, new_record, save_record  # noqa: E402
 from llmops.pipeline.load import load_pipeline  # noqa: E402
 from llmops.pipeline.runner import run_pipeline  # noqa: E402
-from llmops.semantic.blocking import Blocking, candidate_pairs, cross_candidate_pairs, pair_recall  # noqa: E402
-from llmops.semantic.compare import render_record  # noqa: E402
+from llmops.semantic.blocking import (Blocking, blocking_text, candidate_pairs, cross_candidate_pairs,  # noqa: E402
+                                      pair_recall)
 from llmops.semantic.components import pair_scores, true_pairs  # noqa: E402
 
 TASKS = ("resolve_customers", "join_products", "reduce_tickets")
@@ -50,7 +50,7 @@ def score_resolve(out: dict[str, list[Any]], step: dict[str, Any], cfg: Any) -> 
     labels = {int(r["id"]): r["label_entity"] for r in _csv("customers_dupes.csv")}
     truth = [labels[i] for i in out["id"]]
     scores = pair_scores(out["entity_id"], truth)
-    texts = [render_record({"name": n, "city": c}, ["name", "city"]) for n, c in zip(out["name"], out["city"])]
+    texts = [blocking_text({"name": n, "city": c}, ["name", "city"]) for n, c in zip(out["name"], out["city"])]
     found = candidate_pairs(texts, [out["phone_key"]], _blocking(cfg.blocking))
     scores["blocking_recall_of_true_pairs"] = pair_recall(found, true_pairs(truth))
     return {**{k: round(v, 4) if isinstance(v, float) else v for k, v in scores.items()},

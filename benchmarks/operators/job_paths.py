@@ -158,7 +158,7 @@ def build_parser(cuda: bool) -> argparse.ArgumentParser:
     ap.add_argument("--work-dir", default=None, help="folder for the input and output files (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=None,
                     help="JSONL file the records are appended to (default benchmarks/records/<machine>/job_paths.jsonl)")
-    ap.add_argument("--fresh", action="store_true", help="empty --out first instead of appending")
+    ap.add_argument("--fresh", action="store_true", help="empty --out first instead of appending (needs --out)")
     ap.add_argument("--torch-threads", type=int, default=None,
                     help="torch.set_num_threads(N) first (default: torch's own choice). On a shared CPU, 1 keeps "
                          "paths comparable: with 2 threads on 2 busy cores, calls from the main thread (engine, "
@@ -338,6 +338,8 @@ def main() -> None:
     args.gpu_memory = None if args.gpu_memory in (None, "", "none", "None") else args.gpu_memory
     settings = engine_settings(args)
     args.model_ref = str(Path(args.model).resolve()) if Path(args.model).is_dir() else args.model
+    if args.fresh and args.out is None:
+        ap.error("--fresh empties the file --out names; without --out it would empty the machine's records")
     out = args.out or record_path("job_paths")
     if args.fresh:
         write_text_atomic(out, "")

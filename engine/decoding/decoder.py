@@ -18,7 +18,9 @@ token stays in `token_ids` but never in the text; a stop string is cut from the 
 Row-finish hook: `on_finished(row, completion)` is called once per row, from inside the call that records
 the row's last token (on the executor's decode loop, before the block ends), with the row's final
 Completion (text decoded then); `completions()` returns those same objects. Rows the executor never
-reached are not passed to it (they only exist as "length" rows in `completions()`).
+reached are not passed to it (they only exist as "length" rows in `completions()`). Step hook: `on_step(tokens)`
+is called at the end of every call (a GPU batch's first tokens after its prefill, or one decode step), with
+the number of tokens chosen in it, so a caller can show progress while a block decodes.
 
 Timing: `grammar_s` and `callback_s` hold the seconds this decoder spent in the grammar (masks and
 advances; a mask computed ahead on the mask thread counts only the time the call waits for it) and in
@@ -53,13 +55,15 @@ class BlockDecoder:
     sampling keys (engine.decoding.sampling.sequence_keys), required when params.temperature > 0; tokenizer: needed
     for stop strings and text (None: text stays empty); constraint: the block's grammar matchers or None.
     on_finished: called as `on_finished(row, completion)` when a row finishes (see the module docstring); it
-    runs on the decode loop, so it must be quick, and an exception it raises aborts the block.
+    runs on the decode loop, so it must be quick, and an exception it raises aborts the block. on_step: called
+    as `on_step(tokens)` after each call (see the module docstring), under the same duties.
     """
 
     def __init__(self, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int], params: SamplingParams,
                  *, eos_ids: Iterable[int], tokenizer: Tokenizer | None = None, keys: Sequence[int] | None = None,
                  constraint: GrammarConstraint | None = None,
-                 on_finished: Callable[[int, Completion], None] | None = None) -> None:
+                 on_finished: Callable[[int, Completion], None] | None = None,
+                 on_step: Callable[[int], None] | None = None) -> None:
         if len(max_new_tokens) != len(prompts):
             raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {len(prompts)} prompts")
         if params.temperature > 0 and (keys is None or len(keys) != len(prompts)):
@@ -81,6 +85,7 @@ class BlockDecoder:
         self._fold = conf.fold_for(params) if constraint is not None else None
         self._confidence = [0.0] * n   # per row: the folded log-probability (see engine.decoding.confidence)
         self.on_finished = on_finished
+        self.on_step = on_step
         self._done: dict[int, Completion] = {}   # rows finished and reported to on_finished
         self.grammar_s = {"prefill": 0.0, "decode": 0.0}
         self.callback_s = {"prefill": 0.0, "decode": 0.0}
@@ -138,6 +143,10 @@ class BlockDecoder:
                 self.callback_s[phase] += time.perf_counter() - began
         if self.constraint is not None:       # the rows' next masks, while the device runs their next step
             self.constraint.prefetch([row for row, done in zip(rows, finished) if not done])
+        if self.on_step is not None:
+            began = time.perf_counter()
+            self.on_step(len(rows))
+            self.callback_s[phase] += time.perf_counter() - began
         return tokens, finished
 
     def _advance_grammar(self, row: int, token: int) -> tuple[int, FinishReason | None]:

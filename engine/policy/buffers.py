@@ -127,13 +127,32 @@ class BufferPlan:
 
 
 def _merged(entries: Sequence[BufferSpec]) -> tuple[BufferSpec, ...]:
-    """`entries` with those of the same name and index reduced to the largest."""
-    out: dict[tuple, BufferSpec] = {}
+    """`entries` with every buffer in one entry, the largest: entries of one name and index reduced to the
+    largest, and entries of one name template whose buffers overlap (a buffer several GPU batches of unlike
+    shapes share) split into one entry per buffer."""
+    by_name: dict[str, dict[tuple, BufferSpec]] = {}
     for spec in entries:
-        key = (spec.name, spec.index)
-        if key not in out or out[key].nbytes < spec.nbytes:
-            out[key] = spec
-    return tuple(out.values())
+        same = by_name.setdefault(spec.name, {})
+        if spec.index not in same or same[spec.index].nbytes < spec.nbytes:
+            same[spec.index] = spec
+    out: list[BufferSpec] = []
+    for specs in by_name.values():
+        group = list(specs.values())
+        if not any(_overlap(a, b) for n, a in enumerate(group) for b in group[n + 1:]):
+            out += group
+            continue
+        one: dict[str, BufferSpec] = {}
+        for spec in group:
+            for name in spec.names():
+                if name not in one or one[name].nbytes < spec.nbytes:
+                    one[name] = BufferSpec(name, spec.tier, spec.shape, spec.dtype, spec.owner, spec.quant)
+        out += one.values()
+    return tuple(out)
+
+
+def _overlap(a: BufferSpec, b: BufferSpec) -> bool:
+    """Whether entries `a` and `b` of one name template name a buffer in common."""
+    return len(a.index) == len(b.index) and all(set(x) & set(y) for x, y in zip(a.index, b.index))
 
 
 @dataclass(frozen=True)
@@ -193,6 +212,17 @@ def ahead_stage_slots(attention_layers: int) -> int:
     return min(DECODE_STAGE_SLOTS, attention_layers)
 
 
+def cache_slots(layout: ModelLayout, num_batches: int, steps: Sequence[int]) -> tuple[int, ...]:
+    """The double-buffer slots ((i * J + j) * K + k) % 2 the cache loads of `steps` use (`Executor._slot`; J
+    layer specs, j the attention layers, K GPU batches): both once K > 1, else those of i * J + j."""
+    if not steps:
+        return ()
+    if num_batches > 1:
+        return (0, 1)
+    parities = {j % 2 for j in layout.attention_js}
+    return tuple(sorted({(i * layout.num_specs + j) % 2 for i in steps for j in parities}))
+
+
 def ahead_passes(batch_rows: Sequence[int], per_pass: int) -> list[list[tuple[int, int, int]]]:
     """An ahead prefill's passes over a block whose GPU batches have `batch_rows` rows: `per_pass` rows each, in
     row order; per pass, (k, first row, rows) of every batch it holds rows of."""
@@ -246,6 +276,11 @@ def _major(shape: tuple[int, ...], major: bool) -> tuple[int, ...]:
 # ---- weights ---------------------------------------------------------------------------------------------
 def weight_homes(layout: ModelLayout, policy: Policy, device_type: str) -> list[BufferSpec]:
     """Every layer's tensors on the tiers the policy's weight fractions give (`ModelLayout.placements`)."""
+    key = ("weight_homes", policy.w_gpu, policy.w_cpu, policy.w_gpu_extra, device_type)
+    return layout.derived(key, lambda: _weight_homes(layout, policy, device_type))
+
+
+def _weight_homes(layout: ModelLayout, policy: Policy, device_type: str) -> list[BufferSpec]:
     out = []
     for kl in layout.kinds:
         for tiers, js in layout.placements(policy.w_gpu, policy.w_cpu, device_type, policy.w_gpu_extra)[id(kl)]:
@@ -260,6 +295,11 @@ def weight_copies(layout: ModelLayout, policy: Policy, device_type: str,
                   steps: Sequence[int] = (0, 1)) -> list[BufferSpec]:
     """The device buffers weight loads fill and the dequantized copies of 4-bit tensors, over the steps
     `steps` (`weight_slots.step_parities`)."""
+    key = ("weight_copies", policy.w_gpu, policy.w_cpu, policy.w_gpu_extra, device_type, tuple(steps))
+    return layout.derived(key, lambda: _weight_copies(layout, policy, device_type, steps))
+
+
+def _weight_copies(layout: ModelLayout, policy: Policy, device_type: str, steps: Sequence[int]) -> list[BufferSpec]:
     cuda, out = device_type == "cuda", []
     placements = layout.placements(policy.w_gpu, policy.w_cpu, device_type, policy.w_gpu_extra)
     for kl in layout.kinds:
@@ -267,10 +307,12 @@ def weight_copies(layout: ModelLayout, policy: Policy, device_type: str,
             group = placements[id(kl)]
             moving = [j for tiers, js in group if tiers[n] == "disk" or (tiers[n] == "cpu" and cuda) for j in js]
             relayed = [j for tiers, js in group if tiers[n] == "disk" and cuda for j in js]
-            for tier, owner, js in (("gpu", "weight loads", moving), ("cpu", "weight relays", relayed)):
-                slots = (0,) if kl.ahead and quant is not None else layout.slots.slot_set(js, steps)
-                out += [BufferSpec(f"{'wbuf' if tier == 'gpu' else 'wrelay'}{slot}.{kl.kind}.{name}", tier, shape,
-                                   layout.dtype, owner, quant) for slot in (slots if js else ())]
+            for prefix, tier, owner, js in (("wbuf", "gpu", "weight loads", moving),
+                                            ("wrelay", "cpu", "weight relays", relayed)):
+                if js:
+                    slots = (0,) if kl.ahead and quant is not None else layout.slots.slot_set(js, steps)
+                    out.append(BufferSpec(f"{prefix}{{}}.{kl.kind}.{name}", tier, shape, layout.dtype, owner, quant,
+                                          (slots,)))
             if quant is not None:
                 out.append(BufferSpec(f"wdq.{kl.kind}.{name}", "gpu", shape, layout.dtype, "dequantized weights"))
     return list(_merged(out))
@@ -321,9 +363,8 @@ def block_buffers(config: ModelConfig, layout: ModelLayout, policy: Policy, bloc
     c = _cache(config, layout, policy, device_type, cache_quant, chunk_tokens)
     js, K = layout.attention_js, len(block.batches)
     prefill, decode = block.first == 0, block.steps > max(block.first, 1)
-    kv_slots = sorted({((i * layout.num_specs + j) * K + k) % 2
-                       for i in step_parities(max(block.first, 1), block.steps) for j in js for k in range(K)})
-    stage_slots = range(min(2, len(js) * K)) if prefill else ()
+    kv_slots = cache_slots(layout, K, step_parities(max(block.first, 1), block.steps))
+    stage_slots = tuple(range(min(2, len(js) * K))) if prefill else ()
     out: list[BufferSpec] = []
     for batch, ks in _groups(block.batches):
         held, own = c.held(batch), batch.length - c.held(batch)
@@ -339,11 +380,14 @@ def block_buffers(config: ModelConfig, layout: ModelLayout, policy: Policy, bloc
             if tier == "gpu" or c.aliased(tier):
                 continue
             if prefill and c.cuda:
+                chunks: dict[int, list[int]] = {}                         # rows -> the row chunks of that many
                 for r, (r0, r1) in enumerate(row_chunks(batch.rows, batch.prompt_len - batch.prefix_len,
                                                         chunk_tokens)):
-                    shape = _major((r1 - r0, h, batch.prompt_len - held, c.head_dim), major)
-                    for slot in stage_slots:
-                        out += _pair(f"kvstage{slot}.s{n}.r{r}", "cpu", shape, c.dtype, "cache stores", c.quant)
+                    chunks.setdefault(r1 - r0, []).append(r)
+                for rows, rs in chunks.items():
+                    shape = _major((rows, h, batch.prompt_len - held, c.head_dim), major)
+                    out += _pair(f"kvstage{{}}.s{n}.r{{}}", "cpu", shape, c.dtype, "cache stores", c.quant,
+                                 (stage_slots, tuple(rs)))
             if policy.cpu_attention:
                 out += _host_attention(c, batch, js, ks, n, h, held, tag) if decode else []
                 continue
@@ -351,20 +395,17 @@ def block_buffers(config: ModelConfig, layout: ModelLayout, policy: Policy, bloc
                 out += _cache_loads(c, batch, n, tier, _major(home, major), kv_slots)
                 if c.cuda:
                     shape = _major((batch.rows, h, 1, c.head_dim), major)
-                    for m in range(decode_stage_slots(len(js) * K)):
-                        out += _pair(f"kvstaged{m}.s{n}.r0", "cpu", shape, c.dtype, "cache stores", c.quant)
-    out += _hidden_homes(c, policy, block)
-    return list(_merged(out))
+                    out += _pair(f"kvstaged{{}}.s{n}.r0", "cpu", shape, c.dtype, "cache stores", c.quant,
+                                 (tuple(range(decode_stage_slots(len(js) * K))),))
+    return out + _hidden_homes(c, policy, block)
 
 
 def _cache_loads(c: _Cache, batch: BatchShape, n: int, tier: str, shape: tuple[int, ...],
                  slots: Sequence[int]) -> list[BufferSpec]:
     """The device copies a decode loads segment n into (and, on CUDA, a disk segment's relays)."""
-    out = []
-    for slot in slots:
-        out += _pair(f"kvbuf{slot}.s{n}", "gpu", shape, c.dtype, "cache loads", c.quant)
-        if c.cuda and tier == "disk":
-            out += _pair(f"kvrelay{slot}.s{n}", "cpu", shape, c.dtype, "cache relays", c.quant)
+    out = _pair(f"kvbuf{{}}.s{n}", "gpu", shape, c.dtype, "cache loads", c.quant, (tuple(slots),))
+    if c.cuda and tier == "disk":
+        out += _pair(f"kvrelay{{}}.s{n}", "cpu", shape, c.dtype, "cache relays", c.quant, (tuple(slots),))
     return out
 
 
@@ -436,9 +477,9 @@ def ahead_buffers(config: ModelConfig, layout: ModelLayout, policy: Policy, bloc
                              (js, ks))
             if c.cuda:
                 shape = _major((rows, h1 - h0, batch.prompt_len - held, c.head_dim), major)
-                for m in range(ahead_stage_slots(len(js))):
-                    out += _pair(f"kvstageahead{m}.s{n}.r0", "cpu", shape, c.dtype, "cache stores", c.quant)
-    return list(_merged(out))
+                out += _pair(f"kvstageahead{{}}.s{n}.r0", "cpu", shape, c.dtype, "cache stores", c.quant,
+                             (tuple(range(ahead_stage_slots(len(js)))),))
+    return out
 
 
 def buffer_plan(config: ModelConfig, layout: ModelLayout, policy: Policy, block: BlockShape, device_type: str, *,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from engine.policy.dtypes import dtype_of_size, element_size, stored_nbytes
 from engine.policy.placement import first_off_gpu, weight_tiers, with_extra
@@ -26,6 +26,7 @@ from engine.policy.weight_slots import WeightSlots, held_whole, kind_fractions, 
 from engine.quant.config import QuantConfig
 
 ModelConfig = Any    # `engine.models.config.ModelConfig`, read as data (the policy package builds no model)
+T = TypeVar("T")
 Placed = dict[int, list[tuple[tuple[str, ...], tuple[int, ...]]]]    # id(KindLayout) -> [(tiers, layer positions)]
 
 
@@ -94,6 +95,17 @@ class ModelLayout:
     compress_weights: bool = False
     is_moe: bool = False
     experts: ExpertBuffers | None = None
+
+    @cached_property
+    def _derived(self) -> dict[tuple, Any]:
+        return {}
+
+    def derived(self, key: tuple, make: Callable[[], T]) -> T:
+        """`make()`, computed once per layout and `key` (what a search asks for again and again: the
+        placements and weight buffers of a weight setting). The value is shared: never modify it."""
+        if key not in self._derived:
+            self._derived[key] = make()
+        return self._derived[key]
 
     def view(self, bytes_per_element: int, compress_weights: bool) -> ModelLayout:
         """This model's layout in `bytes_per_element`-byte elements (this dtype when its size matches) and with
@@ -189,6 +201,10 @@ class ModelLayout:
         """Per group (keyed by `id` of its KindLayout), (the tiers of its tensors, the positions of the layers
         that have them) as the executor places them: the fractions' tiers, then `extra` more tensors on the gpu
         (`with_extra`, in layer order)."""
+        return self.derived(("placements", w_gpu, w_cpu, device_type, extra),
+                            lambda: self._placements(w_gpu, w_cpu, device_type, extra))
+
+    def _placements(self, w_gpu: float, w_cpu: float, device_type: str, extra: int) -> Placed:
         base = {id(kl): tuple(self.tiers(kl, w_gpu, w_cpu, device_type)) for kl in self.kinds}
         if not extra:                                  # every layer of a group alike
             return {id(kl): [(base[id(kl)], kl.js)] for kl in self.kinds}

@@ -187,7 +187,3 @@ def weight_settings(layout: ModelLayout) -> list[float]:
             by_realized[r] = v
     return sorted(by_realized.values())
 
-
-def model_layout(config, bytes_per_element=2, compress_weights=False):  # DEV-SHIM
-    import importlib  # DEV-SHIM
-    return importlib.import_module("engine.runtime.layout").model_layout(config, bytes_per_element, compress_weights)  # DEV-SHIM

@@ -21,6 +21,7 @@ from llmops.pipeline.inputs import TABLE_SUFFIXES, read_input
 from llmops.pipeline.sinks import SinkWriter
 from llmops.pipeline.spec import LlmMap, Sink, check_regex, schema_from_shorthand
 from llmops.pipeline.steps import attach_output
+from llmops.templates import TemplateError
 
 
 def _schema(text: str | None) -> dict | None:
@@ -78,9 +79,14 @@ def generate(input_file: str, *, template: str | None, model: str, system: str |
     if id_column is not None and id_column not in table.column_names:
         raise click.BadParameter(f"--id {id_column!r} is not a column of the input; available columns: "
                                  f"{', '.join(table.column_names)}")
-    spec = MapSpec(template=template, model=model, system=system, schema=_schema(schema),
-                   choices=tuple(c.strip() for c in choices.split(",") if c.strip()) if choices else None,
-                   regex=regex, max_new_tokens=max_new_tokens, temperature=temperature)
+    try:
+        spec = MapSpec(template=template, model=model, system=system, schema=_schema(schema),
+                       choices=tuple(c.strip() for c in choices.split(",")) if choices is not None else None,
+                       regex=regex, max_new_tokens=max_new_tokens, temperature=temperature)
+    except TemplateError:
+        raise
+    except ValueError as exc:   # a NaN temperature, repeated or empty choices: the options are invalid (exit 2)
+        raise click.BadParameter(str(exc)) from None
     writer = None
     if output is not None:  # checked before any work: the name, and what is at that path (SinkError)
         suffix = Path(output).suffix.lower()

@@ -16,8 +16,8 @@ from llmops.pipeline.semantic_steps import dry_run_semantic, is_semantic
 from llmops.pipeline.sources import SourceError, read_source
 from llmops.pipeline.spec import RESERVED_PREFIX, LlmMapStep, Pipeline
 from llmops.pipeline.steps import ROW_COLUMN, StepError, apply_step, attach_output, map_spec, step_label
-from llmops.semantic.validate import RuleError, check_rules
 from llmops.templates import TemplateError, check_columns
+from llmops.validate import RuleError, check_rules
 
 
 def _llm_map(index: int, step: LlmMapStep, table: pa.Table, pipeline: Pipeline) -> pa.Table:

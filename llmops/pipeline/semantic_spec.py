@@ -22,7 +22,7 @@ from llmops.core import MapSpec
 from llmops.semantic.blocking import Blocking
 from llmops.semantic.compare import TEMPLATE as COMPARE_TEMPLATE
 from llmops.semantic.reduce import ROWS
-from llmops.semantic.validate import check_rule_syntax
+from llmops.validate import check_rule_syntax
 
 
 def _no_bool(value: Any) -> Any:
@@ -43,7 +43,7 @@ def _rules(value: Any) -> Any:
 
 
 Num = Annotated[int, BeforeValidator(_no_bool)]
-Real = Annotated[float, BeforeValidator(_no_bool)]
+Real = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]   # .nan and .inf: no numbers
 Rules = Annotated[list[Annotated[str, Field(min_length=1)]], BeforeValidator(_rules)]
 
 

@@ -25,9 +25,9 @@ from llmops.semantic.join import llm_join_table
 from llmops.semantic.options import Llm
 from llmops.semantic.reduce import llm_reduce_table
 from llmops.semantic.resolve import resolve_table
-from llmops.semantic.validate import RuleError, run_checked
 from llmops.summary import RunSummary
 from llmops.templates import TemplateError
+from llmops.validate import RuleError, run_checked
 
 
 @dataclass

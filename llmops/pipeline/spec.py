@@ -27,6 +27,7 @@ compile to a grammar (llguidance's grammar validation, no tokenizer needed).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from typing import Annotated, Any, Literal, Union
@@ -37,7 +38,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Di
 from llmops.cascade import as_cascade
 from llmops.core import check_choices, engine_policy, parse_size
 from llmops.pipeline.semantic_spec import SEMANTIC_STEP_KINDS, Rules
-from llmops.structured import arrow_type, to_json_schema
+from llmops.structured import arrow_type, decoding_schema, to_json_schema
 from llmops.templates import template_fields
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -67,7 +68,15 @@ def _not_bool(value: Any) -> Any:
 
 
 Int = Annotated[int, BeforeValidator(_not_bool)]
-Float = Annotated[float, BeforeValidator(_not_bool)]
+def _finite(value: Any) -> Any:
+    """A number that is not a boolean, NaN or infinite (YAML's .nan and .inf are no usable numbers)."""
+    value = _not_bool(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value}")
+    return value
+
+
+Float = Annotated[float, BeforeValidator(_finite)]
 
 
 def _grammar_problem(grammar: Any) -> str | None:
@@ -107,7 +116,7 @@ def check_json_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
     from llguidance import LLMatcher  # optional at import time: only grammar checks need llguidance
 
     try:
-        problem = _grammar_problem(LLMatcher.grammar_from_json_schema(json.dumps(normal)))
+        problem = _grammar_problem(LLMatcher.grammar_from_json_schema(json.dumps(decoding_schema(normal))))
     except (TypeError, ValueError) as exc:
         problem = str(exc)
     if problem:
@@ -346,7 +355,7 @@ class LlmMap(_Strict):
     error_column: str | None = None
     model_column: str | None = None
     confidence_column: str | None = None
-    validate_: Rules = Field([], alias="validate")  # DuckDB rules on the output (llmops.semantic.validate)
+    validate_: Rules = Field([], alias="validate")  # DuckDB rules on the output (llmops.validate)
     max_attempts: Int = Field(2, ge=1, le=10)
 
     @field_validator("cascade")

@@ -2,12 +2,15 @@
 
 Comparing every pair of n records costs n(n-1)/2 LLM calls; blocking keeps the pairs that could match:
 - exact keys: records whose normalized key (e.g. a phone, an email, a postcode) is equal;
-- character similarity: records sharing enough character q-grams. Each record becomes the set of q-grams of
-  its normalized tokens (lower case, punctuation dropped, every token padded with spaces: "noah" -> " no",
-  "noa", "oah", "ah "), so word order does not matter ("O'Brien, Noah" ~ "Noah O'Brien"). An inverted index
-  from q-gram to records finds the records that share q-grams without visiting all pairs; a q-gram held by
-  more than `max_posting` records (" th", "the") is skipped as carrying no signal. A pair is kept when its
-  Jaccard similarity |A & B| / |A | B| reaches `threshold`, at most `top_k` best per record.
+- character similarity: records sharing enough character q-grams. A record's blocking text is its compared
+  values alone (`blocking_text`: no column names, which every record would share and which would make every
+  pair look alike). Each record becomes the set of q-grams of its normalized tokens (lower case, punctuation
+  dropped, every token padded with spaces: "noah" -> " no", "noa", "oah", "ah "), so word order does not
+  matter ("O'Brien, Noah" ~ "Noah O'Brien"). An inverted index from q-gram to records finds the records that
+  share q-grams without visiting all pairs; a q-gram held by more than `max_posting` records (" th", "the")
+  is skipped as carrying no signal. A pair is kept when its Jaccard similarity |A & B| / |A | B| reaches
+  `threshold`, at most `top_k` best per record. The threshold is a floor on every pair's score whatever the
+  table's size (`max_posting` only saves work on large tables).
 
 Why our own q-gram index and not rapidfuzz or DuckDB's `jaro_winkler_similarity`: both score a pair they
 are given, so blocking with them still enumerates all n(n-1)/2 pairs (rapidfuzz's `cdist` does it fast, in
@@ -18,8 +21,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 _NON_WORD = re.compile(r"[^\w]+")
 
@@ -46,6 +50,11 @@ class Blocking:
             raise ValueError("blocking.top_k must be at least 1 and blocking.max_posting at least 2")
         if self.threshold is None and not self.keys:
             raise ValueError("blocking needs keys or a similarity threshold (else every pair is a candidate)")
+
+
+def blocking_text(row: Mapping[str, Any], columns: Sequence[str]) -> str:
+    """The text a record is blocked on: its non-null values of `columns`, space-separated, no column names."""
+    return " ".join(str(row[c]) for c in columns if row.get(c) is not None)
 
 
 def normalize(text: str) -> str:

@@ -1,7 +1,11 @@
-"""Connected components of matched pairs (union-find) and pairwise cluster quality (pure functions).
+"""Clusters of matched pairs and pairwise cluster quality (pure functions).
 
-`components(n, pairs)` labels each of n records with the smallest record index of its component, so a
-record that matched nothing is its own entity and the labels are stable for a given input. `true_pairs`
+`components(n, pairs)` labels each of n records with the smallest record index of its connected component,
+so a record that matched nothing is its own entity and the labels are stable for a given input.
+`clusters(n, same, different)` is what `resolve` uses: the components of the `same` pairs cut by the
+`different` ones (a light correlation clustering). A chain of Same answers (a ~ b, b ~ c) never puts two
+records the model called Different (a, c) into one entity: the `same` pairs are merged in the order given
+(best first), and a merge is skipped when any pair across the two clusters is a `different` pair. `true_pairs`
 and `pair_scores` compare a clustering with labels the way entity-resolution papers do (over record pairs).
 """
 from __future__ import annotations
@@ -22,12 +26,41 @@ def components(n: int, pairs: Iterable[tuple[int, int]]) -> list[int]:
         return x
 
     for a, b in pairs:
-        if not (0 <= a < n and 0 <= b < n):
-            raise IndexError(f"pair ({a}, {b}) names a record outside 0..{n - 1}")
+        _check(n, a, b)
         ra, rb = find(a), find(b)
         if ra != rb:
             parent[max(ra, rb)] = min(ra, rb)
     return [find(i) for i in range(n)]
+
+
+def clusters(n: int, same: Iterable[tuple[int, int]], different: Iterable[tuple[int, int]] = ()) -> list[int]:
+    """Cluster label of each record 0..n-1 (its cluster's smallest index): the `same` pairs merged in order,
+    each merge skipped when a `different` pair would end up inside one cluster (see module docstring).
+    Without `different` pairs this is `components(n, same)`."""
+    members = [{i} for i in range(n)]
+    apart: list[set[int]] = [set() for _ in range(n)]     # per cluster root: records it must not join
+    root = list(range(n))
+    for a, b in different:
+        _check(n, a, b)
+        apart[a].add(b)
+        apart[b].add(a)
+    for a, b in same:
+        _check(n, a, b)
+        ra, rb = root[a], root[b]
+        if ra == rb or apart[ra] & members[rb]:
+            continue
+        keep, gone = min(ra, rb), max(ra, rb)        # a root is its cluster's smallest index
+        for i in members[gone]:
+            root[i] = keep
+        members[keep] |= members[gone]
+        apart[keep] |= apart[gone]
+        members[gone], apart[gone] = set(), set()
+    return root
+
+
+def _check(n: int, a: int, b: int) -> None:
+    if not (0 <= a < n and 0 <= b < n):
+        raise IndexError(f"pair ({a}, {b}) names a record outside 0..{n - 1}")
 
 
 def true_pairs(labels: Sequence[Hashable | None]) -> set[tuple[int, int]]:

@@ -8,7 +8,8 @@ and a boolean SQL macro for filtering.
     resolve(con, "SELECT * FROM customers", on=["name", "city"], blocking={"keys": ["phone"]})
     llm_reduce(con, "SELECT * FROM tickets", by=["label"], template="Summarise:\\n{rows}")
 
-Each takes a query (SQL text or a relation) and returns a relation once every row is done; keyword
+Each takes a query (SQL text or a relation) and returns a relation once every row is done; column arguments
+(`on`, `right_on`, `by`) take one name or a list of names; keyword
 arguments are those of `llmops.semantic.options.Llm.of`. DuckDB's Python API has no table functions, so a
 relation function is the natural form for whole-table operators; `register_filter` builds on
 `llmops.duckdb.register` (a Yes/No `llm_map`) and compares its answer, so NULL in gives NULL (not kept).
@@ -38,6 +39,11 @@ def _table(con: duckdb.DuckDBPyConnection, query: Query) -> pa.Table:
     return (con.sql(query) if isinstance(query, str) else query).to_arrow_table()
 
 
+def _names(value: str | Sequence[str]) -> list[str]:
+    """Column names given as one name or a list of names."""
+    return [value] if isinstance(value, str) else list(value)
+
+
 def _blocking(blocking: Blocking | Mapping[str, Any] | None) -> Blocking:
     if blocking is None:
         return Blocking()
@@ -63,32 +69,32 @@ def llm_filter(con: duckdb.DuckDBPyConnection, query: Query, template: str, *, r
     return con.from_arrow(table)
 
 
-def llm_join(con: duckdb.DuckDBPyConnection, left: Query, right: Query, *, on: Sequence[str],
-             right_on: Sequence[str] | None = None, blocking: Blocking | Mapping[str, Any] | None = None,
+def llm_join(con: duckdb.DuckDBPyConnection, left: Query, right: Query, *, on: str | Sequence[str],
+             right_on: str | Sequence[str] | None = None, blocking: Blocking | Mapping[str, Any] | None = None,
              template: str | None = None, min_confidence: float = 0.5, **kwargs: Any) -> duckdb.DuckDBPyRelation:
     """Matched pairs of two queries (see `llmops.semantic.join`)."""
-    table, _ = llm_join_table(_table(con, left), _table(con, right), Llm.of(**kwargs), left_on=list(on),
-                              right_on=list(right_on) if right_on is not None else None,
+    table, _ = llm_join_table(_table(con, left), _table(con, right), Llm.of(**kwargs), left_on=_names(on),
+                              right_on=_names(right_on) if right_on is not None else None,
                               blocking=_blocking(blocking), template=template, min_confidence=min_confidence)
     return con.from_arrow(table)
 
 
-def resolve(con: duckdb.DuckDBPyConnection, query: Query, *, on: Sequence[str],
+def resolve(con: duckdb.DuckDBPyConnection, query: Query, *, on: str | Sequence[str],
             blocking: Blocking | Mapping[str, Any] | None = None, template: str | None = None,
             output: str = "entity_id", id_column: str | None = None, **kwargs: Any) -> duckdb.DuckDBPyRelation:
     """`query`'s rows with an entity id column (see `llmops.semantic.resolve`)."""
-    table, _ = resolve_table(_table(con, query), list(on), Llm.of(**kwargs), blocking=_blocking(blocking),
+    table, _ = resolve_table(_table(con, query), _names(on), Llm.of(**kwargs), blocking=_blocking(blocking),
                              template=template, output=output, id_column=id_column)
     return con.from_arrow(table)
 
 
-def llm_reduce(con: duckdb.DuckDBPyConnection, query: Query, *, by: Sequence[str], template: str,
+def llm_reduce(con: duckdb.DuckDBPyConnection, query: Query, *, by: str | Sequence[str], template: str,
                item: str | None = None, output: str = "output", schema: Any = None,
                choices: Sequence[str] | None = None, max_prompt_tokens: int | None = None,
                **kwargs: Any) -> duckdb.DuckDBPyRelation:
     """One row per group of `by` (see `llmops.semantic.reduce`)."""
     constraint = {"schema": schema, "choices": choices,
                   "max_new_tokens": kwargs.pop("max_new_tokens", None)}
-    table, _ = llm_reduce_table(_table(con, query), list(by), template, Llm.of(**kwargs), item=item, output=output,
+    table, _ = llm_reduce_table(_table(con, query), _names(by), template, Llm.of(**kwargs), item=item, output=output,
                                 max_prompt_tokens=max_prompt_tokens, **constraint)
     return con.from_arrow(table)

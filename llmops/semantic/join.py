@@ -1,9 +1,10 @@
 """`llm_join`: match the rows of two tables: blocking -> LLM comparison of candidate pairs -> matched pairs.
 
-Candidate pairs (i in left, j in right) come from q-gram similarity of the compared columns (`left_on`,
-`right_on`) and equal exact keys (`blocking.keys`, named in both tables); the model sees each candidate pair
-once in each order (A/B and B/A, both in the one `map_table` job), and `confidence` is the share of the two
-answers that say Same (0, 0.5 or 1): order-swap agreement, which cancels a small model's position bias.
+Candidate pairs (i in left, j in right) come from q-gram similarity of the compared columns' values
+(`left_on`, `right_on`; `blocking_text`) and equal exact keys (`blocking.keys`, named in both tables); the
+model sees each candidate pair once in each order (A/B and B/A, both in the one `map_table` job), and
+`confidence` is the share of the two answers that say Same (0, 0.5 or 1): order-swap agreement, which cancels
+a small model's position bias.
 Pairs with `confidence >= min_confidence` are returned: the left row's columns, the right row's columns
 (suffixed `suffix` where a name is taken), `similarity` (the blocking score) and `confidence`.
 """
@@ -15,8 +16,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from llmops.semantic.blocking import Blocking, cross_candidate_pairs
-from llmops.semantic.compare import compare_pairs, pair_table, render_record
+from llmops.semantic.blocking import Blocking, blocking_text, cross_candidate_pairs
+from llmops.semantic.compare import compare_pairs, pair_table
 from llmops.semantic.options import Llm
 from llmops.semantic.resolve import check_columns
 
@@ -42,13 +43,13 @@ def _joined(left: pa.Table, right: pa.Table, suffix: str) -> tuple[list[str], li
     return names, right_names
 
 
-def llm_join_table(left: pa.Table, right: pa.Table, llm: Llm, *, left_on: Sequence[str],
-                   right_on: Sequence[str] | None = None, blocking: Blocking = Blocking(),
+def llm_join_table(left: pa.Table, right: pa.Table, llm: Llm, *, left_on: str | Sequence[str],
+                   right_on: str | Sequence[str] | None = None, blocking: Blocking = Blocking(),
                    template: str | None = None, min_confidence: float = 0.5,
                    suffix: str = "_right") -> tuple[pa.Table, JoinReport]:
     """Matched pairs of `left` and `right` (see module docstring) and the run's report."""
-    left_on = list(left_on)
-    right_on = list(right_on) if right_on is not None else left_on
+    left_on = [left_on] if isinstance(left_on, str) else list(left_on)
+    right_on = left_on if right_on is None else [right_on] if isinstance(right_on, str) else list(right_on)
     if not left_on or len(left_on) != len(right_on):
         raise ValueError(f"llm_join: left_on {left_on} and right_on {right_on} must name as many columns, at least one")
     if not 0 < min_confidence <= 1:
@@ -58,7 +59,7 @@ def llm_join_table(left: pa.Table, right: pa.Table, llm: Llm, *, left_on: Sequen
     # only the compared and blocking columns become Python rows (the output takes whole rows from the tables)
     lrows = left.select(list(dict.fromkeys([*left_on, *blocking.keys]))).to_pylist()
     rrows = right.select(list(dict.fromkeys([*right_on, *blocking.keys]))).to_pylist()
-    ltexts, rtexts = [render_record(r, left_on) for r in lrows], [render_record(r, right_on) for r in rrows]
+    ltexts, rtexts = [blocking_text(r, left_on) for r in lrows], [blocking_text(r, right_on) for r in rrows]
     keys = [([r[k] for r in lrows], [r[k] for r in rrows]) for k in blocking.keys]
     candidates = cross_candidate_pairs(ltexts, rtexts, keys, blocking)
     pairs = sorted(p for p in candidates if ltexts[p[0]] and rtexts[p[1]])

@@ -18,8 +18,8 @@ from typing import Any
 import pyarrow as pa
 
 from llmops.core import CacheDir, MapSpec
-from llmops.semantic.validate import Checked, run_checked
 from llmops.summary import RunSummary
+from llmops.validate import Checked, run_checked
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 

@@ -1,16 +1,19 @@
-"""`resolve`: entity resolution within one table: blocking -> LLM pairwise comparison -> connected components.
+"""`resolve`: entity resolution within one table: blocking -> LLM pairwise comparison -> clusters.
 
 1. Blocking (`llmops.semantic.blocking`): candidate pairs from exact keys (`blocking.keys`) and q-gram
-   similarity of the compared columns (`on`), never all n(n-1)/2 pairs.
+   similarity of the compared columns' values (`on`; `blocking_text`, no column names), never all
+   n(n-1)/2 pairs.
 2. Comparison (`llmops.semantic.compare`): every candidate pair is one row of a pair table, and the whole
    table is one `map_table` job (dedup and the result cache apply; identical pairs run once).
-3. Components (`llmops.semantic.components`): the pairs the model calls Same are edges; each connected
-   component is one entity. The output column (`output`, default `entity_id`) holds the `id_column` value of
-   the component's first row (its smallest row index), or that row index when no `id_column` is given; an
-   `id_column` must be unique and non-null (checked before any work).
+3. Clusters (`llmops.semantic.components.clusters`): the pairs the model calls Same are merged, most similar
+   first, unless the merge would put a pair the model called Different into one entity (a chain of Same
+   answers never overrides a Different one). The output column (`output`, default `entity_id`) holds the
+   `id_column` value of the entity's first row (its smallest row index), or that row index when no
+   `id_column` is given; an `id_column` must be unique and non-null (checked before any work).
 
 `ResolveReport` says how much blocking saved: all pairs, candidate pairs, pairs the model was asked about
-(candidates whose records both rendered to something), matched pairs, entities.
+(candidates whose records both rendered to something), matched pairs, matched pairs left apart because of a
+Different answer (`cut_pairs`), entities.
 """
 from __future__ import annotations
 
@@ -20,9 +23,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from llmops.semantic.blocking import Blocking, candidate_pairs
-from llmops.semantic.compare import compare_pairs, pair_table, render_record
-from llmops.semantic.components import components
+from llmops.semantic.blocking import Blocking, blocking_text, candidate_pairs
+from llmops.semantic.compare import compare_pairs, pair_table
+from llmops.semantic.components import clusters
 from llmops.semantic.options import Llm
 
 
@@ -37,6 +40,7 @@ class ResolveReport:
     matched_pairs: int
     entities: int
     failed_pairs: int = 0
+    cut_pairs: int = 0
 
     @property
     def reduction(self) -> float:
@@ -68,11 +72,11 @@ def check_unique(table: pa.Table, column: str) -> None:
         first[key] = i
 
 
-def resolve_table(table: pa.Table, on: Sequence[str], llm: Llm, *, blocking: Blocking = Blocking(),
+def resolve_table(table: pa.Table, on: str | Sequence[str], llm: Llm, *, blocking: Blocking = Blocking(),
                   template: str | None = None, output: str = "entity_id",
                   id_column: str | None = None) -> tuple[pa.Table, ResolveReport]:
     """`table` with an entity id column (see module docstring) and the run's report."""
-    on = list(on)
+    on = [on] if isinstance(on, str) else list(on)
     if not on:
         raise ValueError("resolve: `on` must name at least one column to compare")
     check_columns(table, on, "resolve.on")
@@ -81,12 +85,12 @@ def resolve_table(table: pa.Table, on: Sequence[str], llm: Llm, *, blocking: Blo
         check_columns(table, [id_column], "resolve.id_column")
         check_unique(table, id_column)
     rows = table.select(list(dict.fromkeys([*on, *blocking.keys]))).to_pylist()
-    texts = [render_record(r, on) for r in rows]
+    texts = [blocking_text(r, on) for r in rows]
     candidates = candidate_pairs(texts, [[r[k] for r in rows] for k in blocking.keys], blocking)
     pairs = sorted(p for p in candidates if texts[p[0]] and texts[p[1]])
     same = compare_pairs(pair_table(rows, rows, pairs, on, on), llm, template=template) if pairs else []
-    matched = [p for p, s in zip(pairs, same) if s]
-    labels = components(table.num_rows, matched)
+    matched = sorted((p for p, s in zip(pairs, same) if s), key=lambda p: (-candidates[p], p))   # best first
+    labels = clusters(table.num_rows, matched, [p for p, s in zip(pairs, same) if s is False])
     ids: Any = labels if id_column is None else [table.column(id_column)[i].as_py() for i in labels]
     typ = pa.int64() if id_column is None else table.schema.field(id_column).type
     column = pa.array(ids, typ)
@@ -94,5 +98,6 @@ def resolve_table(table: pa.Table, on: Sequence[str], llm: Llm, *, blocking: Blo
     n = table.num_rows
     report = ResolveReport(rows=n, all_pairs=n * (n - 1) // 2, candidate_pairs=len(candidates),
                            compared_pairs=len(pairs), matched_pairs=len(matched), entities=len(set(labels)),
-                           failed_pairs=sum(s is None for s in same))
+                           failed_pairs=sum(s is None for s in same),
+                           cut_pairs=sum(labels[a] != labels[b] for a, b in matched))
     return out.append_column(output, column), report

@@ -165,10 +165,10 @@ def test_decode_channels_do_not_depend_on_the_act_placement():
     config, workload = _mixtral(), Workload(77, 128, num_prompts=2048)
     base = dict(gpu_batch_size=1024, num_gpu_batches=2, w_gpu=0.5, w_cpu=0.5, cache_gpu=0.0, cache_cpu=1.0,
                 compress_weights=True, compress_cache=True)
-    times = []
+    times, layout = [], model_layout(config)
     for act in (dict(act_gpu=1.0, act_cpu=0.0), dict(act_gpu=0.0, act_cpu=1.0)):
         policy = Policy(**base, **act)
-        terms, x = cost_terms(config, policy, workload, H200, 2, layout=model_layout(config)), placement_vector(policy)
+        terms, x = cost_terms(config, policy, workload, H200, 2, layout=layout), placement_vector(policy)
         times.append(({c: terms.decode[c] @ [*x, 1] for c in terms.decode}, terms.decode_slots.seconds(x),
                       terms.prefill["cpu->gpu"] @ [*x, 1]))
     (on_gpu, slot_gpu, pre_gpu), (parked, slot_parked, pre_parked) = times

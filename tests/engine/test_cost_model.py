@@ -130,9 +130,11 @@ def test_cpu_attention_pays_its_slot_only_for_a_cache_off_the_gpu():
     c = preset("opt-6.7b")
     on_gpu = Policy(gpu_batch_size=8, num_gpu_batches=2, cpu_attention=True)
     off = replace(on_gpu, cache_gpu=0.0, cache_cpu=1.0)
-    assert cost_terms(c, on_gpu, WORKLOAD, SLOTS, 2, layout=model_layout(c)).decode_slots.seconds(placement_vector(on_gpu)) == \
+    assert cost_terms(c, on_gpu, WORKLOAD, SLOTS, 2,
+                      layout=model_layout(c)).decode_slots.seconds(placement_vector(on_gpu)) == \
         pytest.approx(0.3e-3)
-    assert cost_terms(c, off, WORKLOAD, SLOTS, 2, layout=model_layout(c)).decode_slots.seconds(placement_vector(off)) == \
+    assert cost_terms(c, off, WORKLOAD, SLOTS, 2,
+                      layout=model_layout(c)).decode_slots.seconds(placement_vector(off)) == \
         pytest.approx(1.1e-3)
 
 
@@ -181,12 +183,13 @@ def test_ahead_prefill_hides_only_in_the_decodes_slack(shape, cache_gpu):
     plain = Policy(gpu_batch_size=shape[0], num_gpu_batches=shape[1], w_gpu=0.0, w_cpu=1.0, cache_gpu=cache_gpu,
                    cache_cpu=1.0 - cache_gpu, compress_weights=True, compress_cache=True)
     ahead = replace(plain, prefill_ahead=True)
-    slack = decode_slack(config, ahead, workload, profile, layout=model_layout(config))
-    p, a = estimate(config, plain, workload, profile, layout=model_layout(config)), estimate(config, ahead, workload, profile, layout=model_layout(config))
+    layout = model_layout(config)
+    slack = decode_slack(config, ahead, workload, profile, layout=layout)
+    p, a = (estimate(config, pol, workload, profile, layout=layout) for pol in (plain, ahead))
     assert a.prefill_s == 0.0
     assert a.decode_s == pytest.approx(p.decode_s + max(0.0, p.prefill_s - slack * p.decode_s), rel=1e-6)
     assert (slack == 0.0) == (shape == (512, 8)) and 0.0 <= slack < 1.0
-    assert decode_slack(config, replace(ahead, overlap=False), workload, profile, layout=model_layout(config)) == 0.0
+    assert decode_slack(config, replace(ahead, overlap=False), workload, profile, layout=layout) == 0.0
 
 
 @pytest.mark.parametrize("shape, cache_gpu", [((1536, 1), 0.4), ((512, 1), 1.0)])
@@ -201,8 +204,9 @@ def test_only_the_blocks_that_carry_a_prefill_pay_for_it(shape, cache_gpu):
     plain = Policy(gpu_batch_size=shape[0], num_gpu_batches=shape[1], w_gpu=0.0, w_cpu=1.0, cache_gpu=cache_gpu,
                    cache_cpu=1.0 - cache_gpu, compress_weights=True, compress_cache=True)
     ahead = replace(plain, prefill_ahead=True)
-    slack = decode_slack(config, ahead, workload, profile, layout=model_layout(config))
-    p, a = estimate(config, plain, workload, profile, layout=model_layout(config)), estimate(config, ahead, workload, profile, layout=model_layout(config))
+    layout = model_layout(config)
+    slack = decode_slack(config, ahead, workload, profile, layout=layout)
+    p, a = (estimate(config, pol, workload, profile, layout=layout) for pol in (plain, ahead))
     assert a.prefill_s == pytest.approx(p.prefill_s / 4)
     assert a.decode_s == pytest.approx(p.decode_s + 0.75 * max(0.0, p.prefill_s - slack * p.decode_s), rel=1e-6)
     assert p.prefill_s > slack * p.decode_s                  # the carried prefill does not fit the slack here

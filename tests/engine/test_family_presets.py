@@ -70,7 +70,8 @@ def test_policy_search_and_estimate_accept_preset(name):
     layout = model_layout(c, 2, True)
     assert layout.total_bytes > 0
     budgets = Budgets(16 * GIB, 200 * GIB, 2000 * GIB)
-    result = search(c, WORKLOAD, budgets, H200, compress_weights=None, compress_cache=None, layout=model_layout(c))   # search may choose
+    result = search(c, WORKLOAD, budgets, H200, compress_weights=None, compress_cache=None,
+                    layout=model_layout(c))   # search may choose
     assert result.predicted_tokens_per_s > 0
     for tier in ("gpu", "cpu", "disk"):
         assert result.peak_memory_bytes[tier] <= budgets.of(tier) * 0.95 + 1

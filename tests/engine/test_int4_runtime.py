@@ -190,7 +190,8 @@ def test_memory_model_is_the_executors_accounting(reference, name, policy, tmp_p
     config = loaded.config
     layout = model_layout(config, 4, policy.compress_weights)
     counted = executor_memory(config, layout, policy, WORKLOAD.prompt_len, WORKLOAD.gen_len, 4, "cpu")
-    predicted = estimate(config, policy, WORKLOAD, default_cpu_profile(), 4, layout=model_layout(config)).peak_memory_bytes
+    predicted = estimate(config, policy, WORKLOAD, default_cpu_profile(), 4,
+                         layout=model_layout(config)).peak_memory_bytes
     assert predicted["gpu"] >= counted["gpu"] and predicted["cpu"] == counted["cpu"]
     assert layout.total_bytes < model_layout(_float_config(config), 4, False).total_bytes / 2
     held, report = _uniform_block(loaded, policy, "cpu", tmp_path, gpu_memory=predicted["gpu"] + 1024,

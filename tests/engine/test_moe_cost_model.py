@@ -18,6 +18,7 @@ from engine.runtime.layout import model_layout
 H200 = reference_profile("h200")
 MOE_WORKLOAD = Workload(prompt_len=77, gen_len=128, num_prompts=512)   # the Mixtral-8x7B benchmark shape
 MIXTRAL = config_from_hf(PRESETS["mixtral-8x7b"])
+LAYOUT = model_layout(MIXTRAL)
 HOST_CACHE = dict(w_gpu=0.0, w_cpu=1.0, cache_gpu=0.0, cache_cpu=1.0, cpu_attention=True, compress_weights=True,
                   compress_cache=True)
 
@@ -28,7 +29,7 @@ def _mixtral_auto(q4_share: float, **host):
     replaced by `host`, and that profile."""
     profile = replace(H200, cpu_attention_q4_gib_s=H200.cpu_attention_bytes_s / GIB * q4_share, **host)
     return search(MIXTRAL, MOE_WORKLOAD, Budgets(16 * GIB, 88 * GIB), profile, compress_weights=True,
-                  compress_cache=True, cpu_attention=None, model_name="mixtral-8x7b", layout=model_layout(MIXTRAL)), profile
+                  compress_cache=True, cpu_attention=None, model_name="mixtral-8x7b", layout=LAYOUT), profile
 
 
 # an executor whose host work is free (not the H200's, see below): what is left is the channels' overlap
@@ -45,7 +46,7 @@ def test_auto_picks_pipelined_cpu_attention_for_mixtral_when_the_host_is_fast():
     assert p.cpu_attention and p.pipeline and p.cache_gpu < 1.0 and p.compress_cache
     assert p.block_size == MOE_WORKLOAD.num_prompts   # every row in one block, most of its cache on the host
     assert p.weight_pages == weight_pages(MIXTRAL, model_layout(MIXTRAL, 2, True), p.num_gpu_batches, True)
-    ablation = estimate(MIXTRAL, replace(p, pipeline=False), MOE_WORKLOAD, profile, layout=model_layout(MIXTRAL))
+    ablation = estimate(MIXTRAL, replace(p, pipeline=False), MOE_WORKLOAD, profile, layout=LAYOUT)
     assert best.predicted_tokens_per_s > 1.2 * ablation.tokens_per_s
 
 
@@ -67,12 +68,12 @@ def test_reference_profile_predicts_the_measured_cgopipe_policies():
     eight = Policy(gpu_batch_size=256, num_gpu_batches=8, w_gpu=0.0, w_cpu=1.0, cache_gpu=0.125, cache_cpu=0.875,
                    **base)
     measured_tok_s = 719.2
-    predicted = estimate(MIXTRAL, four, work, H200, layout=model_layout(MIXTRAL)).tokens_per_s
+    predicted = estimate(MIXTRAL, four, work, H200, layout=LAYOUT).tokens_per_s
     assert measured_tok_s <= predicted <= 1.25 * measured_tok_s
-    step = estimate(MIXTRAL, eight, replace(work, num_prompts=2048), H200, layout=model_layout(MIXTRAL)).decode_s / 127
+    step = estimate(MIXTRAL, eight, replace(work, num_prompts=2048), H200, layout=LAYOUT).decode_s / 127
     assert 1.96 / 1.25 <= step <= 1.96 * 1.25
-    with_page = estimate(MIXTRAL, four, work, replace(H200, weight_page_ms=2 * H200.weight_page_ms), layout=model_layout(MIXTRAL))
-    assert with_page.decode_s > estimate(MIXTRAL, four, work, H200, layout=model_layout(MIXTRAL)).decode_s    # pages cost the executor
+    with_page = estimate(MIXTRAL, four, work, replace(H200, weight_page_ms=2 * H200.weight_page_ms), layout=LAYOUT)
+    assert with_page.decode_s > estimate(MIXTRAL, four, work, H200, layout=LAYOUT).decode_s   # pages cost the executor
 
 
 def test_slow_host_4bit_attention_moves_mixtral_attention_to_the_gpu():
@@ -80,7 +81,7 @@ def test_slow_host_4bit_attention_moves_mixtral_attention_to_the_gpu():
     attention over the 4-bit cache does not pay: the plan attends on the GPU."""
     best, _ = _mixtral_auto(Q4_ATTENTION_RATIO)
     default = search(MIXTRAL, MOE_WORKLOAD, Budgets(16 * GIB, 88 * GIB), H200, compress_weights=True,
-                     compress_cache=True, cpu_attention=None, model_name="mixtral-8x7b", layout=model_layout(MIXTRAL))
+                     compress_cache=True, cpu_attention=None, model_name="mixtral-8x7b", layout=LAYOUT)
     assert not best.policy.cpu_attention and default.policy == best.policy
 
 
@@ -93,8 +94,8 @@ def test_pipeline_overlaps_host_attention_with_gpu_work():
     for k in (1, 2, 4):
         policy = Policy(gpu_batch_size=512 // k, num_gpu_batches=k, weight_pages=32,
                         **{**HOST_CACHE, "w_gpu": 1.0, "w_cpu": 0.0})
-        on = estimate(MIXTRAL, policy, MOE_WORKLOAD, replace(H200, **FAST_HOST), layout=model_layout(MIXTRAL))
-        off = estimate(MIXTRAL, replace(policy, pipeline=False), MOE_WORKLOAD, replace(H200, **FAST_HOST), layout=model_layout(MIXTRAL))
+        on = estimate(MIXTRAL, policy, MOE_WORKLOAD, replace(H200, **FAST_HOST), layout=LAYOUT)
+        off = estimate(MIXTRAL, replace(policy, pipeline=False), MOE_WORKLOAD, replace(H200, **FAST_HOST), layout=LAYOUT)
         assert on.decode_s < off.decode_s if k > 1 else on.decode_s == off.decode_s   # one batch: no overlap
         times[k] = on.decode_s
     assert times[4] < times[2] < times[1]
@@ -105,11 +106,11 @@ def test_more_pages_shorten_the_wait_behind_weights_but_cost_the_executor():
     measured cost per page (0.42 ms) 32 pages cost more host time than the wait they save."""
     policy = Policy(gpu_batch_size=128, num_gpu_batches=4, **{**HOST_CACHE, "w_gpu": 0.5, "w_cpu": 0.5})
     fast = replace(H200, **FAST_HOST)
-    few = estimate(MIXTRAL, replace(policy, weight_pages=1), MOE_WORKLOAD, fast, layout=model_layout(MIXTRAL))
-    many = estimate(MIXTRAL, replace(policy, weight_pages=32), MOE_WORKLOAD, fast, layout=model_layout(MIXTRAL))
+    few = estimate(MIXTRAL, replace(policy, weight_pages=1), MOE_WORKLOAD, fast, layout=LAYOUT)
+    many = estimate(MIXTRAL, replace(policy, weight_pages=32), MOE_WORKLOAD, fast, layout=LAYOUT)
     assert many.decode_s < few.decode_s
-    few = estimate(MIXTRAL, replace(policy, weight_pages=1), MOE_WORKLOAD, H200, layout=model_layout(MIXTRAL))
-    many = estimate(MIXTRAL, replace(policy, weight_pages=32), MOE_WORKLOAD, H200, layout=model_layout(MIXTRAL))
+    few = estimate(MIXTRAL, replace(policy, weight_pages=1), MOE_WORKLOAD, H200, layout=LAYOUT)
+    many = estimate(MIXTRAL, replace(policy, weight_pages=32), MOE_WORKLOAD, H200, layout=LAYOUT)
     assert many.decode_s > few.decode_s
 
 
@@ -150,11 +151,12 @@ def test_search_pages_coarsely_where_pages_cost_the_executor():
     the finest paging (27 pages of 0.42 ms each a layer); with a free executor the finest paging wins
     (the test above)."""
     best = search(MIXTRAL, MOE_WORKLOAD, Budgets(16 * GIB, 88 * GIB), H200, compress_weights=True,
-                  compress_cache=False, cpu_attention=True, model_name="mixtral-8x7b", layout=model_layout(MIXTRAL))
+                  compress_cache=False, cpu_attention=True, model_name="mixtral-8x7b", layout=LAYOUT)
     p = best.policy
     assert p.cpu_attention and 1 < p.num_gpu_batches == p.weight_pages
     fine = estimate(MIXTRAL, replace(p, weight_pages=weight_pages(MIXTRAL, model_layout(MIXTRAL, 2, True),
-                                                                  p.num_gpu_batches, True)), MOE_WORKLOAD, H200, layout=model_layout(MIXTRAL))
+                                                                  p.num_gpu_batches, True)), MOE_WORKLOAD, H200,
+                    layout=LAYOUT)
     assert best.predicted_tokens_per_s > fine.tokens_per_s
 
 
@@ -179,4 +181,4 @@ def test_search_fills_the_device_memory_weights_left_with_cache():
     assert p.cache_gpu > 0 and p.cache_gpu + p.cache_cpu == 1.0
     assert found.estimate.peak_memory_bytes["gpu"] <= limits["gpu"] and found.tokens_per_s > before.tokens_per_s
     more = replace(p, cache_gpu=p.cache_gpu + step, cache_cpu=p.cache_cpu - step)   # one more head: too much
-    assert estimate(MIXTRAL, more, workload, H200, layout=model_layout(MIXTRAL)).peak_memory_bytes["gpu"] > limits["gpu"]
+    assert estimate(MIXTRAL, more, workload, H200, layout=LAYOUT).peak_memory_bytes["gpu"] > limits["gpu"]

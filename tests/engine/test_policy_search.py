@@ -35,7 +35,8 @@ CASES = [
 @pytest.mark.parametrize("name, budgets, compress", CASES)
 def test_search_result_is_feasible_and_consistent(name, budgets, compress):
     config = preset(name)
-    result = search(config, WORKLOAD, budgets, H200, compress_weights=compress, compress_cache=compress, layout=model_layout(config))
+    result = search(config, WORKLOAD, budgets, H200, compress_weights=compress, compress_cache=compress,
+                    layout=model_layout(config))
     p = result.policy
     for cls in ("w", "cache", "act"):
         shares = [getattr(p, f"{cls}_{tier}") for tier in ("gpu", "cpu", "disk")]
@@ -49,14 +50,16 @@ def test_search_result_is_feasible_and_consistent(name, budgets, compress):
 
 
 def test_model_that_fits_stays_on_gpu():
-    result = search(preset("opt-6.7b"), WORKLOAD, Budgets(139 * GIB, 100 * GIB), H200, layout=model_layout(preset("opt-6.7b")))
+    result = search(preset("opt-6.7b"), WORKLOAD, Budgets(139 * GIB, 100 * GIB), H200,
+                    layout=model_layout(preset("opt-6.7b")))
     p = result.policy
     assert (p.w_gpu, p.cache_gpu, p.act_gpu) == (1.0, 1.0, 1.0)
 
 
 def test_block_never_exceeds_the_number_of_prompts():
     for n in (1, 5, 37):
-        result = search(preset("opt-30b"), Workload(512, 32, num_prompts=n), Budgets(16 * GIB, 100 * GIB), H200, layout=model_layout(preset("opt-30b")))
+        result = search(preset("opt-30b"), Workload(512, 32, num_prompts=n), Budgets(16 * GIB, 100 * GIB), H200,
+                        layout=model_layout(preset("opt-30b")))
         assert result.policy.block_size <= n
 
 
@@ -72,7 +75,8 @@ def test_more_memory_never_predicts_lower_throughput(field, values):
     config = preset("opt-30b")
     base = Budgets(16 * GIB, 100 * GIB, 100 * GIB)
     speeds = [search(config, WORKLOAD, replace(base, **{field: v * GIB}), H200,
-                     gpu_batch_sizes=(4, 16, 64, 256), num_gpu_batches=(1, 4), layout=model_layout(config)).predicted_tokens_per_s
+                     gpu_batch_sizes=(4, 16, 64, 256), num_gpu_batches=(1, 4),
+                     layout=model_layout(config)).predicted_tokens_per_s
               for v in values]
     assert all(b >= a * (1 - 1e-3) for a, b in zip(speeds, speeds[1:])), speeds
     assert speeds[-1] > speeds[0]
@@ -101,7 +105,8 @@ def test_full_search_solves_a_bounded_number_of_lps(monkeypatch):
     calls = []
     real = search_module.linprog
     monkeypatch.setattr(search_module, "linprog", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    search(preset("mixtral-8x7b"), WORKLOAD, Budgets(24 * GIB, 128 * GIB, 200 * GIB), H200, layout=model_layout(preset("mixtral-8x7b")))
+    search(preset("mixtral-8x7b"), WORKLOAD, Budgets(24 * GIB, 128 * GIB, 200 * GIB), H200,
+           layout=model_layout(preset("mixtral-8x7b")))
     assert 0 < len(calls) <= 960
 
 
@@ -113,19 +118,21 @@ def test_costly_offload_slots_keep_the_cache_resident():
                         slot_off_weights_ms=0.0)
     costly = replace(no_extras, slot_off_cache_ms=5.0, slot_off_cache_q4_ms=5.0)
     flags = dict(compress_weights=True, compress_cache=True, cpu_attention=False)   # GPU attention's slots
-    free = search(config, WORKLOAD, budgets, no_extras, **flags)
-    paid = search(config, WORKLOAD, budgets, costly, **flags)
+    layout = model_layout(config)
+    free = search(config, WORKLOAD, budgets, no_extras, layout=layout, **flags)
+    paid = search(config, WORKLOAD, budgets, costly, layout=layout, **flags)
     assert free.policy.cache_gpu < 1.0
     assert paid.policy.cache_gpu == 1.0
     assert paid.predicted_tokens_per_s <= free.predicted_tokens_per_s
     # the prediction of the chosen policy is its exact estimate, extras included
-    again = estimate(config, paid.policy, replace(WORKLOAD, num_prompts=None), costly, layout=model_layout(config))
+    again = estimate(config, paid.policy, replace(WORKLOAD, num_prompts=None), costly, layout=layout)
     assert again.tokens_per_s == pytest.approx(paid.predicted_tokens_per_s, rel=1e-6)
 
 
 def test_no_fit_says_what_does_not_fit():
     with pytest.raises(NoFeasiblePolicy, match=r"no policy fits opt-175b .*disk budget") as info:
-        search(preset("opt-175b"), WORKLOAD, Budgets(16 * GIB, 100 * GIB), H200, model_name="opt-175b", layout=model_layout(preset("opt-175b")))
+        search(preset("opt-175b"), WORKLOAD, Budgets(16 * GIB, 100 * GIB), H200, model_name="opt-175b",
+               layout=model_layout(preset("opt-175b")))
     assert "325" in str(info.value)                       # the weights' size in GiB
     with pytest.raises(NoFeasiblePolicy, match="two in-flight copies of the largest layer"):
         search(preset("opt-30b"), WORKLOAD, Budgets(1 * GIB, 100 * GIB), H200, layout=model_layout(preset("opt-30b")))
@@ -142,7 +149,8 @@ def test_relaxation_is_an_argument():
 
 
 def test_explain_and_json():
-    result = search(preset("opt-30b"), WORKLOAD, Budgets(16 * GIB, 100 * GIB), H200, model_name="opt-30b", layout=model_layout(preset("opt-30b")))
+    result = search(preset("opt-30b"), WORKLOAD, Budgets(16 * GIB, 100 * GIB), H200, model_name="opt-30b",
+                    layout=model_layout(preset("opt-30b")))
     text = result.explain()
     assert "opt-30b" in text and "tokens/s" in text and "reference:h200" in text
     data = result.to_dict()
@@ -187,11 +195,13 @@ def test_search_may_choose_compression_when_allowed():
     budgets = Budgets(16 << 30, 100 << 30)
     profile = reference_profile("h200")
     plain = search(config, workload, budgets, profile, layout=model_layout(config))
-    free = search(config, workload, budgets, profile, compress_weights=None, compress_cache=None, layout=model_layout(config))
+    free = search(config, workload, budgets, profile, compress_weights=None, compress_cache=None,
+                  layout=model_layout(config))
     assert not plain.policy.compress_weights and not plain.policy.compress_cache
     assert free.policy.compress_weights or free.policy.compress_cache
     assert free.predicted_tokens_per_s >= plain.predicted_tokens_per_s
-    top = search_top(config, workload, budgets, profile, top=8, compress_weights=None, compress_cache=None, layout=model_layout(config))
+    top = search_top(config, workload, budgets, profile, top=8, compress_weights=None, compress_cache=None,
+                     layout=model_layout(config))
     kinds = [(e.policy.cpu_attention, e.policy.compress_weights, e.policy.compress_cache) for e in top]
     assert len(top) == 8 and len(set(kinds)) == 4 and all(kinds.count(kind) == 2 for kind in kinds)
 
@@ -232,7 +242,8 @@ def test_search_drops_cpu_attention_without_offloaded_cache():
     """When the search decides cpu_attention, no candidate has the flag with the whole cache on the gpu."""
     config = config_from_hf(PRESETS["opt-30b"])
     top = search_top(config, Workload(512, 8, num_prompts=256), Budgets(16 << 30, 80 << 30),
-                     reference_profile("h200"), top=8, compress_weights=None, compress_cache=None, layout=model_layout(config))
+                     reference_profile("h200"), top=8, compress_weights=None, compress_cache=None,
+                     layout=model_layout(config))
     assert all(not (e.policy.cpu_attention and e.policy.cache_gpu >= 1.0) for e in top)
     assert any(e.policy.cpu_attention for e in top) and any(e.policy.num_gpu_batches == 1 for e in top)
 
@@ -243,7 +254,8 @@ def test_no_fit_on_the_host_names_the_memory_one_row_needs():
     needs and what to change. (In groups of 32 it needed 8x GiB and did not fit the H200 host's default 87 GiB.)"""
     with pytest.raises(NoFeasiblePolicy, match=r"one row needs 7\d\.\d+ GiB of CPU memory.*raise cpu_memory"):
         search(preset("mixtral-8x22b"), Workload(77, 32, num_prompts=512), Budgets(16 * GIB, 78 * GIB),
-               H200, compress_weights=True, compress_cache=True, model_name="mixtral-8x22b", layout=model_layout(preset("mixtral-8x22b")))
+               H200, compress_weights=True, compress_cache=True, model_name="mixtral-8x22b",
+               layout=model_layout(preset("mixtral-8x22b")))
 
 
 def test_a_short_last_block_costs_a_full_blocks_time():
@@ -256,7 +268,9 @@ def test_a_short_last_block_costs_a_full_blocks_time():
     config = preset("mixtral-8x7b")
     rows = Workload(prompt_len=77, gen_len=32, num_prompts=2048)
     policy = Policy(gpu_batch_size=1536, w_gpu=0.5, w_cpu=0.5, compress_weights=True, compress_cache=True)
-    run, block = (estimate(config, policy, w, H200, layout=model_layout(config)) for w in (rows, replace(rows, num_prompts=None)))
+    layout = model_layout(config)
+    run, block = (estimate(config, policy, w, H200, layout=layout) for w in (rows, replace(rows, num_prompts=None)))
     assert run.tokens_per_s == pytest.approx(block.tokens_per_s * 2048 / 3072)
-    found = search(config, rows, Budgets(24 * GIB, 110 * GIB), H200, compress_weights=True, compress_cache=True, layout=model_layout(config))
+    found = search(config, rows, Budgets(24 * GIB, 110 * GIB), H200, compress_weights=True, compress_cache=True,
+                   layout=model_layout(config))
     assert 2048 % found.policy.block_size == 0

@@ -116,11 +116,13 @@ def test_searched_policies_fit_the_executor(name, tmp_path):
     """Budgets that force offloading: every policy search_top returns runs within them."""
     config = preset(name)
     profile = default_cpu_profile()
-    all_gpu = estimate(config, Policy(gpu_batch_size=4), WORKLOAD, profile, 4, layout=model_layout(config)).peak_memory_bytes["gpu"]
+    all_gpu = estimate(config, Policy(gpu_batch_size=4), WORKLOAD, profile, 4,
+                       layout=model_layout(config)).peak_memory_bytes["gpu"]
     weights = model_layout(config, 4, False).total_bytes
     budgets = Budgets(gpu_bytes=int((all_gpu - weights // 2) / 0.9), cpu_bytes=64 << 20, disk_bytes=64 << 20)
     found = search_top(config, replace(WORKLOAD, num_prompts=8), budgets, profile, top=3, bytes_per_element=4,
-                       gpu_batch_sizes=(1, 2, 4), num_gpu_batches=(1, 2), relax_gpu=0.9, relax_cpu=0.9, layout=model_layout(config))
+                       gpu_batch_sizes=(1, 2, 4), num_gpu_batches=(1, 2), relax_gpu=0.9, relax_cpu=0.9,
+                       layout=model_layout(config))
     assert any(e.policy.w_gpu < 1.0 for e in found)
     for est in found:
         for tier in ("gpu", "cpu"):
@@ -148,7 +150,8 @@ def test_extrapolation_arithmetic():
     assert extrapolate(1.0, 0.3, 2, 10) == pytest.approx(3.4)
     assert per_layer(0.9, 1.0, 4, 2) == pytest.approx(0.9 / 4)          # noise: the larger copy's step per layer
     config = preset("opt-30b")
-    cand = search(config, Workload(512, 32, num_prompts=64), Budgets(16 << 30, 100 << 30), reference_profile("h200"), layout=model_layout(config))
+    cand = search(config, Workload(512, 32, num_prompts=64), Budgets(16 << 30, 100 << 30), reference_profile("h200"),
+                  layout=model_layout(config))
     est = trial_estimate(config, cand, Workload(512, 32), TrialTimes(0.01, 0.02))
     L, b = config.num_hidden_layers, cand.policy.block_size
     assert est.prefill_s == pytest.approx(L * 0.01) and est.decode_s == pytest.approx(L * 31 * 0.02)
@@ -164,7 +167,8 @@ def test_extrapolation_of_an_ahead_policy_charges_its_hidden_prefill(slack, carr
     decode's own seconds), never below nothing, and the last carries none; one block, or the flag off: all of
     it in series."""
     config = preset("opt-30b")
-    cand = search(config, Workload(512, 32, num_prompts=64), Budgets(16 << 30, 100 << 30), reference_profile("h200"), layout=model_layout(config))
+    cand = search(config, Workload(512, 32, num_prompts=64), Budgets(16 << 30, 100 << 30), reference_profile("h200"),
+                  layout=model_layout(config))
     L, times = config.num_hidden_layers, TrialTimes(0.01, 0.02)
     ahead = replace(cand, policy=replace(cand.policy, prefill_ahead=True),
                     context={**cand.context, "decode_slack": slack})
@@ -266,7 +270,8 @@ def test_executor_step_clock_adds_up_to_its_stats():
 def test_best_by_trials_picks_the_best_measured(monkeypatch):
     config = preset("opt-30b")
     workload = Workload(512, 32, num_prompts=256)
-    cands = search_top(config, workload, Budgets(16 << 30, 100 << 30), reference_profile("h200"), top=3, layout=model_layout(config))
+    cands = search_top(config, workload, Budgets(16 << 30, 100 << 30), reference_profile("h200"), top=3,
+                       layout=model_layout(config))
     slow_first = {cands[0].policy: TrialTimes(0.05, 0.5)}        # the model's favourite measures worst
 
     def fake(config_, policy, *args, **kwargs):
@@ -290,7 +295,8 @@ def test_trials_are_bounded_by_the_prediction(monkeypatch):
     faster wins over one whose trial merely read faster; a trial below its prediction keeps its numbers."""
     config = preset("opt-30b")
     workload = Workload(512, 32, num_prompts=256)
-    cands = search_top(config, workload, Budgets(16 << 30, 100 << 30), reference_profile("h200"), top=3, layout=model_layout(config))
+    cands = search_top(config, workload, Budgets(16 << 30, 100 << 30), reference_profile("h200"), top=3,
+                       layout=model_layout(config))
     first, second, third = (c.predicted_tokens_per_s for c in cands)
     assert first > second >= third
     wanted = {cands[0].policy: 1.2 * first, cands[1].policy: 3.0 * second, cands[2].policy: 0.5 * third}

@@ -68,11 +68,13 @@ def test_no_usable_prefix_predicts_the_pinned_numbers(name, policy, prefill_s, d
     layers' dense tensors (`weight_slots.streamed_ahead`: the norm and the router); and weights compressed in
     groups of 64 (`engine.models.weights.weight_quant`: 4.5 bits a weight)."""
     c = preset(name)
+    layout = model_layout(c)
     for workload, pol in ((WRANGLE, policy), (replace(WRANGLE, shared_prefix_len=MIN_SHARED_PREFIX - 1), policy)):
-        est = estimate(c, pol, workload, H200, layout=model_layout(c))
+        est = estimate(c, pol, workload, H200, layout=layout)
         assert (est.prefill_s, est.decode_s, est.peak_memory_bytes) == (prefill_s, decode_s, peak)
     one_row = replace(policy, gpu_batch_size=1)
-    assert estimate(c, one_row, replace(WRANGLE, shared_prefix_len=150), H200, layout=model_layout(c)) == estimate(c, one_row, WRANGLE, H200, layout=model_layout(c))
+    assert (estimate(c, one_row, replace(WRANGLE, shared_prefix_len=150), H200, layout=layout)
+            == estimate(c, one_row, WRANGLE, H200, layout=layout))
 
 
 @pytest.mark.parametrize("name, policy", [("llama-3-70b", LLAMA_96X16), ("mixtral-8x7b", MIXTRAL_64X4)])
@@ -81,7 +83,8 @@ def test_prefill_falls_with_the_prefix(name, policy):
     cache loads shrink with the prefix (held once on the device); with CPU attention (mixtral) the host
     still reads the mean context, so decode does not move."""
     c = preset(name)
-    runs = [estimate(c, policy, replace(WRANGLE, shared_prefix_len=p), H200, layout=model_layout(c)) for p in (0, 50, 100, 150)]
+    runs = [estimate(c, policy, replace(WRANGLE, shared_prefix_len=p), H200,
+                     layout=model_layout(c)) for p in (0, 50, 100, 150)]
     prefill = [e.prefill_s for e in runs]
     assert prefill == sorted(prefill, reverse=True) and len(set(prefill)) == 4
     decode = [e.decode_s for e in runs]
@@ -101,7 +104,8 @@ def test_the_cache_holds_each_rows_own_positions():
     staging shrink to the own positions, the device gains the dense prefix k/v; the prefill's hidden states
     are not parked with a prefix (the (prefix, rows) pair stays on the device)."""
     c = preset("llama-3-70b")
-    plain, shared = (cost_terms(c, LLAMA_96X16, replace(WRANGLE, shared_prefix_len=p), H200, 2, layout=model_layout(c)) for p in (0, 150))
+    plain, shared = (cost_terms(c, LLAMA_96X16, replace(WRANGLE, shared_prefix_len=p), H200, 2,
+                                layout=model_layout(c)) for p in (0, 150))
     cache_gpu, act_gpu = VARS.index("cache_gpu"), VARS.index("act_gpu")
     for channel in ("gpu->cpu", "cpu->disk"):
         assert shared.prefill[channel][cache_gpu] == pytest.approx(plain.prefill[channel][cache_gpu] * 50 / 200)
@@ -129,7 +133,8 @@ def test_prefill_hidden_with_a_prefix_is_never_parked():
     h, g, k = c.hidden_size, 96, 16
     assert m0["cpu"] - m1["cpu"] == k * g * 200 * h * 2
     m0, m1 = (executor_memory(c, layout, LLAMA_96X16, 200, 10, 2, "cuda", shared_prefix_len=p) for p in (0, 150))
-    e0, e1 = (estimate(c, LLAMA_96X16, replace(WRANGLE, shared_prefix_len=p), H200, layout=model_layout(c)) for p in (0, 150))
+    e0, e1 = (estimate(c, LLAMA_96X16, replace(WRANGLE, shared_prefix_len=p), H200,
+                       layout=model_layout(c)) for p in (0, 150))
     kept = (k - 1) * (150 + g * 50) * h * 2
     assert e1.peak_memory_bytes["gpu"] - m1["gpu"] == kept
     ahead = g * 200 * h * 2                                         # act_gpu 0 without a prefix, K = 16: the next
@@ -141,7 +146,8 @@ def test_moe_experts_see_the_prefix_once():
     read for the prefix's 4 tokens once and for the rows' 2 x 2 own tokens, not for 2 x 6 tokens."""
     c = preset("mixtral-8x7b")
     policy = Policy(gpu_batch_size=2, num_gpu_batches=1)
-    prefixed = cost_terms(c, policy, Workload(6, 2, shared_prefix_len=4), H200, 2, layout=model_layout(c)).prefill["gpu compute"][6]
+    prefixed = cost_terms(c, policy, Workload(6, 2, shared_prefix_len=4), H200, 2,
+                          layout=model_layout(c)).prefill["gpu compute"][6]
     per_expert = ms.expert_numel(c) * 2
     dense = (ms.layer_dense_bytes(c, 2) + ms.edge_weight_bytes(c, 2) / c.num_hidden_layers
              - c.num_local_experts * per_expert)

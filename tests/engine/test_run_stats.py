@@ -65,12 +65,13 @@ def test_on_cuda_the_counted_peaks_stay_inside_the_budget_and_plans_keep_their_p
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 50_000, (96,), generator=gen).tolist() for _ in range(48)]
     params = SamplingParams(max_new_tokens=8)
-    with LLM("opt-1.3b", gpu_memory=budget, cpu_memory="24GiB") as llm:
+    with LLM("opt-1.3b", gpu_memory=budget, cpu_memory="24GiB", trials=2) as llm:
         llm.generate(prompts, params)
         stats, plan = llm.stats.snapshot(), llm.last_plan
     assert 0 < stats.peak_bytes["gpu"] <= budget and 0 < stats.device_peak_bytes <= budget
     assert stats.prefill_s > 0 and stats.decode_s > 0 and stats.plan_s > 0 and stats.generated_tokens == 48 * 8
-    assert plan.source == "trials" and 0 < plan.detail["predicted_peak_bytes"]["gpu"] <= budget
-    with LLM("opt-1.3b", gpu_memory=budget, cpu_memory="24GiB") as again:
+    peaks = plan.to_dict()["predicted_peak_bytes"]
+    assert (plan.source, plan.chosen_by) == ("trials", "trials") and 0 < peaks["gpu"] <= budget
+    with LLM("opt-1.3b", gpu_memory=budget, cpu_memory="24GiB") as again:      # no trials: the refined plan stands
         cached = again.plan(prompts, params)
-    assert cached.source == "disk" and cached.detail["predicted_peak_bytes"] == plan.detail["predicted_peak_bytes"]
+    assert (cached.source, cached.chosen_by) == ("disk", "trials") and cached.to_dict()["predicted_peak_bytes"] == peaks

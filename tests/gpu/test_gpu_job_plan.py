@@ -1,5 +1,6 @@
 """On CUDA: planning (search + trials) and every later call stay inside `gpu_memory`, the plan is chosen
-once per bucket and comes from the disk plan cache in a new engine (skipped without a GPU)."""
+once per bucket and comes from the disk plan cache in a new engine; a preview there shows the plan the run's
+trials chose (skipped without a GPU)."""
 from __future__ import annotations
 
 import torch
@@ -17,7 +18,7 @@ def test_auto_planning_and_calls_stay_inside_the_budget(tmp_path, monkeypatch):
     monkeypatch.setenv("LLMOPS_CACHE_DIR", str(tmp_path))
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    llm = LLM("opt-1.3b", gpu_memory=BUDGET, cpu_memory="24GiB")
+    llm = LLM("opt-1.3b", gpu_memory=BUDGET, cpu_memory="24GiB", trials=4)
     assert device_cap.cap_bytes(llm.device) == BUDGET
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 50_000, (96,), generator=gen).tolist() for _ in range(48)]
@@ -33,4 +34,6 @@ def test_auto_planning_and_calls_stay_inside_the_budget(tmp_path, monkeypatch):
     del llm
     again = LLM("opt-1.3b", gpu_memory=BUDGET, cpu_memory="24GiB")
     plan = again.plan(prompts, params)
-    assert plan.source == "disk" and plan.policy == first.policy
+    preview = again.plan(prompts, params, measure=False)
+    assert plan.source == "disk" and plan.policy == first.policy and plan.chosen_by == "trials"
+    assert preview.policy == first.policy and preview.pending_trials == 0

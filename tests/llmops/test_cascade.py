@@ -26,7 +26,7 @@ from llmops.pipeline.runner import run_pipeline
 from llmops.polars import llm_map
 from llmops.report_html import render_html
 from llmops.semantic.polars import filter_frame
-from llmops.semantic.validate import run_checked
+from llmops.validate import run_checked
 
 LABELS = ["bug", "billing", "other"]
 BODIES = ["a bug here", "unsure billing", None, "broken other", "billing ok", "unsure bug", "a bug here"]

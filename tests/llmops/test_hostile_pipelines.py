@@ -39,7 +39,9 @@ AT_LOAD = [
      "is not one DuckDB expression"),
     ("rule with two statements", 'llm_map: {output: o, template: "x {b}", validate: "true; DROP TABLE input"}', 8,
      "is not a DuckDB expression"),
-    ("recursive choices", 'llm_map: {output: o, template: "x {b}", choices: [a, a]}', 8, "'a' is given twice"),
+    ("repeated choices", 'llm_map: {output: o, template: "x {b}", choices: [a, a]}', 8, "'a' is given twice"),
+    ("NaN temperature", 'llm_map: {output: o, template: "x {b}", temperature: .nan}', 8, "finite number"),
+    ("infinite top_p", 'llm_map: {output: o, template: "x {b}", top_p: .inf}', 8, "finite number"),
     ("dangling $ref", 'llm_map: {output: o, template: "x {b}", schema: {type: object, properties: '
                       '{a: {"$ref": "#/definitions/gone"}}}}', 8, "points at nothing"),
 ]

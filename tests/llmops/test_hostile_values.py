@@ -121,3 +121,15 @@ def test_resolve_needs_a_unique_id_column(ids, message):
     with pytest.raises(ValueError) as info:
         resolve_table(table, ["name"], Llm(engine=eng, cache_dir=False), id_column="id")
     assert message in str(info.value) and eng.calls == 0
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--temperature", "nan"], "temperature must be a finite number, got nan"),
+    (["--temperature", "inf"], "temperature must be a finite number, got inf"),
+    (["--choices", "yes,yes"], "choices[1] 'yes' is given twice"),
+    (["--choices", "yes,,no"], "choices[1] must not be empty"),
+])
+def test_generate_options_exit_2_before_any_work(option, message, fake):
+    result = CliRunner().invoke(main, ["generate", "--no-cache", *option], input=b"a line\n")
+    assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.output, result.output
+    assert fake.calls == 0

@@ -35,7 +35,13 @@ class Recorder:
     def grow(self, rows):
         self.grown.append(rows)
 
-    def advance(self, rows, *, tokens_per_s=None):
+    def expect(self, rows, max_new_tokens, predicted_tokens_per_s=None):
+        pass
+
+    def step(self, tokens):
+        pass
+
+    def advance(self, rows, *, tokens=0, tokens_per_s=None):
         self.steps.append(("row", rows))
 
     def update(self, rows, **kw):

@@ -13,9 +13,9 @@ from helpers.fake_engine import FakeLLM
 from llmops.semantic import Blocking, Llm, llm_filter_table, llm_join_table, llm_reduce_table, resolve_table
 from llmops.semantic import duckdb as sem_duckdb
 from llmops.semantic.reduce import pack
-from llmops.semantic.validate import RETRY_SUFFIX, RuleError, failed_rules, run_checked
 from llmops.core import MapSpec
 from llmops.templates import TemplateError
+from llmops.validate import RETRY_SUFFIX, RuleError, failed_rules, run_checked
 
 
 def _llm(engine: FakeLLM, **kw) -> Llm:

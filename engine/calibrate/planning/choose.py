@@ -23,8 +23,10 @@ from engine.policy import model_stats as ms
 from engine.policy.cost_model import Workload, estimate
 from engine.policy.estimate import Budgets, NoFeasiblePolicy, PolicyEstimate, workload_dict
 from engine.policy.hardware import HardwareProfile
+from engine.policy.layout import ModelLayout
 from engine.policy.policy import Policy
 from engine.policy.search import search, search_top
+from engine.runtime.layout import model_layout
 from engine.util.sizes import format_size
 
 CPU_MAX_BATCH = 128
@@ -33,8 +35,9 @@ CPU_RELAX = 0.85    # share of the CPU budget the heuristic lets weights + cache
 
 def cpu_estimate(config: ModelConfig, workload: Workload, bytes_per_element: int, budget: int,
                  compress_weights: bool, compress_cache: bool, profile: HardwareProfile,
-                 model_name: str) -> PolicyEstimate:
-    """Everything on the gpu tier (host RAM); the largest batch that fits `budget` bytes."""
+                 model_name: str, layout: ModelLayout) -> PolicyEstimate:
+    """Everything on the gpu tier (host RAM); the largest batch that fits `budget` bytes. `layout`: the
+    model's (`engine.runtime.layout.model_layout`)."""
     B = bytes_per_element
     weights = ms.layer_weight_bytes(config, B, compress_weights) * config.num_hidden_layers
     weights += ms.edge_weight_bytes(config, B)
@@ -53,7 +56,7 @@ def cpu_estimate(config: ModelConfig, workload: Workload, bytes_per_element: int
     batch = int(min(CPU_MAX_BATCH, workload.num_prompts or CPU_MAX_BATCH, room // per_seq))
     policy = Policy(gpu_batch_size=batch, num_gpu_batches=1, compress_weights=compress_weights,
                     compress_cache=compress_cache)
-    est = estimate(config, policy, workload, profile, B)
+    est = estimate(config, policy, workload, profile, B, layout=layout)
     context = {"model": model_name, "device_name": profile.device_name, "profile_source": profile.source,
                "workload": workload_dict(workload), "budgets_bytes": {"gpu": budget, "cpu": 0, "disk": 0}}
     return PolicyEstimate(policy, est.tokens_per_s, est.prefill_s, est.decode_s, est.peak_memory_bytes,
@@ -62,25 +65,28 @@ def cpu_estimate(config: ModelConfig, workload: Workload, bytes_per_element: int
 
 def cost_model_choice(config: ModelConfig, workload: Workload, budgets: Budgets, profile: HardwareProfile, *,
                       dtype: torch.dtype, compress_weights: bool | None, compress_cache: bool | None,
-                      model_name: str) -> PolicyEstimate:
+                      model_name: str, layout: ModelLayout) -> PolicyEstimate:
     """The cost model's policy (deterministic): the closed form on a CPU profile, else the search.
-    Raises NoFeasiblePolicy naming what does not fit."""
+    `layout`: the model's (`engine.runtime.layout.model_layout`). Raises NoFeasiblePolicy naming what does
+    not fit."""
     B = ms.dtype_bytes(dtype)
     if profile.device_type != "cuda":
         return cpu_estimate(config, workload, B, budgets.gpu_bytes, bool(compress_weights), bool(compress_cache),
-                            profile, model_name)
+                            profile, model_name, layout)
     return search(config, workload, budgets, profile, bytes_per_element=B, compress_weights=compress_weights,
-                  compress_cache=compress_cache, model_name=model_name)
+                  compress_cache=compress_cache, model_name=model_name, layout=layout)
 
 
 def refine(config: ModelConfig, workload: Workload, budgets: Budgets, profile: HardwareProfile, *,
            device: torch.device, dtype: torch.dtype, compress_weights: bool | None, compress_cache: bool | None,
-           model_name: str, trials: int, trial_time_s: float = 60.0, disk_dir: Path | None = None) -> PolicyEstimate:
+           model_name: str, layout: ModelLayout, trials: int, trial_time_s: float = 60.0,
+           disk_dir: Path | None = None) -> PolicyEstimate:
     """The best of the cost model's `trials` best candidates, measured on `device` within about
     `trial_time_s` seconds; the estimate holds the extrapolated measurement and the cost model's prediction
     (`context["predicted"]`, `context["trials"]`)."""
     candidates = search_top(config, workload, budgets, profile, top=trials, bytes_per_element=ms.dtype_bytes(dtype),
-                            compress_weights=compress_weights, compress_cache=compress_cache, model_name=model_name)
+                            compress_weights=compress_weights, compress_cache=compress_cache, model_name=model_name,
+                            layout=layout)
     return best_by_trials(config, candidates, workload, device, dtype, budgets, time_budget_s=trial_time_s,
                           disk_dir=disk_dir)
 
@@ -119,7 +125,7 @@ def choose_policy_estimate(
                             num_devices=num_devices, compress_weights=compress_weights, compress_cache=compress_cache)
     budgets = resolve_budgets(profile, settings)
     kwargs: dict[str, Any] = dict(dtype=dtype, compress_weights=compress_weights, compress_cache=compress_cache,
-                                  model_name=model_name)
+                                  model_name=model_name, layout=model_layout(config, dtype))
     if trials <= 0 or device.type != "cuda":
         return cost_model_choice(config, workload, budgets, profile, **kwargs)
     return refine(config, workload, budgets, profile, device=device, trials=trials, trial_time_s=trial_time_s,

@@ -28,10 +28,12 @@ from engine.models.config import ModelConfig
 from engine.policy.cost_model import Workload
 from engine.policy.estimate import Budgets, PolicyEstimate
 from engine.policy.hardware import HardwareProfile
-from engine.policy.memory import model_layout, peak_memory
+from engine.policy.layout import ModelLayout
+from engine.policy.memory import peak_memory
 from engine.policy.model_stats import dtype_bytes
 from engine.policy.partition import device_split
 from engine.policy.policy import Policy
+from engine.runtime.layout import model_layout
 
 MAX_PLAN_SHIFT = 12     # plans for up to 2^11 times a bucket's prompt count are looked up as its plan
 
@@ -56,6 +58,11 @@ class Planner:
     @functools.cached_property
     def profile(self) -> HardwareProfile:
         return self._profile if isinstance(self._profile, HardwareProfile) else self._profile()
+
+    @functools.cached_property
+    def layout(self) -> ModelLayout:
+        """The model's weight layout the cost model plans from (`engine.runtime.layout.model_layout`)."""
+        return model_layout(self.config, self.dtype)
 
     @functools.cached_property
     def budgets(self) -> Budgets:
@@ -140,7 +147,7 @@ class Planner:
         if self.profile.device_type != "cuda":
             return True
         B, config = dtype_bytes(self.dtype), self.config
-        peak = peak_memory(config, model_layout(config, B, policy.compress_weights), policy,
+        peak = peak_memory(config, self.layout.view(B, policy.compress_weights), policy,
                            workload.memory_prompt_len, workload.gen_len, B, "cuda",
                            shared_prefix_len=workload.shared_prefix_len)
         return peak["gpu"] <= self.budgets.gpu_bytes and peak["cpu"] <= self.budgets.cpu_bytes
@@ -149,7 +156,7 @@ class Planner:
         """The cost model's plan for `workload`, or with `trials` its refinement measured on the device."""
         s = self.settings
         kwargs = dict(dtype=self.dtype, compress_weights=s.compress_weights, compress_cache=s.compress_cache,
-                      model_name=self.model_name)
+                      model_name=self.model_name, layout=self.layout)
         start = time.perf_counter()
         if trials:
             if self._before_trials is not None:

@@ -22,9 +22,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from llmops.core import CacheDir, Check, MapSpec, map_table, output_type
+from llmops.core import CacheDir, Check, Job, MapSpec, map_table, output_type
 from llmops.summary import RunSummary
 
+_COLUMNS = ("output", "finish_reason", "error", "text", "confidence", "model", "prompt_tokens", "completion_tokens")
 PREVIOUS, FAILURE = "__llmops_previous", "__llmops_failure"
 RETRY_SUFFIX = f"\n\nYour previous answer {{{PREVIOUS}}} was rejected: {{{FAILURE}}}. Answer again."
 
@@ -96,7 +97,8 @@ def failed_rules(table: pa.Table, rules: Sequence[str], *, check: bool = False) 
 @dataclass
 class Checked:
     """A validated run: `table` has one row per input row, in order (columns `output`, `finish_reason`,
-    `error`, `text`, `confidence`, `model`, `attempts`: see `llmops.core`); `summary` adds up every attempt;
+    `error`, `text`, `confidence`, `model`, `prompt_tokens`, `completion_tokens` of the attempt that gave the
+    row's answer, and `attempts`: see `llmops.core`); `summary` adds up every attempt;
     `retried` counts rows run again, `rejected` rows still failing after the last attempt."""
 
     table: pa.Table
@@ -118,22 +120,26 @@ def _shown(value: Any) -> str:
 
 def run_checked(table: pa.Table, spec: MapSpec, *, rules: Sequence[str] = (), max_attempts: int = 2,
                 output_name: str = "output", cache_dir: CacheDir = None, progress: bool | None = None,
-                engine: Any = None) -> Checked:
+                engine: Any = None, job: Job | None = None) -> Checked:
     """Run `spec` over `table` with validation and retries (see module docstring). Without rules this is
-    one `map_table_ordered` call. `output_name` is what the rules call the output column."""
+    one `map_table_ordered` call. `output_name` is what the rules call the output column. `job`: the
+    `llmops.core.Job` every attempt is a call of (a Polars expression's, a DuckDB function's; a cascade's
+    retries, whose stages run the template they were built with, are jobs of their own; default: a job per
+    attempt)."""
     if max_attempts < 1:
         raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
     kw = {"cache_dir": cache_dir, "progress": progress, "engine": engine,
           "check": rule_check(rules, output_name) if rules and spec.cascade else None}
     check_rules(table, rules, output_name, output_type(spec))
-    result, summary = run_map(table, spec, **kw)
-    out = Checked(result.select(["output", "finish_reason", "error", "text", "confidence", "model"]))
+    result, summary = run_map(table, spec, **kw, job=job)
+    out = Checked(result.select(list(_COLUMNS)))
     out.summary.add(summary)
     if not rules:
         return _with_attempts(out, [1] * table.num_rows)
     outputs, reasons = result.column("output").to_pylist(), result.column("finish_reason").to_pylist()
     errors, texts = result.column("error").to_pylist(), result.column("text").to_pylist()
     scores, models = result.column("confidence").to_pylist(), result.column("model").to_pylist()
+    tokens = [result.column(c).to_pylist() for c in ("prompt_tokens", "completion_tokens")]
     attempts = [1] * table.num_rows
     typ = result.schema.field("output").type
     again, spec2 = _failing(table, outputs, errors, texts, rules, output_name, typ), retry_spec(spec)
@@ -143,7 +149,7 @@ def run_checked(table: pa.Table, spec: MapSpec, *, rules: Sequence[str] = (), ma
         rows = sorted(again)
         sub = table.take(rows).append_column(PREVIOUS, pa.array([again[r][0] for r in rows], pa.string()))
         sub = sub.append_column(FAILURE, pa.array([f"it must satisfy {again[r][1]}" for r in rows], pa.string()))
-        res, summary = run_map(sub, spec2, **kw)
+        res, summary = run_map(sub, spec2, **kw, job=None if spec.cascade else job)
         out.summary.add(summary)
         out.retried += len(rows)
         for k, r in enumerate(rows):
@@ -151,6 +157,8 @@ def run_checked(table: pa.Table, spec: MapSpec, *, rules: Sequence[str] = (), ma
             outputs[r], reasons[r] = res.column("output")[k].as_py(), res.column("finish_reason")[k].as_py()
             errors[r], texts[r] = res.column("error")[k].as_py(), res.column("text")[k].as_py()
             scores[r], models[r] = res.column("confidence")[k].as_py(), res.column("model")[k].as_py()
+            for column, values in zip(("prompt_tokens", "completion_tokens"), tokens):
+                values[r] = res.column(column)[k].as_py()
         again = _failing(table.take(rows), [outputs[r] for r in rows], [errors[r] for r in rows],
                          [texts[r] for r in rows], rules, output_name, typ, offset=rows)
     for r, (shown, rule) in again.items():
@@ -159,7 +167,9 @@ def run_checked(table: pa.Table, spec: MapSpec, *, rules: Sequence[str] = (), ma
     out.rejected = len(again)
     out.table = pa.table({"output": pa.array(outputs, typ), "finish_reason": pa.array(reasons, pa.string()),
                           "error": pa.array(errors, pa.string()), "text": pa.array(texts, pa.string()),
-                          "confidence": pa.array(scores, pa.float64()), "model": pa.array(models, pa.string())})
+                          "confidence": pa.array(scores, pa.float64()), "model": pa.array(models, pa.string()),
+                          "prompt_tokens": pa.array(tokens[0], pa.int64()),
+                          "completion_tokens": pa.array(tokens[1], pa.int64())})
     return _with_attempts(out, attempts)
 
 
