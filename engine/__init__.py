@@ -5,14 +5,14 @@ Layers, arrows down (checked by tests/test_import_contracts.py, contracts in pyp
 executor) -> `policy` (pure decision) -> `storage` -> `models` / `quant` (pure maths); `decoding` (params,
 sampling, constraints, prompts, tokenizer, chat) and `util` are leaves used from above.
 
-The names below are the facade: what a caller outside the engine (`llmops.core`) uses. Generating:
-`LLM`, `SamplingParams` (`check_choices`), `Completion`. Planning (one path, `engine.calibrate.planning`): `LLM.plan` and
-`plan_model` (a model not loaded, another machine's profile) return a `Plan` for a `Workload`, within
-budgets from one rule (`resolve_budgets`); `Policy` / `as_policy` for a fixed plan. Machines: this machine's
+The names below are the facade: what a caller outside the engine (`llmops.core`) uses. Generating: `LLM`,
+`SamplingParams` (`check_choices`), `Completion`. Planning (one path, `engine.calibrate.planning`):
+`LLM.plan` and `plan_model` (a model not loaded, another machine's profile) return a `Plan` for a
+`Workload`, within budgets from one rule (`resolve_budgets`, `PlanSettings`, `Budgets`; `PINNED_SHARE`);
+`Policy` / `as_policy` for a fixed plan; `NoFeasiblePolicy` when nothing fits. Machines: this machine's
 `HardwareProfile` measured once and cached (`load_or_measure`, `profile_cache_path`), the one plans for a
-device use (`planning_profile`), one read from a file
-(`load_profile`), a built-in one (`reference_profile`), `default_device`. Models: `list_models`. Sizes:
-`parse_size`, `format_size`.
+device use (`planning_profile`), one read from a file (`load_profile`), a built-in one
+(`reference_profile`), `default_device`. Models: `list_models`. Sizes: `parse_size`, `format_size`.
 """
 from engine.calibrate.machine import PINNED_SHARE
 from engine.calibrate.planning import Plan, PlanSettings, plan_model, planning_profile, resolve_budgets

@@ -33,7 +33,7 @@ from engine.decoding.decoder import BlockDecoder
 from engine.decoding.params import Completion, SamplingParams
 from engine.decoding.prompts import Encoded, encode_prompts
 from engine.decoding.sampling import sequence_keys
-from engine.decoding.tokenizer import Tokenizer
+from engine.decoding.tokenizer import MarkedText, Tokenizer
 from engine.fingerprint import output_fingerprint, tokenizer_digest
 from engine.models.config import ModelConfig
 from engine.models.loader import load_model
@@ -43,6 +43,7 @@ from engine.parallel import (
 from engine.policy.cost_model import Workload
 from engine.policy.policy import Policy, as_policy
 from engine.runtime import executor as executor_mod
+from engine.runtime.embed import Embedder, Embedding
 from engine.runtime.run_stats import EngineStats
 from engine.storage import device_cap
 
@@ -105,9 +106,9 @@ class LLM:
     says (never expanded to dense, never re-quantized); the flag then only compresses decoder weights the
     checkpoint left in float.
     devices: None (just `device`), "auto" (every visible CUDA device) or a list of CUDA indices / torch device
-    strings; with more than one, `gpu_memory` holds on each, each device plans and runs within 1/N of the host's budgets,
-    and `parallel` says how blocks use them: "auto" (data-parallel when the plan keeps every weight on the
-    gpu tier, else pipeline), "data" or "pipeline" (engine.parallel).
+    strings; with more than one, `gpu_memory` holds on each, each device plans and runs within 1/N of the
+    host's budgets, and `parallel` says how blocks use them: "auto" (data-parallel when the plan keeps every
+    weight on the gpu tier, else pipeline), "data" or "pipeline" (engine.parallel).
     """
 
     def __init__(self, model: str | Path, *, policy: str | Policy | dict[str, Any] = "auto",
@@ -153,6 +154,7 @@ class LLM:
         self._executor: Any = None
         self._parallel: Lanes | Any = None        # the Lanes or Pipeline of several devices, when in use
         self._executor_policy: Policy | None = None
+        self._embedder: Embedder | None = None    # the weights an `embed` call holds, until the next generation
         for dev in self.devices:
             weakref.finalize(self, device_cap.release, device_cap.hold(dev, self.gpu_memory))
         self.stats.load_s = time.perf_counter() - began
@@ -197,6 +199,34 @@ class LLM:
         params = self._check(prompts, params)
         encoded = encode_prompts(prompts, params, self._tokenizer, self.loaded.config.vocab_size, self.max_context)
         return [len(e.ids) for e in encoded]
+
+    def embed(self, texts: Sequence[str]) -> list[Embedding]:
+        """One `Embedding` per text, in order: a unit-length vector (`engine.runtime.embed`: the mean of the last
+        decoder layer's hidden states, so cosine similarity is a dot product), or an error for a text that
+        cannot run (empty, longer than the context). A pure forward pass: no chat template, nothing generated.
+        Texts are data (a special-token string in one is plain text). The whole model but its output head is
+        held on the device from the first call until the next generation or `close` (the executor's copy is
+        released first, so one copy lives at a time); a model that does not fit `gpu_memory` raises ValueError."""
+        if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+            raise TypeError("texts must be a list of strings")
+        if self._tokenizer is None:
+            raise ValueError("embed needs a tokenizer; this model has none")
+        ids = self._tokenizer.encode_marked_batch([MarkedText(t, ((0, len(t)),)) for t in texts])
+        errors = [("empty text" if not t.strip() else None) if len(x) <= self.max_context else
+                  f"text of {len(x)} tokens exceeds the context of {self.max_context}" for t, x in zip(texts, ids)]
+        if self._embedder is None:
+            self.close()
+            embedder = Embedder(self.loaded, self.device, self.dtype)
+            why = embedder.fits(self.gpu_memory if self.device.type == "cuda" else None)
+            if why is not None:
+                raise ValueError(why)
+            self._embedder = embedder
+        run = [i for i, e in enumerate(errors) if e is None]
+        vectors = self._embedder.embed([ids[i] for i in run]).tolist() if run else []
+        out = [Embedding(None, len(x), e) for x, e in zip(ids, errors)]
+        for i, v in zip(run, vectors):
+            out[i] = Embedding(v, len(ids[i]))
+        return out
 
     # ---- generation
     def generate(self, prompts: Sequence[Any], params: SamplingParams | None = None, *,
@@ -433,6 +463,7 @@ class LLM:
 
     def _get_executor(self) -> Any:
         if self._executor is None:
+            self._embedder = None          # one copy of the weights on the device at a time
             began = time.perf_counter()
             # looked up at call time (not imported by name), so a test can substitute the executor class
             self._executor = executor_mod.Executor(self.loaded, self._policy, device=self.device,
@@ -454,7 +485,9 @@ class LLM:
         return self._parallel
 
     def close(self) -> None:
-        """Release the executors' buffers and files. The LLM can still generate afterwards (it rebuilds)."""
+        """Release the executors' buffers and files and the embedding weights. The LLM can still generate and
+        embed afterwards (it rebuilds)."""
+        self._embedder = None
         for held in (self._executor, self._parallel):
             if held is not None:
                 held.close()

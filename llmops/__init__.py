@@ -12,9 +12,17 @@ from llmops.core import (MapRun, MapSpec, RunSummary, last_summaries, last_summa
 from llmops.templates import TemplateError
 
 __version__ = "0.1.0"   # the package version (pyproject.toml reads it from here)
+DISTRIBUTION = "llmops-engine"   # the name pip installs (pyproject.toml [project] name); imports say `llmops`
+
+
+def install_hint(extra: str) -> str:
+    """How to install one of the distribution's extras, published or from a checkout."""
+    return f'pip install "{DISTRIBUTION}[{extra}]" (from a checkout: pip install -e ".[{extra}]")'
+
 __all__ = ["MapRun", "MapSpec", "RunSummary", "TemplateError", "last_summaries", "last_summary", "llm_map",
            "map_table", "map_table_ordered", "output_schema", "output_type"]
-SEMANTIC = ("llm_filter", "llm_join", "resolve", "llm_reduce")  # llmops.semantic.polars, imported on first use
+SEMANTIC = ("llm_filter", "llm_join", "resolve", "llm_reduce", "llm_topk", "llm_extract", "embed", "sim_join",
+            "split", "gather")  # llmops.semantic.polars, imported on first use
 
 
 def __getattr__(name: str) -> Any:

@@ -57,6 +57,19 @@ def _zero(value: Any) -> Any:
     return value
 
 
+def _one(value: Any) -> Any:
+    if _integer(value) != 1:
+        raise ValueError(f"only n=1 (one completion per request line) is supported, got {value!r}")
+    return 1
+
+
+def _chosen_only(value: Any) -> Any:
+    if _integer(value) != 0:
+        raise ValueError(f"only 0 is supported (the engine reports the chosen token's logprob, no alternatives), "
+                         f"got {value!r}")
+    return 0
+
+
 def _stop(value: Any) -> tuple[str, ...]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
@@ -97,7 +110,7 @@ Regex = Annotated[str, BeforeValidator(_regex)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)   # JSON's true is not 1, "true" not true
 
 
 class TextPart(_Strict):
@@ -144,7 +157,7 @@ class _Body(_Strict):
     top_k: Integer | None = Field(None, ge=-1)
     seed: Integer | None = Field(None, ge=0, le=SEED_MAX)
     stop: Stop | None = None
-    n: Literal[1] = 1
+    n: Annotated[int, BeforeValidator(_one)] = 1
     stream: Literal[False] = False
     presence_penalty: Zero | None = None
     frequency_penalty: Zero | None = None
@@ -160,12 +173,12 @@ class _Body(_Strict):
 class ChatBody(_Body):
     messages: list[Message] = Field(min_length=1)
     logprobs: bool | None = None
-    top_logprobs: Literal[0] | None = None
+    top_logprobs: Annotated[int, BeforeValidator(_chosen_only)] | None = None
 
 
 class CompletionBody(_Body):
     prompt: str
-    logprobs: Literal[0] | None = None
+    logprobs: Annotated[int, BeforeValidator(_chosen_only)] | None = None
     echo: Literal[False] = False
 
 

@@ -6,6 +6,7 @@ Results go to stdout, progress and diagnostics to stderr.
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -13,17 +14,20 @@ from pathlib import Path
 
 import click
 
-from llmops import __version__
+from llmops import __version__, core, install_hint
 from llmops.cli_batch import batch_cmd
+from llmops.cli_generate import generate_cmd
+from llmops.cli_logs import logs_cmd
 from llmops.cli_common import configure, note, want_progress
 from llmops.cli_policy import policy_cmd, profile_cmd
 from llmops.pipeline.load import PipelineError, load_pipeline, locate_error, parse_yaml
-from llmops.pipeline.oneoff import generate, list_all_models, models_table
+from llmops.pipeline.oneoff import list_all_models, models_table
 from llmops.pipeline.plan import format_plan, plan_pipeline
 from llmops.pipeline.runner import RunResult, run_pipeline
 from llmops.pipeline.spec import Pipeline
 from llmops.pipeline.sources import SourceError
 from llmops.pipeline.steps import StepError
+from llmops.summary import describe_failures
 from llmops.templates import TemplateError
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
@@ -48,9 +52,11 @@ def main(verbose: int, quiet: bool) -> None:
     \b
     Examples:
       llmops run pipelines/extract_invoices.yaml --limit 5   # a YAML pipeline: source -> steps -> sink
+      llmops generate "Name three colours"                   # one prompt, its answer to stdout
       llmops generate prompts.txt                            # one prompt per line, answers to stdout
       llmops batch requests.jsonl -o results.jsonl           # an OpenAI / vLLM batch file
       llmops models                                          # model names you can use
+      llmops logs --since 1h --grep invoice                  # what the result cache holds: prompts, outputs
       llmops -q run pipelines/classify_tickets.yaml --limit 5 # errors only on stderr
       llmops policy --model mixtral-8x7b --gpu-memory 24GiB --cpu-memory 128GiB  # how a big model is placed
     """
@@ -76,7 +82,7 @@ def main(verbose: int, quiet: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary (or the plan) as JSON.")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar (default: when stderr is a terminal).")
 @click.option("--report", "report_html", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the run report as a self-contained HTML page with plots (needs llmops[report]).")
+              help="Also write the run report as a self-contained HTML page with plots (needs the report extra).")
 def run_cmd(pipeline_file: Path, limit: int | None, dry_run: bool, no_cache: bool, runner: str, address: str | None,
             num_engines: int, gpus_per_engine: float, allow_errors: bool, model: str | None,
             overrides: tuple[str, ...], as_json: bool, progress: bool | None, report_html: Path | None) -> None:
@@ -98,11 +104,13 @@ def run_cmd(pipeline_file: Path, limit: int | None, dry_run: bool, no_cache: boo
           --set engine.gpu_memory=24GiB --set engine.cpu_memory=100GiB
     """
 
-    run_on = _ray_runner(num_engines, gpus_per_engine, address) if runner == "ray" else run_pipeline
+    run_on = _ray_runner(num_engines, gpus_per_engine, address) if runner == "ray" \
+        else functools.partial(run_pipeline, allow_errors=allow_errors)
     write_html = _html_writer() if report_html is not None and not dry_run else None
     invalid = _invalid_errors()
     try:
         pipeline = load_pipeline(pipeline_file, overrides=list(overrides) + _model_overrides(pipeline_file, model))
+        _note_untuned_cpu()
         if dry_run:
             plan = plan_pipeline(pipeline, limit=limit, use_cache=not no_cache)
             click.echo(json.dumps(plan, indent=2, default=str) if as_json else format_plan(plan))
@@ -117,9 +125,41 @@ def run_cmd(pipeline_file: Path, limit: int | None, dry_run: bool, no_cache: boo
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else str(result))
     if write_html is not None:
         _write_html_report(write_html, result, report_html)
-    if result.failed_rows and not allow_errors:
-        click.echo(f"{result.failed_rows} row(s) failed (null values); pass --allow-errors to exit 0", err=True)
+    if not result.failed_rows:
+        return
+    if allow_errors:
+        note(f"{result.failed_rows} row(s) failed (null values):")
+    elif result.held:
+        click.echo(f"{result.failed_rows} row(s) failed (null values), so {pipeline.sink.target} was left as it "
+                   f"was; this run's rows are in {result.held} (--allow-errors publishes a run with failed rows):",
+                   err=True)
+    else:
+        click.echo(f"{result.failed_rows} row(s) failed (null values); pass --allow-errors to exit 0:", err=True)
+    for line in _failure_lines(result):
+        note(line)
+    if not allow_errors:
         sys.exit(EXIT_FAILED)
+
+
+def _failure_lines(result: RunResult) -> list[str]:
+    """Why rows failed, over the run's LLM steps (`llmops.summary.describe_failures`)."""
+    by_reason: dict[str, int] = {}
+    examples: list[tuple[str, str]] = []
+    for step in result.llm_steps:
+        for reason, n in (step.get("failed_by_reason") or {}).items():
+            by_reason[reason] = by_reason.get(reason, 0) + n
+        examples += [(f"steps[{step.get('step')}] row {row}", why) for row, why in step.get("failed_examples") or ()]
+    return describe_failures(result.failed_rows, by_reason, examples)
+
+
+def _note_untuned_cpu() -> None:
+    """Once per run on a CPU: say when plans and ETAs come from the untuned default profile of this machine."""
+    if core.default_device() != "cpu":
+        return
+    profile, _ = core.hardware_profile("local")
+    if profile.source == "default":
+        note(f"note: {profile.device_name} has no measured hardware profile, so plans and time estimates use "
+             "untuned defaults; `llmops profile` measures this machine once (under a minute)")
 
 
 def _ray_runner(num_engines: int, gpus_per_engine: float, address: str | None) -> Callable[..., RunResult]:
@@ -128,7 +168,7 @@ def _ray_runner(num_engines: int, gpus_per_engine: float, address: str | None) -
         from llmops.pipeline.ray_runner import run_pipeline_ray  # optional dependency: the `ray` extra
         from llmops.ray import ClusterTooSmall  # optional dependency: the `ray` extra
     except ImportError as exc:
-        _fail(f"--runner ray needs Ray ({exc.name or 'ray'} is not installed): pip install \"llmops[ray]\"",
+        _fail(f"--runner ray needs Ray ({exc.name or 'ray'} is not installed): {install_hint('ray')}",
               EXIT_INVALID)
 
     def run(pipeline: Pipeline, *, limit: int | None, use_cache: bool, progress: bool | None) -> RunResult:
@@ -147,7 +187,7 @@ def _html_writer() -> Callable[[dict, Path], Path]:
         from llmops.report_html import write_html  # optional dependency: matplotlib (the `report` extra)
     except ImportError as exc:
         _fail(f"--report needs matplotlib ({exc.name or 'matplotlib'} is not installed): "
-              f"pip install \"llmops[report]\"", EXIT_INVALID)
+              f"{install_hint('report')}", EXIT_INVALID)
     return write_html
 
 
@@ -181,54 +221,6 @@ def _model_overrides(pipeline_file: Path, model: str | None) -> list[str]:
     return items
 
 
-@main.command("generate")
-@click.argument("input_file", default="-", type=click.Path(allow_dash=True, path_type=str))
-@click.option("--template", "-t", help="Prompt template with {column} placeholders (CSV/Parquet/JSONL input); "
-              "for text input the line is {prompt}.")
-@click.option("--model", "-m", default="smollm2-135m-instruct", show_default=True, help="Model name or path.")
-@click.option("--system", help="System prompt.")
-@click.option("--schema", help="JSON schema (or {field: type} shorthand) as JSON text, or @file.json.")
-@click.option("--choices", help="Comma-separated list: the answer is exactly one of them.")
-@click.option("--regex", help="The answer matches this regex (constrained decoding).")
-@click.option("--id", "id_column", metavar="COLUMN", help="Carry this input column into each --jsonl line.")
-@click.option("--limit", type=click.IntRange(min=0), help="Read at most N input rows.")
-@click.option("--format", "fmt", type=click.Choice(["auto", "text", "csv", "jsonl", "parquet"]), default="auto",
-              show_default=True, help="Input format (auto: the file's suffix; on stdin, sniffed from the data).")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
-@click.option("--output", "-o", "output", type=click.Path(dir_okay=False), help="Write a table (.csv/.parquet/.jsonl) "
-              "with the input columns and `output` instead of printing.")
-@click.option("--jsonl", is_flag=True, help="Print one JSON object per row (row, output, finish_reason, error).")
-@click.option("--no-cache", is_flag=True, help="Do not use the result cache.")
-@click.option("--allow-errors", is_flag=True, help="Exit 0 even when some rows failed (their values are null).")
-@click.option("--progress/--no-progress", default=None, help="Show a progress bar (default: when stderr is a terminal).")
-def generate_cmd(input_file: str, template: str | None, model: str, system: str | None, schema: str | None,
-                 choices: str | None, regex: str | None, id_column: str | None, limit: int | None, fmt: str,
-                 max_new_tokens: int, temperature: float, output: str | None, jsonl: bool,
-                 no_cache: bool, allow_errors: bool, progress: bool | None) -> None:
-    """One-off generation: one prompt per line of a text file (or stdin), or a template over a table
-    (CSV, JSONL or Parquet; a file or stdin).
-
-    \b
-    Examples:
-      printf 'Say hi\\nName a colour\\n' | llmops generate
-      llmops generate sample_data/tickets.csv -t "Classify: {subject}" --choices bug,billing,other --id id --jsonl
-      cat sample_data/tickets.csv | llmops generate -t "Classify: {subject}" --limit 5
-      llmops generate sample_data/invoices.csv -t "Invoice number in: {body}" -o out/numbers.parquet
-    """
-
-    try:
-        failed = generate(input_file, template=template, model=model, system=system, schema=schema, choices=choices,
-                 max_new_tokens=max_new_tokens, temperature=temperature, output=output, jsonl=jsonl,
-                 use_cache=not no_cache, progress=want_progress(progress), regex=regex, id_column=id_column, limit=limit, fmt=fmt)
-    except _invalid_errors() + (click.BadParameter,) as exc:
-        _fail(str(exc), EXIT_INVALID)
-    except Exception as exc:  # noqa: BLE001
-        _fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED)
-    if failed and not allow_errors:
-        _fail(f"{failed} row(s) failed (null values); pass --allow-errors to exit 0", EXIT_FAILED)
-
-
 @main.command("models")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of a table.")
 @click.option("--dir", "dirs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
@@ -250,7 +242,9 @@ def models_cmd(as_json: bool, dirs: tuple[Path, ...]) -> None:
     click.echo(json.dumps(rows, indent=2, default=str) if as_json else models_table(rows))
 
 
+main.add_command(generate_cmd, "generate")
 main.add_command(batch_cmd, "batch")
+main.add_command(logs_cmd, "logs")
 main.add_command(policy_cmd, "policy")
 main.add_command(profile_cmd, "profile")
 

@@ -74,7 +74,9 @@ def batch_cmd(input_file: str, output: str, model: str, max_tokens: int, limit: 
 
     Each input line is {"custom_id", "method": "POST", "url": "/v1/chat/completions" or "/v1/completions",
     "body": {...}}; each output line {"id", "custom_id", "response": {"status_code", "request_id", "body"},
-    "error"}, in input order. response_format json_schema / json_object become constrained decoding.
+    "error"}, in input order. response_format, guided_* and structured_outputs become constrained decoding.
+    Every line is checked before any work: a bad line (unknown field, NaN, a schema or regex that does not
+    compile, a repeated custom_id) gets an error line naming its line number and field, and the others run.
     Requests with equal sampling parameters run as one job; finished lines stay in the result cache.
 
     \b
@@ -99,11 +101,12 @@ def batch_cmd(input_file: str, output: str, model: str, max_tokens: int, limit: 
             staged.publish()
         else:
             click.echo("".join(json_line(o) for o in result.lines), nl=False)
+    except OutputError as exc:   # the target could not be published; the message names the staged answers
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
     except Exception as exc:  # noqa: BLE001 (a failure is reported, not a traceback)
-        kept = f"; the answers so far are in {staged.keep()}" if staged is not None and not \
-            isinstance(exc, OutputError) else ""
-        click.echo(f"error: {exc if isinstance(exc, OutputError) else f'{type(exc).__name__}: {exc}'}{kept}",
-                   err=True)
+        kept = f"; the answers so far are in {staged.keep()}" if staged is not None else ""
+        click.echo(f"error: {type(exc).__name__}: {exc}{kept}", err=True)
         sys.exit(EXIT_FAILED)
     s = result.summary
     note(f"{len(result.lines)} lines, {result.failed} with errors, {result.jobs} job(s); {s}"

@@ -1,8 +1,10 @@
 """What every `llmops` command shares about talking to the user: logging levels (`-v`, `-vv`, `-q`) and
 the quiet switch. Results go to stdout; diagnostics (summaries, progress, log records) to stderr.
 
-Levels: default WARNING; `-v` INFO (planning, cache, engine notes); `-vv` DEBUG; `-q` ERROR, no progress
-bars and no summary lines (errors are still printed, exit codes are unchanged).
+Levels: default WARNING; `-v` INFO from llmops and the engine (the plan and where it places weights, cache and
+activations, rows to generate, each block's rows, time and tokens); `-vv` DEBUG (every decode step too); `-q`
+ERROR, no progress bars and no summary lines (errors are still printed, exit codes are unchanged). Other
+libraries' loggers stay at WARNING, so `-vv` is not drowned in their debug output.
 """
 from __future__ import annotations
 
@@ -12,13 +14,23 @@ import sys
 import click
 
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+OWN_LOGGERS = ("llmops", "engine")
+
+
+def log_level(verbose: int, quiet: bool) -> int:
+    """The level of llmops' and the engine's loggers for `-v` given `verbose` times, or `-q`."""
+    if quiet:
+        return logging.ERROR
+    return (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
 
 
 def configure(verbose: int, quiet: bool) -> None:
-    """Set the root logger's level and its stderr handler for this invocation (replacing earlier ones)."""
-    level = logging.ERROR if quiet else (logging.WARNING, logging.INFO)[min(verbose, 1)] if verbose < 2 \
-        else logging.DEBUG
-    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr, force=True)
+    """Set the loggers' levels and the root logger's stderr handler for this invocation (replacing earlier
+    ones): `OWN_LOGGERS` at `log_level`, every other logger at WARNING (ERROR with `-q`)."""
+    level = log_level(verbose, quiet)
+    logging.basicConfig(level=max(level, logging.WARNING), format=LOG_FORMAT, stream=sys.stderr, force=True)
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(level)
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
         ctx.ensure_object(dict)["quiet"] = quiet

@@ -87,6 +87,7 @@ Check = Callable[[pa.Table, pa.Array], Sequence[bool]]
 log = logging.getLogger(__name__)
 JOB_MEMO_ROWS = 200_000   # generated results a job keeps in memory for its later calls
 PLAN_SAMPLE_ROWS = 512    # prompts whose lengths stand for all of a job's when it plans (`plan_job`)
+FAILED_EXAMPLES = 10      # failed rows a run keeps (row, why) of, for the summary (`llmops.summary.describe_failures`)
 
 
 @dataclass(frozen=True)
@@ -393,6 +394,8 @@ class MapRun:
         self.job = job if job is not None else Job(spec, engine=engine)
         self._shown = 0   # rows this call has moved the progress bar by
         self.failures: Counter[str] = Counter()        # rows with a null output, by `failure_kind`
+        self.failed_examples: list[tuple[int, str]] = []  # (row, why) of the first failed rows
+        self.failed_by_reason: Counter[str] = Counter()    # failed rows (errors, cut outputs) by `failure_kind`
         self.timeline: list[tuple[float, int, int]] = []  # (seconds, rows done, generated tokens) per batch
         self.clock = RowClock()                          # rows finished per time bucket
         self.load_s = self.cache_s = 0.0                 # building the engine; the result cache
@@ -458,7 +461,8 @@ class MapRun:
             pending = [k for k in rest if k not in hits]
             if not pending:
                 return
-            writer = RowWriter(cache) if cache is not None else None
+            writer = RowWriter(cache, about={k: (spec.model, outcomes[rows_by_key[k][0]].prompt) for k in pending}) \
+                if cache is not None else None
 
             def generate(pending: list[str]) -> Iterator[pa.RecordBatch]:
                 """Generate the rows of keys `pending`, storing and yielding them block by block."""
@@ -652,10 +656,15 @@ class MapRun:
         the confidence histogram."""
         s = self.summary
         columns = (batch.column("output").is_null().to_pylist(), batch.column("finish_reason").to_pylist(),
-                   batch.column("error").to_pylist(), batch.column("model").to_pylist())
-        for missing, reason, err, model in zip(*columns):
+                   batch.column("error").to_pylist(), batch.column("model").to_pylist(),
+                   batch.column("row").to_pylist())
+        for missing, reason, err, model, row in zip(*columns):
             s.errors += reason == "error"
             s.truncated += reason == "length" and missing
+            if reason == "error" or (reason == "length" and missing):
+                self.failed_by_reason[failure_kind(reason, err) or "engine error"] += 1
+                if len(self.failed_examples) < FAILED_EXAMPLES:
+                    self.failed_examples.append((row, err or f"finish_reason {reason}"))
             kind = failure_kind(reason, err) if missing else None
             if kind is not None:
                 self.failures[kind] += 1
@@ -759,6 +768,23 @@ def map_table_ordered(table: pa.Table, spec: MapSpec, **kwargs: Any) -> pa.Table
     return map_table(table, spec, **kwargs).ordered()
 
 
+def embed_texts(texts: Sequence[str | None], *, model: str = "smollm2-135m-instruct",
+                engine_settings: Mapping[str, Any] | None = None,
+                engine: Any = None) -> tuple[list[list[float] | None], list[str | None]]:
+    """(embedding, error) per text, in order: one `engine.LLM.embed` call over the distinct non-null texts
+    (unit-length vectors, see `engine.runtime.embed`), on `engine` or the process-wide engine of `model` and
+    `engine_settings` (shared with the maps of that model). A null text gives (None, None); a text that cannot
+    run gives (None, why). Embeddings are not stored in the result cache."""
+    eng = engine if engine is not None else get_engine(MapSpec(template="{text}", model=model,
+                                                               engine=tuple((engine_settings or {}).items())))
+    distinct = list(dict.fromkeys(t for t in texts if t is not None))
+    with engine_lock(eng):
+        done = dict(zip(distinct, eng.embed(distinct))) if distinct else {}
+    vectors = [None if t is None else done[t].vector for t in texts]
+    errors = [None if t is None else done[t].error for t in texts]
+    return vectors, errors
+
+
 # ---- planning, machines, models and sizes, for the commands that only plan or inspect (`llmops policy`,
 # `llmops profile`, `llmops models`), through the engine's facade
 
@@ -803,7 +829,8 @@ def hardware_profile(source: str | Path = "local") -> tuple[HardwareProfile, str
     return profile, f"built-in reference {source} ({profile.device_name})"
 
 
-def measure_profile(device: str, *, refresh: bool = False, disk_dir: Path | None = None) -> tuple[HardwareProfile, Path]:
+def measure_profile(device: str, *, refresh: bool = False,
+                    disk_dir: Path | None = None) -> tuple[HardwareProfile, Path]:
     """This machine's profile of `device` ("cuda" or "cpu"), measured (under a minute) unless cached
     (`refresh`: measured again), and its cache file."""
     kwargs = {"disk_dir": disk_dir} if disk_dir is not None else {}

@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from llmops import coalesce
 from llmops.core import Job, MapSpec, map_table_ordered, output_type
+from llmops.glean import Gleaning, as_gleaning, rules_judge, run_gleaned
 from llmops.templates import template_fields
 from llmops.validate import check_rule_syntax, run_checked
 
@@ -46,9 +47,10 @@ class _MapBatches:
     """The UDF of one `llm_map` expression: owns the spec, the job, and the last few (input, output) pairs."""
 
     def __init__(self, spec: MapSpec, dtype: pl.DataType, meta: bool, cache_dir: Any, progress: bool | None,
-                 engine: Any, rules: tuple[str, ...] = (), max_attempts: int = 2) -> None:
+                 engine: Any, rules: tuple[str, ...] = (), max_attempts: int = 2,
+                 gleaning: Gleaning | None = None) -> None:
         self.spec, self.dtype, self.meta = spec, dtype, meta
-        self.rules, self.max_attempts = rules, max_attempts
+        self.rules, self.max_attempts, self.gleaning = rules, max_attempts, gleaning
         self.kw = {"cache_dir": cache_dir, "progress": progress}
         self.job = Job(spec, engine=engine)
         self._coalescer = coalesce.for_job(self.job, self._run)
@@ -75,6 +77,9 @@ class _MapBatches:
 
     def _run(self, table: pa.Table) -> pa.Table:
         self.generations += 1
+        if self.gleaning is not None:
+            judge = rules_judge(self.rules, "output") if self.rules else None
+            return run_gleaned(table, self.spec, gleaning=self.gleaning, judge=judge, job=self.job, **self.kw).table
         if self.rules:
             return run_checked(table, self.spec, rules=self.rules, max_attempts=self.max_attempts, job=self.job,
                                **self.kw).table
@@ -102,7 +107,7 @@ def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any 
             on_empty: Literal["null", "error", "run"] = "null",
             cascade: Sequence[str] | Mapping[str, Any] | None = None, min_confidence: float | None = None,
             validate: str | Sequence[str] = (), max_attempts: int = 2,
-            with_meta: bool = False, cache_dir: str | Path | None | Literal[False] = None,
+            gleaning: int | Mapping[str, Any] | None = None, with_meta: bool = False, cache_dir: str | Path | None | Literal[False] = None,
             progress: bool | None = None, engine: Any = None) -> pl.Expr:
     """An expression generating one value per row from `template` (see `llmops.core.MapSpec` for the
     generation arguments). Output dtype: String, `pl.Enum(choices)` for choices, or a Struct matching
@@ -121,6 +126,10 @@ def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any 
     output's fields are `output.field`), e.g. `"output.total > 0"`; a row whose output breaks one runs again
     with the failure fed back, at most `max_attempts` times in all, then gets a null output and an error
     naming the rule (a rule DuckDB cannot run raises `llmops.validate.RuleError` when the query runs).
+    `gleaning=1` (or `{"rounds": 1, "min_confidence": 0.8}`): refinement rounds for the rows whose output is
+    invalid (unparsable, breaking a `validate` rule) or unsure (confidence below min_confidence): each is
+    re-prompted with its previous answer and why it failed, and keeps the better answer (`llmops.glean`);
+    with `validate`, the rounds replace `max_attempts`.
     Template errors (bad syntax) raise here; unknown columns raise Polars' ColumnNotFoundError (naming
     the column and listing the frame's columns) when the query runs, before any generation."""
     spec = MapSpec(template=template, model=model, system=system, examples=tuple(examples or ()), schema=schema,
@@ -134,6 +143,9 @@ def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any 
         check_rule_syntax(rule)
     if max_attempts < 1:
         raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+    glean = as_gleaning(gleaning, constrained=schema is not None or choices is not None or regex is not None)
+    if glean is not None and max_attempts != 2:
+        raise ValueError("give gleaning rounds or max_attempts, not both (gleaning's rounds are the retries)")
     names = template_fields(template)
     if not names:
         raise ValueError(f"template {template!r} has no {{column}} placeholder: nothing to map over")
@@ -152,7 +164,7 @@ def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any 
     if spec.choices is not None:   # choices come back as pl.Enum of exactly those categories
         enum = pl.Enum(list(dict.fromkeys(spec.choices)))
         dtype = pl.Struct({**dict(dtype), "output": enum}) if with_meta else enum
-    udf = _MapBatches(spec, dtype, with_meta, cache_dir, progress, engine, rules, max_attempts)
+    udf = _MapBatches(spec, dtype, with_meta, cache_dir, progress, engine, rules, max_attempts, glean)
     return pl.struct(exprs).map_batches(udf, return_dtype=dtype, is_elementwise=True).alias(default_name(spec))
 
 

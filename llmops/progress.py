@@ -26,6 +26,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 TICK_S = 1.0          # the clock and ETA are redrawn at least this often while the bar is open
+MIN_DRAW_S = 0.2      # decode steps redraw the bar at most this often
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} rows [{elapsed}{postfix}]"
 
 
@@ -59,11 +60,12 @@ class Progress:
         self.finished_tokens = 0
         self.cache_hits = 0
         self.errors = 0
-        self._began: float | None = None   # when generation began (the first `expect`)
+        self.began: float | None = None    # when generation began (the first `expect`)
+        self._drawn = 0.0                  # when a step last redrew the bar
         self._stop = threading.Event()
         if _want(enabled):
             self._bar = tqdm(total=total, desc=desc, unit="row", file=sys.stderr, dynamic_ncols=True,
-                             mininterval=0.2, bar_format=BAR_FORMAT)
+                             mininterval=MIN_DRAW_S, bar_format=BAR_FORMAT)
             threading.Thread(target=self._tick, name="llmops-progress", daemon=True).start()
 
     def grow(self, rows: int) -> None:
@@ -80,16 +82,20 @@ class Progress:
             self.max_new_tokens = max(self.max_new_tokens, max_new_tokens)
             if predicted_tokens_per_s:
                 self.predicted_tokens_per_s = predicted_tokens_per_s
-            if self._began is None:
-                self._began = time.perf_counter()
+            if self.began is None:
+                self.began = time.perf_counter()
             self._show(refresh=True)
 
     def step(self, tokens: int) -> None:
-        """One decode step chose `tokens` tokens (called from the engine's decode loop: quick)."""
+        """One decode step chose `tokens` tokens (called from the engine's decode loop: quick; the bar is
+        redrawn at most every `MIN_DRAW_S`)."""
         with self._lock:
             self.steps += 1
             self.tokens += tokens
-            self._show(refresh=False)
+            now = time.perf_counter()
+            draw = now - self._drawn >= MIN_DRAW_S
+            self._drawn = now if draw else self._drawn
+            self._show(refresh=draw)
 
     def advance(self, rows: int, *, tokens: int = 0, tokens_per_s: float | None = None) -> None:
         """`rows` more rows finished (reported as they finish, before their block is yielded), their
@@ -121,13 +127,13 @@ class Progress:
         left = max(0.0, self.expected * per_row - self.tokens)
         if left == 0:
             return 0.0
-        elapsed = (now if now is not None else time.perf_counter()) - (self._began or 0.0)
+        elapsed = (now if now is not None else time.perf_counter()) - (self.began or 0.0)
         rate = self.tokens / elapsed if self.tokens and elapsed > 0 else self.predicted_tokens_per_s
         return left / rate if rate else None
 
     def postfix(self) -> str:
         """The figures after the bar: `step 12, 96 tok, 8.0 tok/s, 3 cached, ETA 0:41`."""
-        elapsed = time.perf_counter() - self._began if self._began is not None else 0.0
+        elapsed = time.perf_counter() - self.began if self.began is not None else 0.0
         parts = [f"step {self.steps}"] if self.steps else []
         parts.append(f"{self.tokens} tok")
         if elapsed > 0 and self.tokens:

@@ -17,7 +17,7 @@ the cluster; an actor of `gpus_per_engine` N > 1 sees only its N GPUs, so `engin
 engine use all N (data- or pipeline-parallel inside the actor, `engine.parallel`). Order: with `DataContext.execution_options.preserve_order` (the pipeline runner sets it)
 rows come out in input order.
 
-This module imports Ray: install the extra with `pip install "llmops[ray]"`.
+This module imports Ray: install the extra with `pip install "llmops-engine[ray]"` (`llmops.install_hint`).
 """
 from __future__ import annotations
 

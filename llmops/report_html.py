@@ -15,7 +15,7 @@ font file and no network, so the page opens offline and in a mail attachment. Te
 inline ~3.5 MB of JavaScript for interactivity nobody needs in a report. Nothing on the page refers to
 anything outside it (tests/test_report_html.py checks that, and a headless browser's screenshot).
 
-matplotlib is the `report` extra (`pip install "llmops[report]"`); the CLI imports this module only when
+matplotlib is the `report` extra (`pip install "llmops-engine[report]"`); the CLI imports this module only when
 `--report` is given.
 """
 from __future__ import annotations
@@ -150,11 +150,11 @@ def comparison_plot(steps: list[dict[str, Any]]) -> str:
         speed.set_yscale("log")
     speed.legend(frameon=False, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
     labels, predicted, measured = [], [], []
-    for name, c in zip(names, cmp):
-        for tier in TIERS:
+    for name, c, step in zip(names, cmp, steps):
+        for tier, label in zip(TIERS, tier_labels(step)):
             peak = (c.get("peak_bytes") or {}).get(tier) or {}
             if peak.get("predicted") or peak.get("measured"):
-                labels.append(f"{name}\n{tier}")
+                labels.append(f"{name}\n{label}")
                 predicted.append((peak.get("predicted") or 0) / GIB)
                 measured.append((peak.get("measured") or 0) / GIB)
     ys = list(range(len(labels)))
@@ -166,6 +166,11 @@ def comparison_plot(steps: list[dict[str, Any]]) -> str:
     memory.legend(frameon=False, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
     fig.tight_layout()
     return _svg(fig)
+
+
+def tier_labels(step: dict[str, Any]) -> tuple[str, ...]:
+    """How the report names the memory tiers of a step: on a CPU the compute tier is the "device"."""
+    return ("device", *TIERS[1:]) if (step.get("plan") or {}).get("device_type") == "cpu" else TIERS
 
 
 def _summary(report: dict[str, Any]) -> str:
@@ -212,7 +217,7 @@ def _policy(step: dict[str, Any]) -> str:
     head = f"<h3>{html.escape(_step_name(step))}</h3>"
     if not policy:
         return head + "<p class=note>The engine reported no plan.</p>"
-    shape = f"{policy.get('num_gpu_batches')} GPU batch(es) x {policy.get('gpu_batch_size')}"
+    shape = f"{policy.get('num_gpu_batches')} batch(es) x {policy.get('gpu_batch_size')}"
     flags = ", ".join(f for f in ("overlap", "cpu_attention", "compress_weights", "compress_cache")
                       if policy.get(f)) or "none"
     place = [[what] + [f"{100 * float(policy.get(f'{key}_{t}', 0.0)):.0f}%" for t in TIERS]
@@ -222,10 +227,10 @@ def _policy(step: dict[str, Any]) -> str:
              ["measured over the step's wall time", cmp.get("wall_tokens_per_s")],
              ["measured / predicted", _ratio(cmp.get("measured_over_predicted"))]]
     peaks = cmp.get("peak_bytes") or {}
-    memory = [[t, _gib((peaks.get(t) or {}).get("predicted")), _gib((peaks.get(t) or {}).get("measured"))]
-              for t in TIERS]
+    memory = [[label, _gib((peaks.get(t) or {}).get("predicted")), _gib((peaks.get(t) or {}).get("measured"))]
+              for t, label in zip(TIERS, tier_labels(step))]
     return (head + f"<p>Source: {html.escape(str(plan.get('source')))}; block {shape}; flags {flags}.</p>"
-            + _table(["placement", *TIERS], place) + _table(["generated tokens/s", "value"], speed)
+            + _table(["placement", *tier_labels(step)], place) + _table(["generated tokens/s", "value"], speed)
             + _table(["peak memory", "predicted", "measured"], memory))
 
 

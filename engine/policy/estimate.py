@@ -63,8 +63,11 @@ class PolicyEstimate:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     def explain(self) -> str:
-        """A few lines a person can read: placement, flags, prediction, the bottleneck, memory use."""
+        """A few lines a person can read: placement, flags, prediction, the bottleneck, memory use. On a CPU
+        (`context["device_type"]`) the compute tier is called "device" and a block's batches just batches."""
         p, ctx = self.policy, self.context
+        cpu = ctx.get("device_type") == "cpu"
+        gpu, batches = ("device", "batch(es)") if cpu else ("gpu", "GPU batch(es)")
         lines = []
         model = ctx.get("model", "model")
         lines.append(f"Policy for {model} on {ctx.get('device_name', '?')} (profile: {ctx.get('profile_source', '?')})")
@@ -77,21 +80,21 @@ class PolicyEstimate:
                 + (f", {workload['num_prompts']} prompts" if workload.get("num_prompts") else "")
             )
         lines.append(
-            f"  block      {p.block_size} sequences = {p.num_gpu_batches} GPU batch(es) x {p.gpu_batch_size}"
+            f"  block      {p.block_size} sequences = {p.num_gpu_batches} {batches} x {p.gpu_batch_size}"
         )
         for label, name, compressed in (("weights", "w", p.compress_weights), ("kv cache", "cache", p.compress_cache),
                                          ("hidden", "act", False)):
             shares = [getattr(p, f"{name}_{tier}") for tier in TIERS]
-            text = "  ".join(f"{tier} {100 * v:5.1f}%" for tier, v in zip(TIERS, shares))
+            text = "  ".join(f"{gpu if tier == 'gpu' else tier} {100 * v:5.1f}%" for tier, v in zip(TIERS, shares))
             lines.append(f"  {label:<10} {text}" + ("  (4-bit)" if compressed else ""))
             if name == "w" and p.w_gpu_extra:
                 share = ctx.get("extra_weights_share")
-                lines.append(f"  {'':<10} + {p.w_gpu_extra} whole tensors on the gpu: the first streamed tensor of "
+                lines.append(f"  {'':<10} + {p.w_gpu_extra} whole tensors on the {gpu}: the first streamed tensor of "
                              f"each of the first {p.w_gpu_extra} layers that stream one"
                              + (f" ({100 * share:.1f}% of the weight bytes)" if share is not None else ""))
             held = ctx.get("held_weights") if name == "w" else None
             if held:
-                lines.append(f"  {'':<10} {', '.join(held['kinds'])} held on the gpu whatever the share says "
+                lines.append(f"  {'':<10} {', '.join(held['kinds'])} held on the {gpu} whatever the share says "
                              f"({100 * held['share']:.1f}% of the weight bytes: their streamed copy would need "
                              f"a buffer as large)")
         flags = [f for f in ("overlap", "cpu_attention", "compress_weights", "compress_cache", "prefill_ahead")
@@ -120,13 +123,15 @@ class PolicyEstimate:
                        else t.get("error") or t.get("skipped") or "not run")
                 lines.append(f"  candidate {shape:<22} predicted {t['predicted_tokens_per_s']:.2f}, {got}")
         if self.bottlenecks:
-            lines.append(f"Bottleneck prefill: {self.bottlenecks.get('prefill')}; decode: {self.bottlenecks.get('decode')}")
+            prefill, decode = (str(self.bottlenecks.get(k)).replace("gpu", gpu) for k in ("prefill", "decode"))
+            lines.append(f"Bottleneck prefill: {prefill}; decode: {decode}")
         budgets = ctx.get("budgets_bytes", {})
         mem = []
         for tier in TIERS:
             used = format_size(self.peak_memory_bytes[tier])
             cap = budgets.get(tier)
-            mem.append(f"{tier} {used}" + (f" of {format_size(cap)}" if cap is not None else ""))
+            label = gpu if tier == "gpu" else tier
+            mem.append(f"{label} {used}" + (f" of {format_size(cap)}" if cap is not None else ""))
         lines.append("Peak memory " + ", ".join(mem))
         return "\n".join(lines)
 

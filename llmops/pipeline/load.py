@@ -4,9 +4,17 @@ YAML is read with a `yaml.SafeLoader` subclass whose mappings and sequences reme
 key / item (`LineDict`, `LineList`); duplicate keys are errors (plain YAML keeps the last silently).
 A pydantic error's location is walked through that data to find the line, and through the schema to
 say what was expected (e.g. the allowed keys for an unknown one). Every failure raises `PipelineError`.
+
+Relative paths in the file (`PATH_KEYS`: source and sink files and databases, `cache_dir`,
+`engine.disk_dir`) are relative to the file's folder, so a pipeline runs the same from any working directory;
+they are made absolute when the file is loaded. A path from the environment (`${VAR}`) is taken as the
+environment gives it (relative to the working directory if relative), like `--set` values; the default of a
+path that is one `${VAR:-default}` is written in the file, so it is relative to the file's folder. Paths
+inside SQL text are DuckDB's own (relative to the working directory).
 """
 from __future__ import annotations
 
+import os
 import re
 import typing
 from pathlib import Path
@@ -213,8 +221,38 @@ def apply_overrides(data: Any, overrides: list[str]) -> None:
                 node = node[part]
 
 
+PATH_KEYS = (("source", "csv"), ("source", "parquet"), ("source", "jsonl"), ("source", "database"),
+             ("sink", "parquet"), ("sink", "csv"), ("sink", "jsonl"), ("sink", "database"), ("cache_dir",),
+             ("engine", "disk_dir"))
+
+
+_DEFAULTED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*):-([^}]*)\}")
+
+
+def rebase_paths(data: Any, folder: Path) -> None:
+    """Make the relative paths at `PATH_KEYS` of a parsed pipeline absolute, relative to `folder` (the
+    file's), and the relative default of a path that is one `${VAR:-default}`; absolute paths, other paths
+    with a `${VAR}` and values that are not strings are left as they are."""
+    def rebase(path: str) -> str:
+        return path if os.path.isabs(path) else os.path.normpath(os.path.join(os.path.abspath(folder), path))
+
+    for keys in PATH_KEYS:
+        node = data
+        for key in keys[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        value = node.get(keys[-1]) if isinstance(node, dict) else None
+        if not isinstance(value, str) or not value.strip():
+            continue
+        defaulted = _DEFAULTED.fullmatch(value)
+        if defaulted is not None and defaulted.group(2):
+            node[keys[-1]] = f"${{{defaulted.group(1)}:-{rebase(defaulted.group(2))}}}"
+        elif "${" not in value:
+            node[keys[-1]] = rebase(value)
+
+
 def load_pipeline(path: str | Path, *, overrides: list[str] = ()) -> Pipeline:
-    """Read and validate a pipeline YAML file. Raises PipelineError (file/line/key in each problem)."""
+    """Read and validate a pipeline YAML file (its relative paths are relative to its folder, see the module
+    docstring). Raises PipelineError (file/line/key in each problem)."""
     filename = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -224,6 +262,7 @@ def load_pipeline(path: str | Path, *, overrides: list[str] = ()) -> Pipeline:
     if not isinstance(data, dict):
         raise PipelineError([f"{filename}:1: a pipeline is a mapping with keys source, steps, sink; "
                              f"got {type(data).__name__}"])
+    rebase_paths(data, Path(path).parent)
     apply_overrides(data, list(overrides))
     try:
         pipeline = Pipeline.from_dict(data)

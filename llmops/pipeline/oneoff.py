@@ -1,8 +1,8 @@
 """What `llmops generate` and `llmops models` do, kept out of the click layer.
 
-`generate` maps a template over a table (CSV/Parquet/JSONL, a file or stdin) or over the lines of a text
-file / stdin (each line is the column `prompt`; `llmops.pipeline.inputs`), then prints one result per row
-or writes a table.
+`generate` maps a template over a table (CSV/Parquet/JSONL, a file or stdin), over the lines of a text
+file / stdin (each line is the column `prompt`; `llmops.pipeline.inputs`) or over prompts given as text,
+then prints one result per row or writes a table.
 `list_all_models` gathers the engine's aliases and presets plus model files found in local folders.
 """
 from __future__ import annotations
@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 import click
+import pyarrow as pa
+
 from llmops import core
 from llmops.cli_common import note
 from llmops.core import MapSpec, map_table
@@ -62,9 +65,10 @@ def generate(input_file: str, *, template: str | None, model: str, system: str |
              choices: str | None, max_new_tokens: int, temperature: float, output: str | None, jsonl: bool,
              use_cache: bool, progress: bool | None, stdin: TextIO | BinaryIO | None = None,
              engine: Any = None, regex: str | None = None, id_column: str | None = None,
-             limit: int | None = None, fmt: str = "auto") -> int:
+             limit: int | None = None, fmt: str = "auto", prompts: Sequence[str] | None = None) -> int:
     """Run one template over the input (`llmops.pipeline.inputs.read_input`: text lines, CSV, JSONL,
-    Parquet, a file or stdin; at most `limit` rows); print one line per row in input order (with `jsonl`,
+    Parquet, a file or stdin; or `prompts`, texts given on the command line, as the column `prompt`; at most
+    `limit` rows); print one line per row in input order (with `jsonl`,
     an object with `id_column`'s value when given, row, output, finish_reason, error) or write `output`.
     Returns the number of failed rows; job-level problems raise (click.BadParameter, TemplateError...)."""
     constraints = [n for n, v in (("--schema", schema), ("--choices", choices), ("--regex", regex)) if v]
@@ -75,7 +79,10 @@ def generate(input_file: str, *, template: str | None, model: str, system: str |
     except ValueError as exc:
         raise click.BadParameter(f"--regex: {exc}") from None
     check_can_generate(model)
-    table, template = read_input(input_file, template, _binary(stdin or sys.stdin), fmt=fmt, limit=limit)
+    if prompts is not None:
+        table, template = pa.table({"prompt": pa.array(list(prompts)[:limit], pa.string())}), template or "{prompt}"
+    else:
+        table, template = read_input(input_file, template, _binary(stdin or sys.stdin), fmt=fmt, limit=limit)
     if id_column is not None and id_column not in table.column_names:
         raise click.BadParameter(f"--id {id_column!r} is not a column of the input; available columns: "
                                  f"{', '.join(table.column_names)}")

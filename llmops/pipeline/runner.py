@@ -13,7 +13,9 @@ generating fails first: every step is checked against the data's columns (`prefl
 the sink's folder is created and checked writable before the source is read. Per-row failures are counted
 in `RunResult.failed_rows`, never raised. Every finished run writes its report beside the sink
 (`llmops.report`: figures, failures by reason, throughput over time, where the time went, the plan's
-predicted vs the measured speed); `RunResult.report` is its path.
+predicted vs the measured speed); `RunResult.report` is its path. With `allow_errors=False`, a run with
+failed rows does not replace an existing sink: its rows are published beside it (`SinkWriter.commit(hold=
+True)`) and `RunResult.held` says where.
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ class RunResult:
     seconds: float = 0.0
     llm_steps: list[dict[str, Any]] = field(default_factory=list)
     report: str | None = None
+    held: str | None = None     # where the rows went instead of the sink (a failed run kept the sink as it was)
 
     @property
     def tokens_per_s(self) -> float:
@@ -65,7 +68,8 @@ class RunResult:
         return {**asdict(self), "tokens_per_s": round(self.tokens_per_s, 2)}
 
     def __str__(self) -> str:
-        return (f"{self.name}: {self.source_rows} rows read, {self.rows_written} written to {self.output} in "
+        where = self.held or self.output
+        return (f"{self.name}: {self.source_rows} rows read, {self.rows_written} written to {where} in "
                 f"{self.seconds:.1f}s; {self.generated_tokens} tokens generated ({self.tokens_per_s:.1f} tok/s), "
                 f"{self.cache_hits} cache hits, {self.failed_rows} failed rows"
                 + (f"; report: {self.report}" if self.report else ""))
@@ -138,6 +142,12 @@ class _Run:
         times = {"source": self.times["source"], "sink": self.times["sink"]}
         write_run_report(self.pipeline, self.result, times, self.details)
 
+    def failed_rows(self) -> int:
+        """Rows with a null output because of an error or a cut structured output, over every LLM step so far."""
+        return (sum(run.summary.errors + run.summary.truncated for _, run in self.maps)
+                + sum(fig.report.get("failed_rows", fig.summary.errors + fig.summary.truncated)
+                      for _, fig in self.semantic))
+
     def tally(self) -> None:
         res = self.result
         for index, run in self.maps:
@@ -147,7 +157,8 @@ class _Run:
             res.cache_hits += s.cache_hits
             res.failed_rows += s.errors + s.truncated
             res.llm_steps.append({"step": index, "output": self.pipeline.steps[index].llm_map.output,
-                                  **s.to_dict()})
+                                  **s.to_dict(), "failed_examples": run.failed_examples,
+                                  "failed_by_reason": dict(run.failed_by_reason)})
             plan = getattr(run.job, "plan", None)
             stats = run.engine_stats
             self.details.append({**res.llm_steps[-1], "failures": dict(run.failures), "timeline": run.timeline,
@@ -174,10 +185,11 @@ def _batches(table: pa.Table, run: MapRun, step: LlmMapStep) -> Iterator[pa.Tabl
 
 
 def run_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: bool = True,
-                 progress: bool | None = None, engine: Any = None) -> RunResult:
+                 progress: bool | None = None, engine: Any = None, allow_errors: bool = True) -> RunResult:
     """Run `pipeline` to completion and publish its sink. limit: read at most this many source rows.
     use_cache False: ignore and do not fill the result cache. progress: None = a bar when stderr is a
-    TTY. engine: an `engine.LLM`-like object for every llm_map (tests); default: the cached engine."""
+    TTY. engine: an `engine.LLM`-like object for every llm_map (tests); default: the cached engine.
+    allow_errors False: rows failed, so an existing sink is kept and the rows go beside it (`RunResult.held`)."""
     start = time.perf_counter()
     check_pipeline(pipeline)              # every step against the data's columns, before any work
     writer = SinkWriter(pipeline.sink)    # the sink's folder created and writable, before any work
@@ -216,7 +228,8 @@ def run_pipeline(pipeline: Pipeline, *, limit: int | None = None, use_cache: boo
             writer.write(_with_positions(whole))
             state.times["sink"] += time.perf_counter() - began
         began = time.perf_counter()
-        state.result.rows_written = writer.commit()
+        state.result.rows_written = writer.commit(hold=not allow_errors and state.failed_rows() > 0)
+        state.result.held = writer.held
         state.times["sink"] += time.perf_counter() - began
     except BaseException:
         writer.abort()

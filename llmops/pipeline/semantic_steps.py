@@ -9,17 +9,19 @@ naming the step; a template that does not fit the table raises `TemplateError` n
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
 from llmops.cascade import as_cascade
-from llmops.core import CacheDir, Completion
+from llmops.core import FAILED_EXAMPLES, CacheDir, Completion
 from llmops.pipeline.semantic_spec import (SEMANTIC_STEPS, LlmFilterStep, LlmJoinStep, LlmReduceStep, ResolveStep,
                                            step_config)
 from llmops.pipeline.spec import LlmMapStep, Pipeline
 from llmops.pipeline.steps import ROW_COLUMN, StepError, attach_output, map_spec, run_sql, step_label
+from llmops.report import failure_kind
 from llmops.semantic.filter import llm_filter_table
 from llmops.semantic.join import llm_join_table
 from llmops.semantic.options import Llm
@@ -80,9 +82,12 @@ def _validated_map(step: LlmMapStep, table: pa.Table, ctx: StepContext) -> tuple
     rows = result.table.append_column("row", pa.array(range(table.num_rows), pa.int64()))
     out = attach_output(table, rows, cfg).drop_columns([ROW_COLUMN])
     reasons, errors = result.table.column("finish_reason").to_pylist(), result.table.column("error").to_pylist()
-    failed = sum(r is not None and e is not None for r, e in zip(reasons, errors))
+    failed = [(i, r, e) for i, (r, e) in enumerate(zip(reasons, errors)) if r is not None and e is not None]
+    by_reason = Counter("broke a validate rule" if "validate rule" in e else failure_kind(r, e) for _, r, e in failed)
     return out, SemanticFigures(result.summary, {"retried": result.retried, "rejected": result.rejected,
-                                                 "failed_rows": failed})
+                                                 "failed_rows": len(failed),
+                                                 "failed_examples": [(i, e) for i, _, e in failed[:FAILED_EXAMPLES]],
+                                                 "failed_by_reason": dict(by_reason)})
 
 
 def _operator(step: Any, table: pa.Table, ctx: StepContext) -> tuple[pa.Table, SemanticFigures]:

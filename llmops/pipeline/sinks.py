@@ -10,6 +10,12 @@ cache serves finished rows) produces every row exactly once. `abort` (and a fail
 run's staging and temporary files; staging files of dead runs on this host are removed when a writer for
 the same sink starts.
 
+Holding a failed run back: `commit(hold=True)` (a run with failed rows, without `--allow-errors`) leaves an
+existing target as it was and publishes the rows beside it instead, at `held_target()`: the file
+`<name>.llmops-staged<suffix>` (e.g. `out.llmops-staged.parquet`), or the table `<table>_llmops_staged` of
+the same database; `held` says where, and a later run replaces it. With no target yet, there is nothing to
+hold back and the rows are published as usual.
+
 What may be replaced: only a regular file, or nothing. A target that is a symbolic link (even to a
 regular file), a directory, a device (`/dev/full`), a FIFO or a socket is a `SinkError` naming the path,
 raised when the writer is made (before any work) and checked again just before publishing. Links are
@@ -118,6 +124,7 @@ class SinkWriter:
         self.tmp = base.with_name(f"{base.name}.llmops-tmp-{run}")
         check_writable(self.staging)
         self.rows = 0
+        self.held: str | None = None   # where `commit(hold=True)` published the rows instead of the target
         self._writer: pq.ParquetWriter | None = None
         self._schema: pa.Schema | None = None
 
@@ -150,25 +157,53 @@ class SinkWriter:
             self.staging.unlink(missing_ok=True)
             self.tmp.unlink(missing_ok=True)
 
-    def commit(self) -> int:
-        """Publish the staged rows in row order to the target; return the number of rows written."""
+    def held_target(self) -> tuple[Path, str | None]:
+        """Where `commit(hold=True)` publishes: (file, table) beside the target (see module docstring)."""
+        if self.sink.kind == "database":
+            return self.target, f"{self.sink.table}_llmops_staged"
+        name = self.target.name
+        stem, dot, suffix = name.partition(".") if not name.startswith(".") else (name, "", "")
+        return self.target.with_name(f"{stem}.llmops-staged{dot}{suffix}" if dot else f"{name}.llmops-staged"), None
+
+    def target_exists(self) -> bool:
+        """Whether the target holds something to keep: the file, or the database's table."""
+        if self.sink.kind != "database":
+            return os.path.lexists(self.target)
+        if not self.target.exists():
+            return False
+        con = duckdb.connect(str(self.target), read_only=True)
+        try:
+            return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
+                                    [self.sink.table]).fetchone()[0])
+        except duckdb.Error as exc:
+            raise SinkError(f"sink {self.sink.kind} {self.sink.target}: {exc}") from None
+        finally:
+            con.close()
+
+    def commit(self, *, hold: bool = False) -> int:
+        """Publish the staged rows in row order to the target (with `hold` and an existing target: beside it,
+        see module docstring); return the number of rows written."""
         if self._writer is None:
             raise SinkError("sink: nothing was written (not even an empty batch)")
         self._close()
         select = (f"SELECT * EXCLUDE ({quote_ident(ROW_COLUMN)}) FROM read_parquet({_literal(str(self.staging))}) "
                   f"ORDER BY {quote_ident(ROW_COLUMN)}")
+        target, table = self.target, self.sink.table
+        if hold and self.target_exists():
+            target, table = self.held_target()
+            self.held = f"{target} (table {table})" if table else str(target)
         try:
-            check_target(self.target)
+            check_target(target)
             if self.sink.kind == "database":
-                self._commit_table(select)
+                self._commit_table(select, table or "", replace=self.held is not None)
             else:
                 con = duckdb.connect()
                 try:
                     con.execute(f"COPY ({select}) TO {_literal(str(self.tmp))} ({_FORMATS[self.sink.kind]})")
                 finally:
                     con.close()
-                check_target(self.target)
-                os.replace(self.tmp, self.target)
+                check_target(target)
+                os.replace(self.tmp, target)
         except duckdb.Error as exc:
             self.tmp.unlink(missing_ok=True)
             raise SinkError(f"sink {self.sink.kind} {self.sink.target}: {exc}") from None
@@ -181,12 +216,12 @@ class SinkWriter:
         self.staging.unlink(missing_ok=True)
         return self.rows
 
-    def _commit_table(self, select: str) -> None:
-        table = quote_ident(self.sink.table or "")
+    def _commit_table(self, select: str, name: str, *, replace: bool = False) -> None:
+        table = quote_ident(name)
         con = duckdb.connect(str(self.target))
         try:
             con.execute("BEGIN TRANSACTION")
-            if self.sink.mode == "replace":
+            if self.sink.mode == "replace" or replace:
                 con.execute(f"CREATE OR REPLACE TABLE {table} AS {select}")
             else:
                 con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM ({select}) LIMIT 0")

@@ -3,7 +3,8 @@
 A pipeline is data. `Pipeline.from_dict(p.to_dict()) == p` for every valid pipeline; `to_dict()` omits
 defaults so it reads like what a person would write. Paths (source/sink files, databases, cache and disk
 dirs) expand `${VAR}` and `${VAR:-default}` from the environment when validated; an unset variable without
-a default is an error naming the variable. Relative paths are relative to the working directory.
+a default is an error naming the variable. Relative paths are relative to the YAML file's folder when
+loaded from a file (`llmops.pipeline.load.rebase_paths`), else to the working directory.
 
 YAML shape (see `pipelines/*.yaml`):
 

@@ -1,7 +1,8 @@
 """`llm_join`: match the rows of two tables: blocking -> LLM comparison of candidate pairs -> matched pairs.
 
 Candidate pairs (i in left, j in right) come from q-gram similarity of the compared columns' values
-(`left_on`, `right_on`; `blocking_text`) and equal exact keys (`blocking.keys`, named in both tables); the
+(`left_on`, `right_on`; `blocking_text`; or their embedding neighbours with an `EmbeddingBlocking`,
+`llmops.semantic.embed_blocking`) and equal exact keys (`blocking.keys`, named in both tables); the
 model sees each candidate pair once in each order (A/B and B/A, both in the one `map_table` job), and
 `confidence` is the share of the two answers that say Same (0, 0.5 or 1): order-swap agreement, which cancels
 a small model's position bias.
@@ -16,8 +17,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from llmops.semantic.blocking import Blocking, blocking_text, cross_candidate_pairs
+from llmops.semantic.blocking import Blocking, blocking_text
 from llmops.semantic.compare import compare_pairs, pair_table
+from llmops.semantic.embed_blocking import AnyBlocking, cross_pairs_for
 from llmops.semantic.options import Llm
 from llmops.semantic.resolve import check_columns
 
@@ -44,7 +46,7 @@ def _joined(left: pa.Table, right: pa.Table, suffix: str) -> tuple[list[str], li
 
 
 def llm_join_table(left: pa.Table, right: pa.Table, llm: Llm, *, left_on: str | Sequence[str],
-                   right_on: str | Sequence[str] | None = None, blocking: Blocking = Blocking(),
+                   right_on: str | Sequence[str] | None = None, blocking: AnyBlocking = Blocking(),
                    template: str | None = None, min_confidence: float = 0.5,
                    suffix: str = "_right") -> tuple[pa.Table, JoinReport]:
     """Matched pairs of `left` and `right` (see module docstring) and the run's report."""
@@ -61,7 +63,7 @@ def llm_join_table(left: pa.Table, right: pa.Table, llm: Llm, *, left_on: str | 
     rrows = right.select(list(dict.fromkeys([*right_on, *blocking.keys]))).to_pylist()
     ltexts, rtexts = [blocking_text(r, left_on) for r in lrows], [blocking_text(r, right_on) for r in rrows]
     keys = [([r[k] for r in lrows], [r[k] for r in rrows]) for k in blocking.keys]
-    candidates = cross_candidate_pairs(ltexts, rtexts, keys, blocking)
+    candidates = cross_pairs_for(blocking, ltexts, rtexts, keys, llm)
     pairs = sorted(p for p in candidates if ltexts[p[0]] and rtexts[p[1]])
     # The compared columns go by the left names on both sides, so one template serves both orders.
     renamed = [{a: r.get(b) for a, b in zip(left_on, right_on)} for r in rrows]

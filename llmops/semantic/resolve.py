@@ -1,8 +1,8 @@
 """`resolve`: entity resolution within one table: blocking -> LLM pairwise comparison -> clusters.
 
 1. Blocking (`llmops.semantic.blocking`): candidate pairs from exact keys (`blocking.keys`) and q-gram
-   similarity of the compared columns' values (`on`; `blocking_text`, no column names), never all
-   n(n-1)/2 pairs.
+   similarity of the compared columns' values (`on`; `blocking_text`, no column names), or with an
+   `EmbeddingBlocking` their embedding neighbours (`llmops.semantic.embed_blocking`), never all n(n-1)/2 pairs.
 2. Comparison (`llmops.semantic.compare`): every candidate pair is one row of a pair table, and the whole
    table is one `map_table` job (dedup and the result cache apply; identical pairs run once).
 3. Clusters (`llmops.semantic.components.clusters`): the pairs the model calls Same are merged, most similar
@@ -23,9 +23,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from llmops.semantic.blocking import Blocking, blocking_text, candidate_pairs
+from llmops.semantic.blocking import Blocking, blocking_text
 from llmops.semantic.compare import compare_pairs, pair_table
 from llmops.semantic.components import clusters
+from llmops.semantic.embed_blocking import AnyBlocking, pairs_for
 from llmops.semantic.options import Llm
 
 
@@ -72,7 +73,7 @@ def check_unique(table: pa.Table, column: str) -> None:
         first[key] = i
 
 
-def resolve_table(table: pa.Table, on: str | Sequence[str], llm: Llm, *, blocking: Blocking = Blocking(),
+def resolve_table(table: pa.Table, on: str | Sequence[str], llm: Llm, *, blocking: AnyBlocking = Blocking(),
                   template: str | None = None, output: str = "entity_id",
                   id_column: str | None = None) -> tuple[pa.Table, ResolveReport]:
     """`table` with an entity id column (see module docstring) and the run's report."""
@@ -86,7 +87,7 @@ def resolve_table(table: pa.Table, on: str | Sequence[str], llm: Llm, *, blockin
         check_unique(table, id_column)
     rows = table.select(list(dict.fromkeys([*on, *blocking.keys]))).to_pylist()
     texts = [blocking_text(r, on) for r in rows]
-    candidates = candidate_pairs(texts, [[r[k] for r in rows] for k in blocking.keys], blocking)
+    candidates = pairs_for(blocking, texts, [[r[k] for r in rows] for k in blocking.keys], llm)
     pairs = sorted(p for p in candidates if texts[p[0]] and texts[p[1]])
     same = compare_pairs(pair_table(rows, rows, pairs, on, on), llm, template=template) if pairs else []
     matched = sorted((p for p, s in zip(pairs, same) if s), key=lambda p: (-candidates[p], p))   # best first

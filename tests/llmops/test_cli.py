@@ -123,7 +123,7 @@ def test_runner_ray_without_ray_installed_says_how_to_get_it(fake, files, monkey
     for name in ("ray", "ray.data", "llmops.ray", "llmops.pipeline.ray_runner"):
         monkeypatch.setitem(sys.modules, name, None)       # `import ray` raises ImportError
     result = _run("run", files["pipeline"], "--runner", "ray")
-    assert result.exit_code == 2 and 'pip install "llmops[ray]"' in result.stderr and fake.calls == 0
+    assert result.exit_code == 2 and 'pip install "llmops-engine[ray]"' in result.stderr and fake.calls == 0
 
 
 def test_generate_lines_from_stdin(fake):

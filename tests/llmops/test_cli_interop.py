@@ -21,7 +21,7 @@ def test_version_matches_the_package_metadata():
     result = _run("--version")
     assert result.exit_code == 0 and result.stdout.strip() == f"llmops {llmops.__version__}"
     assert _run("-V").stdout == result.stdout
-    assert metadata.version("llmops") == llmops.__version__
+    assert metadata.version(llmops.DISTRIBUTION) == llmops.__version__
     text = (REPO / "pyproject.toml").read_text()
     assert 'license = "Apache-2.0"' in text and (REPO / "LICENSE").exists()
 
@@ -29,13 +29,14 @@ def test_version_matches_the_package_metadata():
 def test_verbose_and_quiet_set_logging_and_diagnostics(fake):
     result = _run("-q", "generate", "--no-cache", input="hello\n")
     assert result.exit_code == 0 and result.stdout == "echo: hello\n" and result.stderr == ""
-    assert logging.getLogger().level == logging.ERROR
+    assert logging.getLogger("llmops").level == logging.ERROR
     loud = _run("generate", "--no-cache", input="hello\n")
-    assert "rows in" in loud.stderr and logging.getLogger().level == logging.WARNING
+    assert "rows in" in loud.stderr and logging.getLogger("llmops").level == logging.WARNING
     _run("-v", "generate", "--no-cache", input="hello\n")
-    assert logging.getLogger().level == logging.INFO
+    assert logging.getLogger("llmops").level == logging.INFO and logging.getLogger("engine").level == logging.INFO
     _run("-vv", "generate", "--no-cache", input="hello\n")
-    assert logging.getLogger().level == logging.DEBUG
+    assert logging.getLogger("llmops").level == logging.DEBUG
+    assert logging.getLogger().level == logging.WARNING        # other libraries' loggers stay quiet
     assert _run("-q", "generate", "nope.txt").exit_code == 2    # errors still reach stderr under -q
     assert "nope.txt" in _run("-q", "generate", "nope.txt").stderr
 

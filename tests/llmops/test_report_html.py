@@ -91,7 +91,7 @@ def test_report_without_matplotlib_exits_2_before_running(fake, tmp_path, monkey
     pipe = tmp_path / "p.yaml"
     pipe.write_text(f"source:\n  csv: {tmp_path / 'in.csv'}\nsteps: []\nsink:\n  parquet: {tmp_path / 'o.parquet'}\n")
     result = CliRunner().invoke(main, ["run", str(pipe), "--report", str(tmp_path / "r.html")])
-    assert result.exit_code == 2 and 'pip install "llmops[report]"' in result.output
+    assert result.exit_code == 2 and 'pip install "llmops-engine[report]"' in result.output
     assert fake.calls == 0 and not (tmp_path / "o.parquet").exists()
 
 

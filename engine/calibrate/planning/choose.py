@@ -57,8 +57,9 @@ def cpu_estimate(config: ModelConfig, workload: Workload, bytes_per_element: int
     policy = Policy(gpu_batch_size=batch, num_gpu_batches=1, compress_weights=compress_weights,
                     compress_cache=compress_cache)
     est = estimate(config, policy, workload, profile, B, layout=layout)
-    context = {"model": model_name, "device_name": profile.device_name, "profile_source": profile.source,
-               "workload": workload_dict(workload), "budgets_bytes": {"gpu": budget, "cpu": 0, "disk": 0}}
+    context = {"model": model_name, "device_name": profile.device_name, "device_type": profile.device_type,
+               "profile_source": profile.source, "workload": workload_dict(workload),
+               "budgets_bytes": {"gpu": budget, "cpu": 0, "disk": 0}}
     return PolicyEstimate(policy, est.tokens_per_s, est.prefill_s, est.decode_s, est.peak_memory_bytes,
                           {"prefill": est.prefill_bottleneck, "decode": est.decode_bottleneck}, context)
 

@@ -95,7 +95,8 @@ class Plan:
 
 def plan_record(plan: Plan) -> dict[str, Any]:
     """What the plan cache stores of `plan` (`plan_from_record` reads it back)."""
-    return {"policy": plan.policy.to_dict(), "workload": None if plan.workload is None else workload_list(plan.workload),
+    w = plan.workload
+    return {"policy": plan.policy.to_dict(), "workload": None if w is None else workload_list(w),
             "chosen_by": plan.chosen_by, "devices": plan.devices,
             "estimate": None if plan.estimate is None else plan.estimate.to_dict()}
 

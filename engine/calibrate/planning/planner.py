@@ -83,9 +83,11 @@ class Planner:
         workload, or when its policy also fits the larger bucket holding both (the job goes on with it,
         nothing re-planned); else the plan of that larger bucket. A call with more prompts than `given` was
         planned for re-plans when `given`'s block was bounded by its prompt count (a job whose first call
-        was small: a larger block may pay)."""
+        was small: a larger block may pay). A preview's plan whose trials are pending is refined first."""
         if self.fixed is not None:
             return given if given is not None and given.policy == self.fixed else Plan(self.fixed)
+        if given is not None and given.pending_trials and given.workload is not None:
+            given = self.plan(given.workload)
         if given is None or given.workload is None:
             return given if given is not None else self.plan(workload)
         w = given.workload

@@ -1,0 +1,105 @@
+"""`llm_topk`: the partial quicksort finds the true top k with far fewer than n^2 comparisons, one engine call
+per round, on a fake engine that compares rows by a hidden score; its spellings and pipeline step."""
+from __future__ import annotations
+
+import random
+import re
+
+import polars as pl
+import pyarrow as pa
+import pytest
+
+import llmops
+from helpers.scripted_engine import ScriptedLLM
+from helpers.skips import requires_smollm2
+from llmops.semantic import Llm
+from llmops.semantic.topk import llm_topk_table, pair_template, question_text, ranking
+
+N = 200
+
+
+def _scores(n: int, seed: int = 1) -> dict[str, int]:
+    values = list(range(n))
+    random.Random(seed).shuffle(values)
+    return {f"item{i}": v for i, v in enumerate(values)}
+
+
+def _judge(scores: dict[str, int]):
+    """Answers A or B for the item with the higher hidden score (the fake reads the two items of the prompt)."""
+    def answer(text: str, params) -> str:
+        a = re.search(r"\nA: (\w+)", text).group(1)
+        b = re.search(r"\nB: (\w+)", text).group(1)
+        assert params.choices == ("A", "B")
+        return "A" if scores[a] > scores[b] else "B"
+    return answer
+
+
+@pytest.mark.parametrize("k", [1, 5, 20])
+def test_ranking_is_exact_and_far_below_all_pairs(k):
+    scores = list(range(N))
+    random.Random(k).shuffle(scores)
+    calls = []
+
+    def better(pairs):
+        calls.append(len(pairs))
+        return [scores[i] > scores[p] for i, p in pairs]
+
+    top, rounds = ranking(N, k, better, random.Random(0))
+    assert top == sorted(range(N), key=lambda i: -scores[i])[:k]
+    assert rounds == len(calls)
+    assert sum(calls) < N * (N - 1) // 2 / 10          # a full tournament compares 19,900 pairs
+
+
+def test_topk_table_returns_hidden_top_k_in_one_call_per_round():
+    scores = _scores(N)
+    table = pa.table({"id": list(range(N)), "name": list(scores)})
+    engine = ScriptedLLM(_judge(scores))
+    out, report = llm_topk_table(table, "Which {name} is the largest?", 5,
+                                 Llm.of(engine=engine, cache_dir=False, progress=False))
+    best = sorted(scores, key=lambda n: -scores[n])[:5]
+    assert out.column("name").to_pylist() == best
+    assert out.column("rank").to_pylist() == [1, 2, 3, 4, 5]
+    assert report.comparisons < report.all_pairs / 10
+    assert engine.calls == report.rounds and report.rounds <= 30
+    assert engine.prompts_seen == report.comparisons and report.failed_comparisons == 0
+
+
+def test_question_and_pair_template_keep_literal_braces():
+    assert question_text("Which {name} costs {{most}}?") == "Which name costs {most}?"
+    assert "{a}" in pair_template("Which {name} costs {{most}}?") and "{{most}}" in pair_template("Which {name} costs {{most}}?")
+
+
+def test_null_rows_are_not_ranked_and_k_beyond_rows():
+    scores = {"item0": 3, "item1": 1, "item2": 2}
+    table = pa.table({"name": ["item0", None, "item1", "item2"]})
+    out, report = llm_topk_table(table, "Which {name}?", 10,
+                                 Llm.of(engine=ScriptedLLM(_judge(scores)), cache_dir=False, progress=False))
+    assert out.column("name").to_pylist() == ["item0", "item2", "item1"] and report.ranked == 3
+
+
+@pytest.mark.parametrize("k, template, error", [
+    (0, "Which {name}?", "k must be a positive integer"),
+    (2, "Which one?", "names no column"),
+    (2, "Which {nope}?", "unknown column"),
+])
+def test_bad_arguments_name_the_problem(k, template, error):
+    with pytest.raises(ValueError, match=error):
+        llm_topk_table(pa.table({"name": ["a", "b"]}), template, k, Llm.of(engine=ScriptedLLM(), cache_dir=False))
+
+
+def test_polars_llm_topk_with_report():
+    scores = _scores(30)
+    df = pl.DataFrame({"name": list(scores)})
+    out, report = llmops.llm_topk(df, "Which {name} is the largest?", 3, engine=ScriptedLLM(_judge(scores)),
+                                  cache_dir=False, progress=False, with_report=True)
+    assert out["name"].to_list() == sorted(scores, key=lambda n: -scores[n])[:3]
+    assert report.k == 3 and report.comparisons > 0
+
+
+@requires_smollm2
+def test_smollm2_topk_runs_end_to_end():
+    table = pa.table({"amount": ["5 dollars", "900 dollars", "20 dollars", "3 dollars"]})
+    out, report = llm_topk_table(table, "Which {amount} is the largest sum of money?", 2,
+                                 Llm.of(cache_dir=False, progress=False))
+    assert out.num_rows == 2 and out.column("rank").to_pylist() == [1, 2]
+    assert report.comparisons <= report.all_pairs and report.failed_comparisons == 0
