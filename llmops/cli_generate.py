@@ -69,7 +69,8 @@ def split_input(value: str, prompts: tuple[str, ...]) -> tuple[str, list[str] | 
 @click.option("--jsonl", is_flag=True, help="Print one JSON object per row (row, output, finish_reason, error).")
 @click.option("--no-cache", is_flag=True, help="Do not use the result cache.")
 @click.option("--allow-errors", is_flag=True, help="Exit 0 even when some rows failed (their values are null).")
-@click.option("--progress/--no-progress", default=None, help="Show a progress bar (default: when stderr is a terminal).")
+@click.option("--progress/--no-progress", default=None,
+              help="Show a progress bar (default: when stderr is a terminal).")
 def generate_cmd(input_or_prompt: str, prompts: tuple[str, ...], template: str | None, model: str,
                  system: str | None, schema: str | None, choices: str | None, regex: str | None,
                  id_column: str | None, limit: int | None, fmt: str, max_new_tokens: int, temperature: float,

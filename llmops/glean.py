@@ -73,7 +73,7 @@ def rules_judge(rules: Sequence[str], output_name: str) -> Judge:
         if output_name in inputs.column_names:
             inputs = inputs.drop_columns([output_name])
         failed = failed_rules(inputs.append_column(output_name, outputs), rules)
-        return [None if rule is None else f"it must satisfy {rule}" for rule in failed]
+        return [None if rule is None else f"it must satisfy validate rule {rule}" for rule in failed]
     return judge
 
 
@@ -99,8 +99,8 @@ def run_gleaned(table: pa.Table, spec: MapSpec, *, gleaning: Gleaning, judge: Ju
                 reject: bool = True, cache_dir: CacheDir = None, progress: bool | None = None, engine: Any = None,
                 job: Job | None = None) -> Checked:
     """Run `spec` over `table` with gleaning rounds (see module docstring). `judge(inputs, outputs)`: per
-    row, why an output is rejected (None: accepted). `job`: the job the first run is a call of (rounds run
-    a longer template, as jobs of their own)."""
+    row, why an output is rejected (None: accepted). `job`: the job every round is a call of (its engine and
+    plan; a cascade's rounds, whose stages run the template they were built with, are jobs of their own)."""
     kw = {"cache_dir": cache_dir, "progress": progress, "engine": engine}
     result, summary = run_map(table, spec, **kw, job=job)
     out = Checked(result.select(list(_KEPT)))
@@ -108,7 +108,8 @@ def run_gleaned(table: pa.Table, spec: MapSpec, *, gleaning: Gleaning, judge: Ju
     cols = {c: result.column(c).to_pylist() for c in _KEPT}
     typ = result.schema.field("output").type
     verdicts = _verdicts(judge, table, cols["output"], typ)
-    attempts = [1] * table.num_rows
+    attempts = [1] * table.num_rows          # the attempt whose answer a row keeps
+    tried = [1] * table.num_rows             # the answers a row was given
     again = retry_spec(spec)
     for attempt in range(2, gleaning.rounds + 2):
         rows = _to_refine(cols, verdicts, gleaning.min_confidence)
@@ -118,12 +119,13 @@ def run_gleaned(table: pa.Table, spec: MapSpec, *, gleaning: Gleaning, judge: Ju
         sub = table.take(pa.array(rows, pa.int64()))
         sub = sub.append_column(PREVIOUS, pa.array([cols["text"][r] for r in rows], pa.string()))
         sub = sub.append_column(FAILURE, pa.array(why, pa.string()))
-        res, summary = run_map(sub, again, **kw)
+        res, summary = run_map(sub, again, **kw, job=None if spec.cascade else job)
         out.summary.add(summary)
         out.retried += len(rows)
         new = {c: res.column(c).to_pylist() for c in _KEPT}
         new_verdicts = _verdicts(judge, table.take(pa.array(rows, pa.int64())), new["output"], typ)
         for k, r in enumerate(rows):
+            tried[r] = attempt
             if _score(new["output"][k], new_verdicts[k], new["confidence"][k]) > \
                     _score(cols["output"][r], verdicts[r], cols["confidence"][r]):
                 for c in _KEPT:
@@ -134,7 +136,7 @@ def run_gleaned(table: pa.Table, spec: MapSpec, *, gleaning: Gleaning, judge: Ju
             if why is not None and cols["output"][r] is not None:
                 shown = cols["text"][r]
                 cols["output"][r], cols["finish_reason"][r], cols["confidence"][r] = None, "error", None
-                cols["error"][r] = f"row {r}: output {shown!r} rejected after {attempts[r]} attempt(s): {why}"
+                cols["error"][r] = f"row {r}: output {shown!r} rejected after {tried[r]} attempt(s): {why}"
                 out.rejected += 1
     out.table = pa.table({c: pa.array(cols[c], result.schema.field(c).type) for c in _KEPT})
     out.table = out.table.append_column("attempts", pa.array(attempts, pa.int64()))

@@ -107,7 +107,8 @@ def llm_map(template: str, *, model: str = "smollm2-135m-instruct", schema: Any 
             on_empty: Literal["null", "error", "run"] = "null",
             cascade: Sequence[str] | Mapping[str, Any] | None = None, min_confidence: float | None = None,
             validate: str | Sequence[str] = (), max_attempts: int = 2,
-            gleaning: int | Mapping[str, Any] | None = None, with_meta: bool = False, cache_dir: str | Path | None | Literal[False] = None,
+            gleaning: int | Mapping[str, Any] | None = None, with_meta: bool = False,
+            cache_dir: str | Path | None | Literal[False] = None,
             progress: bool | None = None, engine: Any = None) -> pl.Expr:
     """An expression generating one value per row from `template` (see `llmops.core.MapSpec` for the
     generation arguments). Output dtype: String, `pl.Enum(choices)` for choices, or a Struct matching

@@ -159,7 +159,8 @@ class ResultCache:
             args.append(since)
         sql = ("SELECT q.key, q.created, q.model, q.prompt, r.text, r.finish_reason, r.prompt_tokens, "
                "r.completion_tokens, r.confidence FROM requests q JOIN results r ON r.key = q.key"
-               + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY q.created DESC, q.key LIMIT ? OFFSET ?")
+               + (" WHERE " + " AND ".join(where) if where else "")
+               + " ORDER BY q.created DESC, q.key LIMIT ? OFFSET ?")
         names = ("key", "created", "model", "prompt", "text", "finish_reason", "prompt_tokens", "completion_tokens",
                  "confidence")
         offset = 0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 SELF = Path(__file__).resolve()
 TESTS = SELF.parent
-TOP_LEVEL = {"test_import_contracts.py", "test_layout.py", "test_vocabulary.py"}
+TOP_LEVEL = {"test_import_contracts.py", "test_layout.py", "test_readme.py", "test_vocabulary.py"}
 LAYERS = {"engine", "llmops", "gpu", "benchmarks"}
 # a line of a script held in a string (run in a subprocess) importing a test module, conftest or tests.*
 SCRIPT_IMPORT = re.compile(r"^\s*(?:from|import)\s+(?:test_\w*|conftest|tests)\b", re.MULTILINE)

@@ -16,7 +16,7 @@ apart (`CostTerms.*_slots`), `estimate_terms` adds it at the exact placement, an
 per slot regime (`SlotCosts.regime_seconds`). With CPU attention the executor waits for each GPU batch's q/k/v, attends
 on the host and then launches the rest of the layer, so gpu work, host attention (at the measured
 `cpu_decode_attention` rate) and slot latencies add up in one "compute" channel, unless the MoE pipeline
-runs (`memory.pipelines_host_attention`: MoE-Lightning's CGOPipe, `engine.runtime.moe_schedule`): then the host
+runs (`buffers.pipelines_host_attention`: MoE-Lightning's CGOPipe, `engine.runtime.moe_schedule`): then the host
 attends GPU batch k on its own thread while the device runs the MoE layers of the batches before it, so gpu
 work G and host attention A overlap up to a bubble of one GPU batch's share of the other (the first batch's
 attention and the last batch's experts have nothing to hide behind): channels "gpu compute" G + A / k and
@@ -28,7 +28,7 @@ page (`weight_pages`) behind the layer's weight transfer on the link, added to G
 On a CPU device the host is the device: host time adds to compute.
 A block of bls = gpu_batch_size x num_gpu_batches sequences takes
     T = L * T_pre + L * (n - 1) * T_gen,   throughput = bls * n / T   (generated tokens per second).
-With `Policy.prefill_ahead` over B > 1 blocks (`memory.runs_ahead`), every prefill but the first runs on the
+With `Policy.prefill_ahead` over B > 1 blocks (`buffers.runs_ahead`), every prefill but the first runs on the
 previous block's decode steps: each block but the last carries one prefill, whose gpu compute and cache
 stores (and its gpu cache share moved up at the switch) join each of its decode layer-steps' channels,
 divided over the n - 1 steps; T_gen is the mean over the blocks of the carrying and the plain step, each the

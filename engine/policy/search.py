@@ -462,8 +462,8 @@ def search(config: ModelConfig, workload: Workload, budgets: Budgets, profile: H
            **kwargs) -> PolicyEstimate:
     """The policy with the highest predicted throughput that fits `budgets` (bytes) under the cost model.
 
-    Keyword arguments are `search_top`'s (except `top`; `layout`, the model's, is needed). Raises NoFeasiblePolicy, saying what does not
-    fit, when no shape fits.
+    Keyword arguments are `search_top`'s (except `top`; `layout`, the model's, is needed). Raises
+    NoFeasiblePolicy, saying what does not fit, when no shape fits.
     """
     return search_top(config, workload, budgets, profile, top=1, **kwargs)[0]
 

@@ -53,7 +53,7 @@ class BlockState:
     `wpend[(i, j)]` / `cpend[(i, j, k)]` the weight / cache loads a compute waits for; `weights` the
     (i, j, tensors) of the layer last fetched; `results[k]` GPU batch k's latest `StepResult` from the
     head (a pipeline's last stage sends them back to the first); `stores` counts cache stores (their staging
-    buffers take turns: two for the prefill, `memory.decode_stage_slots` for decode); `t0` is when the current
+    buffers take turns: two for the prefill, `buffers.decode_stage_slots` for decode); `t0` is when the current
     step began (perf_counter seconds)."""
 
     select: TokenSelector

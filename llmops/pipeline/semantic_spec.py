@@ -20,6 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationIn
 from llmops.cascade import as_cascade
 from llmops.core import MapSpec
 from llmops.semantic.blocking import Blocking
+from llmops.semantic.embed_blocking import AnyBlocking, EmbeddingBlocking
 from llmops.semantic.compare import TEMPLATE as COMPARE_TEMPLATE
 from llmops.semantic.reduce import ROWS
 from llmops.validate import check_rule_syntax
@@ -94,22 +95,43 @@ class LlmOptions(Checks):
         MapSpec(template=template, **{**self.generation(), **{k: v for k, v in constraint.items() if v is not None}})
 
 
-class BlockingSettings(_Model):
-    """`llmops.semantic.blocking.Blocking` as YAML: keys, q, threshold (null: keys only), top_k, max_posting."""
+def _method_only(value: Any) -> Any:
+    """`blocking: embedding` (or `qgram`) is the method with its defaults."""
+    return {"method": value} if isinstance(value, str) else value
 
+
+class BlockingSettings(_Model):
+    """`llmops.semantic.blocking.Blocking` as YAML: keys, q, threshold (null: keys only), top_k, max_posting; or
+    with `method: embedding` an `llmops.semantic.embed_blocking.EmbeddingBlocking`: keys, top_k, threshold (a
+    minimum cosine similarity; default none) and `model`. `blocking: embedding` is that method's defaults."""
+
+    method: Literal["qgram", "embedding"] = "qgram"
     keys: list[str] = []
     q: Num = Field(3, ge=1, le=8)
-    threshold: Real | None = Field(0.35, ge=0, le=1)
+    threshold: Real | None = Field(0.35, ge=-1, le=1)
     top_k: Num = Field(10, ge=1)
     max_posting: Num = Field(200, ge=2)
+    model: str | None = None
 
     @model_validator(mode="after")
     def _valid(self) -> "BlockingSettings":
+        wrong = sorted({"q", "max_posting"} & self.model_fields_set if self.method == "embedding" else
+                       {"model"} & self.model_fields_set)
+        if wrong:
+            raise ValueError(f"blocking method {self.method} takes no {', '.join(wrong)}")
         self.blocking()
         return self
 
-    def blocking(self) -> Blocking:
+    def blocking(self) -> AnyBlocking:
+        if self.method == "embedding":
+            threshold = self.threshold if "threshold" in self.model_fields_set else None
+            return EmbeddingBlocking(tuple(self.keys), self.top_k, threshold, self.model)
+        if self.threshold is not None and self.threshold < 0:
+            raise ValueError(f"blocking.threshold (q-gram Jaccard) must be in [0, 1], got {self.threshold}")
         return Blocking(tuple(self.keys), self.q, self.threshold, self.top_k, self.max_posting)
+
+
+Blocks = Annotated[BlockingSettings, BeforeValidator(_method_only)]
 
 
 class LlmFilter(LlmOptions):
@@ -156,7 +178,7 @@ class Resolve(LlmOptions):
     the boolean true), write each row's entity id to `output`."""
 
     columns: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
-    blocking: BlockingSettings = BlockingSettings()
+    blocking: Blocks = BlockingSettings()
     template: str | None = None
     output: str = "entity_id"
     id_column: str | None = None
@@ -174,7 +196,7 @@ class LlmJoin(LlmOptions):
     right: str = Field(min_length=1)
     left_on: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
     right_on: list[Annotated[str, Field(min_length=1)]] | None = None
-    blocking: BlockingSettings = BlockingSettings()
+    blocking: Blocks = BlockingSettings()
     template: str | None = None
     min_confidence: Real = Field(0.5, gt=0, le=1)
     suffix: str = "_right"

@@ -1,5 +1,6 @@
-"""Run the semantic steps of a pipeline (`llm_filter`, `llm_reduce`, `resolve`, `llm_join`, and an `llm_map`
-with `validate` rules) on the whole current table, through `llmops.semantic`'s operators.
+"""Run the semantic steps of a pipeline (`llm_filter`, `llm_reduce`, `resolve`, `llm_join`, the operator steps of
+`operator_spec`, and an `llm_map` with `validate` rules or `gleaning`) on the whole current table, through
+`llmops.semantic`'s operators.
 
 Each step is one operator call (one job per LLM stage) with the pipeline's model, engine settings and result
 cache. `run_semantic(index, step, table, ctx)` returns the new table and a `SemanticFigures` (the step's
@@ -11,12 +12,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
 
 from llmops.cascade import as_cascade
 from llmops.core import FAILED_EXAMPLES, CacheDir, Completion
+from llmops.glean import as_gleaning, rules_judge, run_gleaned
+from llmops.pipeline.operator_spec import OPERATOR_STEPS
+from llmops.pipeline.operator_steps import run_operator_step
 from llmops.pipeline.semantic_spec import (SEMANTIC_STEPS, LlmFilterStep, LlmJoinStep, LlmReduceStep, ResolveStep,
                                            step_config)
 from llmops.pipeline.spec import LlmMapStep, Pipeline
@@ -52,6 +57,9 @@ class DryEngine:
         self.prompts += len(prompts)
         yield [(i, Completion("", [], "error", 0, error="dry run: nothing generated")) for i in range(len(prompts))]
 
+    def embed(self, texts: list[str]) -> list[Any]:
+        return [SimpleNamespace(vector=None, tokens=0, error="dry run: nothing embedded") for _ in texts]
+
 
 @dataclass(frozen=True)
 class StepContext:
@@ -64,8 +72,9 @@ class StepContext:
 
 
 def is_semantic(step: Any) -> bool:
-    """Whether `step` runs here (a semantic step, or an llm_map with validate rules)."""
-    return isinstance(step, SEMANTIC_STEPS) or (isinstance(step, LlmMapStep) and bool(step.llm_map.validate_))
+    """Whether `step` runs here (a semantic or operator step, or an llm_map with validate rules or gleaning)."""
+    return isinstance(step, SEMANTIC_STEPS + OPERATOR_STEPS) or (
+        isinstance(step, LlmMapStep) and bool(step.llm_map.validate_ or step.llm_map.gleaning))
 
 
 def _llm(cfg: Any, ctx: StepContext) -> Llm:
@@ -77,8 +86,15 @@ def _llm(cfg: Any, ctx: StepContext) -> Llm:
 
 def _validated_map(step: LlmMapStep, table: pa.Table, ctx: StepContext) -> tuple[pa.Table, SemanticFigures]:
     cfg = step.llm_map
-    result = run_checked(table, map_spec(cfg, ctx.pipeline), rules=cfg.validate_, max_attempts=cfg.max_attempts,
-                         output_name=cfg.output, cache_dir=ctx.cache_dir, progress=ctx.progress, engine=ctx.engine)
+    spec = map_spec(cfg, ctx.pipeline)
+    gleaning = as_gleaning(cfg.gleaning, constrained=True)
+    if gleaning is not None:
+        judge = rules_judge(cfg.validate_, cfg.output) if cfg.validate_ else None
+        result = run_gleaned(table, spec, gleaning=gleaning, judge=judge, cache_dir=ctx.cache_dir,
+                             progress=ctx.progress, engine=ctx.engine)
+    else:
+        result = run_checked(table, spec, rules=cfg.validate_, max_attempts=cfg.max_attempts, output_name=cfg.output,
+                             cache_dir=ctx.cache_dir, progress=ctx.progress, engine=ctx.engine)
     rows = result.table.append_column("row", pa.array(range(table.num_rows), pa.int64()))
     out = attach_output(table, rows, cfg).drop_columns([ROW_COLUMN])
     reasons, errors = result.table.column("finish_reason").to_pylist(), result.table.column("error").to_pylist()
@@ -91,6 +107,9 @@ def _validated_map(step: LlmMapStep, table: pa.Table, ctx: StepContext) -> tuple
 
 
 def _operator(step: Any, table: pa.Table, ctx: StepContext) -> tuple[pa.Table, SemanticFigures]:
+    if isinstance(step, OPERATOR_STEPS):
+        out, summary, report = run_operator_step(step, table, ctx)
+        return out, SemanticFigures(summary, report)
     cfg = step_config(step)
     llm = _llm(cfg, ctx)
     if isinstance(step, LlmFilterStep):

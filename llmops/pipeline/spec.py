@@ -38,6 +38,8 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Di
 
 from llmops.cascade import as_cascade
 from llmops.core import check_choices, engine_policy, parse_size
+from llmops.glean import as_gleaning
+from llmops.pipeline.operator_spec import OPERATOR_STEP_KINDS
 from llmops.pipeline.semantic_spec import SEMANTIC_STEP_KINDS, Rules
 from llmops.structured import arrow_type, decoding_schema, to_json_schema
 from llmops.templates import template_fields
@@ -271,7 +273,9 @@ class EngineSettings(_Strict):
     "auto" (the engine plans the job) or a fixed plan, a mapping of Policy fields (what `llmops policy --json`
     prints under "policy"; fields left out take Policy's defaults). `devices`:
     "auto" (every visible GPU) or a list of CUDA indices / device strings, `parallel` how blocks use them
-    ("auto": data-parallel when the model's weights fit each GPU's budget, else pipeline stages)."""
+    ("auto": data-parallel when the model's weights fit each GPU's budget, else pipeline stages). `trials`:
+    on a GPU, the job's first run of a plan the cost model chose measures its best `trials` candidates and
+    keeps the fastest in the plan cache (0: the cost model decides alone)."""
 
     policy: Annotated[Literal["auto"] | dict[str, Any], AfterValidator(_policy_setting)] = "auto"
     gpu_memory: Size = None
@@ -283,6 +287,7 @@ class EngineSettings(_Strict):
     parallel: Literal["auto", "data", "pipeline"] = "auto"
     compress_weights: bool = False
     compress_cache: bool = False
+    trials: Int = Field(0, ge=0)
 
     def llm_kwargs(self) -> dict[str, Any]:
         """The settings that differ from `LLM`'s defaults, as keyword arguments."""
@@ -358,6 +363,15 @@ class LlmMap(_Strict):
     confidence_column: str | None = None
     validate_: Rules = Field([], alias="validate")  # DuckDB rules on the output (llmops.validate)
     max_attempts: Int = Field(2, ge=1, le=10)
+    gleaning: Int | dict[str, Any] | None = None     # refinement rounds (llmops.glean): n or {rounds, min_confidence}
+
+    @field_validator("gleaning")
+    @classmethod
+    def _gleaning(cls, value: Any, info: ValidationInfo) -> Any:
+        as_gleaning(value, constrained=_constrained(info.data))
+        if value and "max_attempts" in info.data and info.data["max_attempts"] != 2:
+            raise ValueError("give gleaning rounds or max_attempts, not both (gleaning's rounds are the retries)")
+        return value
 
     @field_validator("cascade")
     @classmethod
@@ -479,7 +493,7 @@ class SelectStep(_Strict):
 
 STEP_KINDS: dict[str, type[_Strict]] = {
     "sql": SqlStep, "llm_map": LlmMapStep, "filter": FilterStep, "dedupe": DedupeStep,
-    "parse": ParseStep, "select": SelectStep, **SEMANTIC_STEP_KINDS,
+    "parse": ParseStep, "select": SelectStep, **SEMANTIC_STEP_KINDS, **OPERATOR_STEP_KINDS,
 }
 ROW_WISE = (FilterStep, ParseStep, SelectStep)  # steps that can run on each finished batch independently
 

@@ -5,14 +5,16 @@ split, then a regrouping of the chunks' results).
 row per chunk of its `column`: the row's other columns, `doc_id` (the `id_column` value, or the row's index),
 `chunk_index` (0, 1, ... in document order) and `chunk` (the text). Consecutive chunks share `overlap` units,
 so a sentence cut at a boundary is whole in one of them. In characters, a chunk ends after the last
-whitespace of its second half when it has one (words stay whole); in tokens (the model's tokenizer), a
+whitespace of its second half when it has one, and the overlap is widened to start at a word (words stay
+whole); in tokens (the model's tokenizer), a
 chunk is `chunk_size` tokens decoded back to text (a character split by a boundary is dropped from both
 ends). A null or empty text gives one chunk holding null, so no document disappears.
 
-`gather_table(table, by="doc_id", column=...)` puts the per-chunk results back, one row per document, in
-`chunk_index` order: joined with `separator` (values that are not text as JSON), or, with a `template`
-(`{rows}` holds the document's chunk results, one per line), reduced by the model with `llm_reduce` (folded
-when a document's results do not fit one prompt). Null results are left out.
+`gather_table(table, by="doc_id", column=...)` puts the per-chunk results back, one row per document (in the
+order the documents' first chunks come), in `chunk_index` order: joined with `separator` (values that are not
+text as JSON), or, with a `template` (`{rows}` holds the document's chunk results, one per line), reduced by
+the model with `llm_reduce` (folded when a document's results do not fit one prompt). Null results are left
+out.
 """
 from __future__ import annotations
 
@@ -49,7 +51,11 @@ def char_chunks(text: str, size: int, overlap: int) -> list[str]:
         out.append(text[start:end])
         if end >= len(text):
             return out
-        start = max(end - overlap, start + 1)
+        nxt = max(end - overlap, start + 1)
+        if overlap and not text[nxt - 1].isspace():        # the overlap starts at a word too (a little longer)
+            space = max(text.rfind(" ", start + 1, nxt), text.rfind("\n", start + 1, nxt))
+            nxt = space + 1 if space > start else nxt
+        start = nxt
 
 
 def token_chunks(text: str, size: int, overlap: int, tokenizer: Tokenizer) -> list[str]:
@@ -89,7 +95,7 @@ def split_table(table: pa.Table, column: str, *, chunk_size: int, overlap: int =
     """One row per chunk of `column` (see module docstring); `tokenizer` is needed for unit "tokens"."""
     check_sizes(chunk_size, overlap, unit)
     check_columns(table, [column] + ([id_column] if id_column else []), "split")
-    if unit == "tokens" and tokenizer is None:
+    if unit == "tokens" and tokenizer is None and table.num_rows:
         raise ValueError("split by tokens needs the model's tokenizer")
     taken = [c for c in (DOC_ID, CHUNK_INDEX, CHUNK) if c in table.column_names and c != column]
     if taken:
@@ -106,10 +112,10 @@ def split_table(table: pa.Table, column: str, *, chunk_size: int, overlap: int =
         index += range(len(parts))
         chunks += parts
     take = pa.array(rows, pa.int64())
-    out = table.drop_columns([column]).take(take)
     ids = table.column(id_column).take(take) if id_column else take
-    out = out.append_column(DOC_ID, ids).append_column(CHUNK_INDEX, pa.array(index, pa.int64()))
-    return out.append_column(CHUNK, pa.array(chunks, pa.string()))
+    columns = {c: table.column(c).take(take) for c in table.column_names if c != column}
+    return pa.table({**columns, DOC_ID: ids, CHUNK_INDEX: pa.array(index, pa.int64()),
+                     CHUNK: pa.array(chunks, pa.string())})
 
 
 def _text(value: Any) -> str:
@@ -124,7 +130,7 @@ def gather_table(table: pa.Table, column: str, *, by: str | Sequence[str] = DOC_
     by = [by] if isinstance(by, str) else list(by)
     check_columns(table, [*by, order, column], "gather")
     output = output or column
-    ordered = table.sort_by([(c, "ascending") for c in (*by, order)]) if table.num_rows else table
+    ordered = table.sort_by([(order, "ascending")]) if table.num_rows else table    # stable: documents keep their order
     if template is not None:
         if llm is None:
             raise ValueError("gather with a template needs the model settings (llm)")

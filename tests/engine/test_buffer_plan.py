@@ -37,7 +37,7 @@ def test_the_executor_allocates_the_plan(name, case, tmp_path):
     policy, prefix, blocks = GRID[case]
     loaded = family(name)
     held, report = run(loaded, policy, prefix, blocks, CPU, tmp_path)
-    plan, memory = planned(loaded, policy, prefix, blocks, "cpu")
+    plan, memory, _ = planned(loaded, policy, prefix, blocks, "cpu")
     assert differences(held, plan) == []
     assert report["gpu"]["peak"] == memory["gpu"] and report["cpu"]["peak"] == memory["cpu"]
     assert report["disk"]["peak"] == memory["disk"] - weight_file_bytes(plan)

@@ -307,3 +307,13 @@ def test_a_jobs_coalescer_cuts_merged_runs_to_a_few_of_its_plans_blocks():
     _call_while_first_runs(co, release, started, lambda: co(tables[0]), [lambda t=t: co(t) for t in tables[1:]])
     assert COALESCE_BLOCKS * 4 == 8                      # two blocks of 4 rows: two 3-row tables per run
     assert FakeJob.prepared == [3] and seen == [3, 6, 6, 3]
+
+
+def test_a_workload_plans_as_the_prompts_it_describes(tiny_llama, counted):
+    """`LLM.plan(Workload)` (prompt-length statistics, what `llmops policy` gives) lands in the bucket of the prompts
+    it describes and gets their plan, without planning again."""
+    llm = LLM(tiny_llama, dtype="float32", device="cpu")
+    from_prompts = llm.plan(ids(50, 20), SamplingParams(max_new_tokens=3))
+    from_stats = llm.plan(Workload(prompt_len=20, gen_len=3, num_prompts=50))
+    assert from_stats.workload == from_prompts.workload == bucketed([20] * 50, 3)
+    assert from_stats.policy == from_prompts.policy and counted["plans"] == 1 and from_stats.source == "memory"

@@ -62,7 +62,7 @@ def test_no_usable_prefix_predicts_the_pinned_numbers(name, policy, prefill_s, d
     the embedding and the head held on the gpu (`weight_slots.held_whole`); a decode step's hidden states on
     the gpu (`engine.runtime.act_homes`: no hidden crosses the link in decode; llama's other 15 GPU batches'
     [96, 1, 8192] held); Mixtral's executor slot time in series with its pipelined host attention (they share
-    the host's cores); the decode stores' own staging ring (`memory.decode_stage_slots`: for llama 16 sets of
+    the host's cores); the decode stores' own staging ring (`buffers.decode_stage_slots`: for llama 16 sets of
     [96, 8, 1, 128] 4-bit keys and values); a cache load moving each row's written positions (`KVHome.load`:
     204 on average over llama's 9 decode steps, where the mean context is 205); a second buffer for the expert
     layers' dense tensors (`weight_slots.streamed_ahead`: the norm and the router); and weights compressed in

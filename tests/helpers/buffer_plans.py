@@ -11,7 +11,7 @@ from engine.calibrate.trial import truncated_model
 from engine.models.hf_config import config_from_hf
 from engine.models.presets import PRESETS
 from engine.policy.buffers import BufferSpec
-from engine.policy.memory import executor_memory, executor_plan
+from engine.policy.memory import executor_memory, executor_plan, peak_memory
 from engine.policy.policy import Policy
 from engine.runtime.executor import Executor
 from engine.runtime.layout import model_layout
@@ -48,9 +48,10 @@ GRID: dict[str, tuple[Policy, int, int]] = {
 PROMPT, GEN = 9, 4
 
 
-def family(name: str, layers: int = 2, dtype: torch.dtype = torch.float32):
-    """The tiny model of `name` (a FAMILIES key) with `layers` decoder layers and dummy weights."""
-    return truncated_model(config_from_hf(FAMILIES[name]), layers, dtype)
+def family(name: str, layers: int = 2, dtype: torch.dtype = torch.float32, **sizes: int):
+    """The tiny model of `name` (a FAMILIES key) with `layers` decoder layers, config fields `sizes` replaced
+    (a larger one), and dummy weights."""
+    return truncated_model(replace(config_from_hf(FAMILIES[name]), **sizes), layers, dtype)
 
 
 def prompts(rows: int, prompt_len: int, prefix: int) -> list[list[int]]:
@@ -59,13 +60,14 @@ def prompts(rows: int, prompt_len: int, prefix: int) -> list[list[int]]:
 
 
 def run(loaded, policy: Policy, prefix: int, blocks: int, device: torch.device, disk_dir: Path,
-        dtype: torch.dtype = torch.float32, gpu_memory: int | None = None) -> tuple[dict[str, BufferSpec], dict]:
-    """`blocks` full blocks of PROMPT-token prompts generating GEN tokens each on the real executor: (every
-    buffer its arena holds at the end, by name; its memory report)."""
+        dtype: torch.dtype = torch.float32, gpu_memory: int | None = None, prompt_len: int = PROMPT,
+        gen_len: int = GEN) -> tuple[dict[str, BufferSpec], dict]:
+    """`blocks` full blocks of `prompt_len`-token prompts generating `gen_len` tokens each on the real executor:
+    (every buffer its arena holds at the end, by name; its memory report)."""
     ex = Executor(loaded, policy, device=device, dtype=dtype, disk_dir=disk_dir, gpu_memory=gpu_memory)
     try:
-        rows = prompts(policy.block_size * blocks, PROMPT, prefix)
-        work = [(rows[b:b + policy.block_size], [GEN] * policy.block_size, RunToEnd())
+        rows = prompts(policy.block_size * blocks, prompt_len, prefix)
+        work = [(rows[b:b + policy.block_size], [gen_len] * policy.block_size, RunToEnd())
                 for b in range(0, len(rows), policy.block_size)]
         for _ in ex.generate_blocks(work):
             pass
@@ -74,12 +76,14 @@ def run(loaded, policy: Policy, prefix: int, blocks: int, device: torch.device, 
         ex.close()
 
 
-def planned(loaded, policy: Policy, prefix: int, blocks: int, device_type: str, bytes_per_element: int = 4):
-    """(the memory model's buffers by name, its bytes per tier) for `run`'s workload."""
+def planned(loaded, policy: Policy, prefix: int, blocks: int, device_type: str, bytes_per_element: int = 4,
+            prompt_len: int = PROMPT, gen_len: int = GEN) -> tuple[dict[str, BufferSpec], dict[str, int], dict[str, int]]:
+    """(the memory model's buffers by name, its bytes per tier, its peak per tier: those and the device
+    memory the executor uses without reserving it) for `run`'s workload."""
     layout = model_layout(loaded.config, bytes_per_element, policy.compress_weights)
-    args = (loaded.config, layout, policy, PROMPT, GEN, bytes_per_element, device_type)
+    args = (loaded.config, layout, policy, prompt_len, gen_len, bytes_per_element, device_type)
     kw = dict(shared_prefix_len=prefix, num_prompts=policy.block_size * blocks)
-    return executor_plan(*args, **kw).buffers(), executor_memory(*args, **kw)
+    return executor_plan(*args, **kw).buffers(), executor_memory(*args, **kw), peak_memory(*args, **kw)
 
 
 def differences(held: dict[str, BufferSpec], plan: dict[str, BufferSpec]) -> list[str]:

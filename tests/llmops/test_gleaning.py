@@ -13,6 +13,7 @@ from llmops.glean import Gleaning, as_gleaning, rules_judge, run_gleaned
 from llmops.validate import RETRY_SUFFIX
 
 TABLE = pa.table({"q": ["one", "two", "three"]})
+OVER_TEN = rules_judge(["TRY_CAST(output AS INT) > 10"], "output")
 
 
 def _answers(first: dict[str, object], again: dict[str, object]):
@@ -29,19 +30,19 @@ def _run(engine, spec, **kw):
 
 def test_rule_failures_are_refined_in_one_call_and_fixed():
     engine = ScriptedLLM(_answers({"one": "5", "two": "50", "three": "7"}, {"one": "42", "two": "50", "three": "3"}))
-    out = _run(engine, MapSpec("{q}"), gleaning=Gleaning(1), judge=rules_judge(["CAST(output AS INT) > 10"], "output"))
+    out = _run(engine, MapSpec("{q}"), gleaning=Gleaning(1), judge=OVER_TEN)
     assert out.table.column("output").to_pylist() == ["42", "50", None]
     assert out.table.column("attempts").to_pylist() == [2, 1, 1]        # row 3 kept its first (still failing) answer
     assert out.retried == 2 and out.rejected == 1 and engine.calls == 2
-    assert "rejected after 1 attempt(s)" in out.table.column("error")[2].as_py()
-    assert "CAST(output AS INT) > 10" in out.table.column("error")[2].as_py()
+    assert "rejected after 2 attempt(s)" in out.table.column("error")[2].as_py()
+    assert "TRY_CAST(output AS INT) > 10" in out.table.column("error")[2].as_py()
     refined = [p for p in engine.seen if "Your previous answer" in p]
     assert len(refined) == 2 and any('"5"' in p or "5" in p for p in refined)
 
 
 def test_without_reject_the_better_of_two_failing_answers_stays():
     engine = ScriptedLLM(_answers({"one": "5", "two": "50", "three": "7"}, {"one": "6", "two": "50", "three": "8"}))
-    out = _run(engine, MapSpec("{q}"), gleaning=Gleaning(2), judge=rules_judge(["CAST(output AS INT) > 10"], "output"),
+    out = _run(engine, MapSpec("{q}"), gleaning=Gleaning(2), judge=OVER_TEN,
                reject=False)
     assert out.table.column("output").to_pylist() == ["5", "50", "7"]   # ties keep the earlier answer
     assert out.rejected == 0 and out.retried == 4 and engine.calls == 3
@@ -90,7 +91,7 @@ def test_as_gleaning_rejects(value, constrained, error):
 def test_polars_llm_map_gleaning_option():
     engine = ScriptedLLM(_answers({"one": "5", "two": "50", "three": "7"}, {"one": "42", "two": "50", "three": "70"}))
     df = pl.from_arrow(TABLE)
-    out = df.select(llmops.llm_map("{q}", validate="CAST(output AS INT) > 10", gleaning=1, engine=engine,
+    out = df.select(llmops.llm_map("{q}", validate="TRY_CAST(output AS INT) > 10", gleaning=1, engine=engine,
                                    cache_dir=False).alias("n"))
     assert out["n"].to_list() == ["42", "50", "70"] and engine.calls == 2
 

@@ -26,10 +26,12 @@ ROWS = ["short", "a somewhat longer row of text", "mid length row", "x y z", "th
 
 @pytest.fixture
 def machine(tmp_path, monkeypatch):
-    """A cache folder holding a fixed CPU profile (12 GiB of RAM), so every planner in the test plans with it."""
+    """A cache folder holding a fixed, measured-looking CPU profile (12 GiB of RAM), so every planner in the test
+    plans with it."""
     monkeypatch.setenv("LLMOPS_CACHE_DIR", str(tmp_path / "llmops-cache"))
     profile = default_cpu_profile()
-    fixed = type(profile)(**{**profile.to_dict(), "gpu_memory_bytes": 12 * GIB, "cpu_memory_bytes": 12 * GIB})
+    fixed = type(profile)(**{**profile.to_dict(), "gpu_memory_bytes": 12 * GIB, "cpu_memory_bytes": 12 * GIB,
+                             "source": "measured", "slot_decode_ms": 0.2, "slot_off_cache_ms": 0.1})
     save_profile(fixed, profile_cache_path("cpu"))
     engines.clear()
     yield
@@ -49,9 +51,10 @@ def _pipeline(tmp_path: Path, model: Path) -> Path:
 
 
 def _invoke(args: list[str]) -> str:
+    """The command's stdout (notes go to stderr)."""
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    return result.output
+    return result.stdout
 
 
 def _policy_args(model: Path | str, w: dict) -> list[str]:

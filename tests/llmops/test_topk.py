@@ -10,8 +10,13 @@ import pyarrow as pa
 import pytest
 
 import llmops
+from helpers.fake_engine import FakeLLM
+from helpers.paths import REPO
 from helpers.scripted_engine import ScriptedLLM
 from helpers.skips import requires_smollm2
+from llmops.pipeline.load import PipelineError, load_pipeline
+from llmops.pipeline.plan import plan_pipeline
+from llmops.pipeline.runner import run_pipeline
 from llmops.semantic import Llm
 from llmops.semantic.topk import llm_topk_table, pair_template, question_text, ranking
 
@@ -66,7 +71,8 @@ def test_topk_table_returns_hidden_top_k_in_one_call_per_round():
 
 def test_question_and_pair_template_keep_literal_braces():
     assert question_text("Which {name} costs {{most}}?") == "Which name costs {most}?"
-    assert "{a}" in pair_template("Which {name} costs {{most}}?") and "{{most}}" in pair_template("Which {name} costs {{most}}?")
+    pair = pair_template("Which {name} costs {{most}}?")
+    assert "{a}" in pair and "{b}" in pair and "{{most}}" in pair
 
 
 def test_null_rows_are_not_ranked_and_k_beyond_rows():
@@ -103,3 +109,24 @@ def test_smollm2_topk_runs_end_to_end():
                                  Llm.of(cache_dir=False, progress=False))
     assert out.num_rows == 2 and out.column("rank").to_pylist() == [1, 2]
     assert report.comparisons <= report.all_pairs and report.failed_comparisons == 0
+
+
+def test_topk_sample_pipeline_runs_and_plans(tmp_path):
+    sets = ["cache_dir=false", f"sink={{csv: {tmp_path / 'out.csv'}}}"]
+    pipeline = load_pipeline(REPO / "pipelines" / "semantic" / "topk_tickets.yaml", overrides=sets)
+    plan = plan_pipeline(pipeline, estimate=False)
+    assert plan["output_columns"] == ["rank", "id", "subject", "label"] and plan["steps"][0]["prompts"] > 0
+    result = run_pipeline(pipeline, engine=FakeLLM(), progress=False)
+    out = pl.read_csv(tmp_path / "out.csv")
+    assert out["rank"].to_list() == [1, 2, 3, 4, 5] and result.rows_written == 5
+    step = result.llm_steps[0]
+    assert step["comparisons"] < step["all_pairs"] and step["k"] == 5
+
+
+def test_topk_step_rejects_bad_k(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(f"source: {{csv: {REPO / 'sample_data/tickets.csv'}}}\nsteps:\n"
+                    "  - llm_topk: {template: 'Which {subject}?', k: 0}\n"
+                    f"sink: {{csv: {tmp_path / 'o.csv'}}}\n")
+    with pytest.raises(PipelineError, match=r"steps\[0\].llm_topk.k"):
+        load_pipeline(path)

@@ -60,8 +60,8 @@ class Plan:
         if self.cache_file:
             lines.append(f"  cached in  {self.cache_file}")
         if self.pending_trials:
-            lines.append(f"  trials     the job's run measures the best {self.pending_trials} candidates first and may "
-                         "pick another policy; it caches the result, which a later preview shows")
+            lines.append(f"  trials     a run first measures the best {self.pending_trials} candidates and may pick "
+                         "another policy (cached: a later preview shows it)")
         if self.workload is not None:
             w = self.workload
             lines.append(f"  bucket     prompts up to {w.memory_prompt_len} tokens (mean {w.prompt_len}"
