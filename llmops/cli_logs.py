@@ -43,6 +43,8 @@ def prompt_text(prompt: Any) -> str:
         if isinstance(content, str):
             return content
         return "".join(p if isinstance(p, str) else str(p.get("data", "")) for p in content)
+    if isinstance(prompt, str):
+        return prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) and "role" in prompt[0]:
         return "\n".join(f"{m.get('role')}: {parts(m.get('content', ''))}" for m in prompt)
     if isinstance(prompt, list) and all(isinstance(p, (str, dict)) for p in prompt):

@@ -38,16 +38,15 @@ position among the executor's specs, {k} a GPU batch, {n} a cache segment along 
     kvstageahead{m}.s{n}.r0.k|v      pinned staging of its stores, one chunk's rows (CUDA; `ahead_stage_slots`)
     kv.{j}.{k}.s{n}.k|v, kv.{j}.{k}.prefix.k|v    the device homes its parked buffers move to at the switch
 
-A buffer that several (layer, GPU batch) pairs share (kvbuf, staging) is planned at its largest use. An entry
-with `index` names many buffers alike (`BufferSpec.names`), so planning a large model stays cheap.
+A buffer that several (layer, GPU batch) pairs share (kvbuf, staging) is planned at its largest use. The plan's
+data types (`BufferSpec`, `BufferPlan`, `BlockShape`) are `engine.policy.buffer_spec`'s.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from itertools import product
-from typing import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
-from engine.policy.dtypes import stored_nbytes
+from engine.policy.buffer_spec import BatchShape, BlockShape, BufferPlan, BufferSpec, merged
 from engine.policy.layout import ModelConfig, ModelLayout
 from engine.policy.placement import split_ranges
 from engine.policy.policy import Policy
@@ -57,130 +56,6 @@ from engine.policy.working import PREFILL_CHUNK_TOKENS, chunk_rows, row_chunks, 
 from engine.quant.config import QuantConfig
 
 DECODE_STAGE_SLOTS = 16
-
-
-@dataclass(frozen=True)
-class BufferSpec:
-    """One buffer, or (`index`) `count` buffers alike: the name (with `index`, a template whose {} take each
-    combination of its tuples' values, `names`), tier ("gpu", "cpu", "disk"), shape in memory (4-bit: the
-    logical shape, grouped along the last dim by `quant`), dtype name and the runtime part that uses it.
-    `nbytes` is one buffer's."""
-
-    name: str
-    tier: str
-    shape: tuple[int, ...]
-    dtype: str
-    owner: str
-    quant: QuantConfig | None = None
-    index: tuple[tuple, ...] = ()
-    nbytes: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "nbytes", stored_nbytes(self.shape, self.dtype, self.quant))
-
-    @property
-    def count(self) -> int:
-        n = 1
-        for values in self.index:
-            n *= len(values)
-        return n
-
-    @property
-    def total(self) -> int:
-        return self.count * self.nbytes
-
-    def names(self) -> Iterator[str]:
-        """Every buffer name this entry stands for."""
-        if not self.index:
-            yield self.name
-            return
-        for combo in product(*self.index):
-            yield self.name.format(*combo)
-
-
-@dataclass(frozen=True)
-class BufferPlan:
-    """The buffers of one run (module docstring). Entries naming the same buffers are one (the larger)."""
-
-    entries: tuple[BufferSpec, ...] = ()
-
-    def __add__(self, other: BufferPlan) -> BufferPlan:
-        return BufferPlan(_merged((*self.entries, *other.entries)))
-
-    def bytes_on(self) -> dict[str, int]:
-        """Bytes per tier."""
-        on = {"gpu": 0, "cpu": 0, "disk": 0}
-        for spec in self.entries:
-            on[spec.tier] += spec.total
-        return on
-
-    def buffers(self) -> dict[str, BufferSpec]:
-        """Every buffer by name (a name two entries give keeps the larger)."""
-        out: dict[str, BufferSpec] = {}
-        for spec in self.entries:
-            one = BufferSpec(spec.name, spec.tier, spec.shape, spec.dtype, spec.owner, spec.quant)
-            for name in spec.names():
-                held = out.get(name)
-                if held is None or held.nbytes < one.nbytes:
-                    out[name] = BufferSpec(name, one.tier, one.shape, one.dtype, one.owner, one.quant)
-        return out
-
-
-def _merged(entries: Sequence[BufferSpec]) -> tuple[BufferSpec, ...]:
-    """`entries` with every buffer in one entry, the largest: entries of one name and index reduced to the
-    largest, and entries of one name template whose buffers overlap (a buffer several GPU batches of unlike
-    shapes share) split into one entry per buffer."""
-    by_name: dict[str, dict[tuple, BufferSpec]] = {}
-    for spec in entries:
-        same = by_name.setdefault(spec.name, {})
-        if spec.index not in same or same[spec.index].nbytes < spec.nbytes:
-            same[spec.index] = spec
-    out: list[BufferSpec] = []
-    for specs in by_name.values():
-        group = list(specs.values())
-        if not any(_overlap(a, b) for n, a in enumerate(group) for b in group[n + 1:]):
-            out += group
-            continue
-        one: dict[str, BufferSpec] = {}
-        for spec in group:
-            for name in spec.names():
-                if name not in one or one[name].nbytes < spec.nbytes:
-                    one[name] = BufferSpec(name, spec.tier, spec.shape, spec.dtype, spec.owner, spec.quant)
-        out += one.values()
-    return tuple(out)
-
-
-def _overlap(a: BufferSpec, b: BufferSpec) -> bool:
-    """Whether entries `a` and `b` of one name template name a buffer in common."""
-    return len(a.index) == len(b.index) and all(set(x) & set(y) for x, y in zip(a.index, b.index))
-
-
-@dataclass(frozen=True)
-class BatchShape:
-    """One GPU batch of a block: rows, padded prompt positions, cache positions S and the shared prefix
-    it computes once (`engine.runtime.batch.GpuBatch`: size, prompt_len, length, prefix_len)."""
-
-    rows: int
-    prompt_len: int
-    length: int
-    prefix_len: int = 0
-
-
-@dataclass(frozen=True)
-class BlockShape:
-    """A block's GPU batches and its steps (its longest row's new tokens); `first` 1 when its prefill ran
-    ahead (its steps are [1, steps))."""
-
-    batches: tuple[BatchShape, ...]
-    steps: int
-    first: int = 0
-
-
-def uniform_block(policy: Policy, prompt_len: int, gen_len: int, prefix_len: int = 0) -> BlockShape:
-    """The memory model's block: `num_gpu_batches` batches of `gpu_batch_size` rows of `prompt_len` tokens,
-    `prefix_len` of them computed once, generating `gen_len` tokens."""
-    batch = BatchShape(policy.gpu_batch_size, prompt_len, prompt_len + gen_len - 1, prefix_len)
-    return BlockShape((batch,) * policy.num_gpu_batches, gen_len)
 
 
 def runs_ahead(policy: Policy, gen_len: int, num_prompts: int | None) -> bool:
@@ -315,7 +190,7 @@ def _weight_copies(layout: ModelLayout, policy: Policy, device_type: str, steps:
                                           (slots,)))
             if quant is not None:
                 out.append(BufferSpec(f"wdq.{kl.kind}.{name}", "gpu", shape, layout.dtype, "dequantized weights"))
-    return list(_merged(out))
+    return list(merged(out))
 
 
 # ---- a block's cache and hidden states ---------------------------------------------------------------
@@ -498,4 +373,4 @@ def buffer_plan(config: ModelConfig, layout: ModelLayout, policy: Policy, block:
     if ahead is not None:
         entries += ahead_buffers(config, layout, policy, ahead, device_type, decode_steps=block.steps - 1,
                                  cache_quant=cache_quant, chunk_tokens=chunk_tokens, host=next_host)
-    return BufferPlan(_merged(entries))
+    return BufferPlan(merged(entries))

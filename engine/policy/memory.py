@@ -2,7 +2,7 @@
 
 `executor_memory` is what the executor reserves against its hard budgets for one full block of
 `num_gpu_batches x gpu_batch_size` rows (prompt P, gen n): the bytes per tier of the buffer plan it allocates
-from (`buffers.buffer_plan` of the uniform block, `buffers.uniform_block`, and with `Policy.prefill_ahead` over
+from (`buffers.buffer_plan` of the uniform block, `buffer_spec.uniform_block`, and with `Policy.prefill_ahead` over
 several blocks the next block's prefill run ahead, `buffers.runs_ahead`), plus on the gpu the working memory
 of one GPU batch's compute (`working.working_bytes`; an ahead prefill's pass adds its own). `peak_memory` adds
 the device memory the executor uses without reserving it (`untracked_gpu_bytes`: the other GPU batches'
@@ -24,7 +24,8 @@ from dataclasses import replace
 import numpy as np
 
 from engine.policy.affine import const, share
-from engine.policy.buffers import BufferPlan, buffer_plan, runs_ahead, uniform_block
+from engine.policy.buffer_spec import BufferPlan, uniform_block
+from engine.policy.buffers import buffer_plan, runs_ahead
 from engine.policy.layout import ModelConfig, ModelLayout
 from engine.policy.placement import TIERS, split_ranges
 from engine.policy.policy import Policy

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from engine.policy.buffers import BufferPlan, BufferSpec
+from engine.policy.buffer_spec import BufferPlan, BufferSpec
 from engine.policy.dtypes import dtype_name, numel, quant_parts, stored_nbytes
 from engine.quant.config import QuantConfig
 from engine.quant.qtensor import QTensor

@@ -25,9 +25,8 @@ import torch
 from engine.models.attention import attention_layer, attention_output, decode_inputs
 from engine.models.layers import reserve_positions
 from engine.models.weights import weight_quant
-from engine.policy.buffers import (
-    BatchShape, BlockShape, BufferPlan, buffer_plan, decode_stage_slots, pipelines_host_attention, weight_homes,
-)
+from engine.policy.buffer_spec import BatchShape, BlockShape, BufferPlan
+from engine.policy.buffers import buffer_plan, decode_stage_slots, pipelines_host_attention, weight_homes
 from engine.policy.partition import Stage
 from engine.policy.policy import Policy
 from engine.policy.prefix import MIN_SHARED_PREFIX, prefix_held_once

@@ -47,8 +47,8 @@ class SemanticFigures:
 
 class DryEngine:
     """An engine that generates nothing (`llmops run --dry-run`): every prompt comes back as an error row, so a
-    semantic step yields a table of the right columns for the steps after it; `prompts` counts what the
-    step would have sent (before the result cache)."""
+    semantic step yields a table of the right columns for the steps after it (texts to embed get no vector);
+    `prompts` counts what the step would have sent (before the result cache)."""
 
     def __init__(self) -> None:
         self.prompts = 0
@@ -58,6 +58,7 @@ class DryEngine:
         yield [(i, Completion("", [], "error", 0, error="dry run: nothing generated")) for i in range(len(prompts))]
 
     def embed(self, texts: list[str]) -> list[Any]:
+        self.prompts += len(texts)
         return [SimpleNamespace(vector=None, tokens=0, error="dry run: nothing embedded") for _ in texts]
 
 

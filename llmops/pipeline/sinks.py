@@ -19,15 +19,17 @@ hold back and the rows are published as usual.
 What may be replaced: only a regular file, or nothing. A target that is a symbolic link (even to a
 regular file), a directory, a device (`/dev/full`), a FIFO or a socket is a `SinkError` naming the path,
 raised when the writer is made (before any work) and checked again just before publishing. Links are
-refused rather than followed: name the file itself as the sink. Making the writer also creates the target's
-folder and proves a file can be created in it, so an unwritable sink fails before any row is generated.
+refused rather than followed: name the file itself as the sink. Making the writer also proves the target's
+folder can be written (or created), so an unwritable sink fails before any row is generated.
 """
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import socket
 import stat
+import tempfile
 from pathlib import Path
 
 import duckdb
@@ -67,15 +69,17 @@ def check_target(path: Path) -> None:
         raise SinkError(f"sink {path} is {kind}; llmops replaces only regular files")
 
 
-def check_writable(staging: Path) -> None:
-    """Create `staging`'s folder and prove a file can be made there (created and removed at once); SinkError
-    naming the folder otherwise, before any work."""
-    folder = staging.parent
+def check_writable(folder: Path) -> None:
+    """SinkError naming `folder` unless files can be created in it, or (when it does not exist yet) it can be
+    created: a probe folder is made and removed at once in `folder` or its nearest existing ancestor, so
+    nothing is left behind (a dry run creates nothing)."""
+    where = folder
+    while not os.path.lexists(where) and where != where.parent:
+        where = where.parent
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with open(staging, "xb"):
-            pass
-        staging.unlink()
+        if not where.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, f"{where} is not a directory")
+        os.rmdir(tempfile.mkdtemp(prefix=".llmops-probe-", dir=where))
     except OSError as exc:
         raise SinkError(f"sink: cannot write in folder {folder}: {exc.strerror or exc}") from None
 
@@ -122,7 +126,7 @@ class SinkWriter:
         _remove_stale(base.parent, f"{base.name}.llmops-tmp-", host)     # a run killed while publishing
         self.staging = base.with_name(f"{prefix}{run}.parquet")
         self.tmp = base.with_name(f"{base.name}.llmops-tmp-{run}")
-        check_writable(self.staging)
+        check_writable(self.staging.parent)
         self.rows = 0
         self.held: str | None = None   # where `commit(hold=True)` published the rows instead of the target
         self._writer: pq.ParquetWriter | None = None
@@ -133,6 +137,10 @@ class SinkWriter:
         if ROW_COLUMN not in table.column_names:
             raise SinkError(f"sink: rows lack the {ROW_COLUMN} column")
         if self._writer is None:
+            try:
+                self.staging.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise SinkError(f"sink: cannot create folder {self.staging.parent}: {exc.strerror}") from None
             self._schema = table.schema
             self._writer = pq.ParquetWriter(self.staging, table.schema)
         if table.schema != self._schema:

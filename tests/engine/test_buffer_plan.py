@@ -11,9 +11,8 @@ import torch
 from engine.models.hf_config import config_from_hf
 from engine.models.presets import PRESETS
 from engine.policy.affine import evaluate
-from engine.policy.buffers import (
-    BatchShape, BlockShape, BufferPlan, BufferSpec, ahead_pass_rows, ahead_passes, buffer_plan,
-)
+from engine.policy.buffer_spec import BatchShape, BlockShape, BufferPlan, BufferSpec
+from engine.policy.buffers import ahead_pass_rows, ahead_passes, buffer_plan
 from engine.policy.dtypes import quant_parts, stored_nbytes
 from engine.policy.memory import (
     executor_memory, executor_plan, executor_working_bytes, memory_terms, peak_memory, realized_placement,

@@ -10,7 +10,7 @@ import torch
 from engine.calibrate.trial import truncated_model
 from engine.models.hf_config import config_from_hf
 from engine.models.presets import PRESETS
-from engine.policy.buffers import BufferSpec
+from engine.policy.buffer_spec import BufferSpec
 from engine.policy.memory import executor_memory, executor_plan, peak_memory
 from engine.policy.policy import Policy
 from engine.runtime.executor import Executor

@@ -1,8 +1,8 @@
 """A fake engine whose answers a test scripts: `ScriptedLLM(answer)` calls `answer(text, params)` for each prompt
 (text: the prompt's user turn, template text and data joined) and returns its string as a finished completion,
 with `confidence` when the answer is a (text, confidence) pair. Prompts are counted like `FakeLLM`'s; `embed`
-gives bag-of-words vectors (one dimension per word of `vocabulary`, unit length), so texts sharing words are
-near."""
+gives unit-length bag-of-words vectors (one dimension per word of `vocabulary`), or without a vocabulary
+character trigrams hashed into `DIMS` dimensions, so texts sharing words or spellings are near."""
 from __future__ import annotations
 
 import math
@@ -14,6 +14,7 @@ from typing import Any
 from engine.decoding.params import Completion, SamplingParams
 from helpers.fake_engine import FakeLLM, _row_text
 
+DIMS = 64
 Answer = Callable[[str, SamplingParams], "str | tuple[str, float]"]
 
 
@@ -51,7 +52,15 @@ class ScriptedLLM(FakeLLM):
             if not words:
                 out.append(FakeEmbedding(None, 0, "empty text"))
                 continue
-            v = [float(words.count(w)) for w in self.vocabulary] or [1.0]
+            v = [float(words.count(w)) for w in self.vocabulary] if self.vocabulary else _trigrams(text.lower())
             norm = math.sqrt(sum(x * x for x in v)) or 1.0
             out.append(FakeEmbedding([x / norm for x in v], len(words)))
         return out
+
+
+def _trigrams(text: str) -> list[float]:
+    v = [0.0] * DIMS
+    padded = f"  {text} "
+    for i in range(len(padded) - 2):
+        v[sum(map(ord, padded[i:i + 3])) % DIMS] += 1.0
+    return v

@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import math
 
+import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
 
 import llmops
+from helpers.paths import REPO
 from helpers.scripted_engine import ScriptedLLM
 from helpers.skips import requires_smollm2
 from llmops.core import embed_texts
+from llmops.pipeline.load import PipelineError, load_pipeline
+from llmops.pipeline.plan import plan_pipeline
+from llmops.pipeline.runner import run_pipeline
+from llmops.semantic import duckdb as sem_duckdb
 from llmops.semantic import Llm, llm_join_table, resolve_table
 from llmops.semantic.embed import embed_table, nearest, sim_join_table
-from llmops.semantic.embed_blocking import EmbeddingBlocking, as_blocking, pairs_for
 from llmops.semantic.blocking import Blocking
+from llmops.semantic.embed_blocking import EmbeddingBlocking, as_blocking, pairs_for
 
 WORDS = ["apple", "banana", "cherry", "phone", "laptop", "red", "green"]
 
@@ -135,3 +141,58 @@ def test_smollm2_sim_join_pairs_similar_sentences():
     out = sim_join_table(left, right, Llm.of(cache_dir=False, progress=False), left_on="text", k=1)
     assert out.column("text_right").to_pylist() == ["A kitten is sitting on a rug.",
                                                     "Sales increased twelve percent this quarter."]
+
+
+def _pipeline(tmp_path, steps: str, source: str = "sample_data/products_left.csv"):
+    path = tmp_path / "p.yaml"
+    path.write_text(f"cache_dir: false\nsource: {{csv: {REPO / source}}}\nsteps:\n{steps}\n"
+                    f"sink: {{parquet: {tmp_path / 'out.parquet'}}}\n")
+    return load_pipeline(path)
+
+
+def test_embed_and_sim_join_steps(tmp_path):
+    right = REPO / "sample_data" / "products_right.csv"
+    steps = ("  - embed: {column: title, output: vec}\n"
+             f"  - sim_join: {{right: \"SELECT * FROM read_csv('{right}', all_varchar = true)\", left_on: [title], k: 2}}")
+    engine = ScriptedLLM()
+    result = run_pipeline(_pipeline(tmp_path, steps), limit=10, engine=engine, progress=False)
+    out = pl.read_parquet(tmp_path / "out.parquet")
+    assert out.height == 20 and {"vec", "title_right", "similarity"} <= set(out.columns)
+    assert out["vec"].dtype == pl.List(pl.Float32) and result.llm_steps[1]["pairs"] == 20
+    assert engine.embed_calls == 2
+
+
+def test_sim_join_sample_pipeline_plans_without_a_model(tmp_path):
+    sets = [f"sink={{parquet: {tmp_path / 'out.parquet'}}}"]
+    plan = plan_pipeline(load_pipeline(REPO / "pipelines/semantic/similar_products.yaml", overrides=sets),
+                         estimate=False)
+    assert plan["output_columns"] == ["id", "title", "id_right", "title_right", "similarity"]
+
+
+def test_resolve_step_with_embedding_blocking(tmp_path):
+    steps = "  - resolve: {columns: [name], blocking: {method: embedding, top_k: 2}, id_column: id}"
+    engine = ScriptedLLM(lambda text, params: "Different")
+    result = run_pipeline(_pipeline(tmp_path, steps, "sample_data/customers_dupes.csv"), limit=30, engine=engine,
+                          progress=False)
+    step = result.llm_steps[0]
+    assert engine.embed_calls == 1 and 0 < step["candidate_pairs"] <= 30 * 2 and step["entities"] == 30
+
+
+@pytest.mark.parametrize("blocking, message", [
+    ("{method: embedding, q: 3}", "takes no q"), ("{method: vectors}", "method"), ("{threshold: -0.5}", r"\[0, 1\]"),
+])
+def test_bad_blocking_settings_fail_at_load(tmp_path, blocking, message):
+    with pytest.raises(PipelineError, match=message):
+        _pipeline(tmp_path, f"  - resolve: {{columns: [name], blocking: {blocking}}}", "sample_data/customers_dupes.csv")
+
+
+def test_duckdb_embed_and_sim_join():
+    con = duckdb.connect()
+    con.register("a", pa.table({"name": ["red apple", "green laptop"]}))
+    con.register("b", pa.table({"name": ["laptop green", "apple red"]}))
+    engine = ScriptedLLM(vocabulary=WORDS)
+    rel = sem_duckdb.embed(con, "SELECT * FROM a", "name", engine=engine)
+    assert con.sql("SELECT len(embedding) FROM rel").fetchall() == [(len(WORDS),), (len(WORDS),)]
+    joined = sem_duckdb.sim_join(con, "SELECT * FROM a", "SELECT * FROM b", on="name", k=1, engine=engine)
+    assert con.sql("SELECT name, name_right FROM joined ORDER BY name").fetchall() == [
+        ("green laptop", "laptop green"), ("red apple", "apple red")]

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import json
 
+import duckdb
 import polars as pl
 import pyarrow as pa
 import pytest
 
 import llmops
 from helpers.fake_engine import FakeLLM
+from helpers.paths import REPO
 from helpers.scripted_engine import ScriptedLLM
 from helpers.skips import requires_smollm2
+from llmops.pipeline.load import load_pipeline
+from llmops.pipeline.runner import run_pipeline
+from llmops.semantic import duckdb as sem_duckdb
 from llmops.semantic import Llm
 from llmops.semantic.extract import llm_extract_table, locate
 
@@ -97,3 +102,28 @@ def test_smollm2_extracted_values_are_quotes():
     for source, value in zip(bodies, out.column("extracted").to_pylist()):
         assert value is None or value["invoice_number"] is None or value["invoice_number"] in source
     assert report.rows == 2
+
+
+def test_extract_sample_pipeline_keeps_only_quotes(tmp_path):
+    sets = ["cache_dir=false", f"sink={{parquet: {tmp_path / 'out.parquet'}}}"]
+    pipeline = load_pipeline(REPO / "pipelines" / "semantic" / "extract_quotes.yaml", overrides=sets)
+    bodies = pl.read_csv(REPO / "sample_data" / "invoices.csv")["body"].to_list()[:8]
+
+    def quote_first_word(text: str, params) -> str:     # a real quote for one field, a made-up one for the other
+        body = text.split("Text: ", 1)[1].split("\n")[0]
+        return json.dumps({"invoice_number": body.split()[0], "total": "one million"})
+
+    result = run_pipeline(pipeline, limit=8, engine=ScriptedLLM(quote_first_word), progress=False)
+    out = pl.read_parquet(tmp_path / "out.parquet")
+    assert out.columns == ["id", "invoice_number", "total", "quote_error"] and result.rows_written == 8
+    assert all(n in b for n, b in zip(out["invoice_number"].to_list(), bodies))
+    assert out["total"].null_count() == 8 and all("total = " in e for e in out["quote_error"].to_list())
+    assert result.llm_steps[0]["not_quotes"] == 8 and result.llm_steps[0]["gleaned"] == 8
+
+
+def test_duckdb_llm_extract():
+    con = duckdb.connect()
+    con.register("mails", pa.table({"body": BODIES[:2]}))
+    rel = sem_duckdb.llm_extract(con, "SELECT * FROM mails", "body", ["number", "total"], engine=ScriptedLLM(_answer),
+                                 cache_dir=False)
+    assert con.sql("SELECT extracted.number FROM rel").fetchall() == [("INV-1",), ("A-77",)]

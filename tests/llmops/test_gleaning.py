@@ -7,9 +7,12 @@ import pyarrow as pa
 import pytest
 
 import llmops
+from helpers.paths import REPO
 from helpers.scripted_engine import ScriptedLLM
 from llmops.core import MapSpec
 from llmops.glean import Gleaning, as_gleaning, rules_judge, run_gleaned
+from llmops.pipeline.load import PipelineError, load_pipeline
+from llmops.pipeline.runner import run_pipeline
 from llmops.validate import RETRY_SUFFIX
 
 TABLE = pa.table({"q": ["one", "two", "three"]})
@@ -99,3 +102,28 @@ def test_polars_llm_map_gleaning_option():
 def test_polars_llm_map_gleaning_and_max_attempts_conflict():
     with pytest.raises(ValueError, match="gleaning rounds or max_attempts"):
         llmops.llm_map("{q}", validate="output > 1", gleaning=1, max_attempts=3)
+
+
+def test_pipeline_llm_map_gleaning_key(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(f"cache_dir: false\nsource: {{csv: {REPO / 'sample_data/tickets.csv'}}}\nsteps:\n"
+                    "  - llm_map: {output: n, template: 'Number for {subject}', validate: 'TRY_CAST(n AS INT) > 10',"
+                    " gleaning: 1}\n"
+                    f"sink: {{parquet: {tmp_path / 'out.parquet'}}}\n")
+    engine = ScriptedLLM(lambda text, params: "42" if "Your previous answer" in text else "5")
+    result = run_pipeline(load_pipeline(path), limit=4, engine=engine, progress=False)
+    assert pl.read_parquet(tmp_path / "out.parquet")["n"].to_list() == ["42"] * 4
+    assert result.llm_steps[0]["retried"] == 4 and engine.calls == 2
+
+
+@pytest.mark.parametrize("keys, message", [
+    ("gleaning: 9", "from 1 to 5"), ("gleaning: {rounds: 1, min_confidence: 0.5}", "constrained output"),
+    ("gleaning: 1, max_attempts: 3", "gleaning rounds or max_attempts"),
+])
+def test_pipeline_gleaning_key_is_checked_at_load(tmp_path, keys, message):
+    path = tmp_path / "p.yaml"
+    path.write_text(f"source: {{csv: {REPO / 'sample_data/tickets.csv'}}}\nsteps:\n"
+                    f"  - llm_map: {{output: n, template: '{{subject}}', {keys}}}\n"
+                    f"sink: {{csv: {tmp_path / 'o.csv'}}}\n")
+    with pytest.raises(PipelineError, match=message):
+        load_pipeline(path)

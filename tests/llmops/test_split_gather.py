@@ -2,6 +2,9 @@
 a per-chunk map, and the chunks' results put back per document (joined, or reduced by the model)."""
 from __future__ import annotations
 
+import json
+
+import duckdb
 import polars as pl
 import pyarrow as pa
 import pytest
@@ -14,6 +17,7 @@ from helpers.skips import requires_smollm2
 from llmops.core import MapSpec, map_table_ordered
 from llmops.pipeline.load import PipelineError, load_pipeline
 from llmops.pipeline.runner import run_pipeline
+from llmops.semantic import duckdb as sem_duckdb
 from llmops.semantic import Llm
 from llmops.semantic.split import char_chunks, gather_table, split_table, token_chunks
 
@@ -100,12 +104,21 @@ def _sample(name: str, tmp_path, **overrides):
     return load_pipeline(REPO / "pipelines" / "semantic" / name, overrides=sets)
 
 
-def test_split_map_gather_sample_pipeline_runs(tmp_path):
+def _first_words(text: str, params) -> str:
+    """The chunk's first two words as the quoted problem."""
+    chunk = text.split("Text: ", 1)[1].split("\n")[0]
+    return json.dumps({"problem": " ".join(chunk.split()[:2])})
+
+
+def test_split_extract_gather_sample_pipeline_runs(tmp_path):
     pipeline = _sample("split_gather_tickets.yaml", tmp_path)
-    result = run_pipeline(pipeline, limit=6, engine=FakeLLM(), progress=False)
+    result = run_pipeline(pipeline, limit=6, engine=ScriptedLLM(_first_words), progress=False)
     out = pl.read_csv(tmp_path / "out.csv")
-    assert out.columns == ["doc_id", "keywords"] and out.height == 6 and result.rows_written == 6
-    assert all(" / " in k for k in out["keywords"].to_list()[:3])       # several chunks per ticket
+    bodies = pl.read_csv(REPO / "sample_data" / "tickets.csv")["body"].to_list()[:6]
+    assert out.columns == ["doc_id", "problem"] and out.height == 6 and result.rows_written == 6
+    for body, joined in zip(bodies, out["problem"].to_list()):
+        parts = joined.split(" | ")
+        assert len(parts) > 1 and all(p in body for p in parts)          # each chunk's quote, in order
     split_step = next(s for s in result.llm_steps if s.get("chunks"))
     assert split_step["documents"] == 6 and split_step["chunks"] > 6
 
@@ -135,3 +148,12 @@ def test_bad_split_and_gather_steps_fail_at_load(tmp_path, step, message):
                     f"sink: {{csv: {tmp_path / 'o.csv'}}}\n")
     with pytest.raises(PipelineError, match=message):
         load_pipeline(path)
+
+
+def test_duckdb_split_and_gather():
+    con = duckdb.connect()
+    con.register("docs", pa.table({"id": [7], "text": [TEXT]}))
+    chunks = sem_duckdb.split(con, "SELECT * FROM docs", "text", chunk_size=100, id_column="id")
+    assert con.sql("SELECT count(*), min(doc_id) FROM chunks").fetchall() == [(5, 7)]
+    back = sem_duckdb.gather(con, chunks, "chunk", separator=" ")
+    assert con.sql("SELECT chunk FROM back").fetchall()[0][0].split() == TEXT.split()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import re
 
+import duckdb
 import polars as pl
 import pyarrow as pa
 import pytest
@@ -17,6 +18,7 @@ from helpers.skips import requires_smollm2
 from llmops.pipeline.load import PipelineError, load_pipeline
 from llmops.pipeline.plan import plan_pipeline
 from llmops.pipeline.runner import run_pipeline
+from llmops.semantic import duckdb as sem_duckdb
 from llmops.semantic import Llm
 from llmops.semantic.topk import llm_topk_table, pair_template, question_text, ranking
 
@@ -130,3 +132,12 @@ def test_topk_step_rejects_bad_k(tmp_path):
                     f"sink: {{csv: {tmp_path / 'o.csv'}}}\n")
     with pytest.raises(PipelineError, match=r"steps\[0\].llm_topk.k"):
         load_pipeline(path)
+
+
+def test_duckdb_llm_topk():
+    scores = _scores(12)
+    con = duckdb.connect()
+    con.register("items", pa.table({"name": list(scores)}))
+    rel = sem_duckdb.llm_topk(con, "SELECT * FROM items", "Which {name} is the largest?", k=2,
+                              engine=ScriptedLLM(_judge(scores)), cache_dir=False)
+    assert [r[0] for r in rel.fetchall()] == sorted(scores, key=lambda n: -scores[n])[:2]
