@@ -499,31 +499,34 @@ class MapRun:
                     if log.isEnabledFor(logging.DEBUG):
                         log.debug("step %d: %d tokens (%d this call, %.1f s)", steps[0], tokens, steps[1],
                                   time.perf_counter() - start)
-                with engine_lock(eng):
-                    stats = getattr(eng, "stats", None)
-                    before = stats.snapshot() if stats is not None else None
-                    if self.job.plan is not None and log.isEnabledFor(logging.INFO):
-                        log.info("%d rows to generate (%d more served from the cache or deduped) with %s",
-                                 len(pending), self.table.num_rows - len(pending), _plan_text(self.job.plan))
-                    block_began = time.perf_counter()
-                    for group in _stream(eng, prompts, params, self.job.plan, report, step):
-                        plan = getattr(eng, "last_plan", None)
-                        log.info("block of %d rows done in %.1f s (%d tokens)", len(group),
-                                 time.perf_counter() - block_began, sum(len(c.token_ids) for _, c in group))
+                try:
+                    with engine_lock(eng):
+                        stats = getattr(eng, "stats", None)
+                        before = stats.snapshot() if stats is not None else None
+                        if self.job.plan is not None and log.isEnabledFor(logging.INFO):
+                            log.info("%d rows to generate (%d more served from the cache or deduped) with %s",
+                                     len(pending), self.table.num_rows - len(pending), _plan_text(self.job.plan))
                         block_began = time.perf_counter()
-                        done = [(pending[idx], _to_cached(c, eng), c.error) for idx, c in group]
-                        summary.generated_rows += len(done)
-                        summary.generated_tokens += sum(r.completion_tokens for _, r, _ in done)
-                        summary.prompt_tokens += sum(r.prompt_tokens for _, r, _ in done)
-                        if writer is not None:
-                            began = time.perf_counter()
-                            writer.finish_block((k, r) for k, r, _ in done)
-                            claim.release([k for k, _, _ in done])
-                            self.cache_s += time.perf_counter() - began
-                        self.job.remember((k, r) for k, r, _ in done)
-                        if before is not None:
-                            self.engine_stats = stats.since(before)
-                        yield self._emit([(i, r, err) for k, r, err in done for i in rows_by_key[k]], start, bar)
+                        for group in _stream(eng, prompts, params, self.job.plan, report, step):
+                            plan = getattr(eng, "last_plan", None)
+                            log.info("block of %d rows done in %.1f s (%d tokens)", len(group),
+                                     time.perf_counter() - block_began, sum(len(c.token_ids) for _, c in group))
+                            block_began = time.perf_counter()
+                            done = [(pending[idx], _to_cached(c, eng), c.error) for idx, c in group]
+                            summary.generated_rows += len(done)
+                            summary.generated_tokens += sum(r.completion_tokens for _, r, _ in done)
+                            summary.prompt_tokens += sum(r.prompt_tokens for _, r, _ in done)
+                            if writer is not None:
+                                began = time.perf_counter()
+                                writer.finish_block((k, r) for k, r, _ in done)
+                                claim.release([k for k, _, _ in done])
+                                self.cache_s += time.perf_counter() - began
+                            self.job.remember((k, r) for k, r, _ in done)
+                            if before is not None:
+                                self.engine_stats = stats.since(before)
+                            yield self._emit([(i, r, err) for k, r, err in done for i in rows_by_key[k]], start, bar)
+                finally:
+                    bar.idle()
 
             # rows another run sharing the cache is generating are waited for, not generated twice
             claim = Claim(cache, pending) if cache is not None else None

@@ -5,7 +5,7 @@ row, then picks the rows to refine with the cascade's row selection (`llmops.cas
 model answered whose output is null (unparsable, not one of the choices, cut by max_new_tokens), whose output
 the caller's `check` rejects (a `validate` rule, a quote not found in its source), or whose confidence is
 below `min_confidence`. A row whose prompt never produced text (a prompt too long, an engine error) is not
-refined: there is no answer to improve. Each round re-prompts those rows with their previous output and why
+refined: there is no answer to improve. Each round re-prompts those rows with their latest output and why
 it failed, as data (`llmops.validate.retry_spec`: "Your previous answer ... was rejected: ... Answer
 again."), all rows of a round in one `map_table` call, and a row keeps the better of its answers: a valid
 one (an output the check accepts) over an invalid one, then the higher confidence, the earlier on a tie.
@@ -110,15 +110,16 @@ def run_gleaned(table: pa.Table, spec: MapSpec, *, gleaning: Gleaning, judge: Ju
     verdicts = _verdicts(judge, table, cols["output"], typ)
     attempts = [1] * table.num_rows          # the attempt whose answer a row keeps
     tried = [1] * table.num_rows             # the answers a row was given
+    latest = {r: (cols["text"][r], _failure(cols, verdicts, r, gleaning.min_confidence))
+              for r in range(table.num_rows)}       # the last answer each row gave, and what was wrong with it
     again = retry_spec(spec)
     for attempt in range(2, gleaning.rounds + 2):
         rows = _to_refine(cols, verdicts, gleaning.min_confidence)
         if not rows:
             break
-        why = [_failure(cols, verdicts, r, gleaning.min_confidence) for r in rows]
         sub = table.take(pa.array(rows, pa.int64()))
-        sub = sub.append_column(PREVIOUS, pa.array([cols["text"][r] for r in rows], pa.string()))
-        sub = sub.append_column(FAILURE, pa.array(why, pa.string()))
+        sub = sub.append_column(PREVIOUS, pa.array([latest[r][0] for r in rows], pa.string()))
+        sub = sub.append_column(FAILURE, pa.array([latest[r][1] for r in rows], pa.string()))
         res, summary = run_map(sub, again, **kw, job=None if spec.cascade else job)
         out.summary.add(summary)
         out.retried += len(rows)
@@ -126,6 +127,7 @@ def run_gleaned(table: pa.Table, spec: MapSpec, *, gleaning: Gleaning, judge: Ju
         new_verdicts = _verdicts(judge, table.take(pa.array(rows, pa.int64())), new["output"], typ)
         for k, r in enumerate(rows):
             tried[r] = attempt
+            latest[r] = (new["text"][k] or latest[r][0], _failure(new, new_verdicts, k, gleaning.min_confidence))
             if _score(new["output"][k], new_verdicts[k], new["confidence"][k]) > \
                     _score(cols["output"][r], verdicts[r], cols["confidence"][r]):
                 for c in _KEPT:
@@ -155,7 +157,7 @@ def _to_refine(cols: dict[str, list[Any]], verdicts: list[str | None], min_confi
 
 
 def _failure(cols: dict[str, list[Any]], verdicts: list[str | None], r: int, min_confidence: float | None) -> str:
-    """Why row r is re-prompted, in words the prompt shows."""
+    """Why answer r of `cols` is not kept as it is, in words the prompt shows."""
     if verdicts[r] is not None:
         return verdicts[r]
     if cols["output"][r] is None:

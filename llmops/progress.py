@@ -2,7 +2,8 @@
 
 Quiet when disabled or when stderr is not a TTY (`enabled=None` decides by the TTY). The caller reports:
 - `expect(rows, max_new_tokens, predicted_tokens_per_s)`: rows it is about to generate (not cached), the most
-  tokens each may take, and the plan's predicted speed (None when the engine has no plan);
+  tokens each may take, and the plan's predicted speed (None when the engine has no plan); `idle()` when that
+  generation is over;
 - `step(tokens)`: tokens chosen in one decode step (the engine's `on_step`), so the display moves while a
   block decodes, before any of its rows finish;
 - `advance(rows, tokens=...)`: rows finished in the decode loop (the engine's `on_finished`) and their tokens;
@@ -12,8 +13,8 @@ Quiet when disabled or when stderr is not a TTY (`enabled=None` decides by the T
 The ETA is for generation only, so rows served from the cache do not make it look done: remaining tokens
 (rows expected x tokens per finished row so far, `max_new_tokens` before any row finished, less the tokens
 already generated) over the measured rate (tokens per second since generation began), or over the plan's
-predicted rate before the first step. The clock is redrawn every `TICK_S` while the bar is open, so it runs
-through a long prefill. A job reached in many calls (DuckDB vectors, Polars morsels) keeps one bar whose total
+predicted rate before the first step. The clock is redrawn every `TICK_S` while rows are being generated, so it
+runs through a long prefill; an idle bar (a Polars expression's between queries) is left alone. A job reached in many calls (DuckDB vectors, Polars morsels) keeps one bar whose total
 grows by each call's rows (`grow`): its ETA is for the rows seen so far.
 """
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Progress:
         self.errors = 0
         self.began: float | None = None    # when generation began (the first `expect`)
         self._drawn = 0.0                  # when a step last redrew the bar
+        self._generating = 0               # calls between `expect` and `idle` (the ticker redraws meanwhile)
         self._stop = threading.Event()
         if _want(enabled):
             self._bar = tqdm(total=total, desc=desc, unit="row", file=sys.stderr, dynamic_ncols=True,
@@ -84,7 +86,13 @@ class Progress:
                 self.predicted_tokens_per_s = predicted_tokens_per_s
             if self.began is None:
                 self.began = time.perf_counter()
+            self._generating += 1
             self._show(refresh=True)
+
+    def idle(self) -> None:
+        """The generation announced by the matching `expect` is over (finished or failed)."""
+        with self._lock:
+            self._generating = max(0, self._generating - 1)
 
     def step(self, tokens: int) -> None:
         """One decode step chose `tokens` tokens (called from the engine's decode loop: quick; the bar is
@@ -156,7 +164,8 @@ class Progress:
             with self._lock:
                 if self._bar is None:
                     return
-                self._show(refresh=True)
+                if self._generating:
+                    self._show(refresh=True)
 
     def close(self) -> None:
         self._stop.set()

@@ -254,11 +254,11 @@ def decoding_schema(schema: dict[str, Any]) -> dict[str, Any]:
     int64 (`type` integer, or integer and null) is bounded to [-INT_BOUND, INT_BOUND] (tighter bounds of its
     own stay), so every integer the grammar allows fits the column. Subschemas are followed through
     properties, items, $defs, anyOf/oneOf/allOf and the other keywords that hold schemas."""
-    out = _bound_integers(schema)
-    return out if isinstance(out, dict) else schema
+    return _bound_integers(schema)
 
 
 def _bound_integers(node: Any) -> Any:
+    """`node` (a schema, a list of schemas or any other value) with its int64 nodes bounded, as a copy."""
     if isinstance(node, list):
         return [_bound_integers(v) for v in node]
     if not isinstance(node, dict):

@@ -14,7 +14,7 @@ where a name is taken) and `similarity`. Similarities are exact dot products, co
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
@@ -41,8 +41,10 @@ def row_texts(table: pa.Table, columns: Sequence[str]) -> list[str | None]:
 def embed_values(texts: Sequence[str | None], llm: Llm) -> tuple[list[list[float] | None], list[str | None]]:
     """(vector, error) per text through `llmops.core.embed_texts` with `llm`'s model, engine settings and
     engine."""
-    return embed_texts(texts, model=llm.model, engine_settings=llm.generation.get("engine_settings"),
-                       engine=llm.engine)
+    engine = llm.engine
+    if isinstance(engine, Mapping):         # a cascade's engines: its models' first one embeds
+        engine = engine.get(llm.model, next(iter(engine.values()), None))
+    return embed_texts(texts, model=llm.model, engine_settings=llm.generation.get("engine_settings"), engine=engine)
 
 
 def embed_table(table: pa.Table, column: str | Sequence[str], llm: Llm, *, output: str = "embedding") -> pa.Table:

@@ -20,9 +20,10 @@ from llmops.semantic.options import Llm
 
 YES, NO = "Yes", "No"
 SYSTEM = "Answer the question about the record with Yes or No."
-EXPLAIN_SYSTEM = "The question about the record has been answered. Say in one short sentence why the answer is right."
+EXPLAIN_SYSTEM = ("The question about the record has been answered. Give the reason in one short sentence, "
+                  "from the record.")
 ANSWER = "__llmops_answer"
-EXPLAIN_SUFFIX = f"\n\nAnswer: {{{ANSWER}}}\nWhy?"
+EXPLAIN_SUFFIX = f"\n\nAnswer: {{{ANSWER}}}\nReason:"
 
 
 @dataclass(frozen=True)

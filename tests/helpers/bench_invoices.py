@@ -18,17 +18,19 @@ from helpers.paths import REPO
 from helpers.skips import smollm2_gguf_path
 
 sys.path.insert(0, str(REPO))   # `benchmarks.*`
-from benchmarks.models.build_bench_model import build_model, export_tokenizer  # noqa: E402
+from benchmarks.models.build_bench_model import build_model, export_tokenizer, tokenizer_files  # noqa: E402
 from benchmarks.operators.invoice_job import PIPELINE, invoice_rows, load_step  # noqa: E402
 
 CARRIED_TOKENIZER = REPO / ".bench_assets" / "smollm2_tokenizer"
 
 
 def smollm2_tokenizer(dest: Path) -> Path | None:
-    """A folder holding SmolLM2's tokenizer files: the carried copy, else one exported into `dest`; None
-    when this host has neither."""
+    """`dest`, holding SmolLM2's tokenizer files (tokenizer.json unpacked) from the carried copy, else exported
+    from the embedded model; None when this host has neither."""
     if (CARRIED_TOKENIZER / "tokenizer.json").is_file() or (CARRIED_TOKENIZER / "tokenizer.json.gz").is_file():
-        return CARRIED_TOKENIZER
+        dest.mkdir(parents=True, exist_ok=True)
+        tokenizer_files(CARRIED_TOKENIZER, dest)
+        return dest
     if smollm2_gguf_path() is None:
         return None
     export_tokenizer(dest, "smollm2-135m-instruct")

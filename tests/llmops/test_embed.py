@@ -153,7 +153,8 @@ def _pipeline(tmp_path, steps: str, source: str = "sample_data/products_left.csv
 def test_embed_and_sim_join_steps(tmp_path):
     right = REPO / "sample_data" / "products_right.csv"
     steps = ("  - embed: {column: title, output: vec}\n"
-             f"  - sim_join: {{right: \"SELECT * FROM read_csv('{right}', all_varchar = true)\", left_on: [title], k: 2}}")
+             f"  - sim_join: {{right: \"SELECT * FROM read_csv('{right}', all_varchar = true)\",\n"
+             "      left_on: [title], k: 2}")
     engine = ScriptedLLM()
     result = run_pipeline(_pipeline(tmp_path, steps), limit=10, engine=engine, progress=False)
     out = pl.read_parquet(tmp_path / "out.parquet")
@@ -183,7 +184,8 @@ def test_resolve_step_with_embedding_blocking(tmp_path):
 ])
 def test_bad_blocking_settings_fail_at_load(tmp_path, blocking, message):
     with pytest.raises(PipelineError, match=message):
-        _pipeline(tmp_path, f"  - resolve: {{columns: [name], blocking: {blocking}}}", "sample_data/customers_dupes.csv")
+        _pipeline(tmp_path, f"  - resolve: {{columns: [name], blocking: {blocking}}}",
+                  "sample_data/customers_dupes.csv")
 
 
 def test_duckdb_embed_and_sim_join():

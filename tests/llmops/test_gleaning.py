@@ -49,6 +49,7 @@ def test_without_reject_the_better_of_two_failing_answers_stays():
                reject=False)
     assert out.table.column("output").to_pylist() == ["5", "50", "7"]   # ties keep the earlier answer
     assert out.rejected == 0 and out.retried == 4 and engine.calls == 3
+    assert any('{"data": "6"}' in p for p in engine.seen)                # round 2 shows round 1's answer
 
 
 def test_low_confidence_rows_keep_the_surer_answer():

@@ -41,6 +41,9 @@ class Recorder:
     def step(self, tokens):
         pass
 
+    def idle(self):
+        pass
+
     def advance(self, rows, *, tokens=0, tokens_per_s=None):
         self.steps.append(("row", rows))
 

@@ -66,6 +66,9 @@ class Recorder:
     def step(self, tokens):
         self.events.append(("step", tokens))
 
+    def idle(self):
+        self.events.append(("idle", 0))
+
     def advance(self, rows, *, tokens=0, tokens_per_s=None):
         self.events.append(("row", rows))
 
@@ -84,7 +87,7 @@ def test_the_display_moves_per_decode_step_before_any_row_finishes(monkeypatch):
     table = pa.table({"body": [f"row {i}" for i in range(4)]})
     map_table(table, MapSpec("{body}"), engine=SteppingLLM(block_size=4), cache_dir=False, progress=True).ordered()
     kinds = [kind for kind, _ in Recorder.last.events]
-    assert kinds[:5] == ["expect", "step", "step", "step", "row"]
+    assert kinds[:5] == ["expect", "step", "step", "step", "row"] and kinds.count("idle") == 1
     assert sum(n for kind, n in Recorder.last.events if kind == "step") == 3 * 4
 
 
