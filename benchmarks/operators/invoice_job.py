@@ -19,7 +19,7 @@ from typing import Any
 from benchmarks.common import ROOT, Timer
 from benchmarks.operators.engine_probe import StreamProbe
 
-PATHS = ("engine", "pipeline", "pipeline-cold", "polars", "polars-streaming", "duckdb-relation", "duckdb-udf")
+PATHS = ("engine", "pipeline", "pipeline-dry", "pipeline-cold", "polars", "polars-streaming", "duckdb-relation", "duckdb-udf")
 PIPELINE = ROOT / "pipelines" / "bench_invoices.yaml"
 UDF_NAME = "extract_invoice"
 OUTPUT = "fields"
@@ -189,6 +189,20 @@ class Job:
         return ["run", str(self.args.pipeline), "--no-cache", "--json", "--allow-errors", "--no-progress",
                 "--model", self.model, *(x for o in overrides for x in ("--set", o))]
 
+    # -- pipeline-dry (`llmops run --dry-run` in a fresh process: the plan it shows, for the cold run to match)
+    def run_pipeline_dry(self) -> dict[str, Any]:
+        argv = [*self.pipeline_argv(self.work / "pipeline_dry_out.parquet"), "--dry-run"]
+        argv.remove("--allow-errors")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        with Timer() as t:
+            done = subprocess.run([sys.executable, "-m", "llmops.cli", *argv], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"llmops run --dry-run exited {done.returncode}: {done.stderr[-2000:]}")
+        shown = json.loads(done.stdout[done.stdout.index("{"):])
+        return {"seconds": t.seconds, "first_result_s": None, "peak_device_gib": None, "peak_reserved_gib": None,
+                "first_result_note": "a dry run generates nothing", "run_plans": [shown.get("job_plan")],
+                "argv": ["llmops", *argv]}
+
     # -- pipeline-cold (llmops run in a fresh process: model load, planning and the run, end to end)
     def run_pipeline_cold(self) -> dict[str, Any]:
         import pyarrow.parquet as pq
@@ -202,7 +216,11 @@ class Job:
             raise RuntimeError(f"llmops run exited {done.returncode}: {done.stderr[-2000:]}")
         summary = json.loads(done.stdout[done.stdout.index("{"):])
         table = pq.read_table(sink)
+        report = Path(summary["report"]) if summary.get("report") else None
+        plans = ([step.get("plan") for step in json.loads(report.read_text())["llm_steps"]]
+                 if report is not None and report.is_file() else [])
         return {"seconds": t.seconds, "first_result_s": None, "peak_device_gib": None, "peak_reserved_gib": None,
+                "run_plans": plans,
                 "first_result_note": "a separate process: the first result is not observable here",
                 "non_null_rows": table.num_rows - table.column(OUTPUT).null_count, "rows_out": table.num_rows,
                 "pipeline_summary": summary, "argv": ["llmops", *argv]}

@@ -15,6 +15,7 @@ Paths (each one job over all N rows, result cache off everywhere):
 - pipeline: `llmops run pipelines/bench_invoices.yaml --no-cache --json --allow-errors` in-process (click's
   CliRunner, so the same cached engine serves it and torch's peak can be read), CSV source of the N rows,
   parquet sink;
+- pipeline-dry: `llmops run --dry-run` in a fresh process: `run_plans` holds the plan it shows;
 - pipeline-cold: the same `llmops run` in a fresh process, timed end to end (model load, planning, warm-up and
   the run: what a user's first command pays; its device peak is the other process's, recorded null);
 - polars: eager `df.with_columns(llmops.llm_map(...).alias("fields"))`;
@@ -303,7 +304,8 @@ def run_all(job: Job, order: list[str], common: dict[str, Any], out: Path, inter
     rewritten with its ratio to the mean of the engine runs around it (`ratio_to_engine_bracketed`) once the
     engine run after it has finished."""
     runners: dict[str, Callable[[], dict[str, Any]]] = {
-        "engine": job.run_engine, "pipeline": job.run_pipeline, "pipeline-cold": job.run_pipeline_cold,
+        "engine": job.run_engine, "pipeline": job.run_pipeline, "pipeline-dry": job.run_pipeline_dry,
+        "pipeline-cold": job.run_pipeline_cold,
         "polars": job.run_polars,
         "polars-streaming": job.run_polars_streaming, "duckdb-relation": job.run_duckdb_relation,
         "duckdb-udf": job.run_duckdb_udf}

@@ -7,8 +7,9 @@ shapes reuse their KV-cache homes and staging buffers instead of allocating (and
 outside the plan, or a request its planned buffer cannot hold (another tier, dtype or grouping, more bytes),
 raises `PlanViolation`: a buffer the runtime would allocate but the memory model does not count. Without a
 plan (a standalone cache home in a test or a microbenchmark) a buffer is the size asked for, grown when a
-request exceeds it. `held` records every buffer the arena holds, as the plan entry it was allocated by. A
-grown cpu buffer's old space goes back to the pinned pool for the next growth. Contents are uninitialised.
+request exceeds it. `held` records every buffer the arena holds, as the plan entry it was allocated by, and
+`asked` the most bytes handed out of each (a plan tighter than its use leaves memory the budget counts idle).
+A grown cpu buffer's old space goes back to the pinned pool for the next growth. Contents are uninitialised.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class Arena:
         self._flat: dict[str, tuple[Tier, torch.Tensor]] = {}
         self._plan: dict[str, BufferSpec] | None = None
         self.held: dict[str, BufferSpec] = {}
+        self.asked: dict[str, int] = {}
 
     def plan(self, plan: BufferPlan) -> None:
         """Hand out `plan`'s buffers from now on (and only those)."""
@@ -68,6 +70,7 @@ class Arena:
         held = self.held.get(key)
         if held is None or not _holds(held, spec):
             self.held[key] = spec
+        self.asked[key] = max(self.asked.get(key, 0), want.nbytes)
         if quant is None:
             return self._view(key, tier, self.held[key].nbytes, shape, name)
         parts = [self._view(f"{key}.{part}", tier, numel(planned) * _size(pdt), got, pdt)
@@ -82,6 +85,7 @@ class Arena:
             raise PlanViolation(f"buffer {key!r}: a mapped file of {value_nbytes(value)} bytes, planned "
                                 f"{spec.tier} {spec.nbytes} bytes")
         self.held[key] = spec
+        self.asked[key] = spec.nbytes
         return value
 
     def _view(self, key: str, tier: Tier, nbytes: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
@@ -125,12 +129,14 @@ class Arena:
         keep = None if keep_tier is None else keep_tier.value
         for key in [k for k, spec in self.held.items() if k.startswith(prefixes) and spec.tier != keep]:
             del self.held[key]
+            self.asked.pop(key, None)
 
     def close(self) -> None:
         for key, (tier, flat) in self._flat.items():
             self.budget.release(tier, flat.numel(), key)
         self._flat.clear()
         self.held.clear()
+        self.asked.clear()
         self.host.close()
         if self._scratch is not None:
             self._scratch.close()

@@ -35,9 +35,9 @@ def test_the_executor_allocates_the_plan(name, case, tmp_path):
     memory model's bytes (the disk's less the weight files, which are mapped, not scratch)."""
     policy, prefix, blocks = GRID[case]
     loaded = family(name)
-    held, report = run(loaded, policy, prefix, blocks, CPU, tmp_path)
+    held, asked, report = run(loaded, policy, prefix, blocks, CPU, tmp_path)
     plan, memory, _ = planned(loaded, policy, prefix, blocks, "cpu")
-    assert differences(held, plan) == []
+    assert differences(held, asked, plan) == []
     assert report["gpu"]["peak"] == memory["gpu"] and report["cpu"]["peak"] == memory["cpu"]
     assert report["disk"]["peak"] == memory["disk"] - weight_file_bytes(plan)
 

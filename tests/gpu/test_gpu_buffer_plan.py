@@ -30,10 +30,10 @@ def test_cuda_allocates_the_plan_within_its_budget(name, case, tmp_path):
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    held, report = run(loaded, policy, prefix, blocks, torch.device("cuda"), tmp_path, torch.float16,
+    held, asked, report = run(loaded, policy, prefix, blocks, torch.device("cuda"), tmp_path, torch.float16,
                        gpu_memory=peak["gpu"], prompt_len=PROMPT, gen_len=GEN)
     device_peak = torch.cuda.max_memory_allocated() - base
-    assert differences(held, plan) == []
+    assert differences(held, asked, plan) == []
     assert report["gpu"]["peak"] == memory["gpu"] and report["cpu"]["peak"] == memory["cpu"]
     assert report["disk"]["peak"] == memory["disk"] - weight_file_bytes(plan)
     assert device_peak <= peak["gpu"], f"device peak {device_peak} > the memory model's {peak['gpu']}"

@@ -61,9 +61,10 @@ def prompts(rows: int, prompt_len: int, prefix: int) -> list[list[int]]:
 
 def run(loaded, policy: Policy, prefix: int, blocks: int, device: torch.device, disk_dir: Path,
         dtype: torch.dtype = torch.float32, gpu_memory: int | None = None, prompt_len: int = PROMPT,
-        gen_len: int = GEN) -> tuple[dict[str, BufferSpec], dict]:
+        gen_len: int = GEN) -> tuple[dict[str, BufferSpec], dict[str, int], dict]:
     """`blocks` full blocks of `prompt_len`-token prompts generating `gen_len` tokens each on the real executor:
-    (every buffer its arena holds at the end, by name; its memory report)."""
+    (every buffer its arena holds at the end, by name; the most bytes it handed out of each; its memory
+    report)."""
     ex = Executor(loaded, policy, device=device, dtype=dtype, disk_dir=disk_dir, gpu_memory=gpu_memory)
     try:
         rows = prompts(policy.block_size * blocks, prompt_len, prefix)
@@ -71,7 +72,7 @@ def run(loaded, policy: Policy, prefix: int, blocks: int, device: torch.device, 
                 for b in range(0, len(rows), policy.block_size)]
         for _ in ex.generate_blocks(work):
             pass
-        return dict(ex.arena.held), ex.memory_report()
+        return dict(ex.arena.held), dict(ex.arena.asked), ex.memory_report()
     finally:
         ex.close()
 
@@ -86,14 +87,17 @@ def planned(loaded, policy: Policy, prefix: int, blocks: int, device_type: str, 
     return executor_plan(*args, **kw).buffers(), executor_memory(*args, **kw), peak_memory(*args, **kw)
 
 
-def differences(held: dict[str, BufferSpec], plan: dict[str, BufferSpec]) -> list[str]:
-    """Every buffer allocated but not planned, planned but not allocated, or allocated unlike its plan."""
+def differences(held: dict[str, BufferSpec], asked: dict[str, int], plan: dict[str, BufferSpec]) -> list[str]:
+    """Every buffer allocated but not planned, planned but not allocated, allocated unlike its plan, or never
+    used whole (its largest request smaller than planned)."""
     out = [f"unplanned {name}" for name in sorted(set(held) - set(plan))]
     out += [f"never allocated {name}" for name in sorted(set(plan) - set(held))]
     for name in sorted(set(plan) & set(held)):
         want, got = replace(plan[name], owner=""), replace(held[name], owner="")
         if want != got:
             out.append(f"{name}: planned {want}, allocated {got}")
+        elif asked[name] != want.nbytes:
+            out.append(f"{name}: planned {want.nbytes} bytes, at most {asked[name]} used")
     return out
 
 
