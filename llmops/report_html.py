@@ -13,7 +13,7 @@ display or a browser (the `Figure` API, no pyplot and no global state), and its 
 font file and no network, so the page opens offline and in a mail attachment. Text stays `<text>` (the
 `svg.fonttype` "none" setting): the page is a few tens of kB and its labels can be searched. plotly would
 inline ~3.5 MB of JavaScript for interactivity nobody needs in a report. Nothing on the page refers to
-anything outside it (tests/test_report_html.py checks that, and a headless browser's screenshot).
+anything outside it (tests/llmops/test_report_html.py checks that, and a headless browser's screenshot).
 
 matplotlib is the `report` extra (`pip install "llmops-engine[report]"`); the CLI imports this module only when
 `--report` is given.
@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 from llmops.files import write_text_atomic
 from llmops.report import TIERS
 
-# One colour per plotted quantity (tests/test_report_html.py finds each in a browser's screenshot).
+# One colour per plotted quantity (tests/llmops/test_report_html.py finds each in a browser's screenshot).
 PART_COLORS = {"source": "#8c564b", "load": "#9467bd", "place_weights": "#c5b0d5", "plan": "#e377c2",
                "prefill": "#ff7f0e", "decode": "#1f77b4", "grammar_mask": "#2ca02c", "cache": "#bcbd22",
                "sink": "#17becf", "setup": "#7f7f7f", "ray_dataset_and_sink": "#aec7e8", "other": "#d9d9d9"}

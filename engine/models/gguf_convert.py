@@ -13,7 +13,7 @@ and dequantized per layer at load (`GGUFSource`; with `compress_weights` the exe
 layer into our 4-bit format as it places it), so the cache folder is ~4 MB (SmolLM2) instead of a 517 MB
 fp32 copy, and a 4-bit copy of our own would only duplicate a file that is already compact and mapped.
 A tool that needs transformers' model of a GGUF loads it with transformers' own GGUF reader
-(`from_pretrained(folder, gguf_file=name)`, as tests/test_smollm2.py does).
+(`from_pretrained(folder, gguf_file=name)`, as tests/engine/test_smollm2.py does).
 
 The folder is `cache_dir/<fingerprint>-v<FORMAT>/`, written atomically: into a temporary folder first, with
 a `.complete.json` marker holding every file's size, then renamed into place. A folder whose marker is

@@ -1,7 +1,7 @@
 """Named model shapes for dummy-weight runs (benchmarks, as the FlexGen paper did) and tests.
 
 Data only: each preset is a Hugging Face config.json dict, turned into a ModelConfig by `config_from_hf`.
-The real models' shapes are copied from their published config.json files; `tiny-*` match tests/conftest.py.
+The real models' shapes are copied from their published config.json files; `tiny-*` match tests/helpers/tiny_checkpoints.py.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Architecture registry: the Hugging Face `architectures` string -> the family class, imported lazily.
 
-Data, not code: adding an architecture is one line here plus a parity test in tests/test_models_parity.py
-(the first families) or tests/test_families_parity.py (Qwen3, Qwen-MoE, Gemma2/3, Phi3, Mistral's window),
-tests/test_deepseek_parity.py (DeepSeek-V2/V3).
+Data, not code: adding an architecture is one line here plus a parity test in tests/engine/test_models_parity.py
+(the first families) or tests/engine/test_families_parity.py (Qwen3, Qwen-MoE, Gemma2/3, Phi3, Mistral's window),
+tests/engine/test_deepseek_parity.py (DeepSeek-V2/V3).
 """
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ what changes is when weights move and when host attention is joined:
     decode steps of Mixtral-8x7B cut to 4 layers at 256x2, half its weights streamed (H200, a trace read by
     `benchmarks/profiling/timeline.py`), the link is busy 0.40 s and the compute stream 0.18 s, yet the steps take
     0.69 s: the two overlap for under 0.07 s. Loaded ahead, the same cut's decode step takes 0.0626 s instead
-    of 0.0670 s (H100, `benchmarks/gpu_suite.sh moe-decode-ab`). The block's first expert layer (no earlier
+    of 0.0670 s (H100, an A/B of the two orders in one run). The block's first expert layer (no earlier
     layer of its kind in the block) is paged over the slots of the layer before it.
 
   - the next step's first cache loads ahead (`early_cache`): the cache loads of the first attention layer of

@@ -133,10 +133,10 @@ def test_row_writer_flushes_by_size_and_block_end_skips_rows_already_added(tmp_p
     puts: list[list[str]] = []
     real = cache.put_many
 
-    def spy(items):
+    def spy(items, about=None):
         items = list(items)
         puts.append(sorted(k for k, _ in items))
-        return real(items)
+        return real(items, about)
 
     monkeypatch.setattr(cache, "put_many", spy)
     cache_items = {f"k{i}": CachedResult(str(i), "stop", 1, 1) for i in range(4)}

@@ -68,9 +68,9 @@ def test_report_json_splits_the_time_and_compares_prediction_with_measurement(ra
 
 def test_html_has_the_plots_and_the_numbers_and_fetches_nothing(ran):
     report, page, _ = ran
-    for plot in ("plot-time", "plot-throughput", "plot-comparison"):
+    for plot in ("plot-time", "plot-confidence", "plot-throughput", "plot-comparison"):
         assert re.search(rf'<div class=plot id={plot}><svg\b', page), plot
-    assert page.count("<svg") == 3
+    assert page.count("<svg") == 4
     for title in ("Where the time went", "Throughput over time", "Speed: predicted vs measured",
                   "Peak memory per tier"):
         assert title in page                               # plot text stays text (svg.fonttype none)
