@@ -104,7 +104,7 @@ def run_cmd(pipeline_file: Path, limit: int | None, dry_run: bool, no_cache: boo
           --set engine.gpu_memory=24GiB --set engine.cpu_memory=100GiB
     """
 
-    run_on = _ray_runner(num_engines, gpus_per_engine, address) if runner == "ray" \
+    run_on = _ray_runner(num_engines, gpus_per_engine, address, allow_errors) if runner == "ray" \
         else functools.partial(run_pipeline, allow_errors=allow_errors)
     write_html = _html_writer() if report_html is not None and not dry_run else None
     invalid = _invalid_errors()
@@ -162,7 +162,8 @@ def _note_untuned_cpu() -> None:
              "untuned defaults; `llmops profile` measures this machine once (under a minute)")
 
 
-def _ray_runner(num_engines: int, gpus_per_engine: float, address: str | None) -> Callable[..., RunResult]:
+def _ray_runner(num_engines: int, gpus_per_engine: float, address: str | None,
+                allow_errors: bool) -> Callable[..., RunResult]:
     """`run_pipeline`'s signature, run on Ray Data (`llmops.pipeline.ray_runner`); exit 2 without Ray."""
     try:
         from llmops.pipeline.ray_runner import run_pipeline_ray  # optional dependency: the `ray` extra
@@ -174,7 +175,8 @@ def _ray_runner(num_engines: int, gpus_per_engine: float, address: str | None) -
     def run(pipeline: Pipeline, *, limit: int | None, use_cache: bool, progress: bool | None) -> RunResult:
         try:
             return run_pipeline_ray(pipeline, limit=limit, use_cache=use_cache, address=address,
-                                    num_engines=num_engines, gpus_per_engine=gpus_per_engine)
+                                    num_engines=num_engines, gpus_per_engine=gpus_per_engine,
+                                    allow_errors=allow_errors)
         except ClusterTooSmall as exc:
             _fail(str(exc), EXIT_INVALID)
             raise

@@ -88,6 +88,11 @@ def _row_wise(index: int, step: Any) -> Any:
     return apply
 
 
+def _failed_rows(figures: dict[str, Any]) -> int:
+    """Rows whose llm_map output is null because of an error or a cut, from the actors' summed figures."""
+    return figures["errors"] + figures["truncated"]
+
+
 def _whole(ds: ray.data.Dataset) -> pa.Table:
     tables = [ray.get(ref) for ref in ds.to_arrow_refs()]
     tables = [t for t in tables if t.num_rows] or tables[:1]
@@ -96,10 +101,13 @@ def _whole(ds: ray.data.Dataset) -> pa.Table:
 
 def run_pipeline_ray(pipeline: Pipeline, *, limit: int | None = None, use_cache: bool = True,
                      address: str | None = None, num_engines: int = 1, gpus_per_engine: float = 0,
-                     batch_rows: int = BATCH_ROWS, engine_factory: Any = None) -> RunResult:
+                     batch_rows: int = BATCH_ROWS, engine_factory: Any = None,
+                     allow_errors: bool = True) -> RunResult:
     """Run `pipeline` on Ray (see module docstring) and publish its sink. address: a Ray cluster
     (`ray.init(address=...)`; None: the running instance, else a local one). engine_factory: a picklable
-    `f(spec) -> engine` run in each actor (tests)."""
+    `f(spec) -> engine` run in each actor (tests). With `allow_errors=False`, a run with failed rows does not
+    replace an existing sink: its rows are published beside it (`SinkWriter.commit(hold=True)`), as the local
+    runner does."""
     start = time.perf_counter()
     check_pipeline(pipeline)              # every step against the data's columns, before any work
     writer = SinkWriter(pipeline.sink)    # the sink's folder created and writable, before any work
@@ -135,7 +143,9 @@ def run_pipeline_ray(pipeline: Pipeline, *, limit: int | None = None, use_cache:
             table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
             writer.write(table.append_column(ROW_COLUMN, pa.array(range(rows, rows + table.num_rows), pa.int64())))
             rows += table.num_rows
-        result.rows_written = writer.commit()
+        failed = _failed_rows(ray.get(tally.result.remote()))
+        result.rows_written = writer.commit(hold=not allow_errors and failed > 0)
+        result.held = writer.held
     except BaseException:
         writer.abort()
         raise
@@ -145,7 +155,7 @@ def run_pipeline_ray(pipeline: Pipeline, *, limit: int | None = None, use_cache:
             summed.add(figures)
         total = asdict(summed)
         result.generated_tokens, result.prompt_tokens = total["generated_tokens"], total["prompt_tokens"]
-        result.cache_hits, result.failed_rows = total["cache_hits"], total["errors"] + total["truncated"]
+        result.cache_hits, result.failed_rows = total["cache_hits"], _failed_rows(total)
         result.llm_steps = [{"step": "all", **total}]
         result.seconds = time.perf_counter() - start
     # the steps overlap inside one streaming dataset: the time splits only into setup and the streamed rest,

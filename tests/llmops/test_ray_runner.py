@@ -168,3 +168,28 @@ def test_engine_devices_must_fit_an_actor():
     check_devices(two, 2)
     check_devices(MapSpec("Say {x}", engine={"devices": "auto"}), 1)
     check_devices(MapSpec("Say {x}", engine={"devices": ["cpu", "cpu"]}), 0)
+
+
+def _fake_engine(llm_class: Any, spec: MapSpec) -> Any:
+    return llm_class()
+
+
+def test_a_failed_ray_run_keeps_the_sink_and_publishes_beside_it(local_ray, tmp_path):
+    from helpers import fake_engine
+    from llmops.pipeline import load_pipeline
+    from llmops.pipeline.ray_runner import run_pipeline_ray
+
+    data, out = tmp_path / "in.csv", tmp_path / "out.parquet"
+    data.write_text("id,body\n0,fine\n1,CUT here\n2,good\n")            # the fake cuts a "CUT" row's JSON
+    pipe = tmp_path / "p.yaml"
+    pipe.write_text(f"cache_dir: false\nsource: {{csv: {data}}}\nsteps:\n  - llm_map: {{output: o, template: "
+                    f"'{{body}}', schema: {{n: integer}}}}\nsink: {{parquet: {out}}}\n")
+    out.write_bytes(b"the previous run's rows")
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(fake_engine)
+    factory = functools.partial(_fake_engine, fake_engine.FakeLLM)
+    held = run_pipeline_ray(load_pipeline(pipe), engine_factory=factory, allow_errors=False)
+    assert held.failed_rows == 1 and out.read_bytes() == b"the previous run's rows"
+    assert held.held == str(tmp_path / "out.llmops-staged.parquet") and pq.read_table(held.held).num_rows == 3
+    published = run_pipeline_ray(load_pipeline(pipe), engine_factory=factory)
+    assert published.held is None and pq.read_table(out).num_rows == 3
