@@ -12,7 +12,8 @@ The names below are the facade: what a caller outside the engine (`llmops.core`)
 `Policy` / `as_policy` for a fixed plan; `NoFeasiblePolicy` when nothing fits. Machines: this machine's
 `HardwareProfile` measured once and cached (`load_or_measure`, `profile_cache_path`), the one plans for a
 device use (`planning_profile`), one read from a file (`load_profile`), a built-in one
-(`reference_profile`), `default_device`. Models: `list_models`. Sizes: `parse_size`, `format_size`.
+(`reference_profile`), `default_device`. Models: `list_models`. Sizes: `parse_size`, `format_size`. Files written whole or not
+at all: `write_text_atomic`, `write_json_atomic`.
 """
 from engine.calibrate.machine import PINNED_SHARE
 from engine.calibrate.planning import Plan, PlanSettings, plan_model, planning_profile, resolve_budgets
@@ -24,6 +25,7 @@ from engine.policy.cost_model import Workload
 from engine.policy.estimate import Budgets, NoFeasiblePolicy
 from engine.policy.hardware import HardwareProfile, reference_profile
 from engine.policy.policy import Policy, as_policy
+from engine.storage.atomic import write_json_atomic, write_text_atomic
 from engine.util.sizes import format_size, parse_size
 
 
@@ -35,4 +37,5 @@ def default_device() -> str:
 __all__ = ["LLM", "PINNED_SHARE", "Budgets", "Completion", "HardwareProfile", "NoFeasiblePolicy", "Plan",
            "PlanSettings", "Policy", "SamplingParams", "Workload", "as_policy", "check_choices", "default_device",
            "format_size", "list_models", "load_or_measure", "load_profile", "parse_size", "plan_model",
-           "planning_profile", "profile_cache_path", "reference_profile", "resolve_budgets"]
+           "planning_profile", "profile_cache_path", "reference_profile", "resolve_budgets", "write_json_atomic",
+           "write_text_atomic"]

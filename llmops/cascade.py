@@ -76,6 +76,16 @@ def as_cascade(cascade: Any, min_confidence: Any = None, *, constrained: bool) -
     return Cascade(models, check_min_confidence(min_confidence, constrained=constrained))
 
 
+def check_step_cascade(value: Any, model: Any, *, constrained: bool) -> Any:
+    """A pipeline step's `cascade` option, given beside its `model` option: `value` unchanged when it is a valid
+    cascade (`as_cascade`) and `model` is not also given; ValueError saying which otherwise."""
+    if value is not None:
+        if model is not None:
+            raise ValueError("give model or cascade, not both (the cascade's first model answers first)")
+        as_cascade(value, constrained=constrained)
+    return value
+
+
 def check_min_confidence(value: Any, *, constrained: bool) -> float | None:
     """`value` as a float in (0, 1] (None stays None); ValueError otherwise, or when the output is free text."""
     if value is None:

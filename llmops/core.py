@@ -70,6 +70,7 @@ import pyarrow as pa
 
 import engine
 from engine import LLM, Completion, HardwareProfile, Plan, Policy, SamplingParams, Workload, as_policy, check_choices
+from engine import write_json_atomic, write_text_atomic  # re-exported: the operator layer's whole-file writes
 from llmops import cascade as cascades
 from llmops import engines
 from llmops.progress import Progress

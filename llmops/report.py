@@ -18,7 +18,7 @@
   (measured over the engine's prefill + decode + grammar time, which is what the cost model predicts, and
   over the step's wall time) and peak bytes per tier (predicted by the cost model; measured as the
   executor's budget counts them). Predictions are null for a fixed policy or an engine without plans.
-The runner writes it atomically (`llmops.files.write_json_atomic`); `llmops run --report FILE.html` renders
+The runner writes it atomically (`llmops.core.write_json_atomic`); `llmops run --report FILE.html` renders
 it (`llmops.report_html`). Pure Python: no engine, no core (core imports `failure_kind` from here).
 """
 from __future__ import annotations

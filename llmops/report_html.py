@@ -23,13 +23,15 @@ from __future__ import annotations
 import html
 import io
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import matplotlib
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from llmops.files import write_text_atomic
+from llmops.core import write_text_atomic
 from llmops.report import TIERS
 
 # One colour per plotted quantity (tests/llmops/test_report_html.py finds each in a browser's screenshot).
@@ -97,39 +99,45 @@ def time_plot(split: dict[str, float]) -> str:
     return _svg(fig)
 
 
-def throughput_plot(steps: list[dict[str, Any]]) -> str:
-    """Rows finished per second over each llm_map step's run (its `throughput` buckets), a panel per step."""
+def _step_panels(steps: list[dict[str, Any]], title: str, xlabel: str,
+                 draw: Callable[[Axes, int, dict[str, Any]], None]) -> str:
+    """A panel per step (one, empty, when there are none), stacked: `draw(ax, n, step)` fills the n-th; each is
+    titled with its step's name, the stack with `title`, the bottom axis with `xlabel`. The SVG."""
     fig = Figure(figsize=(10, 0.6 + 1.7 * max(1, len(steps))))
     axes = fig.subplots(max(1, len(steps)), 1, squeeze=False)[:, 0]
     for n, (ax, step) in enumerate(zip(axes, steps)):
-        clock = step.get("throughput") or {}
-        width, rows = float(clock.get("bucket_s") or 1.0), clock.get("rows") or []
-        ax.bar([i * width for i in range(len(rows))], [r / width for r in rows], width=width, align="edge",
-               color=STEP_COLORS[n % len(STEP_COLORS)], edgecolor="white", linewidth=0.5)
+        draw(ax, n, step)
         ax.set_title(_step_name(step), fontsize=9, loc="left")
-        ax.set_ylabel("rows/s")
-    axes[0].set_title("Throughput over time (rows finished per second)", fontsize=11)
-    axes[-1].set_xlabel("seconds since the step began")
+    axes[0].set_title(title, fontsize=11)
+    axes[-1].set_xlabel(xlabel)
     fig.tight_layout()
     return _svg(fig)
 
 
+def throughput_plot(steps: list[dict[str, Any]]) -> str:
+    """Rows finished per second over each llm_map step's run (its `throughput` buckets), a panel per step."""
+    def draw(ax: Axes, n: int, step: dict[str, Any]) -> None:
+        clock = step.get("throughput") or {}
+        width, rows = float(clock.get("bucket_s") or 1.0), clock.get("rows") or []
+        ax.bar([i * width for i in range(len(rows))], [r / width for r in rows], width=width, align="edge",
+               color=STEP_COLORS[n % len(STEP_COLORS)], edgecolor="white", linewidth=0.5)
+        ax.set_ylabel("rows/s")
+
+    return _step_panels(steps, "Throughput over time (rows finished per second)", "seconds since the step began",
+                        draw)
+
+
 def confidence_plot(steps: list[dict[str, Any]]) -> str:
     """The answered rows' confidence per step (`confidence_bins`: 10 bins over [0, 1]), a panel per step."""
-    fig = Figure(figsize=(10, 0.6 + 1.7 * max(1, len(steps))))
-    axes = fig.subplots(max(1, len(steps)), 1, squeeze=False)[:, 0]
-    for ax, step in zip(axes, steps):
+    def draw(ax: Axes, n: int, step: dict[str, Any]) -> None:
         bins = step.get("confidence_bins") or []
         width = 1.0 / max(1, len(bins))
         ax.bar([i * width for i in range(len(bins))], bins, width=width, align="edge", color=CONFIDENCE_COLOR,
                edgecolor="white", linewidth=0.5)
         ax.set_xlim(0, 1)
-        ax.set_title(_step_name(step), fontsize=9, loc="left")
         ax.set_ylabel("rows")
-    axes[0].set_title("Confidence of the answers (rows per bin)", fontsize=11)
-    axes[-1].set_xlabel("confidence")
-    fig.tight_layout()
-    return _svg(fig)
+
+    return _step_panels(steps, "Confidence of the answers (rows per bin)", "confidence", draw)
 
 
 def comparison_plot(steps: list[dict[str, Any]]) -> str:

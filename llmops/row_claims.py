@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Sequence
 
+from llmops.pids import pid_alive
 from llmops.result_cache import CachedResult, ResultCache
 
 CLAIM_TTL = 60.0              # seconds without a heartbeat after which a claim is stale
@@ -30,16 +31,6 @@ POLL_SECONDS = (0.02, 1.0)    # first and longest pause between two looks at row
 _CHUNK = 500
 _SCHEMA = """CREATE TABLE IF NOT EXISTS claims (
     key TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL, heartbeat REAL NOT NULL)"""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def _chunks(keys: Sequence[str]) -> list[list[str]]:
@@ -72,7 +63,7 @@ class Claim:
                 held = con.execute(f"SELECT key, owner, host, pid, heartbeat FROM claims WHERE key IN ({marks})",
                                    chunk).fetchall()
                 stale = [k for k, owner, host, pid, beat in held if owner != self.owner and (
-                    now - beat > CLAIM_TTL or (host == self.host and pid != self.pid and not _alive(pid)))]
+                    now - beat > CLAIM_TTL or (host == self.host and pid != self.pid and not pid_alive(pid)))]
                 con.executemany("DELETE FROM claims WHERE key = ?", [(k,) for k in stale])
                 free = [k for k in chunk if k not in stored]
                 con.executemany("INSERT OR IGNORE INTO claims VALUES (?, ?, ?, ?, ?)",

@@ -189,17 +189,23 @@ class Job:
         return ["run", str(self.args.pipeline), "--no-cache", "--json", "--allow-errors", "--no-progress",
                 "--model", self.model, *(x for o in overrides for x in ("--set", o))]
 
-    # -- pipeline-dry (`llmops run --dry-run` in a fresh process: the plan it shows, for the cold run to match)
-    def run_pipeline_dry(self) -> dict[str, Any]:
-        argv = [*self.pipeline_argv(self.work / "pipeline_dry_out.parquet"), "--dry-run"]
-        argv.remove("--allow-errors")
+    @staticmethod
+    def _run_llmops(argv: list[str], what: str) -> tuple[dict[str, Any], float]:
+        """Run `llmops *argv` in a fresh Python process (this checkout first on its path): the JSON object it
+        prints and its wall seconds; RuntimeError naming `what` and the end of stderr when it fails."""
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
         with Timer() as t:
             done = subprocess.run([sys.executable, "-m", "llmops.cli", *argv], env=env, capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"llmops run --dry-run exited {done.returncode}: {done.stderr[-2000:]}")
-        shown = json.loads(done.stdout[done.stdout.index("{"):])
-        return {"seconds": t.seconds, "first_result_s": None, "peak_device_gib": None, "peak_reserved_gib": None,
+            raise RuntimeError(f"{what} exited {done.returncode}: {done.stderr[-2000:]}")
+        return json.loads(done.stdout[done.stdout.index("{"):]), t.seconds
+
+    # -- pipeline-dry (`llmops run --dry-run` in a fresh process: the plan it shows, for the cold run to match)
+    def run_pipeline_dry(self) -> dict[str, Any]:
+        argv = [*self.pipeline_argv(self.work / "pipeline_dry_out.parquet"), "--dry-run"]
+        argv.remove("--allow-errors")
+        shown, seconds = self._run_llmops(argv, "llmops run --dry-run")
+        return {"seconds": seconds, "first_result_s": None, "peak_device_gib": None, "peak_reserved_gib": None,
                 "first_result_note": "a dry run generates nothing", "run_plans": [shown.get("job_plan")],
                 "argv": ["llmops", *argv]}
 
@@ -209,17 +215,12 @@ class Job:
 
         sink = self.work / "pipeline_cold_out.parquet"
         argv = self.pipeline_argv(sink)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-        with Timer() as t:
-            done = subprocess.run([sys.executable, "-m", "llmops.cli", *argv], env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"llmops run exited {done.returncode}: {done.stderr[-2000:]}")
-        summary = json.loads(done.stdout[done.stdout.index("{"):])
+        summary, seconds = self._run_llmops(argv, "llmops run")
         table = pq.read_table(sink)
         report = Path(summary["report"]) if summary.get("report") else None
         plans = ([step.get("plan") for step in json.loads(report.read_text())["llm_steps"]]
                  if report is not None and report.is_file() else [])
-        return {"seconds": t.seconds, "first_result_s": None, "peak_device_gib": None, "peak_reserved_gib": None,
+        return {"seconds": seconds, "first_result_s": None, "peak_device_gib": None, "peak_reserved_gib": None,
                 "run_plans": plans,
                 "first_result_note": "a separate process: the first result is not observable here",
                 "non_null_rows": table.num_rows - table.column(OUTPUT).null_count, "rows_out": table.num_rows,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 
-def write_text_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: str | Path, text: str) -> None:
     """Write `text` (UTF-8) to `path`: a temporary file in the same folder, fsync, rename into place, mode
     0644 (the folder is created when missing; a failed write leaves `path` as it was and no temporary file)."""
     path = Path(path)
@@ -27,6 +27,6 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_json_atomic(path: Path, payload: Any) -> None:
+def write_json_atomic(path: str | Path, payload: Any) -> None:
     """Write `payload` as JSON (indented, keys sorted) to `path` atomically, as `write_text_atomic`."""
     write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=True, default=str))

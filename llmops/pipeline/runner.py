@@ -26,8 +26,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from llmops.core import CacheDir, MapRun, map_table, output_schema
-from llmops.files import write_json_atomic
+from llmops.core import CacheDir, MapRun, map_table, output_schema, write_json_atomic
 from llmops.pipeline.preflight import check_pipeline
 from llmops.pipeline.semantic_steps import StepContext, is_semantic, run_semantic
 from llmops.pipeline.sinks import SinkWriter

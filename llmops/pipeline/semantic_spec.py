@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from llmops.cascade import as_cascade
+from llmops.cascade import check_step_cascade
 from llmops.core import MapSpec
 from llmops.semantic.blocking import Blocking
 from llmops.semantic.embed_blocking import AnyBlocking, EmbeddingBlocking
@@ -77,11 +77,8 @@ class LlmOptions(Checks):
     @field_validator("cascade")
     @classmethod
     def _cascade(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is not None:
-            if info.data.get("model") is not None:
-                raise ValueError("give model or cascade, not both (the cascade's first model answers first)")
-            as_cascade(value, constrained=True)     # the models and the threshold; the output: check_template
-        return value
+        # the models and the threshold; the output: check_template
+        return check_step_cascade(value, info.data.get("model"), constrained=True)
 
     def generation(self) -> dict[str, Any]:
         """The MapSpec keywords this step sets (None: the operator's default)."""

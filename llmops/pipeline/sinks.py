@@ -36,6 +36,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from llmops.pids import pid_alive
 from llmops.pipeline.sources import quote_ident
 from llmops.pipeline.spec import Sink
 from llmops.pipeline.steps import ROW_COLUMN
@@ -84,16 +85,6 @@ def check_writable(folder: Path) -> None:
         raise SinkError(f"sink: cannot write in folder {folder}: {exc.strerror or exc}") from None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def _remove_stale(folder: Path, prefix: str, host: str) -> None:
     """Delete staging files `<prefix><host>-<pid>-*` of processes of this host that are gone."""
     try:
@@ -102,7 +93,7 @@ def _remove_stale(folder: Path, prefix: str, host: str) -> None:
         return
     for p in names:
         pid = p.name[len(prefix) + len(host) + 1:].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             p.unlink(missing_ok=True)
 
 

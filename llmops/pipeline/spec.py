@@ -36,7 +36,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag,
                       ValidationInfo, field_validator, model_validator)
 
-from llmops.cascade import as_cascade
+from llmops.cascade import as_cascade, check_step_cascade
 from llmops.core import check_choices, engine_policy, parse_size
 from llmops.glean import as_gleaning
 from llmops.pipeline.operator_spec import OPERATOR_STEP_KINDS
@@ -376,11 +376,7 @@ class LlmMap(_Strict):
     @field_validator("cascade")
     @classmethod
     def _cascade(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is not None:
-            if info.data.get("model") is not None:
-                raise ValueError("give model or cascade, not both (the cascade's first model answers first)")
-            as_cascade(value, constrained=_constrained(info.data))
-        return value
+        return check_step_cascade(value, info.data.get("model"), constrained=_constrained(info.data))
 
     @field_validator("min_confidence")
     @classmethod

@@ -173,6 +173,18 @@ def test_estimate_is_consistent():
     assert e.peak_memory_bytes["gpu"] < 139 * GIB
 
 
+def _plain_and_ahead(config, shape: tuple[int, int], cache_gpu: float, workload: Workload, profile):
+    """A `shape` (GPU batch size, GPU batches) policy with compressed weights on the cpu and `cache_gpu` of the
+    cache on the GPU, with the ahead prefill; its decode slack; the estimates without and with the ahead prefill."""
+    plain = Policy(gpu_batch_size=shape[0], num_gpu_batches=shape[1], w_gpu=0.0, w_cpu=1.0, cache_gpu=cache_gpu,
+                   cache_cpu=1.0 - cache_gpu, compress_weights=True, compress_cache=True)
+    ahead = replace(plain, prefill_ahead=True)
+    layout = model_layout(config)
+    slack = decode_slack(config, ahead, workload, profile, layout=layout)
+    p, a = (estimate(config, pol, workload, profile, layout=layout) for pol in (plain, ahead))
+    return ahead, slack, p, a
+
+
 @pytest.mark.parametrize("shape, cache_gpu", [((512, 8), 0.0), ((1536, 1), 0.4), ((512, 1), 1.0)])
 def test_ahead_prefill_hides_only_in_the_decodes_slack(shape, cache_gpu):
     """Over unbounded rows a block with the ahead prefill takes its plain decode D plus what of the prefill P
@@ -180,16 +192,11 @@ def test_ahead_prefill_hides_only_in_the_decodes_slack(shape, cache_gpu):
     D + max(0, P - slack x D). A host-bound decode (Llama-3-70B 512 x 8, the cache on the cpu) hides none."""
     config = config_from_hf(PRESETS["llama-3-70b"])
     profile, workload = reference_profile("h200"), Workload(200, 10, shared_prefix_len=150)
-    plain = Policy(gpu_batch_size=shape[0], num_gpu_batches=shape[1], w_gpu=0.0, w_cpu=1.0, cache_gpu=cache_gpu,
-                   cache_cpu=1.0 - cache_gpu, compress_weights=True, compress_cache=True)
-    ahead = replace(plain, prefill_ahead=True)
-    layout = model_layout(config)
-    slack = decode_slack(config, ahead, workload, profile, layout=layout)
-    p, a = (estimate(config, pol, workload, profile, layout=layout) for pol in (plain, ahead))
+    ahead, slack, p, a = _plain_and_ahead(config, shape, cache_gpu, workload, profile)
     assert a.prefill_s == 0.0
     assert a.decode_s == pytest.approx(p.decode_s + max(0.0, p.prefill_s - slack * p.decode_s), rel=1e-6)
     assert (slack == 0.0) == (shape == (512, 8)) and 0.0 <= slack < 1.0
-    assert decode_slack(config, replace(ahead, overlap=False), workload, profile, layout=layout) == 0.0
+    assert decode_slack(config, replace(ahead, overlap=False), workload, profile, layout=model_layout(config)) == 0.0
 
 
 @pytest.mark.parametrize("shape, cache_gpu", [((1536, 1), 0.4), ((512, 1), 1.0)])
@@ -201,12 +208,7 @@ def test_only_the_blocks_that_carry_a_prefill_pay_for_it(shape, cache_gpu):
     config = config_from_hf(PRESETS["llama-3-70b"])
     rows = 4 * shape[0] * shape[1]
     profile, workload = reference_profile("h200"), Workload(200, 10, shared_prefix_len=150, num_prompts=rows)
-    plain = Policy(gpu_batch_size=shape[0], num_gpu_batches=shape[1], w_gpu=0.0, w_cpu=1.0, cache_gpu=cache_gpu,
-                   cache_cpu=1.0 - cache_gpu, compress_weights=True, compress_cache=True)
-    ahead = replace(plain, prefill_ahead=True)
-    layout = model_layout(config)
-    slack = decode_slack(config, ahead, workload, profile, layout=layout)
-    p, a = (estimate(config, pol, workload, profile, layout=layout) for pol in (plain, ahead))
+    ahead, slack, p, a = _plain_and_ahead(config, shape, cache_gpu, workload, profile)
     assert a.prefill_s == pytest.approx(p.prefill_s / 4)
     assert a.decode_s == pytest.approx(p.decode_s + 0.75 * max(0.0, p.prefill_s - slack * p.decode_s), rel=1e-6)
     assert p.prefill_s > slack * p.decode_s                  # the carried prefill does not fit the slack here

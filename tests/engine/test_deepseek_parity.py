@@ -21,7 +21,7 @@ from engine.models.loader import load_model
 from engine.policy.policy import Policy
 from helpers.greedy_runs import make_prompts, run_logits, run_policy
 from helpers.offload_matrix import BASE, MATRIX, in_memory_runs
-from helpers.parity import check_against_hf, compressed_drift
+from helpers.parity import check_against_hf, check_shared_prefix_against_hf, compressed_drift
 from helpers.skips import requires_cuda
 from helpers.tiny_checkpoints import build_checkpoint_from_spec
 
@@ -76,11 +76,7 @@ def test_logits_and_greedy_match_transformers(checkpoints, kind):
 
 def test_shared_prefix_matches_transformers(checkpoints):
     folder, hf = checkpoints["v2"]
-    loaded = load_model(folder, dtype=torch.float32)
-    prefix = make_prompts(1, loaded.config.vocab_size, seed=12, lo=12, hi=13)[0]
-    prompts = [prefix + p for p in make_prompts(6, loaded.config.vocab_size, seed=13, lo=1, hi=12)]
-    sel = run_logits(loaded, Policy(gpu_batch_size=3, num_gpu_batches=2), prompts, [6] * 6)
-    check_against_hf(hf, prompts, sel)
+    check_shared_prefix_against_hf(folder, hf)
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from engine.runtime.executor import Executor
 from engine.runtime.moe_schedule import moe_block_schedule
 from engine.runtime.schedule import Action, block_schedule, slots
 from helpers.greedy_runs import GreedyRecorder, make_prompts
+from helpers.schedule_checks import assert_weight_loads_wait_for_computes
 from helpers.tiny_checkpoints import TINY_CONFIGS
 
 KINDS = ["llama", "opt", "mixtral"]
@@ -313,19 +314,8 @@ def test_block_schedule_first_at_or_past_the_end_is_empty():
 @pytest.mark.parametrize("first", [1, 2])
 def test_block_schedule_from_first_never_overwrites_weights_in_use(batches, paged, first):
     kinds = ["embed", "attention", "mlp", "attention", "mlp", "head"]
-    rule = WeightSlots(kinds)
-    loaded: dict[tuple[str, int], tuple[int, int]] = {}
-    computes: dict[tuple[int, int], int] = {}
-    for a in block_schedule(first + 3, len(kinds), batches, paged=paged, first=first):
-        layer, buffer = (a.i, a.j), (kinds[a.j], rule.slot(a.i, a.j))
-        if a.verb == "compute":
-            assert loaded.get(buffer) == layer
-            computes[layer] = computes.get(layer, 0) + 1
-        elif a.verb == "load_weight":
-            previous = loaded.get(buffer)
-            if previous is not None and previous != layer:
-                assert computes.get(previous, 0) == batches, f"the load of {layer} overwrites {previous}"
-            loaded[buffer] = layer
+    assert_weight_loads_wait_for_computes(block_schedule(first + 3, len(kinds), batches, paged=paged, first=first),
+                                          kinds, batches)
 
 
 def _kinds(decoder_layers: int) -> list[str]:

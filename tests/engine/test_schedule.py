@@ -5,6 +5,7 @@ import pytest
 
 from engine.policy.weight_slots import WeightSlots
 from engine.runtime.schedule import batch_order, block_schedule, slots
+from helpers.schedule_checks import assert_weight_loads_wait_for_computes
 
 
 @pytest.mark.parametrize("steps,layers,batches", [(1, 4, 1), (3, 6, 1), (2, 6, 2), (3, 5, 3), (2, 8, 4)])
@@ -119,19 +120,7 @@ def test_weight_loads_never_overwrite_a_buffer_in_use(kinds, batches, paged):
     """A load into (kind, slot) is issued only after every compute of the layer loaded there before it has been
     issued (a dense copy waits for the computes issued before it, a 4-bit one for its predecessor's
     dequantization, done by the first of them: `engine.runtime.weight_homes`), and before its own compute."""
-    rule = WeightSlots(kinds)
-    loaded: dict[tuple[str, int], tuple[int, int]] = {}
-    computes: dict[tuple[int, int], int] = {}
-    for a in block_schedule(3, len(kinds), batches, paged=paged):
-        layer, buffer = (a.i, a.j), (kinds[a.j], rule.slot(a.i, a.j))
-        if a.verb == "compute":
-            assert loaded.get(buffer) == layer                           # its own weights, not a later layer's
-            computes[layer] = computes.get(layer, 0) + 1
-        elif a.verb == "load_weight":
-            previous = loaded.get(buffer)
-            if previous is not None and previous != layer:
-                assert computes.get(previous, 0) == batches, f"{kinds}: the load of {layer} overwrites {previous}"
-            loaded[buffer] = layer
+    assert_weight_loads_wait_for_computes(block_schedule(3, len(kinds), batches, paged=paged), kinds, batches)
 
 
 def test_weight_slots_of_a_decoder():

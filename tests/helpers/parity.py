@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.models.attention import attention, causal_mask
-from engine.models.loader import LoadedModel
+from engine.models.loader import LoadedModel, load_model
 from engine.policy.policy import Policy
 from helpers.greedy_runs import LogitRecorder, make_prompts, run_logits
 
@@ -20,6 +20,16 @@ def check_against_hf(hf, prompts, sel: LogitRecorder, atol: float = 1e-4) -> Non
             err = (mine - ref).abs().max().item()
             assert err < atol, f"row {r} (prompt length {len(p)}): max |logit diff| {err}"
             assert ref.argmax(-1).tolist() == sel.tokens[r], f"row {r}: greedy tokens differ"
+
+
+def check_shared_prefix_against_hf(folder, hf) -> None:
+    """The float32 model in `folder` matches `hf`'s logits on six prompts sharing a 12-token prefix, run as
+    two GPU batches of three."""
+    loaded = load_model(folder, dtype=torch.float32)
+    prefix = make_prompts(1, loaded.config.vocab_size, seed=12, lo=12, hi=13)[0]
+    prompts = [prefix + p for p in make_prompts(6, loaded.config.vocab_size, seed=13, lo=1, hi=12)]
+    sel = run_logits(loaded, Policy(gpu_batch_size=3, num_gpu_batches=2), prompts, [6] * 6)
+    check_against_hf(hf, prompts, sel)
 
 
 def compressed_drift(loaded) -> float:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -23,7 +22,6 @@ from engine.decoding.decoder import BlockDecoder
 from engine.decoding.params import Completion
 from helpers.cache_writer import write_rows
 from helpers.paths import REPO
-from helpers.tiny_tokenizer import build_tiny_tokenizer
 from llmops import core
 from llmops.result_cache import CachedResult, ResultCache, RowWriter
 
@@ -86,16 +84,7 @@ def test_decoder_reports_each_row_when_it_finishes():
     assert [len(c.token_ids) for c in out[:3]] == [1, 2, 3]
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tiny_checkpoints, tmp_path_factory) -> Path:
-    """The tiny random Llama with a tiny BPE tokenizer (and its chat template)."""
-    folder = tmp_path_factory.mktemp("durable") / "llama"
-    shutil.copytree(tiny_checkpoints["llama"], folder)
-    build_tiny_tokenizer(folder)
-    return folder
-
-
-def test_stream_reports_rows_before_their_block_is_yielded(tiny_folder):
+def test_stream_reports_rows_before_their_block_is_yielded(tiny_llama):
     prompts = [f"order {i} amount {i}.50" for i in range(10)]
     params = SamplingParams(max_new_tokens=6, stop=("e",))
     events: list[tuple[str, int]] = []
@@ -105,7 +94,7 @@ def test_stream_reports_rows_before_their_block_is_yielded(tiny_folder):
         events.append(("finished", index))
         reported[index] = c
 
-    with LLM(tiny_folder, dtype="float32", device="cpu", policy=Policy(gpu_batch_size=4)) as llm:
+    with LLM(tiny_llama, dtype="float32", device="cpu", policy=Policy(gpu_batch_size=4)) as llm:
         yielded = {}
         for group in llm.stream(prompts, params, on_finished=on_finished):
             events += [("yielded", i) for i, _ in group]
@@ -243,14 +232,14 @@ sink: {{parquet: {sink}}}
 
 
 @pytest.fixture
-def crash_setup(tiny_folder, tmp_path):
+def crash_setup(tiny_llama, tmp_path):
     rows = ["id,body"] + [f"{i},order {i} amount {i * 7 % 100}.50 EUR for customer {i % 9}" for i in range(ROWS)]
     (tmp_path / "in.csv").write_text("\n".join(rows) + "\n")
     (tmp_path / "launch.py").write_text(LAUNCHER)
 
     def pipeline(name: str) -> Path:
         path = tmp_path / f"{name}.yaml"
-        path.write_text(PIPELINE.format(model=tiny_folder, cache=tmp_path / f"cache-{name}", csv=tmp_path / "in.csv",
+        path.write_text(PIPELINE.format(model=tiny_llama, cache=tmp_path / f"cache-{name}", csv=tmp_path / "in.csv",
                                         sink=tmp_path / f"{name}.parquet"))
         return path
 
