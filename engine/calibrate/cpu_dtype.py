@@ -1,13 +1,18 @@
-"""Which floating dtype `dtype="auto"` means on this CPU: measured once per machine and cached on disk.
+"""How this CPU holds and multiplies weights: the floating dtype `dtype="auto"` means, and up to how many
+rows the int4 kernel beats a dense GEMM over the same 4-bit weights; measured once per machine, cached on disk.
 
 bf16 is not always faster on a CPU: it depends on the ISA (AVX512-BF16/AMX) and on the kernels the torch
-build dispatches to. On a 2-core x86 machine (torch 2.13 CPU wheel) a bf16 GEMM runs ~3x slower than fp32;
-on a 16-core H200 host bf16 is ~2.3x faster. So "auto" asks the machine, but only once: the
+build dispatches to. The engine multiplies bf16 matrices packed once into oneDNN's layout
+(`engine.models.cpu_linear`), so that is the form timed against float32's MKL GEMM here; `F.linear` on a bf16
+matrix reorders it on every call and lost to float32 (~3x on a 2-core x86 machine, torch 2.13 CPU wheel),
+while on a 16-core H200 host bf16 is ~2.3x faster. The int4 crossing (`int4_max_rows`) is where
+`_weight_int4pack_mm_for_cpu` stops beating dequantize + GEMM as rows grow (`Int4Linear` runs the kernel
+up to it: a decode step, not a prefill). So "auto" asks the machine, but only once: the
 dtype is part of the result-cache key and bf16 and fp32 give different outputs, so a choice re-timed in every
 process (a near tie flips with the load of the moment) would make an unchanged rerun miss the cache and
 change its answers.
 
-The answer lives beside the hardware profile (`engine.calibrate.machine.cache_dir()`, i.e. `$LLMOPS_CACHE_DIR`
+The answers live beside the hardware profile (`engine.calibrate.machine.cache_dir()`, i.e. `$LLMOPS_CACHE_DIR`
 or `~/.cache/llmops`) in `cpu-dtype-<digest>.json`, keyed by hostname + CPU model + torch version (the
 things that decide which kernels run). It is written to a temporary name and renamed into place, under a
 lock file so that two processes starting at once measure once and agree; a file that does not parse, names
@@ -25,29 +30,68 @@ import platform
 import socket
 import time
 from pathlib import Path
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import torch
 
 from engine.calibrate.machine import cache_dir
+from engine.models.cpu_linear import INT4_MAX_ROWS, linear, onednn_bf16, pack_int4, pack_onednn
+from engine.quant.config import QuantConfig
+from engine.quant.group import dequantize, quantize
 from engine.storage.atomic import write_json_atomic
 
 _SHAPE = (256, 576, 1536)   # a decode-sized GEMM (m, k, n): rows x hidden -> MLP width
+_INT4_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)   # row counts the int4 kernel is timed at
 _NAMES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+
+
+@dataclass(frozen=True)
+class CpuChoice:
+    """This machine's answers: the dtype "auto" means, and the rows up to which the int4 kernel runs."""
+
+    dtype: torch.dtype
+    int4_max_rows: int = INT4_MAX_ROWS
+
+
+def _best_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
+    fn()  # warm-up: kernel selection, packing
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def _gemm_seconds(dtype: torch.dtype, repeats: int = 3) -> float:
+    """One [m, k] x [k, n] product in `dtype`, bf16 in the packed form the engine multiplies."""
     m, k, n = _SHAPE
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(m, k, generator=gen).to(dtype)  # [m, k]
     b = torch.randn(n, k, generator=gen).to(dtype)  # [n, k]
-    torch.nn.functional.linear(a, b)  # warm-up: kernel selection, packing
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.nn.functional.linear(a, b)  # [m, n]
-        best = min(best, time.perf_counter() - start)
+    if dtype == torch.bfloat16 and onednn_bf16():
+        b = pack_onednn(b)
+    return _best_seconds(lambda: linear(a, b), repeats)  # [m, n]
+
+
+def measure_int4_rows(repeats: int = 3) -> int:
+    """The most rows (of `_INT4_ROWS`) at which the int4 kernel multiplies a [k, n] 4-bit matrix faster than
+    dequantizing it and multiplying dense (1 when it never is: a decode step of one row still saves the
+    dequantization of every matrix)."""
+    _, k, n = _SHAPE
+    gen = torch.Generator().manual_seed(0)
+    q = quantize((0.05 * torch.randn(n, k, generator=gen)).bfloat16(), QuantConfig(group_size=32))
+    packed = pack_int4(q, max_rows=_INT4_ROWS[-1])          # the kernel at every row count timed
+    best = 1
+    for rows in _INT4_ROWS:
+        x = torch.randn(rows, k, generator=gen).bfloat16()
+        kernel = _best_seconds(lambda: packed(x), repeats)
+        dense = _best_seconds(lambda: torch.nn.functional.linear(x, dequantize(q)), repeats)
+        if kernel >= dense:
+            break
+        best = rows
     return best
 
 
@@ -80,21 +124,31 @@ def cache_path(directory: Path | None = None) -> Path:
     return (directory or cache_dir()) / f"cpu-dtype-{digest}.json"
 
 
-def read_cached(path: Path) -> torch.dtype | None:
-    """The dtype stored at `path` for this machine, or None when absent, corrupt or for another key."""
+def read_choice(path: Path) -> CpuChoice | None:
+    """The answers stored at `path` for this machine, or None when absent, corrupt or for another key."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or data.get("key") != machine_key():
         return None
-    return _NAMES.get(data.get("dtype"))
+    dtype, rows = _NAMES.get(data.get("dtype")), data.get("int4_max_rows")
+    if dtype is None or not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+        return None
+    return CpuChoice(dtype, rows)
 
 
-def _write(path: Path, dtype: torch.dtype, seconds: dict[str, float]) -> None:
+def read_cached(path: Path) -> torch.dtype | None:
+    """The dtype stored at `path` for this machine, or None when absent, corrupt or for another key."""
+    choice = read_choice(path)
+    return None if choice is None else choice.dtype
+
+
+def _write(path: Path, choice: CpuChoice, seconds: dict[str, float]) -> None:
     """Atomically: a temporary file in the same folder, fsync, rename into place."""
-    payload = {"version": CACHE_VERSION, "key": machine_key(), "dtype": str(dtype).removeprefix("torch."),
-               "seconds": seconds, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    payload = {"version": CACHE_VERSION, "key": machine_key(), "dtype": str(choice.dtype).removeprefix("torch."),
+               "int4_max_rows": choice.int4_max_rows, "seconds": seconds,
+               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     write_json_atomic(path, payload)
 
 
@@ -109,24 +163,34 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def machine_cpu_dtype(directory: Path | None = None) -> torch.dtype:
-    """This machine's answer: the cached one when valid, else measured now and cached (see module doc).
+def _measure() -> tuple[CpuChoice, dict[str, float]]:
+    dtype, seconds = measure_cpu_dtype()
+    return CpuChoice(dtype, measure_int4_rows()), seconds
+
+
+def machine_cpu_choice(directory: Path | None = None) -> CpuChoice:
+    """This machine's answers: the cached ones when valid, else measured now and cached (see module doc).
     When the cache folder cannot be written, the measurement is used for this process only."""
     path = cache_path(directory)
-    cached = read_cached(path)
+    cached = read_choice(path)
     if cached is not None:
         return cached
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with _locked(path):
-            cached = read_cached(path)          # another process may have measured while we waited
+            cached = read_choice(path)          # another process may have measured while we waited
             if cached is not None:
                 return cached
-            dtype, seconds = measure_cpu_dtype()
-            _write(path, dtype, seconds)
-            return dtype
+            choice, seconds = _measure()
+            _write(path, choice, seconds)
+            return choice
     except OSError:
-        return measure_cpu_dtype()[0]
+        return _measure()[0]
+
+
+def machine_cpu_dtype(directory: Path | None = None) -> torch.dtype:
+    """This machine's dtype for "auto" (`machine_cpu_choice`)."""
+    return machine_cpu_choice(directory).dtype
 
 
 @functools.lru_cache(maxsize=1)
@@ -134,3 +198,9 @@ def fastest_cpu_dtype() -> torch.dtype:
     """bfloat16 when a bf16 GEMM beats float32 on this CPU by 10% or more, else float32: measured once per
     machine (`machine_cpu_dtype`), then read from the cache file; remembered for the process."""
     return machine_cpu_dtype()
+
+
+@functools.lru_cache(maxsize=1)
+def int4_max_rows() -> int:
+    """The rows up to which this CPU's int4 kernel beats a dense GEMM (`machine_cpu_choice`); remembered."""
+    return machine_cpu_choice().int4_max_rows

@@ -44,8 +44,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`rms_norm` by torch ops (any device; the reference the kernel is checked against)."""
+    """`rms_norm` by torch ops (any device; the reference the kernel is checked against). On the CPU the
+    float32 statistics and scaling are aten's fused `rms_norm` (one op, where the explicit formula
+    xf * rsqrt(mean(xf^2) + eps) takes six; the same bits: tests/engine/test_cpu_decode_ops.py)."""
     dtype = x.dtype
+    if not x.is_cuda:
+        return weight * torch.rms_norm(x.to(torch.float32), (x.shape[-1],), None, eps).to(dtype)
     xf = x.to(torch.float32)
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(dtype)
@@ -66,11 +70,13 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return rope_torch(x, cos, sin)
 
 
-def rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """`rope` by torch ops (any device; the reference): cos/sin broadcast over the heads."""
+def rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int = 1) -> torch.Tensor:
+    """`rope` by torch ops (any device; the reference): cos/sin broadcast over the heads, which are x's dim
+    `head_dim` (1: [b, n, s, hd]; 2: [b, s, n, hd], the layout q and k leave one projection in, so both
+    rotate in one pass)."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1).mul_(sin.unsqueeze(head_dim))
+    return (x * cos.unsqueeze(head_dim)).add_(rotated)   # x cos + rotated sin, two temporaries alive, not three
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None,

@@ -5,9 +5,9 @@ conversion (engine.models.gguf_convert) writes only config.json, the tokenizer f
 (`gguf_tensors.json`: each tensor's Hugging Face name, GGML type, shape, absolute byte range, the head
 count its rows are permuted by and the offset its values carry), so loading never re-parses the GGUF
 header (whose tokenizer arrays take seconds to read). `get` memory-maps the GGUF, dequantizes the layer's
-tensors one at a time with `gguf.quants.dequantize` (numpy, float32) straight into the layer's fused
-output tensors, undoes llama.cpp's q/k row permutation and Gemma's `1 + w` norm offset and casts to the
-source's dtype; each tensor's file pages are then dropped from this process's mapping (MADV_DONTNEED:
+tensors one at a time (float32: Q4_0, Q4_1 and Q8_0 by torch ops, `engine.models.gguf_blocks`, other types
+with `gguf.quants.dequantize`, numpy) straight into the layer's fused output tensors, undoes llama.cpp's q/k
+row permutation and Gemma's `1 + w` norm offset and casts to the source's dtype; each tensor's file pages are then dropped from this process's mapping (MADV_DONTNEED:
 clean file pages, re-read on the next touch), so resident memory while loading is the layer being built
 plus what the caller keeps, never the file. Any GGML type `gguf.quants` dequantizes is accepted (F32, F16,
 BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants and IQ types).
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from engine.models.base import LayerSpec, WeightSpec
+from engine.models.gguf_blocks import BLOCKS, dequantize_blocks
 from engine.models.weights import expected_source_shapes, is_stacked, layer_nbytes
 
 INDEX = "gguf_tensors.json"
@@ -37,8 +38,11 @@ def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 
 def dequantize_tensor(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> torch.Tensor:
-    """uint8 bytes of one GGUF tensor -> an owned float32 tensor of `shape` (HF order: outermost dim first),
+    """uint8 bytes of one GGUF tensor -> an owned float32 tensor of `shape` (HF order: outermost dim first):
+    Q4_0, Q4_1 and Q8_0 blocks by torch ops (`engine.models.gguf_blocks`, the same bits), any other type
     through `gguf.quants.dequantize`."""
+    if ggml_type in BLOCKS:
+        return dequantize_blocks(raw, ggml_type).view(shape)
     from gguf import GGMLQuantizationType  # gguf: only GGUF sources need it
     from gguf.quants import dequantize
 

@@ -16,7 +16,9 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from engine.models import cpu_linear
 from engine.models.config import ModelConfig
+from engine.models.cpu_linear import Int4Linear
 from engine.models.elementwise import rms_norm, rope, silu_mul  # noqa: F401  (rms_norm: re-exported for the families)
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "freq_factors", "yarn")
@@ -27,9 +29,12 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., in] @ weight [out, in]^T (+ bias [out]) -> [..., out]."""
-    return F.linear(x, weight, bias)
+def linear(x: torch.Tensor, weight: torch.Tensor | Int4Linear, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] @ weight [out, in]^T (+ bias [out]) -> [..., out]; a weight packed for the CPU
+    (`engine.models.cpu_linear`) by its own kernel."""
+    if isinstance(weight, torch.Tensor) and not weight.is_mkldnn:
+        return F.linear(x, weight, bias)
+    return cpu_linear.linear(x, weight, bias)
 
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -186,6 +191,7 @@ class RopeTable:
         self.long_inv_freq, self.switch, self.mscale = long_inv_freq, switch, mscale
         self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
         self._reserved: set[tuple[torch.device, torch.dtype]] = set()   # keys whose lookups skip the check
+        self._last: tuple | None = None          # (positions, dtype, cos, sin) of the last lookup
 
     def reserve(self, n: int, device: torch.device, dtype: torch.dtype) -> None:
         """Promise that lookups on (device, dtype) see positions below n (the executor's cache length): the
@@ -210,13 +216,20 @@ class RopeTable:
         return cos, sin
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [b, s] int64 -> cos, sin [b, s, hd] in `dtype` (below a `reserve`d bound without a sync)."""
+        """positions [b, s] int64 -> cos, sin [b, s, hd] in `dtype` (below a `reserve`d bound without a sync).
+        The last lookup is remembered by the positions tensor itself: every layer of a decode step passes the
+        batch's one positions tensor, so the gathers run once per step, not once per layer."""
+        last = self._last
+        if last is not None and last[0] is positions and last[1] == dtype:
+            return last[2], last[3]
         key = (positions.device, dtype)
         if key in self._reserved:
             cos, sin = self._tables[key]
         else:
             cos, sin = self._grow(key, int(positions.max()) + 1 if positions.numel() else 1)
-        return F.embedding(positions, cos), F.embedding(positions, sin)  # [b, s, hd]
+        found = F.embedding(positions, cos), F.embedding(positions, sin)  # [b, s, hd]
+        self._last = (positions, dtype, *found)      # one tuple: a reader on another thread sees all or none
+        return found
 
 
 def reserve_positions(family: object, n: int, device: torch.device, dtype: torch.dtype) -> None:

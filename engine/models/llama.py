@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from engine.models.base import LayerSpec, Weights, WeightSpec
 from engine.models.config import ModelConfig
+from engine.models.elementwise import rope_torch
 from engine.models.layers import activation, apply_rope, gated_activation, linear, rms_norm, rope_table
 
 
@@ -22,6 +23,9 @@ class LlamaFamily:
     # fused weight -> the checkpoint's tensors (under self_attn. / mlp.) concatenated along dim 0
     PACKED: dict[str, tuple[str, ...]] = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
                                           "gate_up_proj": ("gate_proj", "up_proj")}
+    # weights read only through `layers.linear`: a CPU run may hold them packed (`engine.models.cpu_linear`)
+    LINEAR_WEIGHTS = frozenset({"qkv_proj.weight", "o_proj.weight", "gate_up_proj.weight", "down_proj.weight",
+                                "lm_head.weight"})
 
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
@@ -91,9 +95,24 @@ class LlamaFamily:
         self, w: Weights, hidden: torch.Tensor, positions: torch.Tensor, layer: int = -1
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         x = rms_norm(hidden, w["input_layernorm.weight"], self.config.rms_norm_eps)  # [b, s, h]
-        q, k, v = self.qkv_heads(w, x)
         cos, sin = self.rope.lookup(positions, hidden.dtype)  # [b, s, hd]
+        if not x.is_cuda:
+            return self.qkv_rotated(w, x, cos, sin)
+        q, k, v = self.qkv_heads(w, x)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.contiguous()
+
+    def qkv_rotated(self, w: Weights, x: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`attn_qkv` after the norm, off CUDA: q and k rotated in one pass over their heads side by side in
+        the projection's output (the same elementwise products as rotating each: the same bits) -> q [b, nh, s,
+        hd], k/v [b, nkv, s, hd]."""
+        c = self.config
+        b, s, _ = x.shape
+        nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        qkv = linear(x, w["qkv_proj.weight"], w.get("qkv_proj.bias"))  # [b, s, (nh+2nkv)*hd]
+        qk = rope_torch(qkv[..., :(nh + nkv) * hd].view(b, s, nh + nkv, hd), cos, sin, head_dim=2)  # [b, s, nh+nkv, hd]
+        v = qkv[..., (nh + nkv) * hd:].view(b, s, nkv, hd).transpose(1, 2).contiguous()  # [b, nkv, s, hd]
+        return qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:].transpose(1, 2), v
 
     def qkv_heads(self, w: Weights, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The normed hidden x [b, s, h] -> q [b, nh, s, hd], k/v [b, nkv, s, hd] before RoPE."""

@@ -16,6 +16,10 @@ POSITION_OFFSET = 2  # OPT's learned position table starts at index 2
 class OPTFamily:
     """Pure layer functions of OPT; holds only the config."""
 
+    # weights read only through `layers.linear`: a CPU run may hold them packed (`engine.models.cpu_linear`)
+    LINEAR_WEIGHTS = frozenset({"project_in.weight", "qkv_proj.weight", "out_proj.weight", "fc1.weight",
+                                "fc2.weight", "project_out.weight", "lm_head.weight"})
+
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
         self.act = activation(config.hidden_act)

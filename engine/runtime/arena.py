@@ -39,12 +39,14 @@ class Arena:
         self._scratch: ScratchFiles | None = None
         self._flat: dict[str, tuple[Tier, torch.Tensor]] = {}
         self._plan: dict[str, BufferSpec] | None = None
+        self._granted: dict[tuple, tuple] = {}     # request -> its buffer's parts (`_grant`), until a new plan
         self.held: dict[str, BufferSpec] = {}
         self.asked: dict[str, int] = {}
 
     def plan(self, plan: BufferPlan) -> None:
         """Hand out `plan`'s buffers from now on (and only those)."""
         self._plan = plan.buffers()
+        self._granted.clear()
 
     def entry(self, key: str) -> BufferSpec:
         """The planned buffer `key` (PlanViolation when the plan has none)."""
@@ -56,27 +58,39 @@ class Arena:
     def get(self, key: str, tier: Tier, shape: tuple[int, ...], dtype: torch.dtype,
             quant: QuantConfig | None = None) -> Stored:
         """A buffer of `shape` on `tier`: dense, or a QTensor of that logical shape when `quant` is given."""
-        name = dtype_name(dtype)
-        want = BufferSpec(key, tier.value, tuple(shape), name, "unplanned", quant)
+        request = (key, tier, tuple(shape), dtype, quant)
+        parts = self._granted.get(request)
+        if parts is None:
+            parts = self._granted[request] = self._grant(key, tier, tuple(shape), dtype_name(dtype), quant)
+        if quant is None:
+            return self._view(key, tier, *parts[0][1:])
+        data, mn, scale = (self._view(f"{key}.{part[0]}", tier, *part[1:]) for part in parts)
+        return QTensor(data, mn, scale, torch.Size(shape), quant, dtype)
+
+    def _grant(self, key: str, tier: Tier, shape: tuple[int, ...], dtype: str,
+               quant: QuantConfig | None) -> tuple[tuple[str, int, tuple[int, ...], str], ...]:
+        """Check a request against the plan (PlanViolation when it does not fit), record the buffer it is
+        handed out of, and return that buffer's dense parts: (suffix, bytes to hold, the request's view shape,
+        dtype name) each."""
+        want = BufferSpec(key, tier.value, shape, dtype, "unplanned", quant)
         if self._plan is None:
             held = self.held.get(key)
             spec = held if held is not None and _holds(held, want) else want
         else:
             spec = self.entry(key)
             if not _holds(spec, want):
-                raise PlanViolation(f"buffer {key!r}: asked for {tier.value} {list(shape)} {name}"
+                raise PlanViolation(f"buffer {key!r}: asked for {tier.value} {list(shape)} {dtype}"
                                     f"{' 4-bit' if quant else ''}, planned {spec.tier} {list(spec.shape)} "
                                     f"{spec.dtype}{' 4-bit' if spec.quant else ''}")
         held = self.held.get(key)
         if held is None or not _holds(held, spec):
-            self.held[key] = spec
+            self.held[key] = held = spec
         self.asked[key] = max(self.asked.get(key, 0), want.nbytes)
         if quant is None:
-            return self._view(key, tier, self.held[key].nbytes, shape, name)
-        parts = [self._view(f"{key}.{part}", tier, numel(planned) * _size(pdt), got, pdt)
-                 for (part, planned, pdt), (_, got, _) in zip(quant_parts(self.held[key].shape, name, quant),
-                                                                 quant_parts(shape, name, quant))]
-        return QTensor(*parts, torch.Size(shape), quant, dtype)
+            return (("", held.nbytes, shape, dtype),)
+        return tuple((part, numel(planned) * _size(pdt), view, pdt)
+                     for (part, planned, pdt), (_, view, _) in zip(quant_parts(held.shape, dtype, quant),
+                                                                  quant_parts(shape, dtype, quant)))
 
     def adopt(self, key: str, value: Stored) -> Stored:
         """Record `value`, a planned buffer held elsewhere (a weight file mapped from disk), as this arena's."""
@@ -89,7 +103,8 @@ class Arena:
         return value
 
     def _view(self, key: str, tier: Tier, nbytes: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
-        """A view [shape] of the first bytes of the flat buffer `key`, (re)allocated to `nbytes` when smaller."""
+        """A view [shape] of the first bytes of the flat buffer `key`, (re)allocated to `nbytes` when smaller;
+        `dtype` a name."""
         held = self._flat.get(key)
         if held is None or held[0] != tier or held[1].numel() < nbytes:
             if held is not None:
@@ -98,8 +113,7 @@ class Arena:
                 self._free(*held)
             self.budget.reserve(tier, nbytes, f"{key} {list(shape)} {dtype}")
             self._flat[key] = (tier, self._alloc(tier, nbytes))
-        torch_dtype = getattr(torch, dtype)
-        return self._flat[key][1][:numel(shape) * _size(dtype)].view(torch_dtype).view(shape)
+        return self._flat[key][1][:numel(shape) * _size(dtype)].view(getattr(torch, dtype)).view(shape)
 
     def _alloc(self, tier: Tier, nbytes: int) -> torch.Tensor:
         if tier is Tier.GPU:
@@ -130,11 +144,13 @@ class Arena:
         for key in [k for k, spec in self.held.items() if k.startswith(prefixes) and spec.tier != keep]:
             del self.held[key]
             self.asked.pop(key, None)
+        self._granted.clear()
 
     def close(self) -> None:
         for key, (tier, flat) in self._flat.items():
             self.budget.release(tier, flat.numel(), key)
         self._flat.clear()
+        self._granted.clear()
         self.held.clear()
         self.asked.clear()
         self.host.close()

@@ -2,10 +2,10 @@
 
 `Executor` owns every tensor of a run: weight homes (`WeightHomes`), KV-cache homes (`KVHome`), buffers
 (`Arena`, counted against the hard gpu/cpu budgets) and the transfer channels (`Transfers`). Every buffer comes
-from the arena by name, out of the buffer plan the executor gives it (`engine.policy.buffers.buffer_plan` of
-its model layout, policy and the block it runs: the plan the memory model sums), which it sets at every block
-start (`_plan_buffers`). One loop
-consumes `block_schedule`'s actions; overlap on/off, debugging and timing are flags and hooks on that loop.
+from the arena by name, out of the buffer plan the executor gives it at every block start (`_plan_buffers`:
+`engine.policy.buffers.buffer_plan` of its model layout, policy and the block it runs, the plan the memory
+model sums). One loop consumes `block_schedule`'s actions; overlap on/off, debugging and timing are flags and
+hooks on that loop.
 What one block holds (rows, cache homes, hidden states, pending transfers) is one `BlockState`, made at block
 start and dropped at its end; the attention layer itself is `engine.models.attention.attention_layer`.
 MoE models run `moe_block_schedule` (paged weights; with `policy.pipeline` and CPU attention, CGOPipe: a
@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 
 from engine.models.attention import attention_layer, attention_output, decode_inputs
+from engine.models.cpu_linear import INT4_MAX_ROWS
 from engine.models.layers import reserve_positions
 from engine.models.weights import weight_quant
 from engine.policy.buffer_spec import BatchShape, BlockShape, BufferPlan
@@ -77,13 +78,15 @@ class Executor(AheadDriver):
     (`engine.policy.working`; the defaults are what the memory model assumes).
     `stage` (optional, `engine.policy.partition.Stage`): run only that pipeline stage's layers (its weights are
     the only ones placed); `engine.runtime.stage_executor` drives such an executor step by step. The ahead
-    prefill's methods are `AheadDriver`'s (`engine.runtime.executor_ahead`)."""
+    prefill's methods are `AheadDriver`'s (`engine.runtime.executor_ahead`). On a CPU the family's
+    `LINEAR_WEIGHTS` are held packed (`engine.models.cpu_linear`), compressed ones running the int4 kernel
+    for up to `int4_max_rows` rows."""
 
     def __init__(self, loaded, policy: Policy, *, device: torch.device, dtype: torch.dtype,
                  gpu_memory: int | None = None, cpu_memory: int | None = None, disk_dir: Path | None = None,
                  quant_config: QuantConfig | None = None, cache_quant_config: QuantConfig = CACHE_QUANT,
                  prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS, decode_chunk_bytes: int = DECODE_CHUNK_BYTES,
-                 stage: Stage | None = None):
+                 stage: Stage | None = None, int4_max_rows: int = INT4_MAX_ROWS):
         self.loaded, self.policy = loaded, policy
         self.config, self.family = loaded.config, loaded.family
         self.device, self.dtype = torch.device(device), dtype
@@ -114,7 +117,9 @@ class Executor(AheadDriver):
         try:
             with torch.inference_mode():
                 self.weights = WeightHomes(loaded, self.specs, dtype=dtype, quant=self.wquant, arena=self.arena,
-                                           disk_dir=disk_dir, ahead=self.slots.ahead)
+                                           disk_dir=disk_dir, ahead=self.slots.ahead,
+                                           packed=getattr(self.family, "LINEAR_WEIGHTS", frozenset()),
+                                           int4_max_rows=int4_max_rows)
         except BaseException:
             self.close()
             raise

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from engine.models.base import LayerSpec
+from engine.models.cpu_linear import INT4_MAX_ROWS, pack_weight, packed_nbytes
 from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, quantize
 from engine.quant.qtensor import QTensor, with_dtype
@@ -74,12 +75,17 @@ def _on_host(v: Stored) -> Stored:
 
 class WeightHomes:
     def __init__(self, loaded, specs: list[LayerSpec], *, dtype: torch.dtype, quant: QuantConfig | None,
-                 arena: Arena, disk_dir: Path | None, ahead: frozenset[str] = frozenset()):
+                 arena: Arena, disk_dir: Path | None, ahead: frozenset[str] = frozenset(),
+                 packed: frozenset[str] = frozenset(), int4_max_rows: int = INT4_MAX_ROWS):
         """`arena` holds the buffer plan whose `home.{layer}.{tensor}` entries say each tensor's tier and stored
         form; `quant`: the policy's weight compression (None: compress_weights off), which names the weight
-        files. `ahead`: layer kinds whose compressed tensors have one buffer."""
+        files. `ahead`: layer kinds whose compressed tensors have one buffer. `packed`: the weight names a
+        CPU run holds in the form the CPU multiplies fastest (`_pack_for_cpu`); a 4-bit one runs the int4
+        kernel for up to `int4_max_rows` rows."""
         self.specs, self.dtype, self.quant, self.arena = specs, dtype, quant, arena
         self.ahead = ahead
+        self.packed = packed if arena.device.type == "cpu" else frozenset()
+        self.int4_max_rows = int4_max_rows
         self.int4 = loaded.config.quantization_config
         self.device = arena.device
         self.homes: list[dict[str, Handle]] = []
@@ -158,10 +164,27 @@ class WeightHomes:
                 homes[n] = Handle(tier, dst)
             if self.device.type == "cuda":
                 torch.cuda.current_stream().synchronize()
+            self._pack_for_cpu(spec, homes)
             self.homes.append(homes)
         self.place_s["homes"] = time.perf_counter() - start - self.place_s["read"] - self.place_s["quantize"]
         # per layer, the tensors a load moves (the rest compute reads in place)
         self._moving = [[(n, h) for n, h in homes.items() if not self._direct(h)] for homes in self.homes]
+
+    def _pack_for_cpu(self, spec: LayerSpec, homes: dict[str, Handle]) -> None:
+        """On a CPU run, hold each of the layer's `packed` weights in the compute's own form
+        (`engine.models.cpu_linear.pack_weight`: a 4-bit matrix as the int4 kernel's operands, a bfloat16 one
+        in oneDNN's layout), made once here. The dense home goes back to the arena and the budget counts the
+        packed bytes in its place, so memory holds one copy of each weight."""
+        for n, handle in homes.items():
+            if n not in self.packed or not self._direct(handle):
+                continue
+            value = pack_weight(handle.value, self.int4_max_rows)
+            if value is handle.value:
+                continue
+            key = f"home.{spec.name}.{n}"
+            self.arena.drop((key,))
+            self.arena.budget.reserve(handle.tier, packed_nbytes(value), f"{key} packed")
+            homes[n] = Handle(handle.tier, value)
 
     @property
     def all_direct(self) -> bool:

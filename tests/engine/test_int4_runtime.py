@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.calibrate.machine import default_cpu_profile
+from engine.models.cpu_linear import Int4Linear
 from engine.models.loader import load_model
 from engine.policy.cost_model import estimate
 from engine.policy.memory import executor_memory
@@ -248,6 +249,7 @@ def test_half_dtypes_keep_the_codes_and_round_min_scale_once(models, reference):
                   dtype=torch.bfloat16)
     try:
         spec, home = ex.specs[1], ex.weights.homes[1]["qkv_proj.weight"].value
+        home = home.q if isinstance(home, Int4Linear) else home     # packed for the CPU's int4 kernel
         want = loaded32.weights.get_qtensors(spec)["qkv_proj.weight"]
         assert home.dtype == torch.bfloat16 and home.mn.dtype == home.scale.dtype == torch.float16
         assert torch.equal(home.data, want.data) and torch.equal(home.scale, want.scale.half())

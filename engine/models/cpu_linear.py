@@ -1,0 +1,125 @@
+"""Weight matrices held in the form a CPU multiplies fastest, and `linear` over any of them.
+
+Two packed forms, both made once when the weights are placed (`pack_weight`), never per call:
+  - `onednn`: a dense bfloat16 matrix reordered into oneDNN's blocked layout (an opaque `torch._mkldnn`
+    tensor). `F.linear` on a bfloat16 CPU matrix runs the same oneDNN kernel but reorders the whole
+    matrix on every call, which at a decode step costs more than the product (a 49152 x 576 head: the
+    reorder is the call's time at 1 row and at 64); packed, the products are bit for bit those of `F.linear`.
+  - `Int4Linear`: a bfloat16 model's 4-bit `QTensor` (asymmetric min/scale groups along the input dim) as the
+    operands of `torch.ops.aten._weight_int4pack_mm_for_cpu`: the same codes, repacked; scale and zero
+    (mn + 8 x scale: the kernel computes (code - 8) x scale + zero) rounded to bfloat16, the one input dtype
+    the kernel vectorizes (float16 and float32 inputs take a scalar path 40-60x slower). The rounding of
+    scale and zero moves a weight by at most 1/64 of its group's step, what rounding the dequantized weight
+    to bfloat16 moves it by. The kernel takes a 2-D input; leading dims are flattened. Groups of 32, 64,
+    128 or 256 that tile the input dim exactly. A float32 model keeps dequantizing (its products are the
+    parity reference).
+Which weights a family reads only through `linear` is its `LINEAR_WEIGHTS` (data on the family class);
+others are never packed. benchmarks/kernels/cpu_linear_speed.py measures every form per batch size.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from engine.quant.group import dequantize
+from engine.quant.qtensor import QTensor
+
+INT4_GROUPS = (32, 64, 128, 256)      # group sizes `_weight_int4pack_mm_for_cpu` takes
+# rows the int4 kernel multiplies before dequantizing + a GEMM is faster: on a 2-core AVX-512 machine the kernel
+# is ahead up to 64 rows at SmolLM2's shapes (dequantizing one of its matrices costs what 64 rows of the
+# kernel do); a machine's own crossing is measured once (engine.calibrate.cpu_dtype) and passed down by the facade
+INT4_MAX_ROWS = 64
+
+
+class Int4Linear:
+    """A [n, k] weight as `_weight_int4pack_mm_for_cpu`'s packed codes and bfloat16 scale/zero, and its
+    QTensor; owns them. Up to `max_rows` rows multiply in the int4 kernel (a decode step); more rows (a
+    prefill chunk) multiply the QTensor dequantized to bfloat16: the kernel's time grows with the rows, a
+    dense GEMM's barely (benchmarks/kernels/cpu_linear_speed.py), so past the crossing dequantizing once wins."""
+
+    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, q: QTensor, max_rows: int) -> None:
+        self.packed = packed                  # [n, k/2] uint8
+        self.scales_zeros = scales_zeros      # [k/gs, n, 2] bfloat16
+        self.q = q                            # the codes as stored, [n, k] logical
+        self.group_size = q.config.group_size
+        self.shape = torch.Size(q.shape)      # logical [n, k]
+        self.dtype = q.dtype                  # bfloat16: the dtype products come in and go out in
+        self.max_rows = max_rows
+
+    @property
+    def nbytes(self) -> int:
+        return (self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+                + self.q.nbytes)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., k] bfloat16 -> [..., n] bfloat16."""
+        lead = x.shape[:-1]
+        rows = x.numel() // x.shape[-1]
+        if rows > self.max_rows:
+            return F.linear(x, dequantize(self.q), bias)                                          # [..., n]
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(rows, x.shape[-1]), self.packed, self.group_size,
+                                                       self.scales_zeros).view(*lead, self.shape[0])  # [..., n]
+        return y if bias is None else y + bias
+
+
+def int4_packable(q: QTensor) -> bool:
+    """True when `q` is a 2-D bfloat16 CPU QTensor the int4 kernel takes: unrotated, a group size it supports,
+    the input dim a whole number of groups."""
+    gs = q.config.group_size
+    return (len(q.shape) == 2 and q.device.type == "cpu" and q.dtype == torch.bfloat16 and not q.config.rotate
+            and gs in INT4_GROUPS
+            and q.shape[-1] % gs == 0 and q.data.shape[-1] * 2 == gs)
+
+
+def pack_int4(q: QTensor, max_rows: int = INT4_MAX_ROWS) -> Int4Linear:
+    """`q` [n, k] (`int4_packable`) -> the same codes, scales and mins as an `Int4Linear` that runs the int4
+    kernel for up to `max_rows` rows."""
+    n, k = q.shape
+    gs = q.config.group_size
+    codes = torch.stack((q.data & 15, q.data >> 4), dim=-1).reshape(n, k).to(torch.int32)    # [n, k] low first
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)                     # [n, k/2] uint8
+    scale = q.scale.float().reshape(n, k // gs)                                               # [n, g]
+    zero = q.mn.float().reshape(n, k // gs) + 8 * scale                                       # [n, g]
+    scales_zeros = torch.stack((scale, zero), dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)  # [g, n, 2]
+    return Int4Linear(packed, scales_zeros, q, max_rows)
+
+
+@functools.lru_cache(maxsize=None)
+def onednn_bf16() -> bool:
+    """True when this torch build runs bfloat16 oneDNN matmuls on this CPU."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def pack_onednn(w: torch.Tensor) -> torch.Tensor:
+    """A dense bfloat16 CPU matrix [n, k] reordered once into oneDNN's layout (`linear` multiplies it)."""
+    return torch.ops.mkldnn._reorder_linear_weight(w, None)
+
+
+def pack_weight(value: torch.Tensor | QTensor, int4_max_rows: int = INT4_MAX_ROWS
+                ) -> torch.Tensor | QTensor | Int4Linear:
+    """`value` in the packed form this CPU multiplies fastest, or unchanged when none applies: a 4-bit
+    matrix -> `Int4Linear` (the int4 kernel up to `int4_max_rows` rows); a dense bfloat16 matrix -> oneDNN's
+    layout; float32 stays dense (MKL's GEMM reads it as it is, and it is the parity reference)."""
+    if isinstance(value, QTensor):
+        return pack_int4(value, int4_max_rows) if int4_packable(value) else value
+    if value.device.type == "cpu" and value.dim() == 2 and value.dtype == torch.bfloat16 and onednn_bf16():
+        return pack_onednn(value.contiguous())
+    return value
+
+
+def packed_nbytes(value: torch.Tensor | Int4Linear) -> int:
+    """Bytes a packed weight holds (an `Int4Linear`: its kernel operands and its QTensor)."""
+    if isinstance(value, Int4Linear):
+        return value.nbytes
+    return value.numel() * value.element_size()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor | Int4Linear, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] @ weight [out, in]^T (+ bias [out]) -> [..., out] for a dense, oneDNN-packed or int4 weight."""
+    if isinstance(weight, Int4Linear):
+        return weight(x, bias)
+    if weight.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
