@@ -135,6 +135,24 @@ def product_paths(workload: str) -> Callable[[list[dict]], str]:
     return render
 
 
+def cold_run(workload: str) -> Callable[[list[dict]], str]:
+    """`llmops run` from a shell (a fresh process: load, planning and weight placement included), its first
+    run on the machine (plan cache emptied) and a later one, against the engine's time for the same rows in the
+    same run; and `--dry-run`'s seconds."""
+    def render(records: list[dict]) -> str:
+        run = latest_run([r for r in records if r.get("workload") == workload], lambda r: r["path"] == "engine",
+                         lambda r: r["path"] == "pipeline-cold")
+        by = {r["path"]: r for r in run if not r.get("error")}
+        engine, cold = by["engine"], by["pipeline-cold"]
+        first = by.get("pipeline-first")
+        dry = by.get("pipeline-dry")
+        return (f"engine {engine['seconds']:.1f} s ({engine['rows_per_h']:,.0f} rows/h); `llmops run` cold "
+                f"{cold['seconds']:.1f} s (**{cold['seconds'] / engine['seconds']:.2f}x** the engine's time)"
+                + (f", first run {first['seconds']:.1f} s" if first else "")
+                + (f"; `--dry-run` {dry['seconds']:.1f} s" if dry else "") + f"; {card(engine)}")
+    return render
+
+
 def product_paths_h200(records: list[dict]) -> str:
     """The 1B-shaped job's paths: each run measured some of them, so each path's latest run is shown."""
     rows = [r for r in records if r.get("workload") == "invoices-1b"]
@@ -186,6 +204,8 @@ ROWS = (
         "h200/throughput.jsonl", wrangle),
     Row("8B-shaped invoice job (4,096 rows, 14 GiB, weights streamed): `llmops run` and DuckDB vs the engine alone",
         "h200/job_paths.jsonl", product_paths("invoices-8b-offloaded")),
+    Row("8B-shaped invoice job (2,048 rows, 14 GiB, weights streamed): `llmops run` from a shell vs the engine alone",
+        "h100/job_paths.jsonl", cold_run("invoices-8b-offloaded")),
     Row("1B-shaped invoice job (6,000-10,000 rows, 16 GiB): each product path vs the engine alone",
         "h200/job_paths.jsonl", product_paths_h200),
     Row("Int4 Mixtral-8x7B invoice job (2,048 rows, 16 GiB): product paths vs the engine alone",

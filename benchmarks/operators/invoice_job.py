@@ -9,6 +9,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,7 @@ from typing import Any
 from benchmarks.common import ROOT, Timer
 from benchmarks.operators.engine_probe import StreamProbe
 
-PATHS = ("engine", "pipeline", "pipeline-dry", "pipeline-cold", "polars", "polars-streaming", "duckdb-relation", "duckdb-udf")
+PATHS = ("engine", "pipeline", "pipeline-dry", "pipeline-first", "pipeline-cold", "polars", "polars-streaming", "duckdb-relation", "duckdb-udf")
 PIPELINE = ROOT / "pipelines" / "bench_invoices.yaml"
 UDF_NAME = "extract_invoice"
 OUTPUT = "fields"
@@ -209,11 +210,19 @@ class Job:
                 "first_result_note": "a dry run generates nothing", "run_plans": [shown.get("job_plan")],
                 "argv": ["llmops", *argv]}
 
+    # -- pipeline-first: pipeline-cold with the plan cache emptied first (the first run of a job on a machine
+    #    whose hardware profile is known: planning included)
+    def run_pipeline_first(self) -> dict[str, Any]:
+        from engine.calibrate.planning.cache import plan_dir
+
+        shutil.rmtree(plan_dir(), ignore_errors=True)
+        return self.run_pipeline_cold("pipeline_first_out.parquet")
+
     # -- pipeline-cold (llmops run in a fresh process: model load, planning and the run, end to end)
-    def run_pipeline_cold(self) -> dict[str, Any]:
+    def run_pipeline_cold(self, name: str = "pipeline_cold_out.parquet") -> dict[str, Any]:
         import pyarrow.parquet as pq
 
-        sink = self.work / "pipeline_cold_out.parquet"
+        sink = self.work / name
         argv = self.pipeline_argv(sink)
         summary, seconds = self._run_llmops(argv, "llmops run")
         table = pq.read_table(sink)

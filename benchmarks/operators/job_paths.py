@@ -17,7 +17,10 @@ Paths (each one job over all N rows, result cache off everywhere):
   parquet sink;
 - pipeline-dry: `llmops run --dry-run` in a fresh process: `run_plans` holds the plan it shows;
 - pipeline-cold: the same `llmops run` in a fresh process, timed end to end (model load, planning, warm-up and
-  the run: what a user's first command pays; its device peak is the other process's, recorded null);
+  the run: what a user's command pays; its device peak is the other process's, recorded null);
+- pipeline-first: pipeline-cold with the plan cache emptied first, so the run plans the job itself (the first
+  run of a job on a machine whose hardware profile is cached); put it before pipeline-cold, which then reads
+  the plan it cached;
 - polars: eager `df.with_columns(llmops.llm_map(...).alias("fields"))`;
 - polars-streaming: `df.lazy().with_columns(...)` through the streaming engine: `sink_batches` writing each
   batch to a parquet file (first_result_s = the first batch), or `--polars-streaming sink_parquet|collect`
@@ -305,7 +308,7 @@ def run_all(job: Job, order: list[str], common: dict[str, Any], out: Path, inter
     engine run after it has finished."""
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "engine": job.run_engine, "pipeline": job.run_pipeline, "pipeline-dry": job.run_pipeline_dry,
-        "pipeline-cold": job.run_pipeline_cold,
+        "pipeline-first": job.run_pipeline_first, "pipeline-cold": job.run_pipeline_cold,
         "polars": job.run_polars,
         "polars-streaming": job.run_polars_streaming, "duckdb-relation": job.run_duckdb_relation,
         "duckdb-udf": job.run_duckdb_udf}

@@ -230,6 +230,9 @@ def cpu_decode_attention(q: torch.Tensor, k: torch.Tensor | QTensor, v: torch.Te
     b, nh, _, hd = q.shape
     nkv, t = k.shape[1], k.shape[2]
     L = 0 if prefix is None else prefix[0].shape[2]
+    if (prefix is not None and softcap is None and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+            and bool(key_valid[:, :L].all())):
+        return prefix_split_attention(q, k, v, key_valid[:, L:], scale, *prefix)
     row_bytes = 2 * nkv * (L + t) * hd * q.element_size()
     chunk = max(1, min(b, chunk_bytes // max(1, row_bytes)))
     rotation = stored_rotation(k, v)
@@ -239,6 +242,31 @@ def cpu_decode_attention(q: torch.Tensor, k: torch.Tensor | QTensor, v: torch.Te
     return chunked_decode_attention(
         q, lambda r0, r1: (dense_keys(k[r0:r1], t, rotation, pk), dense_keys(v[r0:r1], t, rotation, pv)),
         key_valid, scale, chunk, softcap, rotation)
+
+
+def prefix_split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor, scale: float,
+                           pk: torch.Tensor, pv: torch.Tensor) -> torch.Tensor:
+    """Host decode attention after a shared prefix every row attends to in full, without copying the prefix
+    into each row's keys: q [b, nh, 1, hd] attends to the prefix pk/pv [1, nkv, L, hd] as one query sequence of
+    all b x g rows per kv head (the prefix read once per layer) and to its own k/v [b, nkv, t, hd] (key_valid
+    [b, t]) in place; the two softmax partials merge by their log-sum-exps (float32) -> [b, nh, 1, hd]. The same
+    attention as over the concatenated keys, up to rounding; the copy it avoids would write L + t positions per row
+    and layer, twice the bytes the attention itself reads."""
+    b, nh, _, hd = q.shape
+    nkv = k.shape[1]
+    g = nh // nkv
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    qg = q.reshape(b, nkv, g, hd)                                                       # [b, nkv, g, hd]
+    own_mask = torch.zeros(key_valid.shape, dtype=q.dtype).masked_fill_(~key_valid, float("-inf"))  # [b, t]
+    own, own_lse = flash(qg, k, v, 0.0, False, attn_mask=own_mask[:, None, None, :], scale=scale)  # [b, nkv, g, hd|]
+    shared, shared_lse = flash(qg.transpose(0, 1).reshape(1, nkv, b * g, hd), pk, pv, 0.0, False,
+                               scale=scale)                                              # [1, nkv, b*g, hd|]
+    shared = shared.view(nkv, b, g, hd).transpose(0, 1)                                  # [b, nkv, g, hd]
+    shared_lse = shared_lse.view(nkv, b, g).transpose(0, 1)                              # [b, nkv, g]
+    top = torch.maximum(own_lse, shared_lse)
+    w_own, w_shared = (own_lse - top).exp_(), (shared_lse - top).exp_()                  # [b, nkv, g]
+    out = (own.float() * w_own[..., None] + shared.float() * w_shared[..., None]) / (w_own + w_shared)[..., None]
+    return out.to(q.dtype).view(b, nh, 1, hd)
 
 
 class CacheAttention(Protocol):

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models.attention import _folded_sdpa, causal_mask, dense_keys
+from engine.models.attention import _folded_sdpa, causal_mask, cpu_decode_attention, decode_attention, dense_keys
 from engine.quant.config import CACHE_QUANT
 from engine.quant.group import dequantize, quantize, rotate_last
 
@@ -110,3 +110,24 @@ def test_an_executor_block_reads_no_position_on_the_host(tiny_checkpoints, monke
     fresh = load_model(tiny_checkpoints["llama"], dtype=torch.float32)       # its own, unreserved tables
     unreserved, _ = run_policy(fresh, Policy(gpu_batch_size=3, num_gpu_batches=2), prompts, [4] * 6)
     assert grown_on_demand and unreserved == tokens
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_host_attention_after_a_shared_prefix_equals_attention_over_the_joined_keys(dtype):
+    """The prefix attended as one query sequence and the rows' own keys in place, merged by log-sum-exp:
+    the attention over prefix + own keys of each row, with masked own positions, on a strided cache view."""
+    gen = torch.Generator().manual_seed(3)
+    b, nh, nkv, hd, L, t = 5, 8, 2, 16, 7, 6
+    q = torch.randn(b, nh, 1, hd, generator=gen).to(dtype)
+    home = torch.randn(b, nkv, t + 4, hd, generator=gen).to(dtype)           # a home longer than t positions
+    k, v = home[:, :, :t], home.flip(0)[:, :, :t]                              # views, not contiguous
+    pk, pv = (torch.randn(1, nkv, L, hd, generator=gen).to(dtype) for _ in range(2))
+    valid = torch.ones(b, L + t, dtype=torch.bool)
+    valid[1, L:L + 3] = False                                                  # a row's left padding
+    got = cpu_decode_attention(q, k, v, valid, 0.25, prefix=(pk, pv))          # [b, nh, 1, hd]
+    joined_k = torch.cat((pk.expand(b, -1, -1, -1), k), dim=2)                 # [b, nkv, L+t, hd]
+    joined_v = torch.cat((pv.expand(b, -1, -1, -1), v), dim=2)
+    want = decode_attention(q.float(), joined_k.float(), joined_v.float(), valid, 0.25)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert got.shape == want.shape and got.dtype == dtype
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
