@@ -135,6 +135,50 @@ def product_paths(workload: str) -> Callable[[list[dict]], str]:
     return render
 
 
+def cpu_peers(records: list[dict]) -> str:
+    """Per batch size: our best form's generated tokens/s over transformers' best dtype and llama.cpp's best
+    format, all on the same GGUF and prompt ids in one run; and our prefill over llama.cpp's at batch 1."""
+    r = [x for x in records if x.get("model") == "smollm2-135m-instruct"][-1]
+    parts = []
+    for size, batch in sorted(r["batches"].items(), key=lambda kv: int(kv[0])):
+        best, over = batch["best"], batch["ours_over"]
+        parts.append(f"batch {size}: ours {best['ours']['tokens_per_s']:.0f} tok/s ({best['ours']['format']}), "
+                     f"**{over['transformers']:.2f}x** transformers ({best['transformers']['format']}), "
+                     f"**{over['llama.cpp']:.2f}x** llama.cpp ({best['llama.cpp']['format']}), "
+                     f"{over['llama.cpp shipped file']:.2f}x llama.cpp on the shipped file")
+    prefill = r["batches"]["1"]["ours_over"]["llama.cpp prompt processing"]
+    return "; ".join(parts) + f"; prefill {prefill:.2f}x llama.cpp's at batch 1; {card(r)}"
+
+
+ACCURACY_TASKS = {"extract_invoices": "invoices", "clean_customers": "customers", "match_products": "products",
+                  "classify_tickets": "tickets"}
+
+
+def pipeline_accuracy(records: list[dict]) -> str:
+    """Mean field accuracy of each sample pipeline on SmolLM2, on Qwen2.5-0.5B and on the cascade of the two,
+    the latest record of each at the cascade's row count; the cascade's rows sent on and its seconds against
+    the 0.5B model's alone."""
+    cascade = [r for r in records if r.get("cascade")][-1]
+    rows = cascade["rows"]
+    small, large = cascade["cascade"]
+    runs = {m: [r for r in records if r["model"] == m and r["rows"] == rows and not r.get("cascade")][-1]
+            for m in (small, large)}
+
+    def scores(r: dict) -> str:
+        return "/".join(f"{r['tasks'][t]['mean_field_accuracy']:.2f}" for t in ACCURACY_TASKS)
+
+    tasks = cascade["tasks"].values()
+    sent = sum(t["rows_per_model"].get(large, 0) for t in tasks) / sum(t["rows"] for t in tasks)
+    mean = {k: sum(r["tasks"][t]["mean_field_accuracy"] for t in ACCURACY_TASKS) / len(ACCURACY_TASKS)
+            for k, r in (("cascade", cascade), ("large", runs[large]))}
+    seconds = {k: sum(t["seconds"] for t in r["tasks"].values()) for k, r in (("cascade", cascade),
+                                                                               ("large", runs[large]))}
+    return (f"{'/'.join(ACCURACY_TASKS.values())}: SmolLM2-135M {scores(runs[small])}, Qwen2.5-0.5B "
+            f"{scores(runs[large])}, cascade (min_confidence {cascade['min_confidence']}) {scores(cascade)}: "
+            f"**{mean['cascade'] / mean['large']:.3f}** of the 0.5B model's mean, {sent:.0%} of rows sent to it, "
+            f"{seconds['cascade']:.0f} s vs its {seconds['large']:.0f} s; {rows} rows each; {card(cascade)}")
+
+
 def cold_run(workload: str) -> Callable[[list[dict]], str]:
     """`llmops run` from a shell (a fresh process: load, planning and weight placement included), its first
     run on the machine (plan cache emptied) and a later one, against the engine's time for the same rows in the
@@ -194,6 +238,9 @@ class Row:
 ROWS = (
     Row("CPU generation, SmolLM2-135M, 256 prompts of 48-115 tokens, 32 new tokens, vs transformers",
         "cpu-2core/cpu_generate.jsonl", cpu_generate),
+    Row("CPU peers, SmolLM2-135M GGUF, 64 prompts (batch 1: 8), 32 new tokens, greedy: ours vs transformers "
+        "and llama.cpp",
+        "cpu-2core/cpu_peers.jsonl", cpu_peers),
     Row("OPT-30B offloaded (prompt 512 / gen 32, 16 GiB, 4-bit weights and cache) vs FlexGen; engine harness",
         "h200/throughput.jsonl", vs_flexgen),
     Row("Mixtral-8x7B (prompt 77 / gen 128, 16 GiB, 4-bit) vs HF Accelerate; engine harness",
@@ -212,6 +259,8 @@ ROWS = (
         "h100/job_paths.jsonl", product_paths("invoices-mixtral-awq")),
     Row("SmolLM2-135M invoice job (200 rows): each product path vs the engine alone",
         "cpu-2core/job_paths.jsonl", product_paths("invoices")),
+    Row("Sample pipelines' mean field accuracy against their labels, on the two embedded models and a cascade",
+        "cpu-2core/pipeline_accuracy.jsonl", pipeline_accuracy),
     Row("Operator overhead, 300 distinct prompts, 2 new tokens", "cpu-2core/operator_overhead.jsonl",
         operator_overhead),
     Row("4-bit weights + KV cache (the defaults) vs uncompressed, SmolLM2-135M", "cpu-2core/quant_perplexity.jsonl",
