@@ -135,10 +135,14 @@ def product_paths(workload: str) -> Callable[[list[dict]], str]:
     return render
 
 
-def cpu_peers(records: list[dict]) -> str:
+def cpu_peers(model: str) -> Callable[[list[dict]], str]:
     """Per batch size: our best form's generated tokens/s over transformers' best dtype and llama.cpp's best
-    format, all on the same GGUF and prompt ids in one run; and our prefill over llama.cpp's at batch 1."""
-    r = [x for x in records if x.get("model") == "smollm2-135m-instruct"][-1]
+    format, all on `model`'s GGUF and the same prompt ids in one run; and our prefill over llama.cpp's at
+    batch 1."""
+    return lambda records: _cpu_peers([x for x in records if x.get("model") == model][-1])
+
+
+def _cpu_peers(r: dict) -> str:
     parts = []
     for size, batch in sorted(r["batches"].items(), key=lambda kv: int(kv[0])):
         best, over = batch["best"], batch["ours_over"]
@@ -239,8 +243,9 @@ ROWS = (
     Row("CPU generation, SmolLM2-135M, 256 prompts of 48-115 tokens, 32 new tokens, vs transformers",
         "cpu-2core/cpu_generate.jsonl", cpu_generate),
     Row("CPU peers, SmolLM2-135M GGUF, 64 prompts (batch 1: 8), 32 new tokens, greedy: ours vs transformers "
-        "and llama.cpp",
-        "cpu-2core/cpu_peers.jsonl", cpu_peers),
+        "and llama.cpp", "cpu-2core/cpu_peers.jsonl", cpu_peers("smollm2-135m-instruct")),
+    Row("CPU peers, the same on Qwen2.5-0.5B-Instruct's Q4_K_M GGUF", "cpu-2core/cpu_peers.jsonl",
+        cpu_peers("qwen2.5-0.5b-instruct")),
     Row("OPT-30B offloaded (prompt 512 / gen 32, 16 GiB, 4-bit weights and cache) vs FlexGen; engine harness",
         "h200/throughput.jsonl", vs_flexgen),
     Row("Mixtral-8x7B (prompt 77 / gen 128, 16 GiB, 4-bit) vs HF Accelerate; engine harness",
