@@ -71,12 +71,15 @@ def best(run: list[dict], test: Callable[[dict], bool]) -> dict:
 
 
 def cpu_generate(records: list[dict]) -> str:
+    """Per dtype of the latest run: each side at its best batch size of its sweep."""
     r = records[-1]
-    fp32 = r["per_dtype"]["float32"]
-    ours, hf = fp32["ours"]["best"], fp32["transformers"]["best"]
-    return (f"ours {ours['tokens_per_s']:.0f} tok/s vs transformers `generate` {hf['tokens_per_s']:.0f} "
-            f"(**{ours['tokens_per_s'] / hf['tokens_per_s']:.2f}x**), fp32, each at its best batch "
-            f"({ours['batch_size']}, {hf['batch_size']}); {card(r)}")
+    parts = []
+    for dtype, side in sorted(r["per_dtype"].items()):
+        ours, hf = side["ours"]["best"], side["transformers"]["best"]
+        parts.append(f"{dtype}: ours {ours['tokens_per_s']:.0f} tok/s vs transformers `generate` "
+                     f"{hf['tokens_per_s']:.0f} (**{ours['tokens_per_s'] / hf['tokens_per_s']:.2f}x**), best batch "
+                     f"{ours['batch_size']} vs {hf['batch_size']}")
+    return "; ".join(parts) + f"; {card(r)}"
 
 
 def vs_flexgen(records: list[dict]) -> str:
