@@ -31,11 +31,12 @@ import socket
 import time
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
 from engine.calibrate.machine import cache_dir
+from engine.calibrate.measure import best_seconds
 from engine.models.cpu_linear import INT4_MAX_ROWS, linear, onednn_bf16, pack_int4, pack_onednn
 from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, quantize
@@ -44,6 +45,7 @@ from engine.storage.atomic import write_json_atomic
 _SHAPE = (256, 576, 1536)   # a decode-sized GEMM (m, k, n): rows x hidden -> MLP width
 _INT4_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)   # row counts the int4 kernel is timed at
 _NAMES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+_CPU = torch.device("cpu")
 CACHE_VERSION = 2
 
 
@@ -55,16 +57,6 @@ class CpuChoice:
     int4_max_rows: int = INT4_MAX_ROWS
 
 
-def _best_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
-    fn()  # warm-up: kernel selection, packing
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def _gemm_seconds(dtype: torch.dtype, repeats: int = 3) -> float:
     """One [m, k] x [k, n] product in `dtype`, bf16 in the packed form the engine multiplies."""
     m, k, n = _SHAPE
@@ -73,7 +65,7 @@ def _gemm_seconds(dtype: torch.dtype, repeats: int = 3) -> float:
     b = torch.randn(n, k, generator=gen).to(dtype)  # [n, k]
     if dtype == torch.bfloat16 and onednn_bf16():
         b = pack_onednn(b)
-    return _best_seconds(lambda: linear(a, b), repeats)  # [m, n]
+    return best_seconds(lambda: linear(a, b), _CPU, repeats)  # [m, n]
 
 
 def measure_int4_rows(repeats: int = 3) -> int:
@@ -87,8 +79,8 @@ def measure_int4_rows(repeats: int = 3) -> int:
     best = 1
     for rows in _INT4_ROWS:
         x = torch.randn(rows, k, generator=gen).bfloat16()
-        kernel = _best_seconds(lambda: packed(x), repeats)
-        dense = _best_seconds(lambda: torch.nn.functional.linear(x, dequantize(q)), repeats)
+        kernel = best_seconds(lambda: packed(x), _CPU, repeats)
+        dense = best_seconds(lambda: torch.nn.functional.linear(x, dequantize(q)), _CPU, repeats)
         if kernel >= dense:
             break
         best = rows
@@ -136,12 +128,6 @@ def read_choice(path: Path) -> CpuChoice | None:
     if dtype is None or not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
         return None
     return CpuChoice(dtype, rows)
-
-
-def read_cached(path: Path) -> torch.dtype | None:
-    """The dtype stored at `path` for this machine, or None when absent, corrupt or for another key."""
-    choice = read_choice(path)
-    return None if choice is None else choice.dtype
 
 
 def _write(path: Path, choice: CpuChoice, seconds: dict[str, float]) -> None:
@@ -194,13 +180,16 @@ def machine_cpu_dtype(directory: Path | None = None) -> torch.dtype:
 
 
 @functools.lru_cache(maxsize=1)
+def this_machine() -> CpuChoice:
+    """`machine_cpu_choice` for the default cache folder, remembered for the process."""
+    return machine_cpu_choice()
+
+
 def fastest_cpu_dtype() -> torch.dtype:
-    """bfloat16 when a bf16 GEMM beats float32 on this CPU by 10% or more, else float32: measured once per
-    machine (`machine_cpu_dtype`), then read from the cache file; remembered for the process."""
-    return machine_cpu_dtype()
+    """bfloat16 when a bf16 GEMM beats float32 on this CPU by 10% or more, else float32 (`this_machine`)."""
+    return this_machine().dtype
 
 
-@functools.lru_cache(maxsize=1)
 def int4_max_rows() -> int:
-    """The rows up to which this CPU's int4 kernel beats a dense GEMM (`machine_cpu_choice`); remembered."""
-    return machine_cpu_choice().int4_max_rows
+    """The rows up to which this CPU's int4 kernel beats a dense GEMM (`this_machine`)."""
+    return this_machine().int4_max_rows

@@ -42,7 +42,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _best_seconds(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
+def best_seconds(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
     """Smallest wall time of `repeats` calls of fn after one warm-up, device work included."""
     fn()
     _sync(device)
@@ -62,8 +62,8 @@ def measure_copies(device: torch.device, size_mib: int, repeats: int) -> tuple[f
     host = torch.empty(numel, dtype=torch.float16, pin_memory=pin)
     dev = torch.empty(numel, dtype=torch.float16, device=device)
     nbytes = numel * 2
-    h2d = nbytes / _best_seconds(lambda: dev.copy_(host, non_blocking=pin), device, repeats) / GIB
-    d2h = nbytes / _best_seconds(lambda: host.copy_(dev, non_blocking=pin), device, repeats) / GIB
+    h2d = nbytes / best_seconds(lambda: dev.copy_(host, non_blocking=pin), device, repeats) / GIB
+    d2h = nbytes / best_seconds(lambda: host.copy_(dev, non_blocking=pin), device, repeats) / GIB
     return h2d, d2h
 
 
@@ -103,7 +103,7 @@ def measure_matmul_tflops(device: torch.device, n: int, dtype: torch.dtype, repe
     """TFLOP/s of an n x n x n matmul in `dtype` on `device`."""
     a = torch.randn(n, n, device=device).to(dtype)  # [n, n]
     b = torch.randn(n, n, device=device).to(dtype)  # [n, n]
-    seconds = _best_seconds(lambda: torch.mm(a, b), device, repeats)
+    seconds = best_seconds(lambda: torch.mm(a, b), device, repeats)
     return 2 * n**3 / seconds / 1e12
 
 
@@ -112,7 +112,7 @@ def measure_device_copy(device: torch.device, size_mib: int, repeats: int) -> fl
     numel = size_mib * MIB // 4
     src = torch.empty(numel, device=device)
     dst = torch.empty_like(src)
-    return 2 * numel * 4 / _best_seconds(lambda: dst.copy_(src), device, repeats) / GIB
+    return 2 * numel * 4 / best_seconds(lambda: dst.copy_(src), device, repeats) / GIB
 
 
 def measure_cpu_attention(size_mib: int, repeats: int, head_dim: int = 128, context: int = 512) -> float:
@@ -121,7 +121,7 @@ def measure_cpu_attention(size_mib: int, repeats: int, head_dim: int = 128, cont
     keys = torch.randn(bh, context, head_dim)  # [bh, s, d]
     query = torch.randn(bh, 1, head_dim)  # [bh, 1, d]
     cpu = torch.device("cpu")
-    seconds = _best_seconds(lambda: torch.bmm(query, keys.transpose(1, 2)), cpu, repeats)
+    seconds = best_seconds(lambda: torch.bmm(query, keys.transpose(1, 2)), cpu, repeats)
     return keys.numel() * 4 / seconds / GIB
 
 
@@ -145,7 +145,7 @@ def measure_layer_overhead_ms(device: torch.device, iterations: int = 50) -> flo
         for _ in range(iterations):
             layer()
 
-    return _best_seconds(run, device, 2) / iterations * 1e3
+    return best_seconds(run, device, 2) / iterations * 1e3
 
 
 def measure_executor_slots(device: torch.device, dtype: torch.dtype, repeats: int = 2) -> dict[str, float]:
@@ -191,9 +191,9 @@ def measure_cpu_decode_attention(dtype: torch.dtype, repeats: int, batch: int = 
     valid = torch.ones(batch, context, dtype=torch.bool)                    # [b, t]
     scale = head_dim ** -0.5
     nbytes = 2 * k.numel() * k.element_size()
-    dense = _best_seconds(lambda: cpu_decode_attention(q, k, v, valid, scale), cpu, repeats)
+    dense = best_seconds(lambda: cpu_decode_attention(q, k, v, valid, scale), cpu, repeats)
     kq, vq = quantize(k, CACHE_QUANT), quantize(v, CACHE_QUANT)
-    packed = _best_seconds(lambda: cpu_decode_attention(q, kq, vq, valid, scale), cpu, repeats)
+    packed = best_seconds(lambda: cpu_decode_attention(q, kq, vq, valid, scale), cpu, repeats)
     return nbytes / dense / GIB, nbytes / packed / GIB
 
 
@@ -203,7 +203,7 @@ def measure_dequant(device: torch.device, dtype: torch.dtype, size_mib: int, rep
     w = torch.randn(rows, 4096, device=device).to(dtype)                    # [rows, 4096]
     packed = quantize(w, WEIGHT_QUANT)
     out = torch.empty_like(w)
-    seconds = _best_seconds(lambda: dequantize(packed, out=out), device, repeats)
+    seconds = best_seconds(lambda: dequantize(packed, out=out), device, repeats)
     return w.numel() * w.element_size() / seconds / GIB
 
 

@@ -225,13 +225,13 @@ def cpu_decode_attention(q: torch.Tensor, k: torch.Tensor | QTensor, v: torch.Te
     SDPA kernel (threads across rows and heads) in the cache's own dtype. A rotated 4-bit cache is only
     affine-dequantized and attended in its rotated basis (`chunked_decode_attention`). k/v may be
     memory-mapped (disk tier): pages are read as chunks are touched. `prefix`: a shared prefix's dense
-    keys and values [1, nkv, L, hd] every row attends to before its own k/v (key_valid [b, L + t] covers
-    both). benchmarks/kernels/cpu_attention_speed.py measures the chunk sizes."""
+    keys and values [1, nkv, L, hd] every row attends to in full before its own k/v (key_valid [b, L + t]
+    covers both; its first L columns are all True, as `engine.runtime.batch` builds them: a row's padding
+    sits after the prefix). benchmarks/kernels/cpu_attention_speed.py measures the chunk sizes."""
     b, nh, _, hd = q.shape
     nkv, t = k.shape[1], k.shape[2]
     L = 0 if prefix is None else prefix[0].shape[2]
-    if (prefix is not None and softcap is None and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
-            and bool(key_valid[:, :L].all())):
+    if prefix is not None and softcap is None and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
         return prefix_split_attention(q, k, v, key_valid[:, L:], scale, *prefix)
     row_bytes = 2 * nkv * (L + t) * hd * q.element_size()
     chunk = max(1, min(b, chunk_bytes // max(1, row_bytes)))

@@ -32,8 +32,6 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 def linear(x: torch.Tensor, weight: torch.Tensor | Int4Linear, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., in] @ weight [out, in]^T (+ bias [out]) -> [..., out]; a weight packed for the CPU
     (`engine.models.cpu_linear`) by its own kernel."""
-    if isinstance(weight, torch.Tensor) and not weight.is_mkldnn:
-        return F.linear(x, weight, bias)
     return cpu_linear.linear(x, weight, bias)
 
 

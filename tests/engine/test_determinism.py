@@ -60,7 +60,7 @@ def test_corrupt_or_foreign_cpu_dtype_file_is_measured_again(tmp_path, fake_meas
     path = cpu_dtype.cache_path(tmp_path)
     path.write_text(content(cpu_dtype.machine_key()))
     assert cpu_dtype.machine_cpu_dtype(tmp_path) == torch.bfloat16 and len(fake_measure) == 1
-    assert cpu_dtype.read_cached(path) == torch.bfloat16          # replaced by a valid file
+    assert cpu_dtype.read_choice(path).dtype == torch.bfloat16     # replaced by a valid file
 
 
 def _python(code: str, env: dict[str, str]) -> str:
