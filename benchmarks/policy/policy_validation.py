@@ -17,8 +17,9 @@ generated tokens/s (`steady_tokens_per_s`: prefill + decode as the executor cloc
 time, which also holds first-use setup, is `wall_tokens_per_s`) or the error, then per model the
 Spearman rank correlation over all measured policies, the best one and each auto's measured / best
 measured. Results (one record: common fields, tokens_per_s the best measured, peak_device_gib the largest
-torch peak; `models` per model; workload the model names joined by "+") is rewritten in place after every
-policy in benchmarks/records/<machine>/policy_validation.jsonl (or --out), so a run cut short keeps what it
+torch peak, `all_within_budget` whether every measured policy's torch peak stayed within --gpu-memory (each
+policy's `within_budget`); `models` per model; workload the model names joined by "+") is rewritten in place
+after every policy in benchmarks/records/<machine>/policy_validation.jsonl (or --out), so a run cut short keeps what it
 measured.
 
 Time bound: autos run first, then the grid from the cheapest predicted; a policy is skipped (and recorded
@@ -152,6 +153,7 @@ def run_policy(loaded, policy: Policy, args, device: torch.device) -> dict:
             out["torch_peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / GIB
             out["torch_peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
             out["peak_device_gib"] = round(out["torch_peak_allocated_gib"], 3)
+            out["within_budget"] = torch.cuda.max_memory_allocated(device) <= args.gpu_memory
         return out
     finally:
         executor.close()
@@ -180,6 +182,7 @@ def write(out: Path, payload: dict) -> None:
     done = [r for e in payload["models"].values() for r in e["policies"] if "measured_tokens_per_s" in r]
     payload["tokens_per_s"] = max((r["measured_tokens_per_s"] for r in done), default=None)
     payload["peak_device_gib"] = max((r["peak_device_gib"] for r in done if "peak_device_gib" in r), default=None)
+    payload["all_within_budget"] = all(r.get("within_budget", True) for r in done)
     rewrite_jsonl(out, payload, ("run_id", "benchmark", "workload"))
 
 

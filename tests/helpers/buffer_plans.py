@@ -101,6 +101,33 @@ def differences(held: dict[str, BufferSpec], asked: dict[str, int], plan: dict[s
     return out
 
 
+# the families the CUDA grid runs, larger than FAMILIES' so device memory is more than allocator rounding
+_CUDA_SIZES = dict(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4,
+                   head_dim=64, vocab_size=4096)
+CUDA_KINDS = {"llama": _CUDA_SIZES, "mixtral": {**_CUDA_SIZES, "intermediate_size": 512}, "deepseek": {}}
+
+
+def cuda_case(name: str, case: str, disk_dir: Path, prompt_len: int = 96, gen_len: int = 6) -> dict:
+    """One GRID case on the family `name` (fp16, 4 layers, config fields `CUDA_KINDS[name]`) on CUDA, its budget the
+    memory model's gpu peak: the plan's differences from what the executor allocated, its memory report against
+    the memory model's, and torch's device peak (above what was allocated before) against that budget."""
+    policy, prefix, blocks = GRID[case]
+    loaded = family(name, 4, torch.float16, **CUDA_KINDS[name])
+    plan, memory, peak = planned(loaded, policy, prefix, blocks, "cuda", 2, prompt_len, gen_len)
+    torch.ones(64, 64, dtype=torch.float16, device="cuda") @ torch.ones(64, 64, dtype=torch.float16, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    held, asked, report = run(loaded, policy, prefix, blocks, torch.device("cuda"), disk_dir, torch.float16,
+                              gpu_memory=peak["gpu"], prompt_len=prompt_len, gen_len=gen_len)
+    device_peak = torch.cuda.max_memory_allocated() - base
+    return {"family": name, "case": case, "differences": differences(held, asked, plan),
+            "report_matches": report["gpu"]["peak"] == memory["gpu"] and report["cpu"]["peak"] == memory["cpu"]
+            and report["disk"]["peak"] == memory["disk"] - weight_file_bytes(plan),
+            "budget_bytes": peak["gpu"], "device_peak_bytes": device_peak, "within_budget": device_peak <= peak["gpu"]}
+
+
 def weight_file_bytes(plan: dict[str, BufferSpec]) -> int:
     """Bytes of the weight files on disk (mapped, not in the arena's disk budget, which holds scratch files)."""
     return sum(spec.nbytes for spec in plan.values() if spec.owner == "weight files")
