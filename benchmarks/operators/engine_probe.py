@@ -81,7 +81,7 @@ def stats_since(llm: Any, before: Any) -> dict[str, Any] | None:
         return None
     d = stats.since(before).to_dict()
     keep = ("blocks", "prefilled_ahead", "steps", "generated_tokens", "plan_s", "place_s", "prefill_s", "decode_s",
-            "grammar_mask_s", "callback_s")
+            "grammar_mask_s", "grammar_advance_s", "callback_s")
     return {k: (round(d[k], 3) if isinstance(d[k], float) else d[k]) for k in keep if k in d}
 
 

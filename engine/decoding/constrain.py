@@ -197,6 +197,8 @@ class GrammarConstraint:
         self._probes = _closing_tokens(tokenizer)
         self._tracked = [False] * num_rows
         self._closings: list[list[int] | None] = [None] * num_rows
+        self._fed = [False] * num_rows                      # whether the row's matcher has left the start state
+        self._start_closings: dict[int, list[int] | None] = {}   # limit -> the completion from the start state
 
     @classmethod
     def for_params(cls, params: SamplingParams, tokenizer_json: str, eos_ids: Sequence[int], n_vocab: int,
@@ -270,7 +272,7 @@ class GrammarConstraint:
         matcher = self._matchers[row]
         if remaining is not None and not self._tracked[row]:
             self._tracked[row] = True
-            self._closings[row] = closing_path(matcher, self._tokenizer, self._probes, remaining + 1)
+            self._closings[row] = self._first_closing(row, remaining + 1)
         if token in self._eos:
             return token, True
         self._consume(row, token)
@@ -281,7 +283,19 @@ class GrammarConstraint:
                 return token, True
         return token, matcher.is_stopped()
 
+    def _first_closing(self, row: int, limit: int) -> list[int] | None:
+        """`closing_path` of the row's matcher within `limit` tokens; searched once per limit for the rows
+        still at the grammar's start (every row of a block begins in the same state: one search, not one a
+        row, in the step choosing a block's first tokens)."""
+        matcher = self._matchers[row]
+        if self._fed[row]:
+            return closing_path(matcher, self._tokenizer, self._probes, limit)
+        if limit not in self._start_closings:
+            self._start_closings[limit] = closing_path(matcher, self._tokenizer, self._probes, limit)
+        return self._start_closings[limit]
+
     def _consume(self, row: int, token: int) -> None:
+        self._fed[row] = True
         matcher = self._matchers[row]
         if not matcher.consume_token(token):
             raise ValueError(f"grammar rejected token {token} on row {row}: {matcher.get_error()}")

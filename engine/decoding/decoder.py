@@ -24,7 +24,8 @@ the number of tokens chosen in it, so a caller can show progress while a block d
 
 Timing: `grammar_s` and `callback_s` hold the seconds this decoder spent in the grammar (masks and
 advances; a mask computed ahead on the mask thread counts only the time the call waits for it) and in
-`on_finished`, per phase: "prefill" for the call choosing the rows' first token, "decode"
+`on_finished`, per phase (`advance_s`: the part of `grammar_s` feeding the chosen tokens to the grammar,
+`GrammarConstraint.advance`, over both phases): "prefill" for the call choosing the rows' first token, "decode"
 for every later one (`engine.runtime.run_stats` charges them apart from the executor's step times).
 """
 from __future__ import annotations
@@ -88,6 +89,7 @@ class BlockDecoder:
         self.on_step = on_step
         self._done: dict[int, Completion] = {}   # rows finished and reported to on_finished
         self.grammar_s = {"prefill": 0.0, "decode": 0.0}
+        self.advance_s = 0.0
         self.callback_s = {"prefill": 0.0, "decode": 0.0}
         self._stop_hit = [False] * n
         self._stops = tuple(s for s in params.stop if s)
@@ -122,7 +124,9 @@ class BlockDecoder:
             began = time.perf_counter()
             for i, row in enumerate(rows):
                 tokens[i], verdicts[i] = self._advance_grammar(row, tokens[i])
-            self.grammar_s[phase] += time.perf_counter() - began
+            spent = time.perf_counter() - began
+            self.grammar_s[phase] += spent
+            self.advance_s += spent
         lps = None
         if self.logprobs is not None or self._fold is not None:
             fed = torch.tensor(tokens, dtype=chosen.dtype, device=chosen.device)                # [n]

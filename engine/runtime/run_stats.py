@@ -7,7 +7,7 @@ Seconds are wall clock on the host and do not overlap: `load_s` reading the mode
 constructor); `place_s` building executors (placing the weights on the tiers); `plan_s` choosing plans
 (the cost model's search, trials); `prefill_s` / `decode_s` the executor's prefill step and decode steps
 less the two parts charged apart inside them: `grammar_mask_s` (constrained decoding: the grammar's
-token masks and its advance per chosen token) and `callback_s` (the caller's `on_finished` hook). A step
+token masks and its advance per chosen token; `grammar_advance_s` is the advance's part of it) and `callback_s` (the caller's `on_finished` hook). A step
 ends when its tokens are chosen, which reads them back to the host, so on CUDA a step's device work is
 inside its own step. `peak_bytes`: the most each tier (gpu, cpu, disk) held, as the executor's budget
 counts it (weights, cache, working memory: what the cost model's peak memory predicts), during the latest
@@ -36,6 +36,7 @@ class EngineStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     grammar_mask_s: float = 0.0
+    grammar_advance_s: float = 0.0
     callback_s: float = 0.0
     blocks: int = 0
     prefilled_ahead: int = 0
@@ -55,13 +56,14 @@ class EngineStats:
 
     def add_block(self, *, prefill_s: float, decode_s: float, grammar_s: dict[str, float],
                   callback_s: dict[str, float], steps: int, tokens: int, peak_bytes: dict[str, int],
-                  prefilled_ahead: bool = False) -> None:
+                  prefilled_ahead: bool = False, grammar_advance_s: float = 0.0) -> None:
         """Count one finished block: the executor's prefill and decode seconds, the parts of them spent in
-        the grammar and in the caller's hook (per phase "prefill"/"decode"), its steps and tokens, and the
-        executor's peak bytes per tier."""
+        the grammar and in the caller's hook (per phase "prefill"/"decode"; `grammar_advance_s`: the
+        grammar's part feeding tokens), its steps and tokens, and the executor's peak bytes per tier."""
         self.prefill_s += max(0.0, prefill_s - grammar_s.get("prefill", 0.0) - callback_s.get("prefill", 0.0))
         self.decode_s += max(0.0, decode_s - grammar_s.get("decode", 0.0) - callback_s.get("decode", 0.0))
         self.grammar_mask_s += sum(grammar_s.values())
+        self.grammar_advance_s += grammar_advance_s
         self.callback_s += sum(callback_s.values())
         self.blocks += 1
         self.prefilled_ahead += int(prefilled_ahead)

@@ -15,11 +15,13 @@ def test_since_subtracts_counters_and_keeps_the_latest_peaks():
     stats = EngineStats(load_s=2.0)
     before = stats.snapshot()
     stats.add_block(prefill_s=1.0, decode_s=3.0, grammar_s={"prefill": 0.25, "decode": 0.5},
-                    callback_s={"decode": 0.5}, steps=4, tokens=10, peak_bytes={"gpu": 100, "cpu": 7})
+                    callback_s={"decode": 0.5}, steps=4, tokens=10, peak_bytes={"gpu": 100, "cpu": 7},
+                    grammar_advance_s=0.5)
     stats.plan_s += 0.5
     got = stats.since(before)
     assert (got.load_s, got.plan_s, got.prefill_s, got.decode_s) == (0.0, 0.5, 0.75, 2.0)
     assert (got.grammar_mask_s, got.callback_s, got.blocks, got.steps, got.generated_tokens) == (0.75, 0.5, 1, 4, 10)
+    assert got.grammar_advance_s == 0.5
     assert got.peak_bytes == {"gpu": 100, "cpu": 7, "disk": 0}
     assert before.peak_bytes == {"gpu": 0, "cpu": 0, "disk": 0}      # a snapshot does not move
     assert set(SECONDS) <= set(got.to_dict())
@@ -47,6 +49,7 @@ def test_llm_counts_load_plan_prefill_decode_grammar_and_peaks(tiny_llama):
         got = llm.stats.since(before)
     assert got.load_s == 0 and got.plan_s > 0 and got.place_s > 0
     assert got.prefill_s > 0 and got.grammar_mask_s > 0 and got.blocks == 1
+    assert 0 < got.grammar_advance_s <= got.grammar_mask_s
     assert got.generated_tokens == sum(len(c.token_ids) for c in out)
     assert got.steps == max(len(c.token_ids) for c in out)             # prefill + each decode step
     assert got.peak_bytes["gpu"] > 0 and got.device_peak_bytes is None  # the CPU holds the "gpu" tier here

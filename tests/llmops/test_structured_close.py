@@ -259,3 +259,21 @@ def test_hinted_closings_are_valid_and_never_longer(tok, schema):
         assert matcher.validate_tokens([*hinted, probes.eos]) == len(hinted) + 1 if hinted else matcher.is_accepting()
         closing, steps = hinted, steps + 1
     assert steps >= 10
+
+
+
+def test_rows_at_the_start_share_one_closing_search(tok):
+    """Every row of a block begins in the grammar's start state: the completion kept for its first budgeted
+    token is searched once per budget and is the one a search on that row finds; a row fed tokens before its
+    first budgeted one gets a search of its own state."""
+    params = SamplingParams(json_schema=FLAT)
+    con, need = constraint(tok, params, 3), shortest(tok, params)
+    probes = ClosingTokens.for_tokenizer(con._tokenizer)
+    alone = closing_path(constraint(tok, params, 1)._matchers[0], con._tokenizer, probes, need + 5)
+    opening = tok.encode('{"name": "Al', add_special_tokens=False)
+    for token in opening:
+        con.advance(2, token)
+    after_opening = closing_path(con._matchers[2], con._tokenizer, probes, need + 5)
+    assert after_opening is not None and after_opening != alone
+    assert [con._first_closing(row, need + 5) for row in range(3)] == [alone, alone, after_opening]
+    assert list(con._start_closings) == [need + 5] and con._start_closings[need + 5] == alone
