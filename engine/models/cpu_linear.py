@@ -23,10 +23,10 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from engine.quant.config import int4_kernel_parts
 from engine.quant.group import dequantize
 from engine.quant.qtensor import QTensor
 
-INT4_GROUPS = (32, 64, 128, 256)      # group sizes `_weight_int4pack_mm_for_cpu` takes
 # rows the int4 kernel multiplies before dequantizing + a GEMM is faster: on a 2-core AVX-512 machine the kernel
 # is ahead up to 64 rows at SmolLM2's shapes (dequantizing one of its matrices costs what 64 rows of the
 # kernel do); a machine's own crossing is measured once (engine.calibrate.cpu_dtype) and passed down by the facade
@@ -35,47 +35,46 @@ INT4_MAX_ROWS = 64
 
 class Int4Linear:
     """A [n, k] weight as `_weight_int4pack_mm_for_cpu`'s packed codes and bfloat16 scale/zero, and its
-    QTensor; owns them. Up to `max_rows` rows multiply in the int4 kernel (a decode step); more rows (a
-    prefill chunk) multiply the QTensor dequantized to bfloat16: the kernel's time grows with the rows, a
-    dense GEMM's barely (benchmarks/kernels/cpu_linear_speed.py), so past the crossing dequantizing once wins."""
+    QTensor (the operands `engine.quant.config.int4_kernel_parts` names). Up to `max_rows` rows multiply in
+    the int4 kernel (a decode step); more rows (a prefill chunk) multiply the QTensor dequantized to bfloat16
+    (into `scratch` when given: a run's planned dense copy, shared by the layers of a kind, which a CPU
+    computes one after another): the kernel's time grows with the rows, a dense GEMM's barely (benchmarks/kernels/cpu_linear_speed.py), so past the crossing dequantizing once wins."""
 
-    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, q: QTensor, max_rows: int) -> None:
+    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, q: QTensor, max_rows: int,
+                 scratch: torch.Tensor | None = None) -> None:
         self.packed = packed                  # [n, k/2] uint8
         self.scales_zeros = scales_zeros      # [k/gs, n, 2] bfloat16
         self.q = q                            # the codes as stored, [n, k] logical
+        self.scratch = scratch                # [n, k] bfloat16 the dequantized weight is written to, or None
         self.group_size = q.config.group_size
         self.shape = torch.Size(q.shape)      # logical [n, k]
         self.dtype = q.dtype                  # bfloat16: the dtype products come in and go out in
         self.max_rows = max_rows
-
-    @property
-    def nbytes(self) -> int:
-        return (self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
-                + self.q.nbytes)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., k] bfloat16 -> [..., n] bfloat16."""
         lead = x.shape[:-1]
         rows = x.numel() // x.shape[-1]
         if rows > self.max_rows:
-            return F.linear(x, dequantize(self.q), bias)                                          # [..., n]
+            return F.linear(x, dequantize(self.q, out=self.scratch), bias)                                          # [..., n]
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(rows, x.shape[-1]), self.packed, self.group_size,
                                                        self.scales_zeros).view(*lead, self.shape[0])  # [..., n]
         return y if bias is None else y + bias
 
 
 def int4_packable(q: QTensor) -> bool:
-    """True when `q` is a 2-D bfloat16 CPU QTensor the int4 kernel takes: unrotated, a group size it supports,
-    the input dim a whole number of groups."""
-    gs = q.config.group_size
-    return (len(q.shape) == 2 and q.device.type == "cpu" and q.dtype == torch.bfloat16 and not q.config.rotate
-            and gs in INT4_GROUPS
-            and q.shape[-1] % gs == 0 and q.data.shape[-1] * 2 == gs)
+    """True when `q` is a CPU QTensor the int4 kernel takes (`engine.quant.config.int4_kernel_parts`: 2-D,
+    bfloat16, unrotated, a group size it supports tiling the input dim)."""
+    return (q.device.type == "cpu" and q.data.shape[-1] * 2 == q.config.group_size
+            and bool(int4_kernel_parts(tuple(q.shape), str(q.dtype).removeprefix("torch."), q.config)))
 
 
-def pack_int4(q: QTensor, max_rows: int = INT4_MAX_ROWS) -> Int4Linear:
+def pack_int4(q: QTensor, max_rows: int = INT4_MAX_ROWS, into: tuple[torch.Tensor, torch.Tensor] | None = None,
+              scratch: torch.Tensor | None = None) -> Int4Linear:
     """`q` [n, k] (`int4_packable`) -> the same codes, scales and mins as an `Int4Linear` that runs the int4
-    kernel for up to `max_rows` rows."""
+    kernel for up to `max_rows` rows. `into`: the buffers [n, k/2] uint8 and [k/group, n, 2] bfloat16 its
+    operands are written to (a run's planned `packed.*` buffers; default: tensors of their own); `scratch`:
+    `Int4Linear`'s."""
     n, k = q.shape
     gs = q.config.group_size
     codes = torch.stack((q.data & 15, q.data >> 4), dim=-1).reshape(n, k).to(torch.int32)    # [n, k] low first
@@ -83,7 +82,9 @@ def pack_int4(q: QTensor, max_rows: int = INT4_MAX_ROWS) -> Int4Linear:
     scale = q.scale.float().reshape(n, k // gs)                                               # [n, g]
     zero = q.mn.float().reshape(n, k // gs) + 8 * scale                                       # [n, g]
     scales_zeros = torch.stack((scale, zero), dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)  # [g, n, 2]
-    return Int4Linear(packed, scales_zeros, q, max_rows)
+    if into is not None:
+        packed, scales_zeros = into[0].copy_(packed), into[1].copy_(scales_zeros)
+    return Int4Linear(packed, scales_zeros, q, max_rows, scratch)
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,13 +108,6 @@ def pack_weight(value: torch.Tensor | QTensor, int4_max_rows: int = INT4_MAX_ROW
     if value.device.type == "cpu" and value.dim() == 2 and value.dtype == torch.bfloat16 and onednn_bf16():
         return pack_onednn(value.contiguous())
     return value
-
-
-def packed_nbytes(value: torch.Tensor | Int4Linear) -> int:
-    """Bytes a packed weight holds (an `Int4Linear`: its kernel operands and its QTensor)."""
-    if isinstance(value, Int4Linear):
-        return value.nbytes
-    return value.numel() * value.element_size()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | Int4Linear, bias: torch.Tensor | None = None) -> torch.Tensor:

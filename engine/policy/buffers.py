@@ -11,6 +11,8 @@ position among the executor's specs, {k} a GPU batch, {n} a cache segment along 
 
   weights (`weight_homes`, `weight_copies`):
     home.{layer}.{tensor}            a layer's tensor on its tier (`ModelLayout.placements`; disk: a weight file)
+    packed.{layer}.{tensor}.codes|scales   a CPU run's int4 kernel operands of a 4-bit matmul weight held in
+                                     memory (`engine.quant.config.int4_kernel_parts`), beside its home
     wbuf{slot}.{kind}.{tensor}       device copy of a tensor some layer of the kind loads, per weight slot
                                      (`weight_slots.WeightSlots`; a kind loaded ahead keeps one, slot 0, for
                                      its 4-bit tensors)
@@ -47,13 +49,13 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from engine.policy.buffer_spec import BatchShape, BlockShape, BufferPlan, BufferSpec, merged
-from engine.policy.layout import ModelConfig, ModelLayout
+from engine.policy.layout import KindLayout, ModelConfig, ModelLayout
 from engine.policy.placement import split_ranges
 from engine.policy.policy import Policy
 from engine.policy.prefix import prefix_held_once
 from engine.policy.weight_slots import step_parities
 from engine.policy.working import PREFILL_CHUNK_TOKENS, chunk_rows, row_chunks, rows_per_pass
-from engine.quant.config import QuantConfig
+from engine.quant.config import QuantConfig, int4_kernel_parts
 
 DECODE_STAGE_SLOTS = 16
 
@@ -163,7 +165,20 @@ def _weight_homes(layout: ModelLayout, policy: Policy, device_type: str) -> list
             out.extend(BufferSpec(f"home.{{}}.{name}", tier, shape, layout.dtype,
                                   "weight files" if tier == "disk" else "weights", quant, (names,))
                        for name, tier, shape, quant in zip(kl.names, tiers, kl.shapes, kl.quants))
+            if device_type == "cpu":
+                out.extend(_packed_for_cpu(layout, kl, tiers, names))
     return out
+
+
+def _packed_for_cpu(layout: ModelLayout, kl: KindLayout, tiers: Sequence[str],
+                    names: tuple[str, ...]) -> list[BufferSpec]:
+    """On a CPU run, the int4 kernel's operands of the 4-bit matmul weights held in memory (not on disk),
+    beside their homes (`engine.models.cpu_linear.Int4Linear`; a dense bfloat16 one is reordered in place of
+    its home, the same bytes)."""
+    return [BufferSpec(f"packed.{{}}.{name}.{part}", tier, shape, dtype, "packed weights", None, (names,))
+            for name, tier, shape, quant, linear in zip(kl.names, tiers, kl.shapes, kl.quants, kl.linear)
+            if linear and tier != "disk"
+            for part, shape, dtype in int4_kernel_parts(shape, layout.dtype, quant)]
 
 
 def weight_copies(layout: ModelLayout, policy: Policy, device_type: str,

@@ -43,13 +43,16 @@ class ExpertBuffers:
 
 @dataclass(frozen=True)
 class TensorLayout:
-    """One weight tensor of a layer: its name, logical shape, and the 4-bit grouping it is held in without
-    (`quant`: an int4 checkpoint's packed weights) and with (`compressed`) `compress_weights`; None: dense."""
+    """One weight tensor of a layer: its name, logical shape, the 4-bit grouping it is held in without
+    (`quant`: an int4 checkpoint's packed weights) and with (`compressed`) `compress_weights` (None: dense), and
+    whether the family reads it only as a matmul's weight (`linear`: its `LINEAR_WEIGHTS`, which a CPU run
+    holds in the form the CPU multiplies fastest, `engine.models.cpu_linear`)."""
 
     name: str
     shape: tuple[int, ...]
     quant: QuantConfig | None = None
     compressed: QuantConfig | None = None
+    linear: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class KindLayout:
     shapes: tuple[tuple[int, ...], ...] = ()
     quants: tuple[QuantConfig | None, ...] = ()
     layer_names: tuple[str, ...] = ()
+    linear: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -160,7 +164,7 @@ class ModelLayout:
         dtype, slots = self.dtype, self.slots
         groups: dict[tuple, list[int]] = {}
         for j, layer in enumerate(self.layers):
-            key = (layer.kind, tuple((t.name, t.shape, t.quant, t.compressed) for t in layer.tensors))
+            key = (layer.kind, tuple((t.name, t.shape, t.quant, t.compressed, t.linear) for t in layer.tensors))
             groups.setdefault(key, []).append(j)
         kinds = []
         for js in groups.values():
@@ -171,7 +175,8 @@ class ModelLayout:
             kinds.append(KindLayout(
                 first.kind, len(js), stored, dense, tuple(q is not None for q in quants),
                 tuple(t.name for t in first.tensors), slots.slot_set(js), first.kind in self.ahead, tuple(js),
-                tuple(t.shape for t in first.tensors), quants, tuple(self.layers[j].name for j in js)))
+                tuple(t.shape for t in first.tensors), quants, tuple(self.layers[j].name for j in js),
+                tuple(t.linear for t in first.tensors)))
         return tuple(kinds)
 
     @cached_property

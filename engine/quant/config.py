@@ -40,6 +40,24 @@ class QuantConfig:
         return f"q{self.bits}g{self.group_size}{'r' if self.rotate else ''}"
 
 
+# The CPU int4 kernel (`torch.ops.aten._weight_int4pack_mm_for_cpu`, run by `engine.models.cpu_linear.Int4Linear`):
+# the group sizes it takes, and the operands a 4-bit matrix becomes for it, beside its QTensor.
+INT4_KERNEL_GROUPS = (32, 64, 128, 256)
+
+
+def int4_kernel_parts(shape: tuple[int, ...], dtype: str,
+                      quant: QuantConfig | None) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+    """The (suffix, shape, dtype name) of the int4 kernel's operands for a 4-bit matrix of logical `shape`
+    [n, k] held in `dtype` with `quant`'s groups: its codes repacked [n, k/2] uint8 and its scales and zeros
+    [k/group, n, 2] bfloat16; () when the kernel does not take it (not 2-D, not bfloat16, dense, rotated,
+    or groups it does not support or that do not tile k)."""
+    if (quant is None or len(shape) != 2 or dtype != "bfloat16" or quant.rotate
+            or quant.group_size not in INT4_KERNEL_GROUPS or shape[1] % quant.group_size):
+        return ()
+    n, k = shape
+    return (("codes", (n, k // 2), "uint8"), ("scales", (k // quant.group_size, n, 2), "bfloat16"))
+
+
 # Defaults. Weights: groups by source (`engine.models.weights.weight_quant`, `ModelConfig.weight_group_size`).
 # Float checkpoints (and dummy presets): groups of 64, FlexGen's (4.5 bits per weight with
 # float16 min/scale); groups of 32 are not measured against them on a real float checkpoint. A GGUF's

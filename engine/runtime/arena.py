@@ -8,7 +8,8 @@ outside the plan, or a request its planned buffer cannot hold (another tier, dty
 raises `PlanViolation`: a buffer the runtime would allocate but the memory model does not count. Without a
 plan (a standalone cache home in a test or a microbenchmark) a buffer is the size asked for, grown when a
 request exceeds it. `held` records every buffer the arena holds, as the plan entry it was allocated by, and
-`asked` the most bytes handed out of each (a plan tighter than its use leaves memory the budget counts idle).
+`asked` the most bytes handed out of each (a plan tighter than its use leaves memory the budget counts idle). A planned buffer
+torch must allocate itself (a oneDNN-reordered weight) is `hold_elsewhere`'s: counted, not allocated here.
 A grown cpu buffer's old space goes back to the pinned pool for the next growth. Contents are uninitialised.
 """
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Arena:
         self.disk_dir = disk_dir
         self._scratch: ScratchFiles | None = None
         self._flat: dict[str, tuple[Tier, torch.Tensor]] = {}
+        self._elsewhere: dict[str, tuple[Tier, int]] = {}    # buffers held as tensors torch allocated
         self._plan: dict[str, BufferSpec] | None = None
         self._granted: dict[tuple, tuple] = {}     # request -> its buffer's parts (`_grant`), until a new plan
         self.held: dict[str, BufferSpec] = {}
@@ -102,6 +104,25 @@ class Arena:
         self.asked[key] = spec.nbytes
         return value
 
+    def hold_elsewhere(self, key: str, value: torch.Tensor) -> torch.Tensor:
+        """Hold the planned buffer `key` as `value` from now on: the same tensor, as many bytes, in a form
+        torch allocated itself (a weight reordered into oneDNN's layout). The arena's copy goes back; the
+        budget counts `value`'s bytes under `key` until it is dropped."""
+        spec = self.entry(key)
+        nbytes = value.numel() * value.element_size()
+        if nbytes != spec.nbytes:
+            raise PlanViolation(f"buffer {key!r}: held elsewhere as {nbytes} bytes, planned {spec.nbytes}")
+        tier = Tier(spec.tier)
+        held = self._flat.pop(key, None)
+        if held is not None:
+            self.budget.release(held[0], held[1].numel(), key)
+            self._free(*held)
+        self.budget.reserve(tier, nbytes, f"{key} held elsewhere")
+        self._elsewhere[key] = (tier, nbytes)
+        self.held[key] = spec
+        self.asked[key] = max(self.asked.get(key, 0), nbytes)
+        return value
+
     def _view(self, key: str, tier: Tier, nbytes: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
         """A view [shape] of the first bytes of the flat buffer `key`, (re)allocated to `nbytes` when smaller;
         `dtype` a name."""
@@ -140,6 +161,9 @@ class Arena:
             tier, flat = self._flat.pop(key)
             self.budget.release(tier, flat.numel(), key)
             self._free(tier, flat)
+        for key in [k for k, (tier, _) in self._elsewhere.items() if k.startswith(prefixes) and tier is not keep_tier]:
+            tier, nbytes = self._elsewhere.pop(key)
+            self.budget.release(tier, nbytes, key)
         keep = None if keep_tier is None else keep_tier.value
         for key in [k for k, spec in self.held.items() if k.startswith(prefixes) and spec.tier != keep]:
             del self.held[key]
@@ -150,6 +174,9 @@ class Arena:
         for key, (tier, flat) in self._flat.items():
             self.budget.release(tier, flat.numel(), key)
         self._flat.clear()
+        for key, (tier, nbytes) in self._elsewhere.items():
+            self.budget.release(tier, nbytes, key)
+        self._elsewhere.clear()
         self._granted.clear()
         self.held.clear()
         self.asked.clear()

@@ -27,7 +27,7 @@ from engine.models.cpu_linear import INT4_MAX_ROWS
 from engine.models.layers import reserve_positions
 from engine.models.weights import weight_quant
 from engine.policy.buffer_spec import BatchShape, BlockShape, BufferPlan
-from engine.policy.buffers import buffer_plan, decode_stage_slots, pipelines_host_attention, weight_homes
+from engine.policy.buffers import buffer_plan, decode_stage_slots, pipelines_host_attention, weight_copies, weight_homes
 from engine.policy.partition import Stage
 from engine.policy.policy import Policy
 from engine.policy.prefix import MIN_SHARED_PREFIX, prefix_held_once
@@ -112,7 +112,9 @@ class Executor(AheadDriver):
         self._ahead_work = 0                     # its reserved device working memory
         self._host_tag = self._next_tag = "kv"   # host cache homes alternate kv / kvx between ahead blocks
         self.kv_releases = BufferReleases()      # when each device cache buffer was last read
-        self.plan = BufferPlan(tuple(weight_homes(self.layout, policy, self.device.type)))
+        # the weights' homes, and their copies: a CPU run's int4 weights take their dense copy at placement
+        self.plan = BufferPlan((*weight_homes(self.layout, policy, self.device.type),
+                                *weight_copies(self.layout, policy, self.device.type)))
         self.arena.plan(self.plan)
         try:
             with torch.inference_mode():

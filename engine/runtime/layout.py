@@ -1,8 +1,9 @@
 """A model's `engine.policy.layout.ModelLayout`, read off its family's layer specs.
 
 The policy package plans memory from pure data and never builds a model; this module is where that data comes
-from: the layer specs in the executor's order, each tensor's shape and the 4-bit grouping it is held in with
-and without compression (`engine.models.weights.stored_quant`), and a MoE model's expert group buffers
+from: the layer specs in the executor's order, each tensor's shape, the 4-bit grouping it is held in with
+and without compression (`engine.models.weights.stored_quant`) and whether the family reads it only as a
+matmul's weight (its `LINEAR_WEIGHTS`, which a CPU run holds packed), and a MoE model's expert group buffers
 (`engine.models.moe`). The executor builds its own layout (its specs, its dtype and weight compression); a
 planner without a loaded model builds one from the config.
 """
@@ -34,11 +35,14 @@ def model_layout(config: ModelConfig, dtype: torch.dtype | str | int = 2, compre
     """The layout of `config`'s weights in `dtype` (a dtype, its name, or bytes per element: 2 counts as
     float16) with `compress_weights`. `specs`: the layer specs an executor runs (default: the whole model's);
     `quant`: the grouping `compress_weights` holds quantizable weights in (default the model's, `weight_quant`)."""
-    specs = build_family(config).layer_specs() if specs is None else specs
+    family = build_family(config)
+    specs = family.layer_specs() if specs is None else specs
     compress = quant or weight_quant(config)
+    linear = getattr(family, "LINEAR_WEIGHTS", frozenset())
     layers = tuple(
         LayerLayout(spec.name, spec.kind, spec.index, tuple(
-            TensorLayout(name, tuple(w.shape), stored_quant(config, w, None), stored_quant(config, w, compress))
+            TensorLayout(name, tuple(w.shape), stored_quant(config, w, None), stored_quant(config, w, compress),
+                         name in linear and len(w.shape) == 2)
             for name, w in spec.weights.items()))
         for spec in specs)
     name = dtype_of_size(dtype) if isinstance(dtype, int) else dtype_name(dtype)

@@ -35,8 +35,9 @@ from pathlib import Path
 import torch
 
 from engine.models.base import LayerSpec
-from engine.models.cpu_linear import INT4_MAX_ROWS, pack_weight, packed_nbytes
-from engine.quant.config import QuantConfig
+from engine.models.cpu_linear import INT4_MAX_ROWS, int4_packable, pack_int4, pack_weight
+from engine.policy.dtypes import dtype_name
+from engine.quant.config import QuantConfig, int4_kernel_parts
 from engine.quant.group import dequantize, quantize
 from engine.quant.qtensor import QTensor, with_dtype
 from engine.runtime.arena import Arena
@@ -172,19 +173,27 @@ class WeightHomes:
 
     def _pack_for_cpu(self, spec: LayerSpec, homes: dict[str, Handle]) -> None:
         """On a CPU run, hold each of the layer's `packed` weights in the compute's own form
-        (`engine.models.cpu_linear.pack_weight`: a 4-bit matrix as the int4 kernel's operands, a bfloat16 one
-        in oneDNN's layout), made once here. The dense home goes back to the arena and the budget counts the
-        packed bytes in its place, so memory holds one copy of each weight."""
+        (`engine.models.cpu_linear`), made once here: a 4-bit matrix the int4 kernel takes as `Int4Linear`,
+        its operands written to the planned buffers `packed.{layer}.{tensor}.codes|scales` beside its home (and
+        a prefill's dequantized copy to the kind's `wdq`, as an unpacked one's); a
+        dense bfloat16 one reordered into oneDNN's layout, which the arena then holds in place of its home
+        (`Arena.hold_elsewhere`: the same bytes, so memory holds one copy of each weight)."""
         for n, handle in homes.items():
             if n not in self.packed or not self._direct(handle):
                 continue
-            value = pack_weight(handle.value, self.int4_max_rows)
-            if value is handle.value:
+            value = handle.value
+            if isinstance(value, QTensor):
+                if not int4_packable(value):
+                    continue
+                into = tuple(self.arena.get(f"packed.{spec.name}.{n}.{part}", handle.tier, shape, getattr(torch, dtype))
+                             for part, shape, dtype in int4_kernel_parts(tuple(value.shape), dtype_name(value.dtype),
+                                                                         value.config))
+                scratch = self.arena.get(f"wdq.{spec.kind}.{n}", Tier.GPU, tuple(value.shape), self.dtype)
+                homes[n] = Handle(handle.tier, pack_int4(value, self.int4_max_rows, into, scratch))
                 continue
-            key = f"home.{spec.name}.{n}"
-            self.arena.drop((key,))
-            self.arena.budget.reserve(handle.tier, packed_nbytes(value), f"{key} packed")
-            homes[n] = Handle(handle.tier, value)
+            packed = pack_weight(value)
+            if packed is not value:
+                homes[n] = Handle(handle.tier, self.arena.hold_elsewhere(f"home.{spec.name}.{n}", packed))
 
     @property
     def all_direct(self) -> bool:

@@ -42,6 +42,22 @@ def test_the_executor_allocates_the_plan(name, case, tmp_path):
     assert report["disk"]["peak"] == memory["disk"] - weight_file_bytes(plan)
 
 
+@pytest.mark.parametrize("name", ["llama", "opt"])
+@pytest.mark.parametrize("compress", [False, True], ids=["onednn", "int4"])
+def test_a_cpu_run_holds_its_packed_weights_as_planned(name, compress, tmp_path):
+    """A bfloat16 CPU run holds its matmul weights packed (`engine.models.cpu_linear`): the int4 kernel's
+    operands are planned buffers beside their 4-bit homes, a oneDNN-reordered weight is held in place of its
+    home; what the arena holds and the budgets' peaks are still the plan's."""
+    policy = Policy(gpu_batch_size=2, num_gpu_batches=2, w_gpu=0.5, w_cpu=0.5, compress_weights=compress)
+    loaded = family(name, dtype=torch.bfloat16)
+    held, asked, report = run(loaded, policy, 0, 1, CPU, tmp_path, torch.bfloat16)
+    plan, memory, _ = planned(loaded, policy, 0, 1, "cpu", 2, dtype=torch.bfloat16)
+    assert differences(held, asked, plan) == []
+    assert report["gpu"]["peak"] == memory["gpu"] and report["cpu"]["peak"] == memory["cpu"]
+    packed = [n for n in plan if n.startswith("packed.")]
+    assert bool(packed) == compress and {plan[n].tier for n in packed} <= {"gpu", "cpu"}
+
+
 def test_the_memory_model_is_the_plan_sum_plus_working_memory():
     """`executor_memory` counts no buffer itself: per tier the plan's bytes, and on the gpu the working memory."""
     loaded = family("mixtral")

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.quant.config import int4_kernel_parts
 from engine.models.cpu_linear import Int4Linear, int4_packable, linear, onednn_bf16, pack_weight
 from engine.models.loader import load_model
 from engine.policy.policy import Policy
@@ -41,7 +42,10 @@ def test_int4_kernel_multiplies_the_qtensor_codes(group):
     w = (0.05 * torch.randn(48, 128, generator=gen)).bfloat16()
     q = quantize(w, QuantConfig(group_size=group))
     packed = pack_weight(q, int4_max_rows=4)
-    assert isinstance(packed, Int4Linear) and packed.shape == (48, 128) and packed.nbytes < w.numel() * 2
+    assert isinstance(packed, Int4Linear) and packed.shape == (48, 128)
+    # the operands are what the buffer plan counts for them (`int4_kernel_parts`), shape and dtype
+    assert [(tuple(t.shape), str(t.dtype).removeprefix("torch.")) for t in (packed.packed, packed.scales_zeros)] == [
+        (shape, dtype) for _, shape, dtype in int4_kernel_parts((48, 128), "bfloat16", q.config)]
     for lead in [(1, 1), (2, 2), (2, 3)]:                           # 1 and 4 rows: the int4 kernel; 6: dense
         x = torch.randn(*lead, 128, generator=gen).bfloat16()
         want = F.linear(x.float(), dequantize(q).float())                                 # [*lead, 48]
@@ -84,7 +88,8 @@ def test_packed_homes_replace_the_dense_ones(tiny_checkpoints):
         assert attn["qkv_proj.weight"].is_mkldnn and attn["o_proj.weight"].is_mkldnn
         assert not attn["input_layernorm.weight"].is_mkldnn
         assert ex.weights.get(len(ex.specs) - 1, 0)["lm_head.weight"].is_mkldnn
-        assert not any(k.endswith("qkv_proj.weight") for k in ex.arena.held)          # the dense home is gone
+        home = next(k for k in ex.arena.held if k.endswith("qkv_proj.weight"))
+        assert home in ex.arena._elsewhere and home not in ex.arena._flat          # one copy: the reordered one
     finally:
         ex.close()
 

@@ -78,10 +78,12 @@ def run(loaded, policy: Policy, prefix: int, blocks: int, device: torch.device, 
 
 
 def planned(loaded, policy: Policy, prefix: int, blocks: int, device_type: str, bytes_per_element: int = 4,
-            prompt_len: int = PROMPT, gen_len: int = GEN) -> tuple[dict[str, BufferSpec], dict[str, int], dict[str, int]]:
+            prompt_len: int = PROMPT, gen_len: int = GEN, dtype: torch.dtype | None = None
+            ) -> tuple[dict[str, BufferSpec], dict[str, int], dict[str, int]]:
     """(the memory model's buffers by name, its bytes per tier, its peak per tier: those and the device
-    memory the executor uses without reserving it) for `run`'s workload."""
-    layout = model_layout(loaded.config, bytes_per_element, policy.compress_weights)
+    memory the executor uses without reserving it) for `run`'s workload; `dtype`: the run's, when its size
+    does not say it (bfloat16)."""
+    layout = model_layout(loaded.config, dtype or bytes_per_element, policy.compress_weights)
     args = (loaded.config, layout, policy, prompt_len, gen_len, bytes_per_element, device_type)
     kw = dict(shared_prefix_len=prefix, num_prompts=policy.block_size * blocks)
     return executor_plan(*args, **kw).buffers(), executor_memory(*args, **kw), peak_memory(*args, **kw)
