@@ -189,7 +189,7 @@ def pipeline_accuracy(records: list[dict]) -> str:
 def cold_run(workload: str) -> Callable[[list[dict]], str]:
     """`llmops run` from a shell (a fresh process: load, planning and weight placement included), its first
     run on the machine (plan cache emptied) and a later one, against the engine's time for the same rows in the
-    same run; and `--dry-run`'s seconds."""
+    same run; and `--dry-run`'s seconds. The engine's share of grammar time and its non-null rows."""
     def render(records: list[dict]) -> str:
         run = latest_run([r for r in records if r.get("workload") == workload], lambda r: r["path"] == "engine",
                          lambda r: r["path"] == "pipeline-cold")
@@ -197,7 +197,10 @@ def cold_run(workload: str) -> Callable[[list[dict]], str]:
         engine, cold = by["engine"], by["pipeline-cold"]
         first = by.get("pipeline-first")
         dry = by.get("pipeline-dry")
-        return (f"engine {engine['seconds']:.1f} s ({engine['rows_per_h']:,.0f} rows/h); `llmops run` cold "
+        grammar = (engine.get("engine_stats") or {}).get("grammar_mask_s")
+        return (f"engine {engine['seconds']:.1f} s ({engine['rows_per_h']:,.0f} rows/h"
+                + ("" if not grammar else f", grammar {grammar / engine['seconds']:.1%} of it")
+                + f", {engine['non_null_rows']:,} of {engine['rows_out']:,} rows non-null); `llmops run` cold "
                 f"{cold['seconds']:.1f} s (**{cold['seconds'] / engine['seconds']:.2f}x** the engine's time)"
                 + (f", first run {first['seconds']:.1f} s" if first else "")
                 + (f"; `--dry-run` {dry['seconds']:.1f} s" if dry else "") + f"; {card(engine)}")
@@ -228,11 +231,20 @@ def quant_perplexity(records: list[dict]) -> str:
             f"(**{both['relative_change']:+.1%}**); {card(r)}")
 
 
-def policy_validation(records: list[dict]) -> str:
-    r = records[-1]
-    m = r["models"]["opt-6.7b"]
-    return (f"auto **{m['auto_trials_measured_over_best']:.2f}** of the best measured policy, Spearman "
-            f"**{m['spearman']:.2f}** over {m['measured_policies']} policies; {card(r)}")
+def policy_validation(model: str) -> Callable[[list[dict]], str]:
+    """`policy="auto"` (with trials where the run measured them, else the cost model's choice alone) over the
+    best measured policy of `model`'s latest record, and the Spearman rank correlation of predicted and
+    measured; with the torch peaks, whether every policy stayed inside the budget."""
+    def render(records: list[dict]) -> str:
+        r = next(r for r in reversed(records) if model in r.get("models", {}))
+        m = r["models"][model]
+        ratio = m.get("auto_trials_measured_over_best") or m["auto_model_measured_over_best"]
+        within = r.get("all_within_budget")
+        return (f"auto **{ratio:.2f}** of the best measured policy, Spearman **{m['spearman']:.2f}** over "
+                f"{m['measured_policies']} policies"
+                + ("" if within is None else f"; every torch peak {'within' if within else 'NOT within'} the budget")
+                + f"; {card(r)}")
+    return render
 
 
 @dataclass(frozen=True)
@@ -259,7 +271,7 @@ ROWS = (
         "h200/throughput.jsonl", wrangle),
     Row("8B-shaped invoice job (4,096 rows, 14 GiB, weights streamed): `llmops run` and DuckDB vs the engine alone",
         "h200/job_paths.jsonl", product_paths("invoices-8b-offloaded")),
-    Row("8B-shaped invoice job (2,048 rows, 14 GiB, weights streamed): `llmops run` from a shell vs the engine alone",
+    Row("8B-shaped invoice job (4,096 rows, 14 GiB, weights streamed): `llmops run` from a shell vs the engine alone",
         "h100/job_paths.jsonl", cold_run("invoices-8b-offloaded")),
     Row("1B-shaped invoice job (6,000-10,000 rows, 16 GiB): each product path vs the engine alone",
         "h200/job_paths.jsonl", product_paths_h200),
@@ -274,7 +286,9 @@ ROWS = (
     Row("4-bit weights + KV cache (the defaults) vs uncompressed, SmolLM2-135M", "cpu-2core/quant_perplexity.jsonl",
         quant_perplexity),
     Row('`policy="auto"` vs the best of a grid of measured policies, OPT-6.7B, 16 GiB',
-        "h200/policy_validation.jsonl", policy_validation),
+        "h200/policy_validation.jsonl", policy_validation("opt-6.7b")),
+    Row('`policy="auto"` vs the best of a grid of measured policies, OPT-30B (prompt 512, gen 8), 16 GiB',
+        "h100/policy_validation.jsonl", policy_validation("opt-30b")),
 )
 
 
