@@ -17,7 +17,8 @@ Paths (each one job over all N rows, result cache off everywhere):
   parquet sink;
 - pipeline-dry: `llmops run --dry-run` in a fresh process: `run_plans` holds the plan it shows;
 - pipeline-cold: the same `llmops run` in a fresh process, timed end to end (model load, planning, warm-up and
-  the run: what a user's command pays; its device peak is the other process's, recorded null);
+  the run: what a user's command pays; its device peak is the other process's, recorded null; the modules it
+  imports are byte-compiled before any fresh process starts, as an installed package's are);
 - pipeline-first: pipeline-cold with the plan cache emptied first, so the run plans the job itself (the first
   run of a job on a machine whose hardware profile is cached); put it before pipeline-cold, which then reads
   the plan it cached;
