@@ -8,8 +8,8 @@ label. `--cascade small,large --min-confidence X` runs each task's llm_map step 
 reports how accurate its confident rows are against the rest. Appends one record to
 benchmarks/records/<machine>/pipeline_accuracy.jsonl (or --out): the common fields (tokens_per_s over all
 tasks) and {"rows", "overrides", "cascade", "min_confidence", "tasks": {task: {"rows", "seconds",
-"generated_tokens", "tokens_per_s", "failed_rows", "model", "valid_rate", "row_accuracy",
-"mean_field_accuracy", "fields": {column: accuracy}, "rows_per_model": {model: rows}, "calibration":
+"generated_tokens", "tokens_per_s", "failed_rows", "model", "seconds_by_model": {model: seconds}, "valid_rate",
+"row_accuracy", "mean_field_accuracy", "fields": {column: accuracy}, "rows_per_model": {model: rows}, "calibration":
 {"threshold", "confident": {"rows", "mean_field_accuracy"}, "unsure": {...}, "unknown_rows", "bins": [{"from",
 "rows", "mean_field_accuracy"}]}}}}.
 
@@ -160,6 +160,16 @@ def meta_overrides(path: Path, cascade: list[str] | None, min_confidence: float 
     return out
 
 
+def seconds_by_model(llm_steps: list[dict[str, Any]]) -> dict[str, float]:
+    """Wall seconds each model spent over a run's LLM steps (`RunResult.llm_steps`): where a cascade's time
+    goes."""
+    out: dict[str, float] = {}
+    for step in llm_steps:
+        for model, seconds in (step.get("seconds_by_model") or {}).items():
+            out[model] = round(out.get(model, 0.0) + seconds, 2)
+    return out
+
+
 def run_task(task: str, rows: int, workdir: Path, overrides: list[str], use_cache: bool,
              cascade: list[str] | None = None, min_confidence: float | None = None) -> dict[str, Any]:
     path = REPO / "pipelines" / f"{task}.yaml"
@@ -171,7 +181,7 @@ def run_task(task: str, rows: int, workdir: Path, overrides: list[str], use_cach
     return {"rows": len(predicted), "seconds": round(result.seconds, 2),
             "generated_tokens": result.generated_tokens, "tokens_per_s": round(result.tokens_per_s, 2),
             "failed_rows": result.failed_rows, "model": "->".join(cascade) if cascade else pipeline.model,
-            **score(task, predicted)}
+            "seconds_by_model": seconds_by_model(result.llm_steps), **score(task, predicted)}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
