@@ -423,7 +423,8 @@ class LLM:
         report = executor.memory_report()
         self.stats.add_block(prefill_s=float(ex_stats["prefill_s"]), decode_s=float(ex_stats["decode_s"]),
                              grammar_s=decoder.grammar_s, callback_s=decoder.callback_s,
-                             grammar_advance_s=decoder.advance_s, steps=int(ex_stats["steps"]), prefilled_ahead=bool(ex_stats.get("prefill_ahead")),
+                             grammar_advance_s=decoder.advance_s, steps=int(ex_stats["steps"]),
+                             prefilled_ahead=bool(ex_stats.get("prefill_ahead")),
                              tokens=sum(len(c.token_ids) for c in completions),
                              peak_bytes={tier: r.get("peak") or 0 for tier, r in report.items()})
         if self.device.type == "cuda":

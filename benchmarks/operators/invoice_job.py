@@ -87,6 +87,20 @@ def compiled_paths(path: list[str]) -> None:
 _COMPILED: set[str] = set()
 
 
+def run_llmops(argv: list[str], what: str) -> tuple[dict[str, Any], float]:
+    """Run `llmops *argv` in a fresh Python process (this checkout first on its path): the JSON object it
+    prints and its wall seconds; RuntimeError naming `what` and the end of stderr when it fails. The
+    process's modules are byte-compiled first (`compiled_paths`), as `pip install` leaves them."""
+    path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    compiled_paths(path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    with Timer() as t:
+        done = subprocess.run([sys.executable, "-m", "llmops.cli", *argv], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} exited {done.returncode}: {done.stderr[-2000:]}")
+    return json.loads(done.stdout[done.stdout.index("{"):]), t.seconds
+
+
 class Job:
     """Everything the paths share: args, spec, rows, files, the engine and its probe."""
 
@@ -208,25 +222,11 @@ class Job:
         return ["run", str(self.args.pipeline), "--no-cache", "--json", "--allow-errors", "--no-progress",
                 "--model", self.model, *(x for o in overrides for x in ("--set", o))]
 
-    @staticmethod
-    def _run_llmops(argv: list[str], what: str) -> tuple[dict[str, Any], float]:
-        """Run `llmops *argv` in a fresh Python process (this checkout first on its path): the JSON object it
-        prints and its wall seconds; RuntimeError naming `what` and the end of stderr when it fails. The
-        process's modules are byte-compiled first (`compiled_paths`), as `pip install` leaves them."""
-        path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        compiled_paths(path)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-        with Timer() as t:
-            done = subprocess.run([sys.executable, "-m", "llmops.cli", *argv], env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"{what} exited {done.returncode}: {done.stderr[-2000:]}")
-        return json.loads(done.stdout[done.stdout.index("{"):]), t.seconds
-
     # -- pipeline-dry (`llmops run --dry-run` in a fresh process: the plan it shows, for the cold run to match)
     def run_pipeline_dry(self) -> dict[str, Any]:
         argv = [*self.pipeline_argv(self.work / "pipeline_dry_out.parquet"), "--dry-run"]
         argv.remove("--allow-errors")
-        shown, seconds = self._run_llmops(argv, "llmops run --dry-run")
+        shown, seconds = run_llmops(argv, "llmops run --dry-run")
         return {"seconds": seconds, "first_result_s": None, "peak_device_gib": None, "peak_reserved_gib": None,
                 "first_result_note": "a dry run generates nothing", "run_plans": [shown.get("job_plan")],
                 "argv": ["llmops", *argv]}
@@ -245,7 +245,7 @@ class Job:
 
         sink = self.work / name
         argv = self.pipeline_argv(sink)
-        summary, seconds = self._run_llmops(argv, "llmops run")
+        summary, seconds = run_llmops(argv, "llmops run")
         table = pq.read_table(sink)
         report = Path(summary["report"]) if summary.get("report") else None
         plans = ([step.get("plan") for step in json.loads(report.read_text())["llm_steps"]]

@@ -57,7 +57,8 @@ prefill_ahead (whether the plan(s) of the path's engine calls had `Policy.prefil
 the list of flags per plan when they differ; null when no plan was seen), engine_stats (the engine's
 `EngineStats` over the path, `stats.since` a snapshot taken at its start: blocks, prefilled_ahead (blocks
 whose prefill ran on the previous block's decode), steps, generated_tokens, plan_s, place_s, prefill_s,
-decode_s, grammar_mask_s, grammar_advance_s (its part feeding tokens to the grammar), callback_s; null for an engine without `stats`), warmup_s, load_s, engines_cached,
+decode_s, grammar_mask_s, grammar_advance_s (its part feeding tokens to the grammar), callback_s; null for an
+engine without `stats`), warmup_s, load_s, engines_cached,
 versions, error (a path that failed; the others still run).
 The pipeline file's llm_map step gives template, system, examples, schema and `chat` (e.g.
 `--pipeline pipelines/bench_invoices_ahead.yaml`: the invoice workload without a shared prompt prefix or

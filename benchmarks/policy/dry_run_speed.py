@@ -3,26 +3,25 @@
 For each preset (`engine.models.presets.PRESETS`, dummy weights; `--presets` to choose) runs
 `llmops run PIPELINE --dry-run --model PRESET --set engine.gpu_memory=GPU_MEMORY` in a fresh Python process
 with the plan cache emptied first, so every run plans its job (the hardware profile stays cached, as it is on
-a machine that ran anything before: an unrecorded warm-up run measures it when it is not), and times it from the shell's side: interpreter start, imports, the
-model's config, planning and printing. A preset no policy fits under the budget on this machine says so (its
-`error`: the dry run's note). One record (common fields; `presets`: per preset the seconds, the plan's block
-shape and weight/cache fractions, or the error; `max_seconds`; `all_planned`) appended to benchmarks/records/<machine>/dry_run_speed.jsonl
-(or --out).
+a machine that ran anything before: an unrecorded warm-up run measures it when it is not), and times it from
+the shell's side: interpreter start, imports, the model's config, planning and printing (the modules
+byte-compiled first, `benchmarks.operators.invoice_job.run_llmops`). A preset no policy fits under the budget
+on this machine says so (its `error`: the dry run's note). One record (common fields; `presets`: per preset
+the seconds, the plan's block shape and weight/cache fractions, or the error; `max_seconds`; `all_planned`)
+appended to benchmarks/records/<machine>/dry_run_speed.jsonl (or --out).
 
     python benchmarks/policy/dry_run_speed.py [--pipeline pipelines/bench_invoices.yaml] [--gpu-memory 16GiB]
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository root
 from benchmarks.common import ROOT, Timer, add_record_args, new_record, save_record  # noqa: E402
+from benchmarks.operators.invoice_job import run_llmops  # noqa: E402
 
 from engine.calibrate.planning.cache import plan_dir  # noqa: E402
 from engine.models.presets import PRESETS  # noqa: E402
@@ -30,16 +29,14 @@ from engine.models.presets import PRESETS  # noqa: E402
 
 def dry_run(pipeline: Path, preset: str, gpu_memory: str) -> dict:
     """One `llmops run --dry-run` of `preset` in a fresh process, the plan cache emptied first: its seconds and
-    the plan it printed (or the error, with the end of its stderr)."""
+    the plan it printed (or the error)."""
     shutil.rmtree(plan_dir(), ignore_errors=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    argv = [sys.executable, "-m", "llmops.cli", "run", str(pipeline), "--dry-run", "--json", "--model", preset,
-            "--set", f"engine.gpu_memory={gpu_memory}"]
-    with Timer() as t:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        return {"seconds": round(t.seconds, 2), "error": done.stderr[-800:]}
-    shown = json.loads(done.stdout[done.stdout.index("{"):])
+    argv = ["run", str(pipeline), "--dry-run", "--json", "--model", preset, "--set", f"engine.gpu_memory={gpu_memory}"]
+    try:
+        with Timer() as t:
+            shown, _ = run_llmops(argv, f"llmops run --dry-run --model {preset}")
+    except RuntimeError as exc:
+        return {"seconds": round(t.seconds, 2), "error": str(exc)[-800:]}
     plan = shown.get("job_plan")
     if not plan:
         return {"seconds": round(t.seconds, 2), "error": shown.get("policy_note") or "no plan shown"}

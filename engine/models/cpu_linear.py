@@ -38,7 +38,8 @@ class Int4Linear:
     QTensor (the operands `engine.quant.config.int4_kernel_parts` names). Up to `max_rows` rows multiply in
     the int4 kernel (a decode step); more rows (a prefill chunk) multiply the QTensor dequantized to bfloat16
     (into `scratch` when given: a run's planned dense copy, shared by the layers of a kind, which a CPU
-    computes one after another): the kernel's time grows with the rows, a dense GEMM's barely (benchmarks/kernels/cpu_linear_speed.py), so past the crossing dequantizing once wins."""
+    computes one after another): the kernel's time grows with the rows, a dense GEMM's barely
+    (benchmarks/kernels/cpu_linear_speed.py), so past the crossing dequantizing once wins."""
 
     def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, q: QTensor, max_rows: int,
                  scratch: torch.Tensor | None = None) -> None:
@@ -56,7 +57,7 @@ class Int4Linear:
         lead = x.shape[:-1]
         rows = x.numel() // x.shape[-1]
         if rows > self.max_rows:
-            return F.linear(x, dequantize(self.q, out=self.scratch), bias)                                          # [..., n]
+            return F.linear(x, dequantize(self.q, out=self.scratch), bias)                        # [..., n]
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(rows, x.shape[-1]), self.packed, self.group_size,
                                                        self.scales_zeros).view(*lead, self.shape[0])  # [..., n]
         return y if bias is None else y + bias

@@ -8,8 +8,9 @@ outside the plan, or a request its planned buffer cannot hold (another tier, dty
 raises `PlanViolation`: a buffer the runtime would allocate but the memory model does not count. Without a
 plan (a standalone cache home in a test or a microbenchmark) a buffer is the size asked for, grown when a
 request exceeds it. `held` records every buffer the arena holds, as the plan entry it was allocated by, and
-`asked` the most bytes handed out of each (a plan tighter than its use leaves memory the budget counts idle). A planned buffer
-torch must allocate itself (a oneDNN-reordered weight) is `hold_elsewhere`'s: counted, not allocated here.
+`asked` the most bytes handed out of each (a plan tighter than its use leaves memory the budget counts idle).
+A planned buffer torch must allocate itself (a oneDNN-reordered weight) is `hold_elsewhere`'s: counted, not
+allocated here.
 A grown cpu buffer's old space goes back to the pinned pool for the next growth. Contents are uninitialised.
 """
 from __future__ import annotations
