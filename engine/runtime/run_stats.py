@@ -3,16 +3,16 @@
 The facade (`engine.llm.LLM.stats`) owns one and adds to it; a caller measures a stretch of work as the
 difference of two snapshots (`after.since(before)`). Pure Python: no torch, cheap enough to be always on.
 
-Seconds are wall clock on the host and do not overlap: `load_s` reading the model (the facade's
-constructor); `place_s` building executors (placing the weights on the tiers); `plan_s` choosing plans
-(the cost model's search, trials); `prefill_s` / `decode_s` the executor's prefill step and decode steps
-less the two parts charged apart inside them: `grammar_mask_s` (constrained decoding: the grammar's
-token masks and its advance per chosen token; `grammar_advance_s` is the advance's part of it) and
-`callback_s` (the caller's `on_finished` hook). A step ends when its tokens are chosen, which reads them
-back to the host, so on CUDA a step's device work is inside its own step. `peak_bytes`: the most each tier
-(gpu, cpu, disk) held, as the executor's budget counts it (weights, cache, working memory: what the cost model's peak memory predicts), during the latest
-generate/stream call; `device_peak_bytes`: torch's peak allocated bytes on CUDA at the end of that call
-(since the process began or torch's peak was last reset; None on a CPU).
+Seconds are wall clock on the host and do not overlap: `load_s` reading the model (the facade's constructor);
+`place_s` building executors (placing the weights on the tiers); `plan_s` choosing plans (the cost model's
+search, trials); `prefill_s` / `decode_s` the executor's prefill step and decode steps less the two parts
+charged apart inside them: `grammar_mask_s` (constrained decoding: the grammar's token masks and its advance per
+chosen token; `grammar_advance_s` is the advance's part of it) and `callback_s` (the caller's `on_finished`
+hook). A step ends when its tokens are chosen, which reads them back to the host, so on CUDA a step's device
+work is inside its own step. `peak_bytes`: the most each tier (gpu, cpu, disk) held, as the executor's budget
+counts it (weights, cache, working memory: what the cost model's peak memory predicts), during the latest
+generate/stream call; `device_peak_bytes`: torch's peak allocated bytes on CUDA at the end of that call (since
+the process began or torch's peak was last reset; None on a CPU).
 """
 from __future__ import annotations
 
