@@ -80,7 +80,7 @@ def compiled_paths(path: list[str]) -> None:
             folders = [Path(entry) / "engine", Path(entry) / "llmops"] if Path(entry) == ROOT else [Path(entry)]
             for folder in folders:
                 if folder.is_dir():
-                    compileall.compile_dir(str(folder), quiet=2, workers=0)
+                    compileall.compile_dir(str(folder), quiet=2)   # in this process: it may hold CUDA and threads
             _COMPILED.add(entry)
 
 
