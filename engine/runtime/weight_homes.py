@@ -174,10 +174,10 @@ class WeightHomes:
     def _pack_for_cpu(self, spec: LayerSpec, homes: dict[str, Handle]) -> None:
         """On a CPU run, hold each of the layer's `packed` weights in the compute's own form
         (`engine.models.cpu_linear`), made once here: a 4-bit matrix the int4 kernel takes as `Int4Linear`,
-        its operands written to the planned buffers `packed.{layer}.{tensor}.codes|scales` beside its home (and
-        a prefill's dequantized copy to the kind's `wdq`, as an unpacked one's); a
-        dense bfloat16 one reordered into oneDNN's layout, which the arena then holds in place of its home
-        (`Arena.hold_elsewhere`: the same bytes, so memory holds one copy of each weight)."""
+        its operands written to the planned buffers `packed.{layer}.{tensor}.codes|scales` beside its home and
+        a prefill's dequantized copy to the kind's `wdq` (as an unpacked one's); a dense bfloat16 one reordered
+        into oneDNN's layout, which the arena then holds in place of its home (`Arena.hold_elsewhere`: the
+        same bytes, so memory holds one copy of each weight)."""
         for n, handle in homes.items():
             if n not in self.packed or not self._direct(handle):
                 continue
@@ -185,9 +185,9 @@ class WeightHomes:
             if isinstance(value, QTensor):
                 if not int4_packable(value):
                     continue
+                parts = int4_kernel_parts(tuple(value.shape), dtype_name(value.dtype), value.config)
                 into = tuple(self.arena.get(f"packed.{spec.name}.{n}.{part}", handle.tier, shape, getattr(torch, dtype))
-                             for part, shape, dtype in int4_kernel_parts(tuple(value.shape), dtype_name(value.dtype),
-                                                                         value.config))
+                             for part, shape, dtype in parts)
                 scratch = self.arena.get(f"wdq.{spec.kind}.{n}", Tier.GPU, tuple(value.shape), self.dtype)
                 homes[n] = Handle(handle.tier, pack_int4(value, self.int4_max_rows, into, scratch))
                 continue
