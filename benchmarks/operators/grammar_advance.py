@@ -1,7 +1,7 @@
-"""Host cost of the grammar's budget bookkeeping: `GrammarConstraint.advance` (feed a token, keep a completion
-that fits the row's remaining tokens) timed over one `llmops run` of a JSON-schema pipeline on the embedded
-model, in process. One record (common fields, advance_calls, advance_s, advance_us_per_call, run seconds;
-workload the pipeline's name) appended to benchmarks/records/<machine>/grammar_advance.jsonl (or --out).
+"""Host cost of the grammar's budget bookkeeping: `GrammarConstraint.advance_rows` (feed each row's token, keep
+a completion that fits the row's remaining tokens) timed over one `llmops run` of a JSON-schema pipeline on the
+embedded model, in process. One record (common fields, advance_calls: row-tokens fed, advance_s,
+advance_us_per_call: per row-token, run seconds; workload the pipeline's name) appended to benchmarks/records/<machine>/grammar_advance.jsonl (or --out).
 
     python benchmarks/operators/grammar_advance.py [--pipeline pipelines/extract_invoices.yaml] [--limit 80]
 """
@@ -22,24 +22,24 @@ from llmops.cli import main as cli_main  # noqa: E402
 
 
 def timed_run(argv: list[str]) -> tuple[int, float, float]:
-    """(advance calls, seconds inside advance, wall seconds) of `llmops <argv>` in process."""
+    """(row-tokens fed, seconds inside `advance_rows`, wall seconds) of `llmops <argv>` in process."""
     spent, calls = [0.0], [0]
-    advance = GrammarConstraint.advance
+    advance = GrammarConstraint.advance_rows
 
-    def timed(self: GrammarConstraint, *args, **kwargs):
+    def timed(self: GrammarConstraint, rows, *args, **kwargs):
         began = time.perf_counter()
         try:
-            return advance(self, *args, **kwargs)
+            return advance(self, rows, *args, **kwargs)
         finally:
             spent[0] += time.perf_counter() - began
-            calls[0] += 1
+            calls[0] += len(rows)
 
-    GrammarConstraint.advance = timed
+    GrammarConstraint.advance_rows = timed
     try:
         with Timer() as clock:
             result = CliRunner().invoke(cli_main, argv, catch_exceptions=False)
     finally:
-        GrammarConstraint.advance = advance
+        GrammarConstraint.advance_rows = advance
     if result.exit_code != 0:
         raise SystemExit(f"llmops {' '.join(argv)} failed ({result.exit_code}): {result.output[-2000:]}")
     return calls[0], spent[0], clock.seconds

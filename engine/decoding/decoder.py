@@ -122,8 +122,7 @@ class BlockDecoder:
         verdicts: list[FinishReason | None] = [None] * len(rows)
         if self.constraint is not None:
             began = time.perf_counter()
-            for i, row in enumerate(rows):
-                tokens[i], verdicts[i] = self._advance_grammar(row, tokens[i])
+            tokens, verdicts = self._advance_grammar(rows, tokens)
             spent = time.perf_counter() - began
             self.grammar_s[phase] += spent
             self.advance_s += spent
@@ -153,16 +152,17 @@ class BlockDecoder:
             self.callback_s[phase] += time.perf_counter() - began
         return tokens, finished
 
-    def _advance_grammar(self, row: int, token: int) -> tuple[int, FinishReason | None]:
-        """Feed `token` to the row's grammar with the row's remaining budget: (token fed, "stop" when the
-        grammar is complete, "error" when it rejected the token, else None)."""
-        remaining = self.max_new_tokens[row] - len(self.tokens[row]) - 1
-        try:
-            token, complete = self.constraint.advance(row, token, remaining)
-        except ValueError as exc:
-            self.errors[row] = str(exc)
-            return token, "error"
-        return token, "stop" if complete else None
+    def _advance_grammar(self, rows: list[int], tokens: list[int]) -> tuple[list[int], list[FinishReason | None]]:
+        """Feed the rows' tokens to their grammars with each row's remaining budget: (the tokens fed, per row
+        "stop" when its grammar is complete, "error" when it rejected the token, else None)."""
+        remaining = [self.max_new_tokens[row] - len(self.tokens[row]) - 1 for row in rows]
+        fed, complete, errors = self.constraint.advance_rows(rows, tokens, remaining)
+        verdicts: list[FinishReason | None] = []
+        for row, done, error in zip(rows, complete, errors):
+            if error is not None:
+                self.errors[row] = error
+            verdicts.append("error" if error is not None else "stop" if done else None)
+        return fed, verdicts
 
     def _record(self, row: int, token: int, logprob: float | None, grammar: FinishReason | None) -> bool:
         """Append `token` to `row`; decide whether the row is finished and why (`grammar`: the grammar's
