@@ -4,14 +4,15 @@ process, and how many of its output rows equal those of the float32 run (the ref
 
 Each dtype in --dtypes runs once, in order, as `--set engine.dtype=<dtype>` ("auto": the machine's own
 choice, what `make run` gets). One record: common fields, per dtype the wall seconds, the pipeline's own
-seconds, generated tokens, failed rows and rows equal to float32's; workload the pipeline's
-name; tokens_per_s the first dtype's. Appended to benchmarks/records/<machine>/run_wall.jsonl (or --out).
+seconds and the grammar's part of them (masks and feeding tokens, from the run report), generated tokens,
+failed rows and rows equal to float32's; workload the pipeline's name; tokens_per_s the first dtype's. Appended to benchmarks/records/<machine>/run_wall.jsonl (or --out).
 
     python benchmarks/operators/run_wall.py [--pipeline pipelines/extract_invoices.yaml] [--limit 80]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -30,7 +31,10 @@ def run_once(pipeline: Path, limit: int, dtype: str, sink: Path) -> dict[str, An
                                   f"llmops run ({dtype})")
     shown = pipeline.resolve().relative_to(ROOT) if pipeline.resolve().is_relative_to(ROOT) else pipeline
     argv = ["llmops", "run", str(shown), *options]
+    report = json.loads(Path(summary["report"]).read_text())
+    grammar_s = sum(step["time"]["grammar_mask"] for step in report["llm_steps"])
     return {"dtype": dtype, "seconds": round(seconds, 2), "pipeline_s": round(float(summary["seconds"]), 2),
+            "grammar_s": round(grammar_s, 2), "grammar_share": round(grammar_s / float(summary["seconds"]), 4),
             "generated_tokens": summary["generated_tokens"], "failed_rows": summary["failed_rows"],
             "rows_written": summary["rows_written"], "llmops_argv": argv}
 
