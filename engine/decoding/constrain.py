@@ -20,8 +20,9 @@ its grammar before max_new_tokens: it tracks per row a completion from the curre
 the next token of the completion that fit before it. A row far from its budget pays one `validate_tokens`
 call per token (~1 us); when the old completion no longer fits, the search starts from hints taken from it
 (`closing.hints_after`: its tail, or its bytes after the token re-tokenized) and walks the grammar only
-when none fits (`python benchmarks/operators/grammar_advance.py`, extract_invoices, 80 rows, 2-core CPU: 22.6 us
-per row-token); only rows at their reserve have tokens replaced. The decoder feeds a GPU batch's rows in one
+when none fits (`python benchmarks/operators/grammar_advance.py`, extract_invoices, 80 rows, 2-core CPU: 11-23 us
+per row-token from run to run, benchmarks/records/cpu-2core/grammar_advance.jsonl); only rows at their reserve have
+tokens replaced. The decoder feeds a GPU batch's rows in one
 `advance_rows` call.
 
 A block's matchers are copies of one matcher built from the grammar (`LLMatcher.deep_copy`, ~3 us each against
