@@ -5,7 +5,7 @@ conversion (engine.models.gguf_convert) writes only config.json, the tokenizer f
 (`gguf_tensors.json`: each tensor's Hugging Face name, GGML type, shape, absolute byte range, the head
 count its rows are permuted by and the offset its values carry), so loading never re-parses the GGUF
 header (whose tokenizer arrays take seconds to read). `get` memory-maps the GGUF, dequantizes the layer's
-tensors one at a time (float32: Q4_0, Q4_1 and Q8_0 by torch ops, `engine.models.gguf_blocks`, other types
+tensors one at a time (float32: Q4_0, Q4_1, Q5_0 and Q8_0 by torch ops, `engine.models.gguf_blocks`, other types
 with `gguf.quants.dequantize`, numpy) straight into the layer's fused output tensors, undoes llama.cpp's q/k
 row permutation and Gemma's `1 + w` norm offset and casts to the source's dtype; each tensor's file pages are then dropped from this process's mapping (MADV_DONTNEED:
 clean file pages, re-read on the next touch), so resident memory while loading is the layer being built
@@ -39,7 +39,7 @@ def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def dequantize_tensor(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> torch.Tensor:
     """uint8 bytes of one GGUF tensor -> an owned float32 tensor of `shape` (HF order: outermost dim first):
-    Q4_0, Q4_1 and Q8_0 blocks by torch ops (`engine.models.gguf_blocks`, the same bits), any other type
+    Q4_0, Q4_1, Q5_0 and Q8_0 blocks by torch ops (`engine.models.gguf_blocks`, the same bits), any other type
     through `gguf.quants.dequantize`."""
     if ggml_type in BLOCKS:
         return dequantize_blocks(raw, ggml_type).view(shape)

@@ -1,4 +1,4 @@
-"""Q4_0, Q4_1 and Q8_0 blocks dequantized by torch ops give `gguf.quants.dequantize`'s bits."""
+"""Q4_0, Q4_1, Q5_0 and Q8_0 blocks dequantized by torch ops give `gguf.quants.dequantize`'s bits."""
 from __future__ import annotations
 
 import numpy as np
