@@ -22,8 +22,7 @@ call per token (~1 us); when the old completion no longer fits, the search start
 (`closing.hints_after`: its tail, or its bytes after the token re-tokenized) and walks the grammar only
 when none fits (`python benchmarks/operators/grammar_advance.py`, extract_invoices, 80 rows, 2-core CPU: 11-23 us
 per row-token from run to run, benchmarks/records/cpu-2core/grammar_advance.jsonl); only rows at their reserve have
-tokens replaced. The decoder feeds a GPU batch's rows in one
-`advance_rows` call.
+tokens replaced. The decoder feeds a GPU batch's rows in one `advance_rows` call.
 
 A block's matchers are copies of one matcher built from the grammar (`LLMatcher.deep_copy`, ~3 us each against
 ~0.8 ms to build one: 2,048 rows would otherwise spend ~1.6 s building matchers before the block starts).
@@ -337,7 +336,8 @@ class GrammarConstraint:
         """After `token` was consumed: keep a completion of at most `remaining` tokens, replacing `token`
         by `closing[0]` (or EOS when `closing` is empty) when none exists after it. Returns the token fed."""
         matcher = self._matchers[row]
-        after = closing_path(matcher, self._tokenizer, self._probes, remaining, hints_after(self._tokenizer, closing, token))
+        hints = hints_after(self._tokenizer, closing, token)
+        after = closing_path(matcher, self._tokenizer, self._probes, remaining, hints)
         if after is None:
             matcher.rollback(1)
             if not closing:

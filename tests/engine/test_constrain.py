@@ -113,6 +113,38 @@ def test_prefetched_masks_are_the_masks_computed_when_asked(tok):
     assert not ahead._ahead and not ahead._busy
 
 
+def test_advance_rows_feeds_as_advance_row_by_row(tok):
+    """`advance_rows` over a batch gives the tokens, completions and errors of `advance` row by row, budgets
+    included (tight budgets make rows take tokens of their completion instead of the chosen ones); a rejected
+    token is that row's error, not the batch's."""
+    params = SamplingParams(json_schema={"type": "object", "properties": {"name": {"type": "string"},
+                                                                          "n": {"type": "integer"}},
+                                         "required": ["name", "n"]})
+    rows = list(range(6))
+    batched, single = constraint(tok, params, 6), constraint(tok, params, 6)
+    gen = torch.Generator().manual_seed(3)
+    alive, replaced, done = rows, 0, 0
+    for step in range(24):
+        allowed = single.allowed(alive, tok.vocab_size)
+        assert torch.equal(batched.allowed(alive, tok.vocab_size), allowed)
+        chosen = torch.randn(len(alive), tok.vocab_size, generator=gen).masked_fill(~allowed, float("-inf"))
+        tokens = chosen.argmax(-1).tolist()
+        remaining = [23 - step - r for r in range(len(alive))]               # row r has r fewer tokens left
+        fed, complete, errors = batched.advance_rows(alive, tokens, remaining)
+        assert errors == [None] * len(alive)
+        assert list(zip(fed, complete)) == [single.advance(r, t, m) for r, t, m in zip(alive, tokens, remaining)]
+        replaced += sum(a != b for a, b in zip(fed, tokens))
+        done += sum(complete)
+        alive = [r for r, c in zip(alive, complete) if not c]
+        if not alive:
+            break
+    assert replaced > 0 and done == 6                  # the budgets bit, and every row closed its object
+    fresh = constraint(tok, params, 2)
+    brace = tok.encode("{", add_special_tokens=False)[0]
+    fed, complete, errors = fresh.advance_rows([0, 1], [brace, tok.encode("x", add_special_tokens=False)[0]])
+    assert fed[0] == brace and errors[0] is None and "rejected" in errors[1] and complete == [False, False]
+
+
 def test_escape_regex_matches_literally():
     for s in ["a+b", "(x)", "1.5", "c|d", "what?", "[tag]", "50% off"]:
         assert re.fullmatch(escape_regex(s), s)
