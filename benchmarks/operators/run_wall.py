@@ -60,7 +60,8 @@ def main() -> None:
     reference = tables["float32"]
     for run in runs:
         rows = tables[run["dtype"]]
-        run["rows_equal_to_float32"] = sum(a == b for a, b in zip(rows, reference)) if len(rows) == len(reference) else 0
+        same_rows = len(rows) == len(reference)              # else the runs wrote different rows: not comparable
+        run["rows_equal_to_float32"] = sum(a == b for a, b in zip(rows, reference)) if same_rows else None
         print(f"{run['dtype']}: {run['seconds']} s, {run['rows_equal_to_float32']}/{len(reference)} rows equal float32's")
     record = new_record("run_wall", args.pipeline.stem.replace("_", "-"), "smollm2-135m-instruct", commit=args.commit)
     record.update(rows=args.limit, runs=runs, tokens_per_s=round(runs[0]["generated_tokens"] / runs[0]["pipeline_s"], 1))

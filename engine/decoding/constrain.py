@@ -280,9 +280,9 @@ class GrammarConstraint:
                      ) -> tuple[list[int], list[bool], list[str | None]]:
         """`advance` for a GPU batch's rows in one call: (the tokens fed, whether each row's grammar is
         complete, the error of each row whose token the grammar rejected, else None). The same tokens and
-        verdicts as `advance` row by row, with one wait for the prefetches reading these rows' matchers."""
-        for pending in {id(p): p for p in (self._busy.pop(row, None) for row in rows) if p is not None}.values():
-            pending.exception()
+        verdicts as `advance` row by row."""
+        for row in rows:
+            self._quiet(row)
         fed = list(tokens)
         complete: list[bool] = [False] * len(fed)
         errors: list[str | None] = [None] * len(fed)
@@ -302,9 +302,7 @@ class GrammarConstraint:
             self._closings[row] = self._first_closing(row, remaining + 1)
         if token in self._eos:
             return token, True
-        self._fed[row] = True
-        if not matcher.consume_token(token):
-            raise ValueError(f"grammar rejected token {token} on row {row}: {matcher.get_error()}")
+        self._consume(row, token)
         closing = self._closings[row]
         if remaining is not None and closing is not None:
             if closing and token == closing[0]:
