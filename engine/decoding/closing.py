@@ -63,9 +63,13 @@ def _accepts_after(matcher: "llguidance.LLMatcher", tokens: list[int], eos: int)
 
 
 def _mask_token(matcher: "llguidance.LLMatcher", eos: int) -> int | None:
-    """From the grammar's mask: the first allowed token after which the grammar accepts, else the lowest."""
-    bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
-    allowed = np.flatnonzero(bits)
+    """From the grammar's mask: the first allowed token after which the grammar accepts, else the lowest.
+    Only the mask's first _SCAN + 1 non-zero 32-token words are unpacked (each holds an allowed token, so they
+    hold the lowest _SCAN + 1, EOS among them or not), not the whole vocabulary's bits."""
+    words = np.frombuffer(matcher.compute_bitmask(), dtype="<u4")                      # [w] bit j: token 32i + j
+    nz = np.flatnonzero(words)[:_SCAN + 1]                                             # [m] ascending
+    bits = np.unpackbits(words[nz].view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")   # [m, 32]
+    allowed = (nz[:, None] * 32 + np.arange(32))[bits.astype(bool)]                    # ascending token ids
     allowed = allowed[allowed != eos][:_SCAN].tolist()
     if not allowed:
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import torch
@@ -277,3 +278,34 @@ def test_rows_at_the_start_share_one_closing_search(tok):
     assert after_opening is not None and after_opening != alone
     assert [con._first_closing(row, need + 5) for row in range(3)] == [alone, alone, after_opening]
     assert list(con._start_closings) == [need + 5] and con._start_closings[need + 5] == alone
+
+
+class _MaskOnly:
+    """A matcher stand-in for `_mask_token`: a fixed bitmask; the grammar accepts after `accepting` tokens."""
+
+    def __init__(self, words: np.ndarray, accepting: set[int]) -> None:
+        self.words, self.accepting = words, accepting
+
+    def compute_bitmask(self) -> bytes:
+        return self.words.astype("<u4").tobytes()
+
+    def validate_tokens(self, tokens: list[int]) -> int:
+        return len(tokens) if tokens[0] in self.accepting else 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mask_token_reads_the_lowest_allowed_tokens_as_the_whole_mask_does(seed):
+    """Unpacking only the mask's first non-zero words gives the token a scan of every bit gives: the lowest
+    allowed token (EOS skipped) after which the grammar accepts, else the lowest allowed one."""
+    from engine.decoding.closing import _SCAN, _mask_token
+
+    rng = np.random.default_rng(seed)
+    words = np.zeros(1536, dtype=np.uint32)
+    hot = rng.choice(1536, size=300, replace=False)
+    words[hot] = rng.integers(1, 1 << 32, size=300, dtype=np.uint64).astype(np.uint32)
+    every = np.flatnonzero(np.unpackbits(words.astype("<u4").view(np.uint8), bitorder="little"))
+    eos = int(every[3])
+    scanned = [t for t in every.tolist() if t != eos][:_SCAN]
+    accepting = {scanned[-1], int(every[-1])}                 # one inside the scanned window, one past it
+    assert _mask_token(_MaskOnly(words, accepting), eos) == scanned[-1]
+    assert _mask_token(_MaskOnly(words, {int(every[-1])}), eos) == scanned[0]
