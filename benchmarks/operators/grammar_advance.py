@@ -1,7 +1,8 @@
 """Host cost of the grammar's budget bookkeeping: `GrammarConstraint.advance_rows` (feed each row's token, keep
 a completion that fits the row's remaining tokens) timed over one `llmops run` of a JSON-schema pipeline on the
 embedded model, in process. One record (common fields, advance_calls: row-tokens fed, advance_s,
-advance_us_per_call: per row-token, run seconds; workload the pipeline's name) appended to benchmarks/records/<machine>/grammar_advance.jsonl (or --out).
+advance_us_per_call: per row-token, run seconds; workload the pipeline's name) appended to
+benchmarks/records/<machine>/grammar_advance.jsonl (or --out).
 
     python benchmarks/operators/grammar_advance.py [--pipeline pipelines/extract_invoices.yaml] [--limit 80]
 """

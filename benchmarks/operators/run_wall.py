@@ -5,7 +5,8 @@ process, and how many of its output rows equal those of the float32 run (the ref
 Each dtype in --dtypes runs once, in order, as `--set engine.dtype=<dtype>` ("auto": the machine's own
 choice, what `make run` gets). One record: common fields, per dtype the wall seconds, the pipeline's own
 seconds and the grammar's part of them (masks and feeding tokens, from the run report), generated tokens,
-failed rows and rows equal to float32's; workload the pipeline's name; tokens_per_s the first dtype's. Appended to benchmarks/records/<machine>/run_wall.jsonl (or --out).
+failed rows and rows equal to float32's; workload the pipeline's name; tokens_per_s the first dtype's.
+Appended to benchmarks/records/<machine>/run_wall.jsonl (or --out).
 
     python benchmarks/operators/run_wall.py [--pipeline pipelines/extract_invoices.yaml] [--limit 80]
 """
@@ -27,10 +28,10 @@ def run_once(pipeline: Path, limit: int, dtype: str, sink: Path) -> dict[str, An
     """One fresh-process run writing `sink`: wall seconds from outside, and the run's own summary."""
     options = ["--limit", str(limit), "--allow-errors", "--no-cache", "--no-progress", "--json",
                "--set", f"engine.dtype={dtype}"]
-    summary, seconds = run_llmops(["run", str(pipeline.resolve()), *options, "--set", f"sink.parquet={sink}"],
+    path = pipeline.resolve()
+    summary, seconds = run_llmops(["run", str(path), *options, "--set", f"sink.parquet={sink}"],
                                   f"llmops run ({dtype})")
-    shown = pipeline.resolve().relative_to(ROOT) if pipeline.resolve().is_relative_to(ROOT) else pipeline
-    argv = ["llmops", "run", str(shown), *options]
+    argv = ["llmops", "run", str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path), *options]
     report = json.loads(Path(summary["report"]).read_text())
     grammar_s = sum(step["time"]["grammar_mask"] for step in report["llm_steps"])
     return {"dtype": dtype, "seconds": round(seconds, 2), "pipeline_s": round(float(summary["seconds"]), 2),
@@ -62,9 +63,11 @@ def main() -> None:
         rows = tables[run["dtype"]]
         same_rows = len(rows) == len(reference)              # else the runs wrote different rows: not comparable
         run["rows_equal_to_float32"] = sum(a == b for a, b in zip(rows, reference)) if same_rows else None
-        print(f"{run['dtype']}: {run['seconds']} s, {run['rows_equal_to_float32']}/{len(reference)} rows equal float32's")
+        print(f"{run['dtype']}: {run['seconds']} s, "
+              f"{run['rows_equal_to_float32']}/{len(reference)} rows equal float32's")
     record = new_record("run_wall", args.pipeline.stem.replace("_", "-"), "smollm2-135m-instruct", commit=args.commit)
-    record.update(rows=args.limit, runs=runs, tokens_per_s=round(runs[0]["generated_tokens"] / runs[0]["pipeline_s"], 1))
+    record.update(rows=args.limit, runs=runs,
+                  tokens_per_s=round(runs[0]["generated_tokens"] / runs[0]["pipeline_s"], 1))
     save_record(record, args.out)
 
 

@@ -24,8 +24,9 @@ when none fits (`python benchmarks/operators/grammar_advance.py`, extract_invoic
 per row-token from run to run, benchmarks/records/cpu-2core/grammar_advance.jsonl); only rows at their reserve have
 tokens replaced. The decoder feeds a GPU batch's rows in one `advance_rows` call.
 
-A block's matchers are copies of one matcher built from the grammar (`LLMatcher.deep_copy`, ~3 us each against
-~0.8 ms to build one: 2,048 rows would otherwise spend ~1.6 s building matchers before the block starts).
+A block's matchers are copies of one matcher built from the grammar (`LLMatcher.deep_copy`): building a matcher
+compiles the grammar for the tokenizer, copying one does not, and a block of thousands of rows would otherwise
+build thousands before its first step.
 """
 from __future__ import annotations
 
@@ -195,7 +196,7 @@ class GrammarConstraint:
             raise ValueError(f"SamplingParams.{field}: invalid constraint: {error}")
         self._tokenizer = tokenizer
         self._eos = frozenset(tokenizer.eos_tokens)
-        start = llg.LLMatcher(tokenizer, grammar, log_level=0)           # ~0.8 ms to build, ~3 us to copy
+        start = llg.LLMatcher(tokenizer, grammar, log_level=0)           # built once, copied per row
         self._matchers = [start, *(start.deep_copy() for _ in range(num_rows - 1))] if num_rows else []
         self._ahead: dict[tuple[int, ...], Future] = {}     # rows -> their next masks, computing on the mask thread
         self._busy: dict[int, Future] = {}                  # row -> the prefetch reading its matcher

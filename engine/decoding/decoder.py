@@ -25,7 +25,7 @@ the number of tokens chosen in it, so a caller can show progress while a block d
 Timing: `grammar_s` and `callback_s` hold the seconds this decoder spent in the grammar (masks and
 advances; a mask computed ahead on the mask thread counts only the time the call waits for it) and in
 `on_finished`, per phase (`advance_s`: the part of `grammar_s` feeding the chosen tokens to the grammar,
-`GrammarConstraint.advance`, over both phases): "prefill" for the call choosing the rows' first token, "decode"
+`GrammarConstraint.advance_rows`, over both phases): "prefill" for the call choosing the rows' first token, "decode"
 for every later one (`engine.runtime.run_stats` charges them apart from the executor's step times).
 """
 from __future__ import annotations
