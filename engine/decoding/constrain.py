@@ -137,7 +137,9 @@ def bitmask_to_bool(bitmask: np.ndarray, vocab: int, device: torch.device | str 
     """llguidance bitmask int32 [n, w] (bit j of word i = token 32*i + j allowed) -> bool [n, vocab] on `device`.
 
     Columns past the bitmask's 32*w tokens (a model vocab wider than the tokenizer's) are disallowed. On the
-    CPU numpy unpacks the bits; elsewhere the packed words travel and are unpacked there (`unpack_bits`).
+    CPU numpy unpacks the bits; elsewhere the packed words travel from pinned memory, queued behind the
+    device's work rather than waiting for it (a pageable copy waits for everything queued before it, the
+    step's own forward pass included), and are unpacked there (`unpack_bits`).
     """
     device = torch.device(device)
     n, w = bitmask.shape
@@ -145,7 +147,8 @@ def bitmask_to_bool(bitmask: np.ndarray, vocab: int, device: torch.device | str 
         bits = np.unpackbits(np.ascontiguousarray(bitmask).view(np.uint8), axis=1, bitorder="little")  # [n, 32w]
         allowed = torch.from_numpy(bits.view(np.bool_))                 # [n, 32w]
     else:
-        allowed = unpack_bits(torch.from_numpy(np.ascontiguousarray(bitmask)).to(device))    # [n, 32w]
+        words = torch.from_numpy(np.ascontiguousarray(bitmask)).pin_memory()               # [n, w] int32
+        allowed = unpack_bits(words.to(device, non_blocking=True))                         # [n, 32w]
     if w * 32 >= vocab:
         return allowed[:, :vocab]
     pad = torch.zeros(n, vocab - w * 32, dtype=torch.bool, device=device)
