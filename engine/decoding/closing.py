@@ -114,17 +114,23 @@ def hints_after(tokenizer: "llguidance.LLTokenizer", closing: list[int], token: 
     completed the grammar: `closing[1:]`, `closing`, and, when the token's bytes begin the closing's, the
     rest re-tokenized (shortest first: a `2` after `.` is closed by `", ...`, not by the `0", ...` that
     still fits)."""
-    hints = [closing[1:], closing] if closing else []
+    if not closing:
+        return []
+    hints = [closing[1:], closing]                      # shortest first
     done = tokenizer.decode_bytes([token])
     whole = tokenizer.decode_bytes(closing)
     if done and len(whole) > len(done) and whole.startswith(done):
         hints.append(list(tokenizer.tokenize_bytes(whole[len(done):])))
-    return sorted(hints, key=len)
+        hints.sort(key=len)
+    return hints
 
 
 def _fitting_hint(matcher: "llguidance.LLMatcher", hints: Sequence[list[int]], eos: int, room: int) -> list[int] | None:
     """The first non-empty hint of at most `room` tokens that completes the grammar from the matcher's state."""
-    return next((h for h in hints if h and len(h) <= room and _accepts_after(matcher, h, eos)), None)
+    for hint in hints:
+        if hint and len(hint) <= room and matcher.validate_tokens([*hint, eos]) == len(hint) + 1:
+            return hint
+    return None
 
 
 def _probe_step(matcher: "llguidance.LLMatcher", probes: ClosingTokens) -> list[int]:
