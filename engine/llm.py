@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from engine.calibrate.cpu_dtype import int4_max_rows
+from engine.calibrate.cpu_dtype import int4_dense_max_rows, int4_max_rows
 from engine.calibrate.planning import (
     Plan, Planner, PlanSettings, bucketed, bucketed_workload, compute_dtype, planning_profile, prompts_prefix_len,
     size_setting,
@@ -468,7 +468,8 @@ class LLM:
             self._embedder = None          # one copy of the weights on the device at a time
             began = time.perf_counter()
             # looked up at call time (not imported by name), so a test can substitute the executor class
-            rows = {"int4_max_rows": int4_max_rows()} if self.device.type == "cpu" else {}   # measured once
+            rows = ({"int4_max_rows": int4_max_rows(), "int4_dense_max_rows": int4_dense_max_rows()}
+                    if self.device.type == "cpu" else {})                                         # measured once
             self._executor = executor_mod.Executor(self.loaded, self._policy, device=self.device,
                                                    dtype=self.dtype, gpu_memory=self.gpu_memory,
                                                    cpu_memory=self.cpu_memory, disk_dir=self.disk_dir, **rows)

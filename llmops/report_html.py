@@ -226,7 +226,7 @@ def _policy(step: dict[str, Any]) -> str:
     if not policy:
         return head + "<p class=note>The engine reported no plan.</p>"
     shape = f"{policy.get('num_gpu_batches')} batch(es) x {policy.get('gpu_batch_size')}"
-    flags = ", ".join(f for f in ("overlap", "cpu_attention", "compress_weights", "compress_cache")
+    flags = ", ".join(f for f in ("overlap", "cpu_attention", "compress_weights", "compress_cache", "cpu_dense_copy")
                       if policy.get(f)) or "none"
     place = [[what] + [f"{100 * float(policy.get(f'{key}_{t}', 0.0)):.0f}%" for t in TIERS]
              for what, key in (("weights", "w"), ("kv cache", "cache"), ("hidden", "act"))]

@@ -7,7 +7,10 @@ build dispatches to. The engine multiplies bf16 matrices packed once into oneDNN
 matrix reorders it on every call and lost to float32 (~3x on a 2-core x86 machine, torch 2.13 CPU wheel),
 while on a 16-core H200 host bf16 is ~2.3x faster. The int4 crossing (`int4_max_rows`) is where
 `_weight_int4pack_mm_for_cpu` stops beating dequantize + GEMM as rows grow (`Int4Linear` runs the kernel
-up to it: a decode step, not a prefill). So "auto" asks the machine, but only once: the
+up to it: a decode step, not a prefill); `int4_dense_max_rows` is where it stops beating a GEMM over a dense
+copy packed once (`Policy.cpu_dense_copy`), timed over more matrices than the caches hold, as a decode step
+reads a model's weights (a GEMM whose matrix stays in cache reads bfloat16's four times the bytes for free).
+So "auto" asks the machine, but only once: the
 dtype is part of the result-cache key and bf16 and fp32 give different outputs, so a choice re-timed in every
 process (a near tie flips with the load of the moment) would make an unchanged rerun miss the cache and
 change its answers.
@@ -37,24 +40,28 @@ import torch
 
 from engine.calibrate.machine import cache_dir
 from engine.calibrate.measure import best_seconds
-from engine.models.cpu_linear import INT4_MAX_ROWS, linear, onednn_bf16, pack_int4, pack_onednn
+from engine.models.cpu_linear import (INT4_DENSE_MAX_ROWS, INT4_MAX_ROWS, dense_copy, linear, onednn_bf16,
+                                      pack_int4, pack_onednn)
 from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, quantize
 from engine.storage.atomic import write_json_atomic
 
 _SHAPE = (256, 576, 1536)   # a decode-sized GEMM (m, k, n): rows x hidden -> MLP width
 _INT4_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)   # row counts the int4 kernel is timed at
+_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
 _NAMES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 _CPU = torch.device("cpu")
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 @dataclass(frozen=True)
 class CpuChoice:
-    """This machine's answers: the dtype "auto" means, and the rows up to which the int4 kernel runs."""
+    """This machine's answers: the dtype "auto" means, and the rows up to which the int4 kernel runs, against
+    dequantize + GEMM and against a packed dense copy's GEMM."""
 
     dtype: torch.dtype
     int4_max_rows: int = INT4_MAX_ROWS
+    int4_dense_max_rows: int = INT4_DENSE_MAX_ROWS
 
 
 def _gemm_seconds(dtype: torch.dtype, repeats: int = 3) -> float:
@@ -82,6 +89,39 @@ def measure_int4_rows(repeats: int = 3) -> int:
         kernel = best_seconds(lambda: packed(x), _CPU, repeats)
         dense = best_seconds(lambda: torch.nn.functional.linear(x, dequantize(q)), _CPU, repeats)
         if kernel >= dense:
+            break
+        best = rows
+    return best
+
+
+def cold_bytes() -> int:
+    """Bytes of weights no cache of this CPU holds: twice its largest cache (sysfs; 64 MiB when it lists
+    none), at least 64 MiB and at most 1 GiB."""
+    sizes = []
+    for f in _CACHES.glob("index*/size"):
+        with contextlib.suppress(OSError, ValueError):
+            text = f.read_text().strip().upper()
+            sizes.append(int(text.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(text[-1:], 0))
+    return min(max(2 * max(sizes, default=0), 64 << 20), 1 << 30)
+
+
+def measure_int4_dense_rows(repeats: int = 3, cold: int | None = None) -> int:
+    """The most rows (of `_INT4_ROWS`) at which the int4 kernel multiplies faster than a GEMM over the same
+    weights' dense copy packed once (`dense_copy`), each timed over one product with each of as many
+    [k, n] matrices as `cold` bytes of bfloat16 hold (default `cold_bytes()`), so neither form reads its
+    weights from a cache (1 when the kernel never is faster)."""
+    _, k, n = _SHAPE
+    gen = torch.Generator().manual_seed(0)
+    q = quantize((0.05 * torch.randn(n, k, generator=gen)).bfloat16(), QuantConfig(group_size=32))
+    count = max(1, (cold or cold_bytes()) // (2 * n * k))
+    packed = [pack_int4(q, max_rows=_INT4_ROWS[-1]) for _ in range(count)]     # the kernel at every row count
+    dense = [dense_copy(q) for _ in range(count)]
+    best = 1
+    for rows in _INT4_ROWS:
+        x = torch.randn(rows, k, generator=gen).bfloat16()
+        kernel = best_seconds(lambda: [p(x) for p in packed], _CPU, repeats)
+        gemm = best_seconds(lambda: [linear(x, d) for d in dense], _CPU, repeats)
+        if kernel >= gemm:
             break
         best = rows
     return best
@@ -124,16 +164,17 @@ def read_choice(path: Path) -> CpuChoice | None:
         return None
     if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or data.get("key") != machine_key():
         return None
-    dtype, rows = _NAMES.get(data.get("dtype")), data.get("int4_max_rows")
-    if dtype is None or not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+    dtype, rows = _NAMES.get(data.get("dtype")), (data.get("int4_max_rows"), data.get("int4_dense_max_rows"))
+    if dtype is None or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in rows):
         return None
-    return CpuChoice(dtype, rows)
+    return CpuChoice(dtype, *rows)
 
 
 def _write(path: Path, choice: CpuChoice, seconds: dict[str, float]) -> None:
     """Atomically: a temporary file in the same folder, fsync, rename into place."""
     payload = {"version": CACHE_VERSION, "key": machine_key(), "dtype": str(choice.dtype).removeprefix("torch."),
-               "int4_max_rows": choice.int4_max_rows, "seconds": seconds,
+               "int4_max_rows": choice.int4_max_rows, "int4_dense_max_rows": choice.int4_dense_max_rows,
+               "seconds": seconds,
                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     write_json_atomic(path, payload)
 
@@ -151,7 +192,9 @@ def _locked(path: Path) -> Iterator[None]:
 
 def _measure() -> tuple[CpuChoice, dict[str, float]]:
     dtype, seconds = measure_cpu_dtype()
-    return CpuChoice(dtype, measure_int4_rows()), seconds
+    rows = measure_int4_rows()
+    dense = measure_int4_dense_rows() if onednn_bf16() else INT4_DENSE_MAX_ROWS
+    return CpuChoice(dtype, rows, dense), seconds
 
 
 def machine_cpu_choice(directory: Path | None = None) -> CpuChoice:
@@ -191,5 +234,10 @@ def fastest_cpu_dtype() -> torch.dtype:
 
 
 def int4_max_rows() -> int:
-    """The rows up to which this CPU's int4 kernel beats a dense GEMM (`this_machine`)."""
+    """The rows up to which this CPU's int4 kernel beats dequantize + a dense GEMM (`this_machine`)."""
     return this_machine().int4_max_rows
+
+
+def int4_dense_max_rows() -> int:
+    """The rows up to which this CPU's int4 kernel beats a GEMM over a packed dense copy (`this_machine`)."""
+    return this_machine().int4_dense_max_rows

@@ -13,11 +13,13 @@ position among the executor's specs, {k} a GPU batch, {n} a cache segment along 
     home.{layer}.{tensor}            a layer's tensor on its tier (`ModelLayout.placements`; disk: a weight file)
     packed.{layer}.{tensor}.codes|scales   a CPU run's int4 kernel operands of a 4-bit matmul weight held in
                                      memory (`engine.quant.config.int4_kernel_parts`), beside its home
+    packed.{layer}.{tensor}.dense    with `Policy.cpu_dense_copy`, its dense copy (held in oneDNN's layout)
     wbuf{slot}.{kind}.{tensor}       device copy of a tensor some layer of the kind loads, per weight slot
                                      (`weight_slots.WeightSlots`; a kind loaded ahead keeps one, slot 0, for
                                      its 4-bit tensors)
     wrelay{slot}.{kind}.{tensor}     pinned relay of a disk tensor's load (CUDA)
-    wdq.{kind}.{tensor}              dense device copy of a 4-bit tensor, dequantized for the compute
+    wdq.{kind}.{tensor}              dense device copy of a 4-bit tensor, dequantized for the compute (none
+                                     where every layer's tensor has a dense copy beside it)
   a block (`block_buffers`):
     kv.{j}.{k}.s{n}.k|v              gpu cache homes [rows, heads, S - L, hd] (L: a prefix held once)
     {host}.{j}.{k}.s{n}.k|v          cpu/disk cache homes (`host`: "kv", or "kvx" in every other block whose
@@ -153,7 +155,7 @@ def _major(shape: tuple[int, ...], major: bool) -> tuple[int, ...]:
 # ---- weights ---------------------------------------------------------------------------------------------
 def weight_homes(layout: ModelLayout, policy: Policy, device_type: str) -> list[BufferSpec]:
     """Every layer's tensors on the tiers the policy's weight fractions give (`ModelLayout.placements`)."""
-    key = ("weight_homes", policy.w_gpu, policy.w_cpu, policy.w_gpu_extra, device_type)
+    key = ("weight_homes", policy.w_gpu, policy.w_cpu, policy.w_gpu_extra, device_type, policy.cpu_dense_copy)
     return layout.derived(key, lambda: _weight_homes(layout, policy, device_type))
 
 
@@ -166,26 +168,47 @@ def _weight_homes(layout: ModelLayout, policy: Policy, device_type: str) -> list
                                   "weight files" if tier == "disk" else "weights", quant, (names,))
                        for name, tier, shape, quant in zip(kl.names, tiers, kl.shapes, kl.quants))
             if device_type == "cpu":
-                out.extend(_packed_for_cpu(layout, kl, tiers, names))
+                out.extend(_packed_for_cpu(layout, kl, tiers, names, policy.cpu_dense_copy))
     return out
 
 
-def _packed_for_cpu(layout: ModelLayout, kl: KindLayout, tiers: Sequence[str],
-                    names: tuple[str, ...]) -> list[BufferSpec]:
+def _packed_for_cpu(layout: ModelLayout, kl: KindLayout, tiers: Sequence[str], names: tuple[str, ...],
+                    dense: bool) -> list[BufferSpec]:
     """On a CPU run, the int4 kernel's operands of the 4-bit matmul weights held in memory (not on disk),
     beside their homes (`engine.models.cpu_linear.Int4Linear`; a dense bfloat16 one is reordered in place of
-    its home, the same bytes)."""
+    its home, the same bytes), and with `dense` (`Policy.cpu_dense_copy`) each one's dense copy
+    `packed.{layer}.{tensor}.dense`, [n, k] in the model's dtype (held reordered into oneDNN's layout, the
+    same bytes)."""
     return [BufferSpec(f"packed.{{}}.{name}.{part}", tier, shape, dtype, "packed weights", None, (names,))
             for name, tier, shape, quant, linear in zip(kl.names, tiers, kl.shapes, kl.quants, kl.linear)
             if linear and tier != "disk"
-            for part, shape, dtype in int4_kernel_parts(shape, layout.dtype, quant)]
+            for part, shape, dtype in _cpu_parts(shape, layout.dtype, quant, dense)]
+
+
+def _cpu_parts(shape: tuple[int, ...], dtype: str, quant: QuantConfig | None,
+               dense: bool) -> list[tuple[str, tuple[int, ...], str]]:
+    """A 4-bit matmul weight's CPU forms beside its home: the int4 kernel's operands (none when the kernel
+    does not take it) and, with `dense`, its dense copy."""
+    parts = int4_kernel_parts(shape, dtype, quant)
+    return [*parts, ("dense", shape, dtype)] if parts and dense else parts
+
+
+def _dense_beside(layout: ModelLayout, policy: Policy, device_type: str, kl: KindLayout, n: int) -> bool:
+    """Whether every layer of kind `kl` holds its tensor n with a dense copy beside it (`_packed_for_cpu`),
+    so a prefill never dequantizes it into the kind's `wdq` buffer."""
+    if device_type != "cpu" or not policy.cpu_dense_copy or not kl.linear[n]:
+        return False
+    placed = layout.placements(policy.w_gpu, policy.w_cpu, device_type, policy.w_gpu_extra)[id(kl)]
+    return (bool(int4_kernel_parts(kl.shapes[n], layout.dtype, kl.quants[n]))
+            and all(tiers[n] != "disk" for tiers, _ in placed))
 
 
 def weight_copies(layout: ModelLayout, policy: Policy, device_type: str,
                   steps: Sequence[int] = (0, 1)) -> list[BufferSpec]:
     """The device buffers weight loads fill and the dequantized copies of 4-bit tensors, over the steps
     `steps` (`weight_slots.step_parities`)."""
-    key = ("weight_copies", policy.w_gpu, policy.w_cpu, policy.w_gpu_extra, device_type, tuple(steps))
+    key = ("weight_copies", policy.w_gpu, policy.w_cpu, policy.w_gpu_extra, device_type, tuple(steps),
+           policy.cpu_dense_copy)
     return layout.derived(key, lambda: _weight_copies(layout, policy, device_type, steps))
 
 
@@ -203,7 +226,7 @@ def _weight_copies(layout: ModelLayout, policy: Policy, device_type: str, steps:
                     slots = (0,) if kl.ahead and quant is not None else layout.slots.slot_set(js, steps)
                     out.append(BufferSpec(f"{prefix}{{}}.{kl.kind}.{name}", tier, shape, layout.dtype, owner, quant,
                                           (slots,)))
-            if quant is not None:
+            if quant is not None and not _dense_beside(layout, policy, device_type, kl, n):
                 out.append(BufferSpec(f"wdq.{kl.kind}.{name}", "gpu", shape, layout.dtype, "dequantized weights"))
     return list(merged(out))
 

@@ -97,8 +97,8 @@ class PolicyEstimate:
                 lines.append(f"  {'':<10} {', '.join(held['kinds'])} held on the {gpu} whatever the share says "
                              f"({100 * held['share']:.1f}% of the weight bytes: their streamed copy would need "
                              f"a buffer as large)")
-        flags = [f for f in ("overlap", "cpu_attention", "compress_weights", "compress_cache", "prefill_ahead")
-                 if getattr(p, f)]
+        flags = [f for f in ("overlap", "cpu_attention", "compress_weights", "compress_cache", "cpu_dense_copy",
+                             "prefill_ahead") if getattr(p, f)]
         if p.weight_pages:                                   # set by the search for MoE models only
             flags.append(f"pipeline, {p.weight_pages} weight pages" if p.pipeline else "pipeline off")
         lines.append(f"  flags      {', '.join(flags) or 'none'}")

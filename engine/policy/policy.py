@@ -36,6 +36,12 @@ class Policy:
     `compress_weights`: decoder matmul weights held 4-bit in the model's groups
     (`engine.models.weights.weight_quant`: 64, a GGUF's 32). An AWQ / GPTQ int4 checkpoint's packed weights are
     held 4-bit in its own groups either way (`engine.models.weights.stored_quant`).
+
+    `cpu_dense_copy` (a CPU run's; an executor on another device refuses it): each 4-bit matmul weight the
+    int4 kernel takes is also held dense, bfloat16 reordered once into oneDNN's layout
+    (`engine.models.cpu_linear.dense_copy`), and multiplies through it past the kernel's crossing (a prefill, a
+    large decode batch) instead of dequantizing on every call. The products are the same bits; it costs a
+    bfloat16 matrix more per weight, which the buffer plan counts (`packed.{layer}.{tensor}.dense`).
     """
 
     gpu_batch_size: int = 32
@@ -50,6 +56,7 @@ class Policy:
     cpu_attention: bool = False
     compress_weights: bool = False
     compress_cache: bool = False
+    cpu_dense_copy: bool = False
     pipeline: bool = True
     weight_pages: int = 0
     prefill_ahead: bool = False

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 
 from engine.models.attention import attention_layer, attention_output, decode_inputs
-from engine.models.cpu_linear import INT4_MAX_ROWS
+from engine.models.cpu_linear import INT4_DENSE_MAX_ROWS, INT4_MAX_ROWS
 from engine.models.layers import reserve_positions
 from engine.models.weights import weight_quant
 from engine.policy.buffer_spec import BatchShape, BlockShape, BufferPlan
@@ -80,13 +80,17 @@ class Executor(AheadDriver):
     the only ones placed); `engine.runtime.stage_executor` drives such an executor step by step. The ahead
     prefill's methods are `AheadDriver`'s (`engine.runtime.executor_ahead`). On a CPU the family's
     `LINEAR_WEIGHTS` are held packed (`engine.models.cpu_linear`), compressed ones running the int4 kernel
-    for up to `int4_max_rows` rows."""
+    for up to `int4_max_rows` rows, or with `Policy.cpu_dense_copy` up to `int4_dense_max_rows` (past them a
+    dense copy multiplies; another device refuses that policy)."""
 
     def __init__(self, loaded, policy: Policy, *, device: torch.device, dtype: torch.dtype,
                  gpu_memory: int | None = None, cpu_memory: int | None = None, disk_dir: Path | None = None,
                  quant_config: QuantConfig | None = None, cache_quant_config: QuantConfig = CACHE_QUANT,
                  prefill_chunk_tokens: int = PREFILL_CHUNK_TOKENS, decode_chunk_bytes: int = DECODE_CHUNK_BYTES,
-                 stage: Stage | None = None, int4_max_rows: int = INT4_MAX_ROWS):
+                 stage: Stage | None = None, int4_max_rows: int = INT4_MAX_ROWS,
+                 int4_dense_max_rows: int = INT4_DENSE_MAX_ROWS):
+        if policy.cpu_dense_copy and torch.device(device).type != "cpu":
+            raise ValueError(f"Policy.cpu_dense_copy is a CPU run's weight form; this executor runs on {device}")
         self.loaded, self.policy = loaded, policy
         self.config, self.family = loaded.config, loaded.family
         self.device, self.dtype = torch.device(device), dtype
@@ -121,7 +125,8 @@ class Executor(AheadDriver):
                 self.weights = WeightHomes(loaded, self.specs, dtype=dtype, quant=self.wquant, arena=self.arena,
                                            disk_dir=disk_dir, ahead=self.slots.ahead,
                                            packed=getattr(self.family, "LINEAR_WEIGHTS", frozenset()),
-                                           int4_max_rows=int4_max_rows)
+                                           int4_max_rows=int4_dense_max_rows if policy.cpu_dense_copy
+                                           else int4_max_rows, dense=policy.cpu_dense_copy)
         except BaseException:
             self.close()
             raise

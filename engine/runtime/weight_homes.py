@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from engine.models.base import LayerSpec
-from engine.models.cpu_linear import INT4_MAX_ROWS, int4_packable, pack_int4, pack_weight
+from engine.models.cpu_linear import INT4_MAX_ROWS, dense_copy, int4_packable, pack_int4, pack_weight
 from engine.policy.dtypes import dtype_name
 from engine.quant.config import QuantConfig, int4_kernel_parts
 from engine.quant.group import dequantize, quantize
@@ -77,16 +77,18 @@ def _on_host(v: Stored) -> Stored:
 class WeightHomes:
     def __init__(self, loaded, specs: list[LayerSpec], *, dtype: torch.dtype, quant: QuantConfig | None,
                  arena: Arena, disk_dir: Path | None, ahead: frozenset[str] = frozenset(),
-                 packed: frozenset[str] = frozenset(), int4_max_rows: int = INT4_MAX_ROWS):
+                 packed: frozenset[str] = frozenset(), int4_max_rows: int = INT4_MAX_ROWS, dense: bool = False):
         """`arena` holds the buffer plan whose `home.{layer}.{tensor}` entries say each tensor's tier and stored
         form; `quant`: the policy's weight compression (None: compress_weights off), which names the weight
         files. `ahead`: layer kinds whose compressed tensors have one buffer. `packed`: the weight names a
         CPU run holds in the form the CPU multiplies fastest (`_pack_for_cpu`); a 4-bit one runs the int4
-        kernel for up to `int4_max_rows` rows."""
+        kernel for up to `int4_max_rows` rows, and with `dense` (`Policy.cpu_dense_copy`) multiplies a dense
+        copy past them."""
         self.specs, self.dtype, self.quant, self.arena = specs, dtype, quant, arena
         self.ahead = ahead
         self.packed = packed if arena.device.type == "cpu" else frozenset()
         self.int4_max_rows = int4_max_rows
+        self.dense = dense
         self.int4 = loaded.config.quantization_config
         self.device = arena.device
         self.homes: list[dict[str, Handle]] = []
@@ -175,7 +177,9 @@ class WeightHomes:
         """On a CPU run, hold each of the layer's `packed` weights in the compute's own form
         (`engine.models.cpu_linear`), made once here: a 4-bit matrix the int4 kernel takes as `Int4Linear`,
         its operands written to the planned buffers `packed.{layer}.{tensor}.codes|scales` beside its home and
-        a prefill's dequantized copy to the kind's `wdq` (as an unpacked one's); a dense bfloat16 one reordered
+        a prefill's dequantized copy to the kind's `wdq` (as an unpacked one's), or with `dense` its own dense
+        copy dequantized once and reordered into oneDNN's layout, held as `packed.{layer}.{tensor}.dense`
+        (`Arena.hold_elsewhere`); a dense bfloat16 one reordered
         into oneDNN's layout, which the arena then holds in place of its home (`Arena.hold_elsewhere`: the
         same bytes, so memory holds one copy of each weight)."""
         for n, handle in homes.items():
@@ -188,6 +192,12 @@ class WeightHomes:
                 parts = int4_kernel_parts(tuple(value.shape), dtype_name(value.dtype), value.config)
                 into = tuple(self.arena.get(f"packed.{spec.name}.{n}.{part}", handle.tier, shape, getattr(torch, dtype))
                              for part, shape, dtype in parts)
+                if self.dense:
+                    key = f"packed.{spec.name}.{n}.dense"
+                    out = self.arena.get(key, handle.tier, tuple(value.shape), self.dtype)
+                    dense = self.arena.hold_elsewhere(key, dense_copy(value, out))
+                    homes[n] = Handle(handle.tier, pack_int4(value, self.int4_max_rows, into, dense=dense))
+                    continue
                 scratch = self.arena.get(f"wdq.{spec.kind}.{n}", Tier.GPU, tuple(value.shape), self.dtype)
                 homes[n] = Handle(handle.tier, pack_int4(value, self.int4_max_rows, into, scratch))
                 continue

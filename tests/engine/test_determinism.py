@@ -33,6 +33,8 @@ def fake_measure(monkeypatch):
         return answer, {"bfloat16_s": 1.0, "float32_s": 2.0}
 
     monkeypatch.setattr(cpu_dtype, "measure_cpu_dtype", measure)
+    monkeypatch.setattr(cpu_dtype, "measure_int4_rows", lambda: 64)
+    monkeypatch.setattr(cpu_dtype, "measure_int4_dense_rows", lambda: 4)
     return calls
 
 
