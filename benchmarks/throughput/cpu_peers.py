@@ -8,7 +8,8 @@ at a time (batch 1: the first --batch1-prompts prompts one by one); each (batch,
 the sides interleaved within a batch size, so a machine whose load drifts shifts them alike (on a shared
 machine the ratios hold better than the absolute rates). Formats per side:
   - ours: each of --ours (`dtype` of `LLM`, e.g. float32, bfloat16, auto: the machine's choice; "+w4" after
-    it: compress_weights, the decoder's matrices held 4-bit in the GGUF's groups of 32);
+    it: compress_weights, the decoder's matrices held 4-bit in the GGUF's groups of 32; "+w4dense": those
+    and, with `Policy.cpu_dense_copy`, a dense copy of each that multiplies past the int4 kernel's crossing);
   - transformers: each of --hf (it reads the GGUF itself, dequantized into that dtype);
   - llama.cpp: the shipped file, and each of --llama re-quantized from it by llama.cpp (Q4_0, Q8_0, BF16),
     through `llama-cpp-python` built from source for this CPU (`llama_cpp_build`; skipped, with the reason,
@@ -57,11 +58,20 @@ def encoded_prompts(llm: LLM, n: int, max_new: int) -> list[list[int]]:
     return [e.ids for e in encode_prompts(texts, params, llm.tokenizer, llm.config.vocab_size, llm.max_context)]
 
 
+OURS_SUFFIXES = {"": {}, "w4": {"compress_weights": True},
+                 "w4dense": {"compress_weights": True, "cpu_dense_copy": True}}     # "+suffix" -> Policy flags
+
+
 def run_ours(model: str, form: str, prompts: list[list[int]], batch: int, max_new: int) -> dict[str, Any]:
-    """`form`: an `LLM` dtype, "+w4" after it for compress_weights (the GGUF's 4-bit weights kept 4-bit)."""
-    dtype, _, w4 = form.partition("+")
-    policy = Policy(gpu_batch_size=batch, compress_weights=w4 == "w4")              # a given policy says it
-    with LLM(model, dtype=dtype, device="cpu", policy=policy, compress_weights=w4 == "w4") as llm:
+    """`form`: an `LLM` dtype, "+w4" after it for compress_weights (the GGUF's 4-bit weights kept 4-bit),
+    "+w4dense" for those with a dense copy too (`Policy.cpu_dense_copy`)."""
+    dtype, _, suffix = form.partition("+")
+    if suffix not in OURS_SUFFIXES:
+        raise ValueError(f"--ours {form!r}: the suffix after '+' is one of {sorted(OURS_SUFFIXES)[1:]}")
+    flags = OURS_SUFFIXES[suffix]
+    policy = Policy(gpu_batch_size=batch, **flags)                                     # a given policy says it
+    with LLM(model, dtype=dtype, device="cpu", policy=policy,
+             compress_weights=flags.get("compress_weights", False)) as llm:
         llm.generate(prompts[:batch][:8], SamplingParams(max_new_tokens=4))        # warm-up: places the weights
         before = llm.stats.prefill_s
         with Timer() as t:
@@ -222,7 +232,8 @@ def main() -> None:
     ap.add_argument("--batch1-prompts", type=int, default=8, help="prompts run one by one at batch 1")
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--ours", default="auto,float32,bfloat16+w4", help="our forms: LLM dtype, +w4 for compress_weights")
+    ap.add_argument("--ours", default="auto,float32,bfloat16+w4",
+                    help="our forms: LLM dtype, +w4 for compress_weights, +w4dense for those with a dense copy")
     ap.add_argument("--hf", default="float32,bfloat16", help="transformers dtypes")
     ap.add_argument("--llama", default="Q4_0,Q8_0,BF16", help="llama.cpp formats re-quantized from the GGUF")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
