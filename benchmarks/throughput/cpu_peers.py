@@ -232,7 +232,7 @@ def main() -> None:
     ap.add_argument("--batch1-prompts", type=int, default=8, help="prompts run one by one at batch 1")
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--ours", default="auto,float32,bfloat16+w4",
+    ap.add_argument("--ours", default="auto,float32,bfloat16+w4,bfloat16+w4dense",
                     help="our forms: LLM dtype, +w4 for compress_weights, +w4dense for those with a dense copy")
     ap.add_argument("--hf", default="float32,bfloat16", help="transformers dtypes")
     ap.add_argument("--llama", default="Q4_0,Q8_0,BF16", help="llama.cpp formats re-quantized from the GGUF")
