@@ -31,7 +31,6 @@ build thousands before its first step.
 from __future__ import annotations
 
 import json
-import os
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
@@ -169,17 +168,9 @@ def _mask_thread() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(1, thread_name_prefix="engine-grammar")
 
 
-def mask_pool_threads(cpus: int | None = None) -> int:
-    """Threads of llguidance's mask pool: a quarter of the CPUs, at least two. The pool computes a GPU
-    batch's next masks while the main thread feeds another batch's tokens to its grammars and the I/O
-    threads copy weights and caches; llguidance's default (80% of the CPUs) would take the cores those
-    threads run on, and a mask computed ahead is needed only a step later."""
-    return max(2, (cpus if cpus is not None else os.cpu_count() or 1) // 4)
-
-
 @lru_cache(maxsize=1)
 def _executor() -> "llguidance.LLExecutor":
-    return _llguidance().LLExecutor(mask_pool_threads())
+    return _llguidance().LLExecutor()
 
 
 _PROBES: dict[int, tuple["llguidance.LLTokenizer", ClosingTokens]] = {}

@@ -245,8 +245,3 @@ def test_an_llguidance_too_old_is_refused_with_the_version_found(monkeypatch):
         constrain._llguidance()
     monkeypatch.setattr(llguidance, "__version__", "1.9.1", raising=False)
     assert constrain._llguidance() is llguidance
-
-
-def test_mask_pool_leaves_most_cpus_to_the_other_threads():
-    from engine.decoding.constrain import mask_pool_threads
-    assert [mask_pool_threads(n) for n in (1, 2, 8, 16, 64)] == [2, 2, 2, 4, 16]
