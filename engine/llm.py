@@ -468,8 +468,9 @@ class LLM:
             self._embedder = None          # one copy of the weights on the device at a time
             began = time.perf_counter()
             # looked up at call time (not imported by name), so a test can substitute the executor class
-            rows = ({"int4_max_rows": int4_max_rows(), "int4_dense_max_rows": int4_dense_max_rows()}
-                    if self.device.type == "cpu" else {})                                         # measured once
+            rows = {"int4_max_rows": int4_max_rows()} if self.device.type == "cpu" else {}   # measured once
+            if self.device.type == "cpu" and self._policy.cpu_dense_copy:
+                rows["int4_dense_max_rows"] = int4_dense_max_rows()                               # when asked
             self._executor = executor_mod.Executor(self.loaded, self._policy, device=self.device,
                                                    dtype=self.dtype, gpu_memory=self.gpu_memory,
                                                    cpu_memory=self.cpu_memory, disk_dir=self.disk_dir, **rows)

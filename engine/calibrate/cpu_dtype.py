@@ -9,11 +9,11 @@ while on a 16-core H200 host bf16 is ~2.3x faster. The int4 crossing (`int4_max_
 `_weight_int4pack_mm_for_cpu` stops beating dequantize + GEMM as rows grow (`Int4Linear` runs the kernel
 up to it: a decode step, not a prefill); `int4_dense_max_rows` is where it stops beating a GEMM over a dense
 copy packed once (`Policy.cpu_dense_copy`), timed over more matrices than the caches hold, as a decode step
-reads a model's weights (a GEMM whose matrix stays in cache reads bfloat16's four times the bytes for free).
-So "auto" asks the machine, but only once: the
-dtype is part of the result-cache key and bf16 and fp32 give different outputs, so a choice re-timed in every
-process (a near tie flips with the load of the moment) would make an unchanged rerun miss the cache and
-change its answers.
+reads a model's weights (a GEMM whose matrix stays in cache reads bfloat16's four times the bytes for free),
+the first time a run holding dense copies asks for it (`machine_dense_rows`). So "auto" asks the machine,
+but only once: the dtype is part of the result-cache key and bf16 and fp32 give different outputs, so a
+choice re-timed in every process (a near tie flips with the load of the moment) would make an unchanged rerun
+miss the cache and change its answers.
 
 The answers live beside the hardware profile (`engine.calibrate.machine.cache_dir()`, i.e. `$LLMOPS_CACHE_DIR`
 or `~/.cache/llmops`) in `cpu-dtype-<digest>.json`, keyed by hostname + CPU model + torch version (the
@@ -25,6 +25,7 @@ re-measure (e.g. after moving a disk image to another CPU of the same model name
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import hashlib
@@ -33,8 +34,7 @@ import platform
 import socket
 import time
 from pathlib import Path
-from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -54,14 +54,15 @@ _CPU = torch.device("cpu")
 CACHE_VERSION = 3
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class CpuChoice:
     """This machine's answers: the dtype "auto" means, and the rows up to which the int4 kernel runs, against
-    dequantize + GEMM and against a packed dense copy's GEMM."""
+    dequantize + GEMM and against a packed dense copy's GEMM (None until a run holding dense copies asks:
+    `machine_dense_rows`)."""
 
     dtype: torch.dtype
     int4_max_rows: int = INT4_MAX_ROWS
-    int4_dense_max_rows: int = INT4_DENSE_MAX_ROWS
+    int4_dense_max_rows: int | None = None
 
 
 def _gemm_seconds(dtype: torch.dtype, repeats: int = 3) -> float:
@@ -164,10 +165,14 @@ def read_choice(path: Path) -> CpuChoice | None:
         return None
     if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or data.get("key") != machine_key():
         return None
-    dtype, rows = _NAMES.get(data.get("dtype")), (data.get("int4_max_rows"), data.get("int4_dense_max_rows"))
-    if dtype is None or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in rows):
+    dtype, rows, dense = _NAMES.get(data.get("dtype")), data.get("int4_max_rows"), data.get("int4_dense_max_rows")
+    if dtype is None or not _whole_rows(rows) or not (dense is None or _whole_rows(dense)):
         return None
-    return CpuChoice(dtype, *rows)
+    return CpuChoice(dtype, rows, dense)
+
+
+def _whole_rows(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _write(path: Path, choice: CpuChoice, seconds: dict[str, float]) -> None:
@@ -192,9 +197,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 def _measure() -> tuple[CpuChoice, dict[str, float]]:
     dtype, seconds = measure_cpu_dtype()
-    rows = measure_int4_rows()
-    dense = measure_int4_dense_rows() if onednn_bf16() else INT4_DENSE_MAX_ROWS
-    return CpuChoice(dtype, rows, dense), seconds
+    return CpuChoice(dtype, measure_int4_rows()), seconds
 
 
 def machine_cpu_choice(directory: Path | None = None) -> CpuChoice:
@@ -215,6 +218,37 @@ def machine_cpu_choice(directory: Path | None = None) -> CpuChoice:
             return choice
     except OSError:
         return _measure()[0]
+
+
+def machine_dense_rows(directory: Path | None = None) -> int:
+    """This machine's `int4_dense_max_rows`: the cached one, else measured now (only a run holding dense copies
+    asks: the measurement reads more matrices than the CPU's caches hold) and added to the cached answers.
+    `INT4_DENSE_MAX_ROWS` where no bfloat16 oneDNN matmul runs (no dense copy is packed there)."""
+    choice = machine_cpu_choice(directory)
+    if choice.int4_dense_max_rows is not None:
+        return choice.int4_dense_max_rows
+    if not onednn_bf16():
+        return INT4_DENSE_MAX_ROWS
+    path = cache_path(directory)
+    try:
+        with _locked(path):
+            cached = read_choice(path) or choice
+            if cached.int4_dense_max_rows is not None:
+                return cached.int4_dense_max_rows
+            rows = measure_int4_dense_rows()
+            _write(path, dataclasses.replace(cached, int4_dense_max_rows=rows), _stored_seconds(path))
+            return rows
+    except OSError:
+        return measure_int4_dense_rows()
+
+
+def _stored_seconds(path: Path) -> dict[str, float]:
+    """The dtype measurement's seconds stored at `path` ({} when unreadable)."""
+    with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
+        seconds = json.loads(path.read_text(encoding="utf-8")).get("seconds")
+        if isinstance(seconds, dict):
+            return seconds
+    return {}
 
 
 def machine_cpu_dtype(directory: Path | None = None) -> torch.dtype:
@@ -238,6 +272,8 @@ def int4_max_rows() -> int:
     return this_machine().int4_max_rows
 
 
+@functools.lru_cache(maxsize=1)
 def int4_dense_max_rows() -> int:
-    """The rows up to which this CPU's int4 kernel beats a GEMM over a packed dense copy (`this_machine`)."""
-    return this_machine().int4_dense_max_rows
+    """The rows up to which this CPU's int4 kernel beats a GEMM over a packed dense copy (`machine_dense_rows`
+    for the default cache folder, remembered for the process)."""
+    return machine_dense_rows()

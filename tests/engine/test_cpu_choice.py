@@ -22,23 +22,40 @@ def fake_measure(monkeypatch):
 
 def test_choice_holds_the_int4_crossing(tmp_path, fake_measure):
     choice = cpu_dtype.machine_cpu_choice(tmp_path)
-    measured = ["dtype", "int4", "int4 dense"] if cpu_dtype.onednn_bf16() else ["dtype", "int4"]
-    dense = 2 if cpu_dtype.onednn_bf16() else cpu_dtype.INT4_DENSE_MAX_ROWS
-    assert choice == cpu_dtype.CpuChoice(torch.bfloat16, 8, dense) and fake_measure == measured
+    assert choice == cpu_dtype.CpuChoice(torch.bfloat16, 8, None) and fake_measure == ["dtype", "int4"]
     data = json.loads(cpu_dtype.cache_path(tmp_path).read_text())
-    assert data["int4_max_rows"] == 8 and data["int4_dense_max_rows"] == dense
+    assert data["int4_max_rows"] == 8 and data["int4_dense_max_rows"] is None
     assert data["version"] == cpu_dtype.CACHE_VERSION
-    assert cpu_dtype.machine_cpu_choice(tmp_path) == choice and fake_measure == measured     # read, not timed
+    assert cpu_dtype.machine_cpu_choice(tmp_path) == choice and len(fake_measure) == 2     # read, not timed
+
+
+def test_dense_crossing_is_measured_when_first_asked_and_kept(tmp_path, fake_measure):
+    dense = 2 if cpu_dtype.onednn_bf16() else cpu_dtype.INT4_DENSE_MAX_ROWS
+    assert cpu_dtype.machine_dense_rows(tmp_path) == dense
+    measured = ["dtype", "int4", "int4 dense"] if cpu_dtype.onednn_bf16() else ["dtype", "int4"]
+    assert fake_measure == measured
+    assert cpu_dtype.machine_dense_rows(tmp_path) == dense and fake_measure == measured     # read, not timed
+    data = json.loads(cpu_dtype.cache_path(tmp_path).read_text())
+    assert data["int4_max_rows"] == 8 and data["seconds"] == {"bfloat16_s": 1.0, "float32_s": 2.0}
+    assert data["int4_dense_max_rows"] == (2 if cpu_dtype.onednn_bf16() else None)
 
 
 @pytest.mark.parametrize("field", ["int4_max_rows", "int4_dense_max_rows"])
-@pytest.mark.parametrize("rows", [0, -1, "4", True, None])
+@pytest.mark.parametrize("rows", [0, -1, "4", True])
 def test_malformed_crossing_is_measured_again(tmp_path, fake_measure, rows, field):
     path = cpu_dtype.cache_path(tmp_path)
     path.write_text(json.dumps({"version": cpu_dtype.CACHE_VERSION, "key": cpu_dtype.machine_key(),
                                 "dtype": "float32", "int4_max_rows": 4, "int4_dense_max_rows": 4, field: rows}))
     assert cpu_dtype.read_choice(path) is None
-    assert cpu_dtype.machine_cpu_choice(tmp_path).int4_max_rows == 8 and "dtype" in fake_measure
+    assert cpu_dtype.machine_cpu_choice(tmp_path).int4_max_rows == 8 and fake_measure == ["dtype", "int4"]
+
+
+def test_missing_int4_crossing_is_measured_again(tmp_path, fake_measure):
+    path = cpu_dtype.cache_path(tmp_path)
+    path.write_text(json.dumps({"version": cpu_dtype.CACHE_VERSION, "key": cpu_dtype.machine_key(),
+                                "dtype": "float32", "int4_max_rows": None}))
+    assert cpu_dtype.read_choice(path) is None
+    assert cpu_dtype.machine_cpu_choice(tmp_path).int4_max_rows == 8
 
 
 def test_int4_crossing_is_measured_in_whole_rows():
