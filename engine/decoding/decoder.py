@@ -91,6 +91,7 @@ class BlockDecoder:
         self.grammar_s = {"prefill": 0.0, "decode": 0.0}
         self.advance_s = 0.0
         self.callback_s = {"prefill": 0.0, "decode": 0.0}
+        self._next_masks: list[list[int]] = []   # per GPU batch chosen this step: its rows still running
         self._stop_hit = [False] * n
         self._stops = tuple(s for s in params.stop if s)
         self._max_stop = max((len(s) for s in self._stops), default=0)
@@ -107,6 +108,9 @@ class BlockDecoder:
         phase = "decode" if rows and self.tokens[rows[0]] else "prefill"
         scores = logits
         if self.constraint is not None:
+            if self._next_masks:                 # chosen again before `end_step`: `allowed` computes them
+                now = set(rows)
+                self._next_masks = [k for k in self._next_masks if now.isdisjoint(k)]
             began = time.perf_counter()
             allowed = self.constraint.allowed(rows, logits.shape[-1], logits.device)      # [n, v]
             scores = logits.masked_fill(~allowed, float("-inf"))                        # [n, v]
@@ -144,13 +148,26 @@ class BlockDecoder:
                 began = time.perf_counter()
                 self.on_finished(row, self._done[row])
                 self.callback_s[phase] += time.perf_counter() - began
-        if self.constraint is not None:       # the rows' next masks, while the device runs their next step
-            self.constraint.prefetch([row for row, done in zip(rows, finished) if not done])
+        if self.constraint is not None:       # the rows' next masks, started at `end_step`
+            alive = [row for row, done in zip(rows, finished) if not done]
+            if alive:
+                self._next_masks.append(alive)
         if self.on_step is not None:
             began = time.perf_counter()
             self.on_step(len(rows))
             self.callback_s[phase] += time.perf_counter() - began
         return tokens, finished
+
+    def end_step(self) -> None:
+        """Every GPU batch of the step has chosen (the executor's hook, `engine.runtime.selector`): start the
+        next masks of the rows still running, one mask-thread job per GPU batch, while the device runs their
+        next step. Started at each batch's own call instead, a block of several GPU batches computes batch k's
+        masks on llguidance's threads while the main thread advances batch k + 1's grammars, and both slow
+        down. A batch chosen again before `end_step` computes its masks in its `allowed` call."""
+        if self.constraint is not None:
+            for rows in self._next_masks:
+                self.constraint.prefetch(rows)
+        self._next_masks = []
 
     def _advance_grammar(self, rows: list[int], tokens: list[int]) -> tuple[list[int], list[FinishReason | None]]:
         """Feed the rows' tokens to their grammars with each row's remaining budget: (the tokens fed, per row

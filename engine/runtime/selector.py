@@ -3,10 +3,14 @@
 The executor knows nothing of sampling, stop strings or grammars: after each forward of a GPU batch it
 hands the last-position logits of that batch's alive sequences to a `TokenSelector`, which returns the
 next token of each and whether it is finished. A finished sequence stops costing compute.
+
+A selector may also define `end_step()`: the executor calls it once every GPU batch of a step has chosen
+(`end_step_of`), so work the selector starts for the next step (a grammar's next masks) runs beside the
+device's next step rather than beside the other batches' choices on the host.
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -20,6 +24,11 @@ class TokenSelector(Protocol):
         Returns (token_ids, finished), one entry per row. A finished row's token is still part of its
         output (the selector records it); the executor never feeds a finished row again.
         """
+
+
+def end_step_of(select: TokenSelector) -> Callable[[], None] | None:
+    """The selector's `end_step` hook, or None when it has none."""
+    return getattr(select, "end_step", None)
 
 
 class GreedyToEnd:

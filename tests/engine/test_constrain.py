@@ -245,3 +245,35 @@ def test_an_llguidance_too_old_is_refused_with_the_version_found(monkeypatch):
         constrain._llguidance()
     monkeypatch.setattr(llguidance, "__version__", "1.9.1", raising=False)
     assert constrain._llguidance() is llguidance
+
+
+def test_next_masks_start_when_the_step_ends(tok):
+    """The decoder starts a GPU batch's next masks at `end_step`, not at its own choice, so no mask is computed
+    beside another batch's advance; every batch then finds its masks computed ahead, and the tokens are those of
+    a decoder whose masks are all computed on demand."""
+    params = SamplingParams(json_schema={"type": "object", "properties": {"a": {"type": "integer"},
+                                                                          "b": {"type": "string"}}})
+    batches, rows = [[0, 1, 2], [3, 4, 5]], 6
+    dec = BlockDecoder([[1]] * rows, [30] * rows, params, eos_ids=tok.eos_token_ids, tokenizer=tok,
+                       constraint=constraint(tok, params, rows))
+    ref = BlockDecoder([[1]] * rows, [30] * rows, params, eos_ids=tok.eos_token_ids, tokenizer=tok,
+                       constraint=constraint(tok, params, rows))
+    gen = torch.Generator().manual_seed(5)
+    ahead_found = 0
+    for step in range(30):
+        for k, live in enumerate(batches):
+            if not live:
+                continue
+            if step:
+                assert tuple(live) in dec.constraint._ahead      # started at the last end_step
+                ahead_found += 1
+            logits = torch.randn(len(live), tok.vocab_size, generator=gen) * 3
+            before = set(dec.constraint._ahead)
+            tokens, finished = dec(live, logits)
+            assert (tokens, finished) == ref(live, logits)
+            assert set(dec.constraint._ahead) == before - {tuple(live)}     # nothing starts before the step ends
+            batches[k] = [r for r, f in zip(live, finished) if not f]
+        dec.end_step()
+        ref.constraint.settle(range(rows))
+    assert ahead_found > 10 and not any(batches)
+    assert [c.text for c in dec.completions()] == [c.text for c in ref.completions()]

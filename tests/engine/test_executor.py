@@ -251,3 +251,42 @@ def test_host_side_store_completes_inline_without_cuda():
     assert order == ["copy", "then"] and pending.done and torch.equal(dst, src)
     pending.wait()
     transfers.close()
+
+
+class _StepEvents(GreedyRecorder):
+    """GreedyRecorder that logs each choice (its rows) and each `end_step` call, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.events: list[tuple[int, ...] | None] = []
+
+    def __call__(self, rows, logits):
+        self.events.append(tuple(rows))
+        return super().__call__(rows, logits)
+
+    def end_step(self):
+        self.events.append(None)
+
+
+def test_end_step_follows_the_last_running_batch_of_each_step(tiny_checkpoints):
+    """A selector's `end_step` runs once per step, after every GPU batch still running has chosen: three GPU
+    batches of two rows, the last one ending after its first token, so later steps end after batch 1."""
+    loaded = load_model(tiny_checkpoints["llama"], dtype=torch.float32)
+    prompts = make_prompts(6, loaded.config.vocab_size, seed=4)
+    sel = _StepEvents()
+    ex = Executor(loaded, Policy(gpu_batch_size=2, num_gpu_batches=3), device=torch.device("cpu"),
+                  dtype=torch.float32)
+    try:
+        ex.generate_block(prompts, [4, 4, 4, 4, 1, 1], sel)
+    finally:
+        ex.close()
+    steps, current = [], []
+    for event in sel.events:
+        if event is None:
+            steps.append(current)
+            current = []
+        else:
+            current.append(event)
+    assert current == []                                     # no choice after the last end_step
+    assert steps[0] == [(0, 1), (2, 3), (4, 5)]
+    assert steps[1:] == [[(0, 1), (2, 3)]] * 3
