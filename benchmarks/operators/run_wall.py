@@ -3,7 +3,7 @@ in a fresh process (the embedded model already installed, the result cache off),
 process, and how many of its output rows equal those of the float32 run (the reference arithmetic).
 
 Each dtype in --dtypes runs once, in order, as `--set engine.dtype=<dtype>` ("auto": the machine's own
-choice, what `make run` gets). One record: common fields, per dtype the wall seconds, the pipeline's own
+choice; "pipeline": no --set, the dtype the pipeline file asks for, what `make run` gets). One record: common fields, per dtype the wall seconds, the pipeline's own
 seconds and the grammar's part of them (masks and feeding tokens, from the run report), generated tokens,
 failed rows and rows equal to float32's; workload the pipeline's name; tokens_per_s the first dtype's.
 Appended to benchmarks/records/<machine>/run_wall.jsonl (or --out).
@@ -24,10 +24,13 @@ from benchmarks.common import ROOT, add_record_args, new_record, save_record  # 
 from benchmarks.operators.invoice_job import run_llmops  # noqa: E402
 
 
+AS_WRITTEN = "pipeline"           # a --dtypes entry: the pipeline file's own engine.dtype
+
+
 def run_once(pipeline: Path, limit: int, dtype: str, sink: Path) -> dict[str, Any]:
     """One fresh-process run writing `sink`: wall seconds from outside, and the run's own summary."""
     options = ["--limit", str(limit), "--allow-errors", "--no-cache", "--no-progress", "--json",
-               "--set", f"engine.dtype={dtype}"]
+               *([] if dtype == AS_WRITTEN else ["--set", f"engine.dtype={dtype}"])]
     path = pipeline.resolve()
     summary, seconds = run_llmops(["run", str(path), *options, "--set", f"sink.parquet={sink}"],
                                   f"llmops run ({dtype})")
@@ -46,7 +49,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pipeline", type=Path, default=ROOT / "pipelines" / "extract_invoices.yaml")
     ap.add_argument("--limit", type=int, default=80, help="source rows (make run's RUN_ARGS: 80)")
-    ap.add_argument("--dtypes", default="auto,float32", help="comma-separated engine dtypes; float32 is the reference")
+    ap.add_argument("--dtypes", default=f"{AS_WRITTEN},auto,float32",
+                    help=f"comma-separated engine dtypes ({AS_WRITTEN!r}: the file's own); float32 is the reference")
     add_record_args(ap)
     args = ap.parse_args()
     dtypes = args.dtypes.split(",")
