@@ -3,9 +3,10 @@ in a fresh process (the embedded model already installed, the result cache off),
 process, and how many of its output rows equal those of the float32 run (the reference arithmetic).
 
 Each dtype in --dtypes runs once, in order, as `--set engine.dtype=<dtype>` ("auto": the machine's own
-choice; "pipeline": no --set, the dtype the pipeline file asks for, what `make run` gets). One record: common fields, per dtype the wall seconds, the pipeline's own
-seconds and the grammar's part of them (masks and feeding tokens, from the run report), generated tokens,
-failed rows and rows equal to float32's; workload the pipeline's name; tokens_per_s the first dtype's.
+choice; "pipeline": no --set, the dtype the pipeline file asks for, what `make run` gets). One record: common
+fields, per dtype the wall seconds, the pipeline's own seconds and the grammar's part of them (masks and feeding
+tokens, from the run report), generated tokens, failed rows and rows equal to float32's; workload the pipeline's
+name; tokens_per_s the first dtype's.
 Appended to benchmarks/records/<machine>/run_wall.jsonl (or --out).
 
     python benchmarks/operators/run_wall.py [--pipeline pipelines/extract_invoices.yaml] [--limit 80]

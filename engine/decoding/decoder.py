@@ -22,6 +22,9 @@ reached are not passed to it (they only exist as "length" rows in `completions()
 is called at the end of every call (a GPU batch's first tokens after its prefill, or one decode step), with
 the number of tokens chosen in it, so a caller can show progress while a block decodes.
 
+Grammar masks: a GPU batch's next masks start on the mask thread at `end_step`, the executor's hook once every
+GPU batch of the step has chosen (`engine.runtime.selector`).
+
 Timing: `grammar_s` and `callback_s` hold the seconds this decoder spent in the grammar (masks and
 advances; a mask computed ahead on the mask thread counts only the time the call waits for it) and in
 `on_finished`, per phase (`advance_s`: the part of `grammar_s` feeding the chosen tokens to the grammar,
