@@ -35,7 +35,7 @@ from engine.policy.buffers import ahead_passes, ahead_stage_slots
 from engine.policy.working import row_chunks
 from engine.runtime.block_state import BlockState
 from engine.runtime.prefill_chunks import RowView
-from engine.runtime.selector import end_step_of
+from engine.runtime.selector import end_step
 from engine.runtime.transfers import Transfers
 
 
@@ -132,9 +132,7 @@ class AheadPrefill:
         """The chunk's first tokens: recorded as the block-by-block prefill's head would."""
         batch = self.state.batches[ch.k]
         tokens, finished = self.state.select([batch.rows[r] for r in range(ch.r0, ch.r1)], logits)
-        end_step = end_step_of(self.state.select)       # the chunk's next masks start now
-        if end_step is not None:
-            end_step()
+        end_step(self.state.select)                     # the chunk's next masks start now
         for r, tok, fin in zip(range(ch.r0, ch.r1), tokens, finished):
             batch.generated[r] += 1
             if fin or batch.generated[r] >= batch.max_new[r]:

@@ -48,7 +48,7 @@ from engine.runtime.layout import model_layout
 from engine.runtime.moe_schedule import moe_block_schedule, previous_of_kind
 from engine.runtime.prefill_chunks import attention_prefill, mlp_prefill
 from engine.runtime.schedule import Action, block_schedule
-from engine.runtime.selector import TokenSelector, end_step_of
+from engine.runtime.selector import TokenSelector, end_step
 from engine.runtime.step_profile import StepProfile
 from engine.runtime.transfers import Pending, Transfers
 from engine.runtime.weight_homes import WeightHomes
@@ -495,9 +495,7 @@ class Executor(AheadDriver):
         self._apply_step(a.k, step)
         blk.hidden[a.k] = None
         if all(b.done for b in blk.batches[a.k + 1:]):  # no later GPU batch chooses in this step
-            end_step = end_step_of(blk.select)
-            if end_step is not None:
-                end_step()
+            end_step(blk.select)
         if a.k == len(blk.batches) - 1:
             self._step_done(a.i)
 

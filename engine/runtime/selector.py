@@ -5,12 +5,12 @@ hands the last-position logits of that batch's alive sequences to a `TokenSelect
 next token of each and whether it is finished. A finished sequence stops costing compute.
 
 A selector may also define `end_step()`: the executor calls it once every GPU batch of a step has chosen
-(`end_step_of`), so work the selector starts for the next step (a grammar's next masks) runs beside the
+(`end_step`), so work the selector starts for the next step (a grammar's next masks) runs beside the
 device's next step rather than beside the other batches' choices on the host.
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
@@ -26,9 +26,11 @@ class TokenSelector(Protocol):
         """
 
 
-def end_step_of(select: TokenSelector) -> Callable[[], None] | None:
-    """The selector's `end_step` hook, or None when it has none."""
-    return getattr(select, "end_step", None)
+def end_step(select: TokenSelector) -> None:
+    """Call the selector's `end_step` hook, when it has one."""
+    hook = getattr(select, "end_step", None)
+    if hook is not None:
+        hook()
 
 
 class GreedyToEnd:
