@@ -7,11 +7,15 @@ test run.
   check by hand.
 - no module-level import cycle anywhere in `engine` or `llmops` (strongly connected components of
   grimp's import graph, function-level imports included): import-linter has no contract for that.
-- no import inside a function except of an optional dependency, each with a comment saying why.
+- no import inside a function except of an optional dependency or a deferred one (`DEFERRED`: required, but
+  slow to import and needed by few commands), each with a comment saying why; the CLI starts without the
+  deferred ones.
 """
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import grimp
@@ -24,6 +28,9 @@ OPTIONAL = ("polars", "duckdb", "triton", "llguidance", "gguf", "transformers",
             "engine.models._quant_decode_triton",
             "llmops.polars", "llmops.pipeline.ray_runner", "llmops.ray",
             "llmops.semantic.polars", "llmops.report_html")
+# required, but imported where used: the LP solver loads in about a second, which a run whose plan is cached
+# (every `llmops run` after the first of a job) never needs
+DEFERRED = ("scipy",)
 
 
 def test_import_linter_contracts_are_kept():
@@ -98,14 +105,21 @@ def _function_imports(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def test_function_level_imports_are_optional_dependencies_with_a_reason():
+def test_function_level_imports_are_optional_or_deferred_dependencies_with_a_reason():
     bad = []
     for package in ("engine", "llmops"):
         for path in sorted((ROOT / package).rglob("*.py")):
             lines = path.read_text(encoding="utf-8").splitlines()
             for lineno, module in _function_imports(path):
-                optional = any(module == m or module.startswith(m + ".") for m in OPTIONAL)
+                optional = any(module == m or module.startswith(m + ".") for m in (*OPTIONAL, *DEFERRED))
                 commented = "#" in lines[lineno - 1] or "#" in lines[lineno - 2]
                 if not (optional and commented):
                     bad.append(f"{path.relative_to(ROOT)}:{lineno} imports {module}")
     assert bad == []
+
+
+def test_the_cli_starts_without_the_deferred_modules():
+    """`llmops` imports none of DEFERRED until a command needs it (a cached plan needs no LP solver)."""
+    code = "import sys, llmops.cli; print(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1:])))"
+    done = subprocess.run([sys.executable, "-c", code, *DEFERRED], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -87,18 +88,35 @@ def compiled_paths(path: list[str]) -> None:
 _COMPILED: set[str] = set()
 
 
-def run_llmops(argv: list[str], what: str) -> tuple[dict[str, Any], float]:
+def run_llmops(argv: list[str], what: str) -> tuple[dict[str, Any], float, dict[str, float]]:
     """Run `llmops *argv` in a fresh Python process (this checkout first on its path): the JSON object it
-    prints and its wall seconds; RuntimeError naming `what` and the end of stderr when it fails. The
-    process's modules are byte-compiled first (`compiled_paths`), as `pip install` leaves them."""
+    prints, its wall seconds and where they went, {"summary_s": spawn to the summary's first line on stdout
+    (start-up, imports and the run), "exit_s": from that line to the process's exit (report, teardown)};
+    RuntimeError naming `what` and the end of stderr when it fails. The process's modules are byte-compiled
+    first (`compiled_paths`), as `pip install` leaves them."""
     path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     compiled_paths(path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    err: list[str] = []
+    lines: list[str] = []
+    summary_at: float | None = None
     with Timer() as t:
-        done = subprocess.run([sys.executable, "-m", "llmops.cli", *argv], env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{what} exited {done.returncode}: {done.stderr[-2000:]}")
-    return json.loads(done.stdout[done.stdout.index("{"):]), t.seconds
+        proc = subprocess.Popen([sys.executable, "-m", "llmops.cli", *argv], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        drain = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)
+        drain.start()
+        for line in proc.stdout:
+            if summary_at is None and line.lstrip().startswith("{"):
+                summary_at = time.perf_counter()
+            lines.append(line)
+        proc.wait()
+        drain.join()
+    stdout = "".join(lines)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} exited {proc.returncode}: {''.join(err)[-2000:]}")
+    at = t.start + t.seconds if summary_at is None else summary_at
+    split = {"summary_s": round(at - t.start, 3), "exit_s": round(t.start + t.seconds - at, 3)}
+    return json.loads(stdout[stdout.index("{"):]), t.seconds, split
 
 
 class Job:
@@ -226,7 +244,7 @@ class Job:
     def run_pipeline_dry(self) -> dict[str, Any]:
         argv = [*self.pipeline_argv(self.work / "pipeline_dry_out.parquet"), "--dry-run"]
         argv.remove("--allow-errors")
-        shown, seconds = run_llmops(argv, "llmops run --dry-run")
+        shown, seconds, _ = run_llmops(argv, "llmops run --dry-run")
         return {"seconds": seconds, "first_result_s": None, "peak_device_gib": None, "peak_reserved_gib": None,
                 "first_result_note": "a dry run generates nothing", "run_plans": [shown.get("job_plan")],
                 "argv": ["llmops", *argv]}
@@ -245,15 +263,21 @@ class Job:
 
         sink = self.work / name
         argv = self.pipeline_argv(sink)
-        summary, seconds = run_llmops(argv, "llmops run")
+        summary, seconds, split = run_llmops(argv, "llmops run")
         table = pq.read_table(sink)
         report = Path(summary["report"]) if summary.get("report") else None
-        plans = ([step.get("plan") for step in json.loads(report.read_text())["llm_steps"]]
-                 if report is not None and report.is_file() else [])
+        steps = json.loads(report.read_text())["llm_steps"] if report is not None and report.is_file() else []
+        pipeline_s = float(summary.get("seconds") or 0.0)
         return {"seconds": seconds, "first_result_s": None, "peak_device_gib": None, "peak_reserved_gib": None,
-                "run_plans": plans,
+                "run_plans": [step.get("plan") for step in steps],
                 "first_result_note": "a separate process: the first result is not observable here",
                 "non_null_rows": table.num_rows - table.column(OUTPUT).null_count, "rows_out": table.num_rows,
+                # the process's wall seconds: before the pipeline's clock (start-up, imports), the pipeline,
+                # after the summary (report, teardown); each llm_map step's split and its blocks' finish times
+                "process_split_s": {"before_pipeline": round(split["summary_s"] - pipeline_s, 3),
+                                    "pipeline": round(pipeline_s, 3), "after_summary": split["exit_s"]},
+                "step_time_splits": [step.get("time") for step in steps],
+                "step_timelines": [step.get("timeline") for step in steps],
                 "pipeline_summary": summary, "argv": ["llmops", *argv]}
 
     # -- polars

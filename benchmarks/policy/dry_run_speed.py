@@ -34,7 +34,7 @@ def dry_run(pipeline: Path, preset: str, gpu_memory: str) -> dict:
     argv = ["run", str(pipeline), "--dry-run", "--json", "--model", preset, "--set", f"engine.gpu_memory={gpu_memory}"]
     try:
         with Timer() as t:
-            shown, _ = run_llmops(argv, f"llmops run --dry-run --model {preset}")
+            shown, _, _ = run_llmops(argv, f"llmops run --dry-run --model {preset}")
     except RuntimeError as exc:
         return {"seconds": round(t.seconds, 2), "error": str(exc)[-800:]}
     plan = shown.get("job_plan")

@@ -29,7 +29,6 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
-from scipy.optimize import linprog
 
 from engine.policy import model_stats as ms
 from engine.policy.affine import NUM_VARS, VARS
@@ -105,6 +104,8 @@ def _solve(terms: CostTerms, limits: dict[str, float], resident: bool,
     if resident:
         for name in ("cache_gpu", "act_gpu"):
             bounds[VARS.index(name)] = (1.0, 1.0)
+    from scipy.optimize import linprog   # imported here: a run whose plan is cached never loads scipy (~1 s)
+
     result = linprog(cost, A_ub=np.array(rows), b_ub=np.array(rhs), bounds=bounds, method="highs")
     return result.x[:NUM_VARS] if result.status == 0 else None
 
