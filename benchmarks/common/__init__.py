@@ -22,11 +22,11 @@ from benchmarks.common.records import (COMMON_FIELDS, RECORDS_DIR, add_record_ar
                                        record_path, records_dir, rewrite_jsonl, save_record, size_gib, utc_now,
                                        write_json_atomic, write_text_atomic)
 from benchmarks.common.timing import Timer, median_ms, rows_per_hour
-from benchmarks.common.torch_tools import (SYNC_CALLS, close_and_release, peak_gib, release_memory, reset_peak,
-                                           torch_device, trace_summary, with_layers)
+from benchmarks.common.torch_tools import (SYNC_CALLS, close_and_release, empty_host_cache, peak_gib, release_memory,
+                                           reset_peak, torch_device, trace_summary, with_layers)
 
 __all__ = ["COMMON_FIELDS", "GIB", "RECORDS_DIR", "ROOT", "SYNC_CALLS", "Timer", "add_record_args", "append_jsonl",
-           "base_record", "close_and_release", "command_line", "cuda_available", "device_name",
+           "base_record", "close_and_release", "command_line", "cuda_available", "device_name", "empty_host_cache",
            "failure_fields", "git_commit", "machine", "machine_slug", "median_ms", "new_record", "new_run_id",
            "package_versions", "peak_gib", "read_jsonl", "read_records", "record_path", "records_dir", "release_memory",
            "reset_peak", "rewrite_jsonl", "rows_per_hour", "save_record", "size_gib", "torch_device",

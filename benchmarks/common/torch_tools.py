@@ -64,7 +64,18 @@ def release_memory() -> None:
         import torch
 
         torch.cuda.empty_cache()
-        getattr(torch._C, "_host_emptyCache", lambda: None)()
+        empty_host_cache()
+
+
+def empty_host_cache() -> None:
+    """Give the pinned host blocks torch's allocator caches back to the system (whichever name this torch has)."""
+    import torch
+
+    for fn in (getattr(getattr(torch, "accelerator", None), "empty_host_cache", None),
+               getattr(torch._C, "_host_emptyCache", None)):
+        if fn is not None:
+            fn()
+            return
 
 
 def trace_summary(prof: Any, wall_s: float, rows: int = 15) -> dict[str, Any]:

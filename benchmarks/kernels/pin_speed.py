@@ -22,19 +22,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository root
-from benchmarks.common import GIB, add_record_args, new_record, save_record  # noqa: E402
+from benchmarks.common import GIB, add_record_args, empty_host_cache, new_record, save_record  # noqa: E402
 
 import torch  # noqa: E402
 
 from engine.storage.device_cap import allocator_setter  # noqa: E402
-
-
-def _empty_host_cache() -> None:
-    for fn in (getattr(torch._C, "_host_emptyCache", None), getattr(getattr(torch, "accelerator", None),
-                                                                      "empty_host_cache", None)):
-        if fn is not None:
-            fn()
-            return
 
 
 def _pin(count: int) -> tuple[list[torch.Tensor], float]:
@@ -75,7 +67,7 @@ def main() -> int:
                         "h2d_gib_s": round(_h2d(held[0], dst, 5), 1)})
         print(results[-1], flush=True)
         del held
-        _empty_host_cache()
+        empty_host_cache()
     src = torch.empty(GIB, dtype=torch.uint8, pin_memory=True)
     alone = _h2d(src, dst, 20)
     spent: list[float] = []

@@ -18,7 +18,10 @@ Paths (each one job over all N rows, result cache off everywhere):
 - pipeline-dry: `llmops run --dry-run` in a fresh process: `run_plans` holds the plan it shows;
 - pipeline-cold: the same `llmops run` in a fresh process, timed end to end (model load, planning, warm-up and
   the run: what a user's command pays; its device peak is the other process's, recorded null; the modules it
-  imports are byte-compiled before any fresh process starts, as an installed package's are);
+  imports are byte-compiled before any fresh process starts, as an installed package's are; this process's
+  engine is closed and its device and pinned host memory given back first, and built again, untimed, before
+  an in-process path that follows; `process_split_s` splits its wall time: before the pipeline's own clock
+  (start-up, imports), the pipeline, after its summary (report, teardown));
 - pipeline-first: pipeline-cold with the plan cache emptied first, so the run plans the job itself (the first
   run of a job on a machine whose hardware profile is cached); put it before pipeline-cold, which then reads
   the plan it cached;
@@ -84,9 +87,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repository root
-from benchmarks.common import (Timer, append_jsonl, base_record, command_line, cuda_available, git_commit,  # noqa: E402
-                               new_run_id, package_versions, peak_gib, read_jsonl, record_path, reset_peak,
-                               rewrite_jsonl, rows_per_hour, size_gib, write_text_atomic)
+from benchmarks.common import (Timer, append_jsonl, base_record, close_and_release, command_line,  # noqa: E402
+                               cuda_available, git_commit, new_run_id, package_versions, peak_gib, read_jsonl,
+                               record_path, reset_peak, rewrite_jsonl, rows_per_hour, size_gib, write_text_atomic)
 from benchmarks.operators.engine_probe import (StreamProbe, loadavg, model_info, plans_ahead,  # noqa: E402
                                                prompt_token_counts, stats_since, stats_snapshot)
 from benchmarks.operators.invoice_job import PATHS, PIPELINE, Job, invoice_rows, load_step  # noqa: E402
@@ -304,10 +307,16 @@ def print_progress(record: dict[str, Any], rows: int) -> None:
     print(f"[job_paths] {record['path']:17s} {text}", file=sys.stderr)
 
 
-def run_all(job: Job, order: list[str], common: dict[str, Any], out: Path, interleave: bool) -> list[dict[str, Any]]:
+FRESH = ("pipeline-dry", "pipeline-first", "pipeline-cold")   # each runs `llmops` in a process of its own
+
+
+def run_all(job: Job, order: list[str], common: dict[str, Any], out: Path, interleave: bool,
+            rewarm: Callable[[], Any]) -> list[dict[str, Any]]:
     """Every run of `order`, each record appended to `out` as it finishes; with `interleave`, a path's record is
     rewritten with its ratio to the mean of the engine runs around it (`ratio_to_engine_bracketed`) once the
-    engine run after it has finished."""
+    engine run after it has finished. Before a FRESH path this process's engine is closed and its device and
+    pinned host memory given back (a user's command does not share the machine with a resident engine); before
+    the next in-process path `rewarm()` builds it again, untimed."""
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "engine": job.run_engine, "pipeline": job.run_pipeline, "pipeline-dry": job.run_pipeline_dry,
         "pipeline-first": job.run_pipeline_first, "pipeline-cold": job.run_pipeline_cold,
@@ -319,7 +328,14 @@ def run_all(job: Job, order: list[str], common: dict[str, Any], out: Path, inter
     rates = EngineRates(first, interleave)
     done: list[dict[str, Any]] = []
     pending: dict[str, Any] | None = None   # the operator record waiting for the engine run after it
+    released = False
     for n, path in enumerate(order):
+        if path in FRESH and not released:
+            close_and_release(job.llm)
+            released = True
+        elif path not in FRESH and released:
+            rewarm()
+            released = False
         record = run_path(job, path, runners[path], common, n, order[:n].count(path) + 1, rates)
         append_jsonl(out, record)
         done.append(record)
@@ -374,7 +390,8 @@ def main() -> None:
               "engine_settings": settings, "warmup_s": warm["seconds"], "warmup": warm,
               "load_s": round(t_load.seconds, 3), "versions": package_versions(VERSIONS)}
     try:
-        done = run_all(job, path_order(paths, args.interleave, args.engine_again), common, out, args.interleave)
+        done = run_all(job, path_order(paths, args.interleave, args.engine_again), common, out, args.interleave,
+                       lambda: warm_up(job, args.warmup_rows, args.warmup_new_tokens, args.warmup_cap))
     finally:
         job.probe.undo()
         if not args.work_dir:
