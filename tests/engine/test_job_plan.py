@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -14,11 +15,16 @@ import engine.calibrate.planning.choose as choose
 import engine.runtime.executor as executor_mod
 from engine import LLM, Policy, SamplingParams
 from engine.calibrate.planning import Plan, PlanCache
-from engine.calibrate.planning.workload import bucket, bucketed, merged, prompts_prefix_len, workload_list
+from engine.calibrate.planning.workload import (EXACT_COUNT_MAX, EXACT_COUNT_MIN, bucket, bucketed,
+                                                bucketed_workload, count_bucket, merged, prompts_prefix_len,
+                                                workload_list)
 from engine.models.hf_config import config_from_hf
 from engine.models.presets import PRESETS
-from engine.policy.cost_model import Workload
-from engine.policy.estimate import PolicyEstimate
+from engine.policy.cost_model import Workload, estimate
+from engine.policy.estimate import Budgets, PolicyEstimate
+from engine.policy.hardware import GIB, reference_profile
+from engine.policy.search import search
+from engine.runtime.layout import model_layout
 from llmops import engines
 from llmops.coalesce import COALESCE_BLOCKS, Coalescer, for_job
 
@@ -26,6 +32,30 @@ from llmops.coalesce import COALESCE_BLOCKS, Coalescer, for_job
 @pytest.mark.parametrize("n, expected", [(1, 1), (8, 8), (9, 10), (16, 16), (17, 20), (100, 112), (200, 224)])
 def test_bucket_rounds_up_four_steps_per_octave(n, expected):
     assert bucket(n) == expected
+
+
+@pytest.mark.parametrize("n, expected", [(1, 1), (5, 8), (EXACT_COUNT_MIN, EXACT_COUNT_MIN),
+                                         (EXACT_COUNT_MIN + 1, EXACT_COUNT_MIN + 1), (4608, 4608),
+                                         (EXACT_COUNT_MAX, EXACT_COUNT_MAX), (EXACT_COUNT_MAX + 1, 2 * EXACT_COUNT_MAX),
+                                         (1_000_000, 1 << 20), (None, None)])
+def test_count_bucket_is_the_count_between_its_bounds_else_a_power_of_two(n, expected):
+    assert count_bucket(n) == expected
+
+
+def test_a_short_jobs_own_count_plans_it_faster_than_the_next_power_of_two():
+    """4,608 rows of the 70B wrangling shape: planned for 8,192 rows the job gets a 4,096-row block and a
+    second block an eighth full; planned for its own count, a plan whose blocks it fills (the prediction
+    for the job's own rows, both plans)."""
+    config = config_from_hf(PRESETS["llama-3-70b"])
+    layout = model_layout(config)
+    job = Workload(200, 10, num_prompts=4608, max_prompt_len=224, shared_prefix_len=150)
+    budgets, profile = Budgets(16 * GIB, 88 * GIB), reference_profile("h200")
+    flags = dict(compress_weights=True, compress_cache=True, layout=layout)
+    own = search(config, bucketed_workload(job), budgets, profile, **flags).policy
+    power = search(config, replace(bucketed_workload(job), num_prompts=8192), budgets, profile, **flags).policy
+    assert bucketed_workload(job).num_prompts == 4608 and power.block_size == 4096
+    rate = {p: estimate(config, p, job, profile, layout=layout).tokens_per_s for p in (own, power)}
+    assert rate[own] > 1.5 * rate[power]
 
 
 def test_bucketed_workload_bounds_every_workload_inside_it():
@@ -43,7 +73,7 @@ def test_buckets_keep_the_shared_prefix_and_round_the_rows_own_tokens():
     """Rows of 150 shared + 50 own tokens (the wrangle shape): planned as 144 + 56, not as 224 tokens; a plan covers
     prompts sharing at least its prefix; a merged bucket has the smaller prefix."""
     w = bucketed([200] * 1536, 10, 150)
-    assert (w.prompt_len, w.shared_prefix_len, w.max_prompt_len, w.num_prompts) == (200, 144, 224, 2048)
+    assert (w.prompt_len, w.shared_prefix_len, w.max_prompt_len, w.num_prompts) == (200, 144, 224, 1536)
     assert bucketed([200] * 8, 10, 15).shared_prefix_len == 0 and bucketed([200] * 8, 10).prompt_len == 224
     plan = Plan(Policy(), w, "search")
     assert plan.covers(bucketed([200] * 8, 10, 150)) and plan.covers(bucketed([200] * 8, 10, 199))
@@ -274,13 +304,15 @@ def test_a_job_whose_calls_outgrow_its_first_plan_replans_once(tiny_llama, count
 def test_a_plan_for_more_prompts_whose_block_fits_serves_a_smaller_bucket(tiny_llama, counted):
     llm = LLM(tiny_llama, dtype="float32", device="cpu")
     params = SamplingParams(max_new_tokens=2)
-    big = bucketed([10] * 5000, 2)                       # 8192 prompts, planned earlier with blocks of 16
+    big = bucketed([10] * 8192, 2)                       # planned earlier with blocks of 16
     llm._planner._plans[tuple(workload_list(big))] = Plan(Policy(gpu_batch_size=16), big, "trials")
     plan = llm.plan(ids(100, 10), params)                # 128 prompts: the 8192-prompt plan's block fits
     assert counted["plans"] == 0 and plan.policy == Policy(gpu_batch_size=16) and plan.source == "memory"
     assert plan.workload == bucketed([10] * 100, 2)
     tiny = llm.plan(ids(8, 10), params)                  # its block of 16 does not fit 8 prompts: planned
     assert counted["plans"] == 1 and tiny.policy.block_size <= 8
+    job = llm.plan(ids(4608, 10), params)                # a count planned as it is: a plan of its own
+    assert counted["plans"] == 2 and job.workload.num_prompts == 4608 and job.source == "search"
 
 
 def test_coalescer_prepare_failure_raises_in_its_caller_and_leaves_nothing_queued():

@@ -60,14 +60,14 @@ def test_policy_shared_prefix_len_shortens_the_prefill_and_is_checked():
     result = CliRunner().invoke(policy_cmd, wrangle + ["--shared-prefix-len", "150"])
     assert result.exit_code == 0, result.output
     shared = json.loads(result.output)
-    # planned in the run's bucket: the prefix rounded down to 16 tokens, the prompt count up to a power of two
+    # planned in the run's bucket: the prefix rounded down to 16 tokens, the prompt count as it is
     assert shared["workload"]["shared_prefix_len"] == 144 and plain["workload"]["shared_prefix_len"] == 0
     # either plan may run its prefills ahead (`predicted_prefill_s` is then its 1 / blocks in series): compare
     # whole prefills
 
     def whole_prefill(plan):
-        p = plan["policy"]
-        return plan["predicted_prefill_s"] * (-(-2048 // (p["gpu_batch_size"] * p["num_gpu_batches"]))
+        p, rows = plan["policy"], plan["workload"]["num_prompts"]
+        return plan["predicted_prefill_s"] * (-(-rows // (p["gpu_batch_size"] * p["num_gpu_batches"]))
                                               if p["prefill_ahead"] else 1)
     assert whole_prefill(shared) < whole_prefill(plain) / 2
     text = CliRunner().invoke(policy_cmd, wrangle[:-1] + ["--shared-prefix-len", "150"]).output

@@ -1,12 +1,14 @@
 """`Planner`: the plans of one model under one set of settings, chosen once per workload bucket.
 
-A bucket's plan is, in this order: one this process already made (also a plan for up to 2^11 times the
-bucket's prompt count whose block fits the bucket: the search's only use of the prompt count is that
-bound), one the plan cache holds, else the cost model's choice, stored in the cache (on a CUDA profile,
-where the search takes seconds). With `trials` > 0, a run (`measure=True`) on a local GPU then refines a
-plan the cost model chose by trials of its best candidates and stores the refined plan under the same key;
-a preview (`measure=False`) never runs trials and says that the run will (`Plan.pending_trials`). So a
-preview and a run plan alike, and a preview after a run shows the plan the run used.
+A bucket's plan is, in this order: one this process already made, one the plan cache holds, else the cost
+model's choice, stored in the cache (on a CUDA profile, where the search takes seconds). A bucket whose
+prompt count is a power of two (`workload.count_bucket`: up to `EXACT_COUNT_MIN` or past `EXACT_COUNT_MAX`)
+is also served by a plan for up to 2^11 times as many prompts whose block fits it. A count in between is
+planned as it is: it decides how many blocks the job runs and how full the last is, so it gets its own plan.
+With `trials` > 0, a run (`measure=True`) on a local GPU then refines a plan the cost model chose by trials of
+its best candidates and stores the refined plan under the same key; a preview (`measure=False`) never runs
+trials and says that the run will (`Plan.pending_trials`). So a preview and a run plan alike, and a preview
+after a run shows the plan the run used.
 
 A job's later calls go through `plan_for`, which keeps the job's plan while it covers them.
 """
@@ -23,7 +25,7 @@ from engine.calibrate.planning import choose
 from engine.calibrate.planning.cache import PlanCache, plan_key
 from engine.calibrate.planning.plan import Plan
 from engine.calibrate.planning.settings import PlanSettings, resolve_budgets
-from engine.calibrate.planning.workload import merged, workload_list
+from engine.calibrate.planning.workload import EXACT_COUNT_MAX, EXACT_COUNT_MIN, merged, workload_list
 from engine.models.config import ModelConfig
 from engine.policy.cost_model import Workload
 from engine.policy.estimate import Budgets, PolicyEstimate
@@ -35,7 +37,7 @@ from engine.policy.partition import device_split
 from engine.policy.policy import Policy
 from engine.runtime.layout import model_layout
 
-MAX_PLAN_SHIFT = 12     # plans for up to 2^11 times a bucket's prompt count are looked up as its plan
+MAX_PLAN_SHIFT = 12     # a power-of-two count is served by plans for up to 2^11 times as many prompts
 
 
 class Planner:
@@ -117,13 +119,14 @@ class Planner:
         return plan_key(self.config, self.dtype, self.profile, self.budgets, self.settings, workload)
 
     def _known(self, workload: Workload) -> Plan | None:
-        """A plan this process or the plan cache holds for the bucket (or for a bucket of more prompts
-        whose block fits this one's), as this bucket's plan."""
+        """A plan this process or the plan cache holds for the bucket (or, for a count bucketed to a power of
+        two, for a bucket of more prompts whose block fits this one's), as this bucket's plan."""
         exact = self._plans.get(tuple(workload_list(workload)))
         if exact is not None:
             return replace(exact, source="memory")
         count, cache = workload.num_prompts, self.cache
-        for more in [count << shift for shift in range(MAX_PLAN_SHIFT)] if count else [None]:
+        shifts = 1 if count and EXACT_COUNT_MIN < count <= EXACT_COUNT_MAX else MAX_PLAN_SHIFT
+        for more in [count << shift for shift in range(shifts)] if count else [None]:
             sibling = replace(workload, num_prompts=more)
             plan = self._plans.get(tuple(workload_list(sibling)))
             source = "memory"
