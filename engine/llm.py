@@ -245,9 +245,7 @@ class LLM:
         """Yield lists of (input index, Completion): first the prompts that cannot run, then one list per
         block as it finishes. Every index is yielded exactly once. Type and parameter errors raise here,
         before any work. `plan` (from `plan()` or an earlier call's `last_plan`) is used when it covers
-        these prompts; without one, the previous call's plan is (its executor kept: placing the weights again
-        costs seconds) unless these prompts outgrow it, as `plan()` with `covering=` decides; otherwise the
-        plan of their workload bucket is (planned once, then reused).
+        these prompts; otherwise the plan of their workload bucket is (planned once, then reused).
 
         `on_finished(index, completion)`, when given, is called as each generated row finishes, from the
         decode loop, before its block ends (a row that stops at EOS early is reported then); it must be
@@ -320,7 +318,7 @@ class LLM:
         keys = sequence_keys(params.seed, [e.ids for e in encoded]) if params.temperature > 0 else None
         lens = [len(encoded[i].ids) for i in valid]
         bucket = bucketed(lens, params.max_new_tokens, prompts_prefix_len([encoded[i].ids for i in valid]))
-        plan = self._plan_for(bucket, plan if plan is not None else self._plan)
+        plan = self._plan_for(bucket, plan)
         policy = self._downsized.get(plan.policy, plan.policy)
         self._set_policy(policy)
         blocks = [[valid[b] for b in block] for block in plan_blocks(lens, policy.block_size)]

@@ -175,24 +175,8 @@ def test_calls_in_one_bucket_plan_once_and_keep_the_executor(tiny_llama, counted
     first = llm.last_plan
     llm.generate(ids(7, 11, offset=50), params)
     assert counted == {"plans": 1, "executors": 1}
-    assert first.source == "search" and llm.last_plan is first       # the previous call's plan covers it
-
-
-def test_a_call_keeps_the_previous_calls_plan_while_it_serves(tiny_llama, counted):
-    """Without a plan, a call runs on the previous call's plan when that covers it (the executor stays); a
-    call with more prompts than a block bounded by the previous count held is planned anew."""
-    llm = LLM(tiny_llama, dtype="float32", device="cpu")
-    params = SamplingParams(max_new_tokens=2)
-    llm.generate(ids(64, 10), params)
-    big = llm.last_plan
-    llm.generate(ids(5, 8), params)                       # another bucket, covered: nothing planned
-    assert llm.last_plan is big and counted["plans"] == 1
-    llm.generate(ids(5, 40), params)                      # longer prompts: the policy still fits them
-    assert counted["plans"] == 1 and llm.last_plan.policy == big.policy and llm.last_plan.covers(bucketed([40], 2))
-    small = LLM(tiny_llama, dtype="float32", device="cpu")
-    small.generate(ids(4, 10), params)                    # a block bounded by its 4 prompts
-    small.generate(ids(64, 10), params)                   # outgrown: planned for its own count
-    assert counted["plans"] == 3 and small.last_plan.policy.block_size > 4
+    assert first.source == "search" and llm.last_plan.source == "memory"
+    assert llm.last_plan.policy == first.policy
 
 
 def test_a_given_plan_is_kept_for_every_call_it_covers(tiny_llama, counted):
