@@ -3,10 +3,9 @@
 A job's workload (`engine.policy.cost_model.Workload`) is planned in buckets: the longest prompt, the mean
 prompt and the new tokens rounded up to 4 steps per octave (`bucket`), the prompt count as it is between
 `EXACT_COUNT_MIN` and `EXACT_COUNT_MAX` and up to a power of two outside (`count_bucket`), the shared prefix
-down to a multiple of
-`PREFIX_STEP` tokens (the mean prompt is then the prefix plus the mean of the rows' own tokens rounded
-up). Rounding the lengths up and the prefix down keeps a bucket's memory a bound for every workload inside it
-(a longer prefix computes less).
+down to a multiple of `PREFIX_STEP` tokens (the mean prompt is then the prefix plus the mean of the rows' own
+tokens rounded up). Rounding the lengths up and the prefix down keeps a bucket's memory a bound for every
+workload inside it (a longer prefix computes less).
 """
 from __future__ import annotations
 
