@@ -54,8 +54,9 @@ def uniforms(keys: Sequence[int], steps: Sequence[int]) -> np.ndarray:
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """logits [n, v] -> token ids [n] int64 (first maximum on ties, as torch.argmax)."""
-    return logits.argmax(dim=-1)
+    """logits [n, v] -> token ids [n] int64 (first maximum on ties, as torch.argmax). Through `max` over the
+    last dim: the same indices, and on the CPU a kernel that reads a decode step's logits faster."""
+    return logits.max(dim=-1).indices
 
 
 def sample(logits: torch.Tensor, u: torch.Tensor, *, temperature: float, top_k: int = 0,

@@ -14,6 +14,17 @@ def test_greedy_picks_first_max():
     assert greedy(logits).tolist() == [1, 0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_is_argmax_on_ties_nan_and_masked_rows(dtype):
+    """Rows of many tied maxima (a few values over the vocabulary), a NaN, and every token masked: the indices
+    torch.argmax gives."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 3, (64, 49152), generator=g).to(dtype)      # [64, v]: ties everywhere
+    logits[1, 7] = float("nan")
+    logits[2] = float("-inf")
+    assert torch.equal(greedy(logits), logits.argmax(dim=-1))
+
+
 def test_sequence_keys_depend_on_seed_prompt_and_occurrence():
     a, b = [1, 2, 3], [1, 2, 4]
     keys = sequence_keys(7, [a, b, a, a])
