@@ -19,9 +19,10 @@ def explicit_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("width", [64, 576, 960, 4096])
-def test_rms_norm_bits_equal_the_explicit_formula(dtype, width):
-    gen = torch.Generator().manual_seed(width)
-    x = (4 * torch.randn(5, 3, width, generator=gen)).to(dtype)
+@pytest.mark.parametrize("rows", [1, 15, 64])
+def test_rms_norm_bits_equal_the_explicit_formula(dtype, width, rows):
+    gen = torch.Generator().manual_seed(width + rows)
+    x = (4 * torch.randn(rows, 3, width, generator=gen)).to(dtype)
     w = (1 + 0.1 * torch.randn(width, generator=gen)).to(dtype)
     assert torch.equal(rms_norm_torch(x, w, 1e-5), explicit_rms_norm(x, w, 1e-5))
 
