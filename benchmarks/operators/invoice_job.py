@@ -91,7 +91,7 @@ _COMPILED: set[str] = set()
 def run_llmops(argv: list[str], what: str) -> tuple[dict[str, Any], float, dict[str, float]]:
     """Run `llmops *argv` in a fresh Python process (this checkout first on its path): the JSON object it
     prints, its wall seconds and where they went, {"summary_s": spawn to the summary's first line on stdout
-    (start-up, imports and the run), "exit_s": from that line to the process's exit (report, teardown)};
+    (start-up, imports, the run and its report), "exit_s": from that line to the process's exit (teardown)};
     RuntimeError naming `what` and the end of stderr when it fails. The process's modules are byte-compiled
     first (`compiled_paths`), as `pip install` leaves them."""
     path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
@@ -272,8 +272,9 @@ class Job:
                 "run_plans": [step.get("plan") for step in steps],
                 "first_result_note": "a separate process: the first result is not observable here",
                 "non_null_rows": table.num_rows - table.column(OUTPUT).null_count, "rows_out": table.num_rows,
-                # the process's wall seconds: before the pipeline's clock (start-up, imports), the pipeline,
-                # after the summary (report, teardown); each llm_map step's split and its blocks' finish times
+                # the process's wall seconds: outside the pipeline's clock until the summary prints (start-up,
+                # imports, the run report), the pipeline, after the summary (teardown); each llm_map step's
+                # split and its blocks' finish times
                 "process_split_s": {"before_pipeline": round(split["summary_s"] - pipeline_s, 3),
                                     "pipeline": round(pipeline_s, 3), "after_summary": split["exit_s"]},
                 "step_time_splits": [step.get("time") for step in steps],

@@ -20,8 +20,8 @@ Paths (each one job over all N rows, result cache off everywhere):
   the run: what a user's command pays; its device peak is the other process's, recorded null; the modules it
   imports are byte-compiled before any fresh process starts, as an installed package's are; this process's
   engine is closed and its device and pinned host memory given back first, and built again, untimed, before
-  an in-process path that follows; `process_split_s` splits its wall time: before the pipeline's own clock
-  (start-up, imports), the pipeline, after its summary (report, teardown));
+  an in-process path that follows; `process_split_s` splits its wall time: outside the pipeline's own clock
+  until its summary prints (start-up, imports, the run report), the pipeline, after the summary (teardown));
 - pipeline-first: pipeline-cold with the plan cache emptied first, so the run plans the job itself (the first
   run of a job on a machine whose hardware profile is cached); put it before pipeline-cold, which then reads
   the plan it cached;
