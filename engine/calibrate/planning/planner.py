@@ -2,7 +2,7 @@
 
 A bucket's plan is, in this order: one this process already made, one the plan cache holds, else the cost
 model's choice, stored in the cache (on a CUDA profile, where the search takes seconds). A bucket whose
-prompt count is a power of two (`workload.count_bucket`: up to `EXACT_COUNT_MIN` or past `EXACT_COUNT_MAX`)
+prompt count is a power of two (`workload.count_bucket`: where `workload.exact_count` is false)
 is also served by a plan for up to 2^11 times as many prompts whose block fits it. A count in between is
 planned as it is: it decides how many blocks the job runs and how full the last is, so it gets its own plan.
 With `trials` > 0, a run (`measure=True`) on a local GPU then refines a plan the cost model chose by trials of
@@ -25,7 +25,7 @@ from engine.calibrate.planning import choose
 from engine.calibrate.planning.cache import PlanCache, plan_key
 from engine.calibrate.planning.plan import Plan
 from engine.calibrate.planning.settings import PlanSettings, resolve_budgets
-from engine.calibrate.planning.workload import EXACT_COUNT_MAX, EXACT_COUNT_MIN, merged, workload_list
+from engine.calibrate.planning.workload import exact_count, merged, workload_list
 from engine.models.config import ModelConfig
 from engine.policy.cost_model import Workload
 from engine.policy.estimate import Budgets, PolicyEstimate
@@ -125,7 +125,7 @@ class Planner:
         if exact is not None:
             return replace(exact, source="memory")
         count, cache = workload.num_prompts, self.cache
-        shifts = 1 if count and EXACT_COUNT_MIN < count <= EXACT_COUNT_MAX else MAX_PLAN_SHIFT
+        shifts = 1 if count and exact_count(count) else MAX_PLAN_SHIFT
         for more in [count << shift for shift in range(shifts)] if count else [None]:
             sibling = replace(workload, num_prompts=more)
             plan = self._plans.get(tuple(workload_list(sibling)))

@@ -30,20 +30,27 @@ def bucket(n: int) -> int:
     return -(-n // step) * step
 
 
+def exact_count(n: int) -> bool:
+    """Whether a bucket plans `n` prompts as they are (`count_bucket`), not rounded to a power of two."""
+    return EXACT_COUNT_MIN < n <= EXACT_COUNT_MAX
+
+
 def count_bucket(n: int | None) -> int | None:
-    """The prompt count a bucket plans for: `n` itself from just above `EXACT_COUNT_MIN` to `EXACT_COUNT_MAX`,
-    else the next power of two (None, unbounded, stays None). The count decides a plan through its blocks:
-    how many there are, how full the last one is, and whether a prefill can run ahead of them. A job of a
-    few blocks planned for the next power of two pays for blocks it does not fill (4,608 rows of a
-    Llama-3-70B wrangling job, 16 GiB, the h200 reference profile: the 8,192-row plan's 4,096-row block is
-    predicted at 423 tokens/s for those rows, the 1536x1 plan with its prefill ahead that 4,608 rows get at
-    722; tests/engine/test_job_plan.py computes both). Past `EXACT_COUNT_MAX` a job runs enough blocks for
-    the rounding to cost little; up to `EXACT_COUNT_MIN` one block mostly holds every row, and calls of
-    nearby small counts keep one plan (and one executor) instead of one each."""
+    """The prompt count a bucket plans for: `n` itself from just above `EXACT_COUNT_MIN` to `EXACT_COUNT_MAX`
+    (`exact_count`), else the next power of two (None, unbounded, stays None). The count decides a plan through
+    its blocks: how many there are, how full the last one is, and whether a prefill can run ahead of them. A job
+    of a few blocks planned for the next power of two pays for blocks it does not fill: `llmops policy --model
+    llama-3-70b --hardware h200 --gpu-memory 16GiB --cpu-memory 88GiB --compress-weights --compress-cache
+    --prompt-len 200 --max-prompt-len 224 --gen-len 10 --shared-prefix-len 150` plans 1536x1 with the prefill
+    ahead for `--num-prompts 4608`, and 4096-row blocks for 8192, of which a 4,608-row job would run two, the
+    second an eighth full (tests/engine/test_job_plan.py: the job's own plan is predicted more than 1.5x as
+    fast for its rows). Past `EXACT_COUNT_MAX` a job runs enough blocks for the rounding to cost little; up to
+    `EXACT_COUNT_MIN` one block mostly holds every row, and calls of nearby small counts keep one plan (and one
+    executor) instead of one each."""
     if n is None:
         return None
     n = max(1, int(n))
-    return n if EXACT_COUNT_MIN < n <= EXACT_COUNT_MAX else 1 << (n - 1).bit_length()
+    return n if exact_count(n) else 1 << (n - 1).bit_length()
 
 
 def prompts_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
