@@ -77,7 +77,7 @@ def _mask_token(matcher: "llguidance.LLMatcher", eos: int) -> int | None:
 
 
 def closing_path(matcher: "llguidance.LLMatcher", tokenizer: "llguidance.LLTokenizer", probes: ClosingTokens,
-                 limit: int, hints: Sequence[list[int]] = ()) -> list[int] | None:
+                 limit: int, hints: Sequence[list[int]] = (), walk: bool = True) -> list[int] | None:
     """Tokens completing the grammar from the matcher's current state (at most `limit`), or None (see the
     module docstring). The matcher itself is not changed. [] when the grammar already accepts.
 
@@ -85,14 +85,14 @@ def closing_path(matcher: "llguidance.LLMatcher", tokenizer: "llguidance.LLToken
     step, the first hint that completes the grammar from where the search stands ends the path: after a
     token that replaced the old closing's first (a digit for its `0`), began it (a `"` of its `", "`) or
     needs one token more (a `.` before `0"}`), the search is a validate or one step, not the whole walk (a
-    matcher copy, then a consume per step)."""
+    matcher copy, then a consume per step). walk=False: only the hints are tried (None when none fits)."""
     if matcher.is_accepting():
         return []
     if matcher.is_error() or limit <= 0:
         return None
     limit = min(limit, MAX_CLOSING)
     tail = _fitting_hint(matcher, hints, probes.eos, limit)
-    if tail is not None:
+    if tail is not None or not walk:
         return tail
     work = matcher.deep_copy()
     path: list[int] = []

@@ -17,12 +17,13 @@ computes them there and waits). A row's matcher is touched only after its prefet
 Budget: given each token's `remaining` count, `GrammarConstraint.advance` keeps every row able to complete
 its grammar before max_new_tokens: it tracks per row a completion from the current state
 (`engine.decoding.closing.closing_path`) and replaces a token after which no completion fits the remaining budget by
-the next token of the completion that fit before it. A row far from its budget pays one `validate_tokens`
-call per token (~1 us); when the old completion no longer fits, the search starts from hints taken from it
-(`closing.hints_after`: its tail, or its bytes after the token re-tokenized) and walks the grammar only
-when none fits (`python benchmarks/operators/grammar_advance.py`, extract_invoices, 80 rows, 2-core CPU: 11-23 us
-per row-token from run to run, benchmarks/records/cpu-2core/grammar_advance.jsonl); only rows at their reserve have
-tokens replaced. The decoder feeds a GPU batch's rows in one `advance_rows` call.
+the next token of the completion that fit before it. A row whose kept completion still completes the grammar
+after its token, with a token to spare, pays one `validate_tokens` call (~1 us); otherwise the search starts
+from hints taken from it (`closing.hints_after`: its tail, or its bytes after the token re-tokenized) and walks
+the grammar only when none fits and the row is not at its reserve: a row at its reserve keeps its token when
+a hint closes in time, else follows its completion (`python benchmarks/operators/grammar_advance.py` times
+this per row-token, benchmarks/records/cpu-2core/grammar_advance.jsonl). Only rows at their reserve have tokens
+replaced. The decoder feeds a GPU batch's rows in one `advance_rows` call.
 
 A block's matchers are copies of one matcher built from the grammar (`LLMatcher.deep_copy`): building a matcher
 compiles the grammar for the tokenizer, copying one does not, and a block of thousands of rows would otherwise
@@ -311,11 +312,17 @@ class GrammarConstraint:
         if remaining is not None and closing is not None:
             if closing and token == closing[0]:
                 self._closings[row] = closing[1:]
+            elif len(closing) < remaining and self._still_closes(matcher, closing):
+                pass                                        # the kept completion still fits, with room to spare
             else:
                 token = self._keep_closable(row, token, closing, remaining)
                 if token in self._eos:
                     return token, True
         return token, matcher.is_stopped()
+
+    def _still_closes(self, matcher: "llguidance.LLMatcher", closing: list[int]) -> bool:
+        """Whether `closing` still completes the grammar from the matcher's state (one `validate_tokens`)."""
+        return matcher.validate_tokens([*closing, self._probes.eos]) == len(closing) + 1
 
     def _first_closing(self, row: int, limit: int) -> list[int] | None:
         """`closing_path` of the row's matcher within `limit` tokens; searched once per limit for the rows
@@ -336,10 +343,12 @@ class GrammarConstraint:
 
     def _keep_closable(self, row: int, token: int, closing: list[int], remaining: int) -> int:
         """After `token` was consumed: keep a completion of at most `remaining` tokens, replacing `token`
-        by `closing[0]` (or EOS when `closing` is empty) when none exists after it. Returns the token fed."""
+        by `closing[0]` (or EOS when `closing` is empty) when none exists after it. Returns the token fed.
+        A row at its reserve (`closing` no longer fits after a token) keeps its token only when a hint
+        completes the grammar in time: the grammar is not walked for a shorter completion than the kept one."""
         matcher = self._matchers[row]
         hints = hints_after(self._tokenizer, closing, token)
-        after = closing_path(matcher, self._tokenizer, self._probes, remaining, hints)
+        after = closing_path(matcher, self._tokenizer, self._probes, remaining, hints, walk=len(closing) <= remaining)
         if after is None:
             matcher.rollback(1)
             if not closing:

@@ -309,3 +309,36 @@ def test_mask_token_reads_the_lowest_allowed_tokens_as_the_whole_mask_does(seed)
     accepting = {scanned[-1], int(every[-1])}                 # one inside the scanned window, one past it
     assert _mask_token(_MaskOnly(words, accepting), eos) == scanned[-1]
     assert _mask_token(_MaskOnly(words, {int(every[-1])}), eos) == scanned[0]
+
+
+def test_hints_only_search_skips_the_walk(tok):
+    """walk=False tries the hints and nothing else: None where only the grammar walk finds a completion, the
+    hint where one completes the grammar in time."""
+    con = constraint(tok, SamplingParams(json_schema=FLAT), 1)
+    matcher, ll = con._matchers[0], con._tokenizer
+    probes = ClosingTokens.for_tokenizer(ll)
+    assert matcher.consume_tokens(tok.encode('{"name": "Al', add_special_tokens=False))
+    closing = closing_path(matcher, ll, probes, 1000)
+    assert closing is not None and closing_path(matcher, ll, probes, 1000, walk=False) is None
+    assert closing_path(matcher, ll, probes, 1000, [closing], walk=False) == closing
+    assert closing_path(matcher, ll, probes, len(closing) - 1, [closing], walk=False) is None
+
+
+def test_a_row_with_room_keeps_its_closing_and_one_at_its_reserve_follows_it(tok):
+    """Far from its budget, a token inside a free string leaves the kept completion as it was (one validate,
+    no search); at its reserve, a token after which no hint completes the grammar in time is replaced by the
+    completion's next token."""
+    params = SamplingParams(json_schema=FLAT)
+    con = constraint(tok, params, 2)
+    opening = tok.encode('{"name": "Al', add_special_tokens=False)
+    letter = tok.encode("x", add_special_tokens=False)
+    assert len(letter) == 1
+    for row in range(2):
+        for token in opening:
+            con.advance(row, token, 100)
+    kept = con._closings[0]
+    assert kept and tok.decode(kept).startswith('"')
+    assert con.advance(0, letter[0], 50) == (letter[0], False) and con._closings[0] is kept
+    tight = len(con._closings[1]) - 1               # tokens left after this one: one fewer than the closing
+    fed, complete = con.advance(1, letter[0], tight)
+    assert fed == kept[0] and con._closings[1] == kept[1:] and not complete
