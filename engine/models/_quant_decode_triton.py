@@ -1,13 +1,16 @@
 """The fused Triton kernel behind `engine.models.attention.quantized_decode_attention` on CUDA (imports Triton:
 load lazily).
 
-Decode attention of one new query per row over a 4-bit cache, read packed: one program per (row, query
-head) walks the row's keys in blocks of BLOCK_T positions, a shared dense prefix first (when there is one),
-then the 4-bit positions, with an online softmax in float32; each packed byte is unpacked and dequantized in
-registers exactly as `engine.quant.kernels.affine_dequant` writes it (`round_as_addcmul`), so the keys and
-values attended are the dense ones of the chunked path, bit for bit. No dense copy of the cache exists, and
-one launch covers every row: the chunked path launched several kernels per chunk of ~20 rows, which on
-OPT-30B at 192 rows made the compute thread, not the link, bound the decode step (`engine.runtime.step_clock`).
+Decode attention of one new query per row over a 4-bit cache, read packed: one program per (row, kv head)
+walks the row's keys in blocks of BLOCK_T positions, a shared dense prefix first (when there is one), then
+the 4-bit positions, with an online softmax in float32 for each query head of the kv head's group (GB, the
+group size rounded up to a power of two): each key and value is loaded and dequantized once for the whole
+group, not once per query head (Llama-3-70B reads its cache once where it read it eight times). Each packed
+byte is unpacked and dequantized in registers exactly as `engine.quant.kernels.affine_dequant` writes it
+(`round_as_addcmul`), so the keys and values attended are the dense ones of the chunked path, bit for bit.
+No dense copy of the cache exists, and one launch covers every row: the chunked path launched several kernels
+per chunk of ~20 rows, which on OPT-30B at 192 rows made the compute thread, not the link, bound the decode
+step (`engine.runtime.step_clock`).
 
 Layouts (checked by the caller): q [b, nh, 1, D] and the prefix [1, nkv, L, D] with a contiguous last dim;
 the cache's data [b, nkv, S, NG, HALF] uint8 and mn/scale [b, nkv, S, NG, 1] with their two last dims
@@ -24,7 +27,7 @@ import triton.language as tl
 
 from engine.quant._dequant_triton import TL_DTYPES, round_as_addcmul
 
-_TILE = 2048           # key positions x packed bytes per loop step (32 positions of a 128-wide head)
+_TILE = 2048           # key positions x query heads x packed bytes per loop step (`block_t`)
 # The integers that change from one decode step to the next (the positions written, and the key mask's row
 # stride, L + T) or between blocks (the prefix length). Triton specializes an integer argument on being 1 or a
 # multiple of 16 and compiles the kernel again the first time it is: a decode step whose T first reaches a
@@ -34,6 +37,12 @@ _TILE = 2048           # key positions x packed bytes per loop step (32 position
 _PER_STEP = ("T", "L", "valid_b")
 
 
+def block_t(block_w: int, gb: int) -> int:
+    """Key positions per loop step for packed rows of `block_w` bytes and `gb` query heads a program: 32
+    positions of a 128-wide head for one query head, fewer as the heads sharing the keys multiply the tile."""
+    return max(8, _TILE // (block_w * gb))
+
+
 @triton.jit
 def _tanh(x):
     return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
@@ -41,23 +50,26 @@ def _tanh(x):
 
 @triton.jit
 def _online(s, m, l, acc_e, acc_o, v_e, v_o):
-    """One block's scores s [BT] (-inf where masked) and values v_e/v_o [BT, W2] into the running max m,
-    sum l and accumulators acc_e/acc_o [W2]."""
-    m_new = tl.maximum(m, tl.max(s, axis=0))
+    """One block's scores s [BT, GB] (-inf where masked) and values v_e/v_o [BT, BLOCK_W] into each query head's
+    running max m and sum l [GB] and accumulators acc_e/acc_o [GB, BLOCK_W]."""
+    m_new = tl.maximum(m, tl.max(s, axis=0))                                  # [GB]
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m - m_safe)
-    p = tl.exp(s - m_safe)                                                    # [BT]
+    alpha = tl.exp(m - m_safe)                                                # [GB]
+    p = tl.exp(s - m_safe[None, :])                                           # [BT, GB]
     l = l * alpha + tl.sum(p, axis=0)
-    acc_e = acc_e * alpha + tl.sum(p[:, None] * v_e, axis=0)
-    acc_o = acc_o * alpha + tl.sum(p[:, None] * v_o, axis=0)
+    acc_e = acc_e * alpha[:, None] + tl.sum(p[:, :, None] * v_e[:, None, :], axis=0)
+    acc_o = acc_o * alpha[:, None] + tl.sum(p[:, :, None] * v_o[:, None, :], axis=0)
     return m_new, l, acc_e, acc_o
 
 
 @triton.jit
-def _scores(s, valid, softcap, SOFTCAP: tl.constexpr):
+def _scores(k_e, k_o, q_e, q_o, valid, softcap, SOFTCAP: tl.constexpr):
+    """Keys k_e/k_o [BT, BLOCK_W] against the group's queries q_e/q_o [GB, BLOCK_W] -> scores [BT, GB], -inf
+    where `valid` [BT] is False."""
+    s = tl.sum(k_e[:, None, :] * q_e[None, :, :] + k_o[:, None, :] * q_o[None, :, :], axis=2)    # [BT, GB]
     if SOFTCAP:
         s = _tanh(s / softcap) * softcap
-    return tl.where(valid, s, float("-inf"))
+    return tl.where(valid[:, None], s, float("-inf"))
 
 
 @triton.jit
@@ -82,25 +94,27 @@ def _q4_pair(data_ptr, mn_ptr, scale_ptr, d_off, m_off, c, grp, bmask, MID: tl.c
 
 @triton.jit(do_not_specialize=_PER_STEP)
 def _quant_decode_kernel(q_ptr, kd_ptr, kmn_ptr, ksc_ptr, vd_ptr, vmn_ptr, vsc_ptr, pk_ptr, pv_ptr, valid_ptr,
-                         out_ptr, T, L, D, nh, g, scale, softcap,
+                         out_ptr, T, L, D, nkv, g, scale, softcap,
                          q_b, q_h, kd_b, kd_h, kd_t, km_b, km_h, km_t, vd_b, vd_h, vd_t, vm_b, vm_h, vm_t,
                          pk_h, pk_t, pv_h, pv_t, valid_b, out_b, out_h,
                          HALF: tl.constexpr, W2: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr,
-                         MID: tl.constexpr, OUT: tl.constexpr, SOFTCAP: tl.constexpr):
+                         GB: tl.constexpr, MID: tl.constexpr, OUT: tl.constexpr, SOFTCAP: tl.constexpr):
     pid = tl.program_id(0)
-    row = (pid // nh).to(tl.int64)
-    head = pid % nh
-    kvh = (head // g).to(tl.int64)
+    row = (pid // nkv).to(tl.int64)
+    kvh = (pid % nkv).to(tl.int64)
     c = tl.arange(0, BLOCK_W)                                                 # byte column: elements 2c, 2c+1
     in_e = (2 * c < D) & (c < W2)
     in_o = (2 * c + 1 < D) & (c < W2)
-    qrow = q_ptr + row * q_b + head.to(tl.int64) * q_h
-    q_e = tl.load(qrow + 2 * c, mask=in_e, other=0.0).to(tl.float32) * scale
-    q_o = tl.load(qrow + 2 * c + 1, mask=in_o, other=0.0).to(tl.float32) * scale
-    m = tl.max(tl.full([BLOCK_T], float("-inf"), tl.float32), axis=0)
-    l = tl.sum(tl.zeros([BLOCK_T], tl.float32), axis=0)
-    acc_e = tl.zeros([BLOCK_W], tl.float32)
-    acc_o = tl.zeros([BLOCK_W], tl.float32)
+    gi = tl.arange(0, GB)                                                     # the group's query heads
+    in_g = gi < g
+    heads = kvh * g + gi.to(tl.int64)                                         # [GB]
+    qrow = q_ptr + row * q_b + heads[:, None] * q_h                           # [GB, 1]
+    q_e = tl.load(qrow + 2 * c[None, :], mask=in_g[:, None] & in_e[None, :], other=0.0).to(tl.float32) * scale
+    q_o = tl.load(qrow + 2 * c[None, :] + 1, mask=in_g[:, None] & in_o[None, :], other=0.0).to(tl.float32) * scale
+    m = tl.full([GB], float("-inf"), tl.float32)
+    l = tl.zeros([GB], tl.float32)
+    acc_e = tl.zeros([GB, BLOCK_W], tl.float32)
+    acc_o = tl.zeros([GB, BLOCK_W], tl.float32)
     tt0 = tl.arange(0, BLOCK_T)
     for t0 in range(0, L, BLOCK_T):                                           # the shared dense prefix
         tt = t0 + tt0
@@ -109,9 +123,8 @@ def _quant_decode_kernel(q_ptr, kd_ptr, kmn_ptr, ksc_ptr, vd_ptr, vmn_ptr, vsc_p
         o_mask = live[:, None] & in_o[None, :]
         t64 = tt[:, None].to(tl.int64)
         k_e, k_o = _dense_pair(pk_ptr + kvh * pk_h + t64 * pk_t, c, e_mask, o_mask)
-        s = tl.sum(k_e * q_e[None, :] + k_o * q_o[None, :], axis=1)         # [BT]
         valid = tl.load(valid_ptr + row * valid_b + tt, mask=live, other=0) != 0
-        s = _scores(s, valid & live, softcap, SOFTCAP)
+        s = _scores(k_e, k_o, q_e, q_o, valid & live, softcap, SOFTCAP)      # [BT, GB]
         v_e, v_o = _dense_pair(pv_ptr + kvh * pv_h + t64 * pv_t, c, e_mask, o_mask)
         m, l, acc_e, acc_o = _online(s, m, l, acc_e, acc_o, v_e, v_o)
     grp = c // HALF
@@ -122,16 +135,15 @@ def _quant_decode_kernel(q_ptr, kd_ptr, kmn_ptr, ksc_ptr, vd_ptr, vmn_ptr, vsc_p
         t64 = tt[:, None].to(tl.int64)
         k_e, k_o = _q4_pair(kd_ptr, kmn_ptr, ksc_ptr, row * kd_b + kvh * kd_h + t64 * kd_t,
                             row * km_b + kvh * km_h + t64 * km_t, c, grp, bmask, MID, OUT)
-        s = tl.sum(k_e * q_e[None, :] + k_o * q_o[None, :], axis=1)         # [BT] (q is 0 past D)
         valid = tl.load(valid_ptr + row * valid_b + L + tt, mask=live, other=0) != 0
-        s = _scores(s, valid & live, softcap, SOFTCAP)
+        s = _scores(k_e, k_o, q_e, q_o, valid & live, softcap, SOFTCAP)      # [BT, GB] (q is 0 past D)
         v_e, v_o = _q4_pair(vd_ptr, vmn_ptr, vsc_ptr, row * vd_b + kvh * vd_h + t64 * vd_t,
                             row * vm_b + kvh * vm_h + t64 * vm_t, c, grp, bmask, MID, OUT)
         m, l, acc_e, acc_o = _online(s, m, l, acc_e, acc_o, v_e, v_o)
     inv = tl.where(l > 0, 1.0 / l, 0.0)                                       # no valid key: zeros, not NaN
-    orow = out_ptr + row * out_b + head.to(tl.int64) * out_h
-    tl.store(orow + 2 * c, (acc_e * inv).to(OUT), mask=in_e)
-    tl.store(orow + 2 * c + 1, (acc_o * inv).to(OUT), mask=in_o)
+    orow = out_ptr + row * out_b + heads[:, None] * out_h                     # [GB, 1]
+    tl.store(orow + 2 * c[None, :], (acc_e * inv[:, None]).to(OUT), mask=in_g[:, None] & in_e[None, :])
+    tl.store(orow + 2 * c[None, :] + 1, (acc_o * inv[:, None]).to(OUT), mask=in_g[:, None] & in_o[None, :])
 
 
 def quant_decode_triton(q: torch.Tensor, k_parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
@@ -154,14 +166,16 @@ def quant_decode_triton(q: torch.Tensor, k_parts: tuple[torch.Tensor, torch.Tens
         L, pk_s, pv_s = pk.shape[2], (pk.stride(1), pk.stride(2)), (pv.stride(1), pv.stride(2))
     valid = key_valid.view(torch.uint8)
     block_w = triton.next_power_of_2(w2)
+    g = nh // nkv
+    gb = triton.next_power_of_2(g)
     on_device = torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext()     # cpu: interpreter
     with on_device:
-        _quant_decode_kernel[(b * nh,)](
-            q, kd, kmn, ksc, vd, vmn, vsc, pk, pv, valid, out, t, L, width, nh, nh // nkv, scale,
+        _quant_decode_kernel[(b * nkv,)](
+            q, kd, kmn, ksc, vd, vmn, vsc, pk, pv, valid, out, t, L, width, nkv, g, scale,
             1.0 if softcap is None else float(softcap),
             q.stride(0), q.stride(1), kd.stride(0), kd.stride(1), kd.stride(2), kmn.stride(0), kmn.stride(1),
             kmn.stride(2), vd.stride(0), vd.stride(1), vd.stride(2), vmn.stride(0), vmn.stride(1), vmn.stride(2),
             *pk_s, *pv_s, valid.stride(0), out.stride(0), out.stride(1),
-            HALF=half, W2=w2, BLOCK_W=block_w, BLOCK_T=max(8, _TILE // block_w),
+            HALF=half, W2=w2, BLOCK_W=block_w, BLOCK_T=block_t(block_w, gb), GB=gb,
             MID=TL_DTYPES[kmn.dtype], OUT=TL_DTYPES[q.dtype], SOFTCAP=softcap is not None)
     return out

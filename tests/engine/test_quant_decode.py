@@ -25,8 +25,11 @@ from engine.quant.group import quantize
 assert self_check(torch.device("cpu"))
 gen = torch.Generator().manual_seed(1)
 cases = ((torch.float16, False, None, 0, 1, 128, 64), (torch.float16, False, None, 7, 4, 128, 64),
-         (torch.float32, False, 50.0, 3, 2, 96, 64), (torch.bfloat16, True, None, 0, 1, 64, 64))
-for dtype, rot, cap, L, g, hd, gs in cases:          # MHA, GQA + prefix, padded groups + softcap, rotated
+         (torch.float32, False, 50.0, 3, 2, 96, 64), (torch.bfloat16, True, None, 0, 1, 64, 64),
+         (torch.float16, True, None, 40, 8, 128, 64), (torch.float32, False, None, 5, 3, 128, 64))
+# MHA, GQA + prefix, padded groups + softcap, rotated, Llama-3-70B's groups of 8 (rotated, a long prefix),
+# a group size that is no power of two (the program's padded heads are masked)
+for dtype, rot, cap, L, g, hd, gs in cases:
     cfg = QuantConfig(group_size=gs, rotate=rot)
     b, nkv, S, t = 4, 3, 100, 70
     width = (hd + gs - 1) // gs * gs if rot else hd
@@ -57,20 +60,23 @@ def test_kernel_compiles_for_sm90(dt):
     pytest.importorskip("triton")
     import triton.language as tl    # optional dependency: Triton
 
-    from engine.models._quant_decode_triton import _quant_decode_kernel
+    from engine.models._quant_decode_triton import _quant_decode_kernel, block_t
 
     out = {"*fp16": tl.float16, "*bf16": tl.bfloat16, "*fp32": tl.float32}[dt]
     mid = tl.float32 if dt == "*fp32" else tl.float16
     sc = "*fp32" if dt == "*fp32" else "*fp16"
-    ints = ("T", "L", "D", "nh", "g", "q_b", "q_h", "kd_b", "kd_h", "kd_t", "km_b", "km_h", "km_t", "vd_b", "vd_h",
+    ints = ("T", "L", "D", "nkv", "g", "q_b", "q_h", "kd_b", "kd_h", "kd_t", "km_b", "km_h", "km_t", "vd_b", "vd_h",
             "vd_t", "vm_b", "vm_h", "vm_t", "pk_h", "pk_t", "pv_h", "pv_t", "valid_b", "out_b", "out_h")
     sig = {"q_ptr": dt, "kd_ptr": "*u8", "kmn_ptr": sc, "ksc_ptr": sc, "vd_ptr": "*u8", "vmn_ptr": sc,
            "vsc_ptr": sc, "pk_ptr": dt, "pv_ptr": dt, "valid_ptr": "*u8", "out_ptr": dt,
            **{k: "i64" for k in ints}, "scale": "fp32", "softcap": "fp32",
-           **{k: "constexpr" for k in ("HALF", "W2", "BLOCK_W", "BLOCK_T", "MID", "OUT", "SOFTCAP")}}
-    for softcap, w2 in ((False, 64), (True, 64), (False, 32), (False, 128)):    # head_dim 128, 64, 256
-        ptx = compile_for_sm90(_quant_decode_kernel, sig, {"HALF": 32, "W2": w2, "BLOCK_W": w2, "BLOCK_T": 2048 // w2,
-                                                           "MID": mid, "OUT": out, "SOFTCAP": softcap})
+           **{k: "constexpr" for k in ("HALF", "W2", "BLOCK_W", "BLOCK_T", "GB", "MID", "OUT", "SOFTCAP")}}
+    # head_dim 128, 64, 256; one query head a kv head (MHA) and groups of 8 (Llama-3-70B) and 4
+    for softcap, w2, gb in ((False, 64, 1), (True, 64, 1), (False, 32, 1), (False, 128, 1), (False, 64, 8),
+                            (True, 128, 4)):
+        ptx = compile_for_sm90(_quant_decode_kernel, sig, {"HALF": 32, "W2": w2, "BLOCK_W": w2,
+                                                           "BLOCK_T": block_t(w2, gb), "GB": gb, "MID": mid,
+                                                           "OUT": out, "SOFTCAP": softcap})
         assert "ex2.approx" in ptx                                        # the online softmax's exp
 
 
