@@ -3,14 +3,20 @@ load lazily).
 
 Decode attention of one new query per row over a 4-bit cache, read packed: one program per (row, kv head)
 walks the row's keys in blocks of BLOCK_T positions, a shared dense prefix first (when there is one), then
-the 4-bit positions, with an online softmax in float32 for each query head of the kv head's group (GB, the
-group size rounded up to a power of two): each key and value is loaded and dequantized once for the whole
-group, not once per query head (Llama-3-70B reads its cache once where it read it eight times). Each packed
-byte is unpacked and dequantized in registers exactly as `engine.quant.kernels.affine_dequant` writes it
-(`round_as_addcmul`), so the keys and values attended are the dense ones of the chunked path, bit for bit.
-No dense copy of the cache exists, and one launch covers every row: the chunked path launched several kernels
-per chunk of ~20 rows, which on OPT-30B at 192 rows made the compute thread, not the link, bound the decode
-step (`engine.runtime.step_clock`).
+the 4-bit positions, with an online softmax in float32. Each packed byte is unpacked and dequantized in
+registers exactly as `engine.quant.kernels.affine_dequant` writes it (`round_as_addcmul`), so the keys and
+values attended are the dense ones of the chunked path, bit for bit. No dense copy of the cache exists, and
+one launch covers every row: the chunked path launched several kernels per chunk of ~20 rows, which on
+OPT-30B at 192 rows made the compute thread, not the link, bound the decode step (`engine.runtime.step_clock`).
+
+Query heads: with one a kv head (MHA, GB = 1) the program keeps that head's softmax in vectors over the
+head's width. Under grouped-query attention it keeps one per query head of the kv head's group (GB, the group
+size rounded up to a power of two, the extra heads masked), so each key and value is loaded and dequantized
+once for the group instead of once per query head: eight times fewer for Llama-3-70B, whose 4,608-row
+wrangling job (`python benchmarks/throughput/throughput.py --workload wrangle --model llama-3-70b --rows 4608
+--gpu-memory 16GiB --cpu-memory 100GiB --no-warmup --policy auto --trials 0`) decodes in 21.0 s on an H100
+where a program per query head took 55.9 s (benchmarks/records/h100/throughput.jsonl). A group of one gains
+nothing from [BT, GB, W] tiles, so MHA takes the vector code (`GB == 1`, resolved when the kernel compiles).
 
 Layouts (checked by the caller): q [b, nh, 1, D] and the prefix [1, nkv, L, D] with a contiguous last dim;
 the cache's data [b, nkv, S, NG, HALF] uint8 and mn/scale [b, nkv, S, NG, 1] with their two last dims
@@ -49,27 +55,39 @@ def _tanh(x):
 
 
 @triton.jit
-def _online(s, m, l, acc_e, acc_o, v_e, v_o):
-    """One block's scores s [BT, GB] (-inf where masked) and values v_e/v_o [BT, BLOCK_W] into each query head's
-    running max m and sum l [GB] and accumulators acc_e/acc_o [GB, BLOCK_W]."""
-    m_new = tl.maximum(m, tl.max(s, axis=0))                                  # [GB]
+def _online(s, m, l, acc_e, acc_o, v_e, v_o, GB: tl.constexpr):
+    """One block's scores s ([BT], or [BT, GB] for a group; -inf where masked) and values v_e/v_o [BT, BLOCK_W]
+    into each query head's running max m and sum l (a scalar, or [GB]) and accumulators acc_e/acc_o ([BLOCK_W],
+    or [GB, BLOCK_W])."""
+    m_new = tl.maximum(m, tl.max(s, axis=0))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m - m_safe)                                                # [GB]
-    p = tl.exp(s - m_safe[None, :])                                           # [BT, GB]
-    l = l * alpha + tl.sum(p, axis=0)
-    acc_e = acc_e * alpha[:, None] + tl.sum(p[:, :, None] * v_e[:, None, :], axis=0)
-    acc_o = acc_o * alpha[:, None] + tl.sum(p[:, :, None] * v_o[:, None, :], axis=0)
+    alpha = tl.exp(m - m_safe)
+    if GB == 1:
+        p = tl.exp(s - m_safe)                                                # [BT]
+        l = l * alpha + tl.sum(p, axis=0)
+        acc_e = acc_e * alpha + tl.sum(p[:, None] * v_e, axis=0)
+        acc_o = acc_o * alpha + tl.sum(p[:, None] * v_o, axis=0)
+    else:
+        p = tl.exp(s - m_safe[None, :])                                       # [BT, GB]
+        l = l * alpha + tl.sum(p, axis=0)
+        acc_e = acc_e * alpha[:, None] + tl.sum(p[:, :, None] * v_e[:, None, :], axis=0)
+        acc_o = acc_o * alpha[:, None] + tl.sum(p[:, :, None] * v_o[:, None, :], axis=0)
     return m_new, l, acc_e, acc_o
 
 
 @triton.jit
-def _scores(k_e, k_o, q_e, q_o, valid, softcap, SOFTCAP: tl.constexpr):
-    """Keys k_e/k_o [BT, BLOCK_W] against the group's queries q_e/q_o [GB, BLOCK_W] -> scores [BT, GB], -inf
-    where `valid` [BT] is False."""
-    s = tl.sum(k_e[:, None, :] * q_e[None, :, :] + k_o[:, None, :] * q_o[None, :, :], axis=2)    # [BT, GB]
+def _scores(k_e, k_o, q_e, q_o, valid, softcap, GB: tl.constexpr, SOFTCAP: tl.constexpr):
+    """Keys k_e/k_o [BT, BLOCK_W] against the queries q_e/q_o ([BLOCK_W], or [GB, BLOCK_W] for a group) ->
+    scores [BT] or [BT, GB], soft-capped when SOFTCAP, -inf where `valid` [BT] is False."""
+    if GB == 1:
+        s = tl.sum(k_e * q_e[None, :] + k_o * q_o[None, :], axis=1)                                  # [BT]
+        keep = valid
+    else:
+        s = tl.sum(k_e[:, None, :] * q_e[None, :, :] + k_o[:, None, :] * q_o[None, :, :], axis=2)    # [BT, GB]
+        keep = valid[:, None]
     if SOFTCAP:
         s = _tanh(s / softcap) * softcap
-    return tl.where(valid[:, None], s, float("-inf"))
+    return tl.where(keep, s, float("-inf"))
 
 
 @triton.jit
@@ -105,16 +123,25 @@ def _quant_decode_kernel(q_ptr, kd_ptr, kmn_ptr, ksc_ptr, vd_ptr, vmn_ptr, vsc_p
     c = tl.arange(0, BLOCK_W)                                                 # byte column: elements 2c, 2c+1
     in_e = (2 * c < D) & (c < W2)
     in_o = (2 * c + 1 < D) & (c < W2)
-    gi = tl.arange(0, GB)                                                     # the group's query heads
-    in_g = gi < g
-    heads = kvh * g + gi.to(tl.int64)                                         # [GB]
-    qrow = q_ptr + row * q_b + heads[:, None] * q_h                           # [GB, 1]
-    q_e = tl.load(qrow + 2 * c[None, :], mask=in_g[:, None] & in_e[None, :], other=0.0).to(tl.float32) * scale
-    q_o = tl.load(qrow + 2 * c[None, :] + 1, mask=in_g[:, None] & in_o[None, :], other=0.0).to(tl.float32) * scale
-    m = tl.full([GB], float("-inf"), tl.float32)
-    l = tl.zeros([GB], tl.float32)
-    acc_e = tl.zeros([GB, BLOCK_W], tl.float32)
-    acc_o = tl.zeros([GB, BLOCK_W], tl.float32)
+    if GB == 1:                                                               # one query head: the kv head's
+        qrow = q_ptr + row * q_b + kvh * q_h
+        q_e = tl.load(qrow + 2 * c, mask=in_e, other=0.0).to(tl.float32) * scale
+        q_o = tl.load(qrow + 2 * c + 1, mask=in_o, other=0.0).to(tl.float32) * scale
+        m = tl.max(tl.full([BLOCK_T], float("-inf"), tl.float32), axis=0)
+        l = tl.sum(tl.zeros([BLOCK_T], tl.float32), axis=0)
+        acc_e = tl.zeros([BLOCK_W], tl.float32)
+        acc_o = tl.zeros([BLOCK_W], tl.float32)
+    else:                                                                     # the group's query heads
+        gi = tl.arange(0, GB)
+        in_g = gi < g
+        heads = kvh * g + gi.to(tl.int64)                                     # [GB]
+        qrow = q_ptr + row * q_b + heads[:, None] * q_h                       # [GB, 1]
+        q_e = tl.load(qrow + 2 * c[None, :], mask=in_g[:, None] & in_e[None, :], other=0.0).to(tl.float32) * scale
+        q_o = tl.load(qrow + 2 * c[None, :] + 1, mask=in_g[:, None] & in_o[None, :], other=0.0).to(tl.float32) * scale
+        m = tl.full([GB], float("-inf"), tl.float32)
+        l = tl.zeros([GB], tl.float32)
+        acc_e = tl.zeros([GB, BLOCK_W], tl.float32)
+        acc_o = tl.zeros([GB, BLOCK_W], tl.float32)
     tt0 = tl.arange(0, BLOCK_T)
     for t0 in range(0, L, BLOCK_T):                                           # the shared dense prefix
         tt = t0 + tt0
@@ -124,9 +151,9 @@ def _quant_decode_kernel(q_ptr, kd_ptr, kmn_ptr, ksc_ptr, vd_ptr, vmn_ptr, vsc_p
         t64 = tt[:, None].to(tl.int64)
         k_e, k_o = _dense_pair(pk_ptr + kvh * pk_h + t64 * pk_t, c, e_mask, o_mask)
         valid = tl.load(valid_ptr + row * valid_b + tt, mask=live, other=0) != 0
-        s = _scores(k_e, k_o, q_e, q_o, valid & live, softcap, SOFTCAP)      # [BT, GB]
+        s = _scores(k_e, k_o, q_e, q_o, valid & live, softcap, GB, SOFTCAP)
         v_e, v_o = _dense_pair(pv_ptr + kvh * pv_h + t64 * pv_t, c, e_mask, o_mask)
-        m, l, acc_e, acc_o = _online(s, m, l, acc_e, acc_o, v_e, v_o)
+        m, l, acc_e, acc_o = _online(s, m, l, acc_e, acc_o, v_e, v_o, GB)
     grp = c // HALF
     for t0 in range(0, T, BLOCK_T):                                           # the 4-bit positions
         tt = t0 + tt0
@@ -136,14 +163,19 @@ def _quant_decode_kernel(q_ptr, kd_ptr, kmn_ptr, ksc_ptr, vd_ptr, vmn_ptr, vsc_p
         k_e, k_o = _q4_pair(kd_ptr, kmn_ptr, ksc_ptr, row * kd_b + kvh * kd_h + t64 * kd_t,
                             row * km_b + kvh * km_h + t64 * km_t, c, grp, bmask, MID, OUT)
         valid = tl.load(valid_ptr + row * valid_b + L + tt, mask=live, other=0) != 0
-        s = _scores(k_e, k_o, q_e, q_o, valid & live, softcap, SOFTCAP)      # [BT, GB] (q is 0 past D)
+        s = _scores(k_e, k_o, q_e, q_o, valid & live, softcap, GB, SOFTCAP)   # (q is 0 past D)
         v_e, v_o = _q4_pair(vd_ptr, vmn_ptr, vsc_ptr, row * vd_b + kvh * vd_h + t64 * vd_t,
                             row * vm_b + kvh * vm_h + t64 * vm_t, c, grp, bmask, MID, OUT)
-        m, l, acc_e, acc_o = _online(s, m, l, acc_e, acc_o, v_e, v_o)
+        m, l, acc_e, acc_o = _online(s, m, l, acc_e, acc_o, v_e, v_o, GB)
     inv = tl.where(l > 0, 1.0 / l, 0.0)                                       # no valid key: zeros, not NaN
-    orow = out_ptr + row * out_b + heads[:, None] * out_h                     # [GB, 1]
-    tl.store(orow + 2 * c[None, :], (acc_e * inv[:, None]).to(OUT), mask=in_g[:, None] & in_e[None, :])
-    tl.store(orow + 2 * c[None, :] + 1, (acc_o * inv[:, None]).to(OUT), mask=in_g[:, None] & in_o[None, :])
+    if GB == 1:
+        orow = out_ptr + row * out_b + kvh * out_h
+        tl.store(orow + 2 * c, (acc_e * inv).to(OUT), mask=in_e)
+        tl.store(orow + 2 * c + 1, (acc_o * inv).to(OUT), mask=in_o)
+    else:
+        orow = out_ptr + row * out_b + heads[:, None] * out_h                 # [GB, 1]
+        tl.store(orow + 2 * c[None, :], (acc_e * inv[:, None]).to(OUT), mask=in_g[:, None] & in_e[None, :])
+        tl.store(orow + 2 * c[None, :] + 1, (acc_o * inv[:, None]).to(OUT), mask=in_g[:, None] & in_o[None, :])
 
 
 def quant_decode_triton(q: torch.Tensor, k_parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
@@ -169,13 +201,13 @@ def quant_decode_triton(q: torch.Tensor, k_parts: tuple[torch.Tensor, torch.Tens
     g = nh // nkv
     gb = triton.next_power_of_2(g)
     on_device = torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext()     # cpu: interpreter
+    strides = (q.stride(0), q.stride(1), kd.stride(0), kd.stride(1), kd.stride(2), kmn.stride(0),
+               kmn.stride(1), kmn.stride(2), vd.stride(0), vd.stride(1), vd.stride(2), vmn.stride(0),
+               vmn.stride(1), vmn.stride(2), *pk_s, *pv_s, valid.stride(0), out.stride(0), out.stride(1))
     with on_device:
         _quant_decode_kernel[(b * nkv,)](
             q, kd, kmn, ksc, vd, vmn, vsc, pk, pv, valid, out, t, L, width, nkv, g, scale,
-            1.0 if softcap is None else float(softcap),
-            q.stride(0), q.stride(1), kd.stride(0), kd.stride(1), kd.stride(2), kmn.stride(0), kmn.stride(1),
-            kmn.stride(2), vd.stride(0), vd.stride(1), vd.stride(2), vmn.stride(0), vmn.stride(1), vmn.stride(2),
-            *pk_s, *pv_s, valid.stride(0), out.stride(0), out.stride(1),
+            1.0 if softcap is None else float(softcap), *strides,
             HALF=half, W2=w2, BLOCK_W=block_w, BLOCK_T=block_t(block_w, gb), GB=gb,
             MID=TL_DTYPES[kmn.dtype], OUT=TL_DTYPES[q.dtype], SOFTCAP=softcap is not None)
     return out

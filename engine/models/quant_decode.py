@@ -7,7 +7,8 @@ is about 1 s of the compute thread's time per decode step, more than the step's 
 the device waits for the host (`engine.runtime.step_clock`: `lead_s` ~0 in the slow steps). The fused kernel
 (`engine.models._quant_decode_triton`) reads the packed cache, dequantizes in registers exactly as
 `affine_dequant` does, and runs an online softmax over the shared prefix and the 4-bit positions: one
-launch for every row and head, no dense copy of the cache. With it the same run's compute thread spends
+launch for every row and head (under grouped-query attention a program takes a kv head's whole group, so each
+key is read once for it), no dense copy of the cache. With it the same run's compute thread spends
 0.24 s a step and the mean step is 0.997 s, 1.07x the floor.
 
 Values: the keys and values are the chunked path's bit for bit; the softmax and the weighted sum run in

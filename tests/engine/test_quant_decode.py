@@ -71,9 +71,9 @@ def test_kernel_compiles_for_sm90(dt):
            "vsc_ptr": sc, "pk_ptr": dt, "pv_ptr": dt, "valid_ptr": "*u8", "out_ptr": dt,
            **{k: "i64" for k in ints}, "scale": "fp32", "softcap": "fp32",
            **{k: "constexpr" for k in ("HALF", "W2", "BLOCK_W", "BLOCK_T", "GB", "MID", "OUT", "SOFTCAP")}}
-    # head_dim 128, 64, 256; one query head a kv head (MHA) and groups of 8 (Llama-3-70B) and 4
+    # head_dim 128, 64, 256 with one query head a kv head (MHA); groups of 8 (Llama-3-70B), 4 and 2
     for softcap, w2, gb in ((False, 64, 1), (True, 64, 1), (False, 32, 1), (False, 128, 1), (False, 64, 8),
-                            (True, 128, 4)):
+                            (True, 128, 4), (False, 32, 2)):
         ptx = compile_for_sm90(_quant_decode_kernel, sig, {"HALF": 32, "W2": w2, "BLOCK_W": w2,
                                                            "BLOCK_T": block_t(w2, gb), "GB": gb, "MID": mid,
                                                            "OUT": out, "SOFTCAP": softcap})
