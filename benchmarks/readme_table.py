@@ -122,6 +122,22 @@ def wrangle(records: list[dict]) -> str:
             f"**{r['roofline_fraction']:.2f}** of its roofline; {card(r)}")
 
 
+def short_wrangle(records: list[dict]) -> str:
+    """Llama-3-70B wrangling over 4,608 rows: the latest `auto` run, and the latest run of the plan the h200
+    reference profile picks for that count (`llmops policy ... --hardware h200 --num-prompts 4608`), each
+    its rows/h and roofline fraction."""
+    def latest(config: Callable[[str], bool]) -> dict:
+        return max((r for r in records if r.get("workload") == "wrangle" and r.get("model") == "llama-3-70b"
+                    and r.get("ok") and r.get("num_prompts") == 4608 and config(str(r.get("config_name", "")))),
+                   key=lambda r: r["timestamp"])
+    auto = latest(lambda name: name.startswith("auto"))
+    planned = latest(lambda name: name == "custom:1536x1+ahead")
+    return (f"`auto` (`{auto['config_name']}`, this machine's measured profile) **{auto['rows_per_h']:,.0f} "
+            f"rows/h**, {auto['roofline_fraction']:.2f} of its roofline; the h200 reference profile's plan "
+            f"(`{planned['config_name']}`) **{planned['rows_per_h']:,.0f} rows/h**, "
+            f"{planned['roofline_fraction']:.2f}; {card(planned)}")
+
+
 def product_paths(workload: str) -> Callable[[list[dict]], str]:
     """Each product path's rows/h over the engine's in the latest run of `workload`: against the mean of the
     engine runs before and after it where the run interleaved them (`ratio_to_engine_bracketed`), else
@@ -271,6 +287,8 @@ ROWS = (
         "h200/throughput.jsonl", vs_ablation),
     Row("Llama-3-70B wrangling (150-token shared prefix + 50, gen 10, 16 GiB, 4-bit) vs its roofline; engine harness",
         "h200/throughput.jsonl", wrangle),
+    Row("Llama-3-70B wrangling, the same shape, a 4,608-row job; engine harness", "h100/throughput.jsonl",
+        short_wrangle),
     Row("8B-shaped invoice job (4,096 rows, 14 GiB, weights streamed): `llmops run` and DuckDB vs the engine alone",
         "h200/job_paths.jsonl", product_paths("invoices-8b-offloaded")),
     Row("8B-shaped invoice job (4,096 rows, 14 GiB, weights streamed): `llmops run` from a shell vs the engine alone",
