@@ -12,11 +12,11 @@ OPT-30B at 192 rows made the compute thread, not the link, bound the decode step
 Query heads: with one a kv head (MHA, GB = 1) the program keeps that head's softmax in vectors over the
 head's width. Under grouped-query attention it keeps one per query head of the kv head's group (GB, the group
 size rounded up to a power of two, the extra heads masked), so each key and value is loaded and dequantized
-once for the group instead of once per query head: eight times fewer for Llama-3-70B, whose 4,608-row
-wrangling job (`python benchmarks/throughput/throughput.py --workload wrangle --model llama-3-70b --rows 4608
---gpu-memory 16GiB --cpu-memory 100GiB --no-warmup --policy auto --trials 0`) decodes in 21.0 s on an H100
-where a program per query head took 55.9 s (benchmarks/records/h100/throughput.jsonl). A group of one gains
-nothing from [BT, GB, W] tiles, so MHA takes the vector code (`GB == 1`, resolved when the kernel compiles).
+once for the group instead of once per query head: eight times fewer for Llama-3-70B (its 4,608-row
+wrangling job's decode steps: `python benchmarks/throughput/throughput.py --workload wrangle --model llama-3-70b
+--rows 4608 --gpu-memory 16GiB --cpu-memory 100GiB --no-warmup --policy auto --trials 0 --clock`,
+benchmarks/records/h100/throughput.jsonl). A group of one gains nothing from [BT, GB, W] tiles, so MHA takes
+the vector code (`GB == 1`, resolved when the kernel compiles).
 
 Layouts (checked by the caller): q [b, nh, 1, D] and the prefix [1, nkv, L, D] with a contiguous last dim;
 the cache's data [b, nkv, S, NG, HALF] uint8 and mn/scale [b, nkv, S, NG, 1] with their two last dims
