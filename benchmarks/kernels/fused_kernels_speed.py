@@ -11,6 +11,11 @@ Cases, on the Llama-3-70B prefill chunk's shapes (chunks of 4,096 tokens, hidden
   rope_prefill    a chunk's queries [81, 64, 50, 128], the strided view of its [81, 50, 10240] q/k/v projection,
                   and cos/sin [81, 50, 128]: `elementwise.rope_torch` vs `elementwise.rope` (bit for bit)
   rope_decode     one decode step's queries [1536, 64, 1, 128] of a 1,536-row block (the same)
+  decode_q4       one decode step's attention of a 2,304-row GPU batch (64 query heads over 8 kv heads) over the
+                  wrangling shape's 150-token dense shared prefix and 60 positions of a `CACHE_QUANT` cache:
+                  the chunked path (`attention.chunked_decode_attention` over dequantized chunks of rows) vs
+                  `quant_decode.quantized_decode_attention` (the fused kernel on CUDA; elsewhere it declines
+                  and the chunked path runs both); parity "within float rounding" at the kernel tests' ulps
 Before timing, each case's kernel result is compared with the torch ops (recorded as `parity`: the ulp
 rule of engine.models.elementwise.close_to_torch, `group.quantize_mismatch` for quantize). Times are medians
 over --repeat runs (CUDA events; perf_counter on the CPU, where both paths are the torch ops), and `*_host_us`
@@ -37,7 +42,9 @@ from benchmarks.common import (Timer, add_record_args, median_ms, new_record, sa
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from engine.models.attention import chunked_decode_attention, dense_keys  # noqa: E402
 from engine.models.elementwise import close_to_torch, rms_norm, rms_norm_torch, rope, rope_torch, silu_mul  # noqa: E402
+from engine.models.quant_decode import quantized_decode_attention  # noqa: E402
 from engine.quant.config import CACHE_QUANT  # noqa: E402
 from engine.quant.group import quantize, quantize_mismatch, quantize_torch  # noqa: E402
 
@@ -87,7 +94,41 @@ def _cases(device: torch.device, dtype: torch.dtype, scale: int) -> dict[str, di
                            torch=lambda q=q, c=cos, n=sin: rope_torch(q, c, n),
                            fused=lambda q=q, c=cos, n=sin: rope(q, c, n),
                            parity=lambda a, b: "bit for bit" if torch.equal(a, b) else "differs")
+    cases["decode_q4"] = _decode_q4(randn, max(1, 2304 // scale), dtype)
     return cases
+
+
+def _decode_q4(randn: Callable[..., torch.Tensor], rows: int, dtype: torch.dtype) -> dict:
+    """The `decode_q4` case: `rows` rows of Llama-3-70B's decode attention over a 150-token prefix and 60 4-bit
+    positions (`CACHE_QUANT`, in its stored basis when it rotates)."""
+    prefix_len, written, size = 150, 60, torch.finfo(dtype).bits // 8
+    rotation = CACHE_QUANT if CACHE_QUANT.rotate else None
+    width = -(-HEAD_DIM // CACHE_QUANT.group_size) * CACHE_QUANT.group_size if rotation else HEAD_DIM
+    q = randn(rows, HEADS, 1, HEAD_DIM)                                       # [b, nh, 1, hd]
+    k = quantize(randn(rows, KV_HEADS, written, HEAD_DIM), CACHE_QUANT)         # [b, nkv, t, hd] 4-bit
+    v = quantize(randn(rows, KV_HEADS, written, HEAD_DIM), CACHE_QUANT)
+    pk, pv = randn(1, KV_HEADS, prefix_len, width), randn(1, KV_HEADS, prefix_len, width)   # [1, nkv, L, w]
+    valid = torch.ones(rows, prefix_len + written, dtype=torch.bool, device=q.device)
+    scale = HEAD_DIM ** -0.5
+
+    def chunked() -> torch.Tensor:
+        return chunked_decode_attention(q, lambda r0, r1: (dense_keys(k[r0:r1], written, rotation, pk),
+                                                           dense_keys(v[r0:r1], written, rotation, pv)),
+                                        valid, scale, 64, None, rotation)
+
+    def fused() -> torch.Tensor:
+        out = quantized_decode_attention(q, k, v, written, valid, scale, None, rotation, (pk, pv))
+        return chunked() if out is None else out
+
+    def parity(got: torch.Tensor, want: torch.Tensor) -> str:
+        ulp = {torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
+        err = (got.float() - want.float()).abs().max().item()
+        return "within float rounding" if err <= ulp * want.float().abs().max().item() else "differs"
+
+    cache = sum(p.numel() * p.element_size() for x in (k, v) for p in x.parts())
+    return dict(shape=[rows, HEADS, KV_HEADS, prefix_len, written],
+                bytes=cache + 2 * pk.numel() * size + 2 * q.numel() * size,
+                torch=chunked, fused=fused, parity=parity)
 
 
 def host_us(fn: Callable[[], object], device: torch.device, repeat: int) -> float:
