@@ -34,7 +34,7 @@ def run_once(pipeline: Path, limit: int, dtype: str, sink: Path) -> dict[str, An
                *([] if dtype == AS_WRITTEN else ["--set", f"engine.dtype={dtype}"])]
     path = pipeline.resolve()
     summary, seconds, _ = run_llmops(["run", str(path), *options, "--set", f"sink.parquet={sink}"],
-                                  f"llmops run ({dtype})")
+                                     f"llmops run ({dtype})")
     argv = ["llmops", "run", str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path), *options]
     report = json.loads(Path(summary["report"]).read_text())
     grammar_s = sum(step["time"]["grammar_mask"] for step in report["llm_steps"])

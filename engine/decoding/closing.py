@@ -58,7 +58,9 @@ class ClosingTokens:
                    eos=int(tokenizer.eos_tokens[0]))
 
 
-def _accepts_after(matcher: "llguidance.LLMatcher", tokens: list[int], eos: int) -> bool:
+def accepts_after(matcher: "llguidance.LLMatcher", tokens: list[int], eos: int) -> bool:
+    """Whether `tokens` take the grammar from the matcher's state to an accepting one (one `validate_tokens`;
+    the matcher is not changed)."""
     return matcher.validate_tokens([*tokens, eos]) == len(tokens) + 1
 
 
@@ -73,7 +75,7 @@ def _mask_token(matcher: "llguidance.LLMatcher", eos: int) -> int | None:
     allowed = allowed[allowed != eos][:_SCAN].tolist()
     if not allowed:
         return None
-    return next((t for t in allowed if _accepts_after(matcher, [t], eos)), allowed[0])
+    return next((t for t in allowed if accepts_after(matcher, [t], eos)), allowed[0])
 
 
 def closing_path(matcher: "llguidance.LLMatcher", tokenizer: "llguidance.LLTokenizer", probes: ClosingTokens,
@@ -128,7 +130,7 @@ def hints_after(tokenizer: "llguidance.LLTokenizer", closing: list[int], token: 
 def _fitting_hint(matcher: "llguidance.LLMatcher", hints: Sequence[list[int]], eos: int, room: int) -> list[int] | None:
     """The first non-empty hint of at most `room` tokens that completes the grammar from the matcher's state."""
     for hint in hints:
-        if hint and len(hint) <= room and matcher.validate_tokens([*hint, eos]) == len(hint) + 1:
+        if hint and len(hint) <= room and accepts_after(matcher, hint, eos):
             return hint
     return None
 

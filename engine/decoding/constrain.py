@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from engine.decoding.closing import ClosingTokens, closing_path, hints_after
+from engine.decoding.closing import ClosingTokens, accepts_after, closing_path, hints_after
 from engine.decoding.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -312,17 +312,13 @@ class GrammarConstraint:
         if remaining is not None and closing is not None:
             if closing and token == closing[0]:
                 self._closings[row] = closing[1:]
-            elif len(closing) < remaining and self._still_closes(matcher, closing):
+            elif len(closing) < remaining and accepts_after(matcher, closing, self._probes.eos):
                 pass                                        # the kept completion still fits, with room to spare
             else:
                 token = self._keep_closable(row, token, closing, remaining)
                 if token in self._eos:
                     return token, True
         return token, matcher.is_stopped()
-
-    def _still_closes(self, matcher: "llguidance.LLMatcher", closing: list[int]) -> bool:
-        """Whether `closing` still completes the grammar from the matcher's state (one `validate_tokens`)."""
-        return matcher.validate_tokens([*closing, self._probes.eos]) == len(closing) + 1
 
     def _first_closing(self, row: int, limit: int) -> list[int] | None:
         """`closing_path` of the row's matcher within `limit` tokens; searched once per limit for the rows
