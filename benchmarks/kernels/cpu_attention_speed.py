@@ -2,7 +2,8 @@
 
 One decode step's attention over a host KV cache (b rows, nkv kv heads, nh query heads, t positions, head_dim
 hd), as the executor runs it when the cache lives on the cpu tier with cpu_attention: `cpu_decode_attention`
-in fp16, bf16 and fp32, over a 4-bit cache (`engine.quant`, dequantized per chunk of rows) at several chunk
+in fp16, bf16 (the C kernel of `engine.models.native_attention` where this CPU builds it; `torch SDPA` is the
+same attention by torch's kernel) and fp32, over a 4-bit cache (`engine.quant`, dequantized per chunk of rows) at several chunk
 sizes (--chunk-mib), and FlexGen's way (upcast the whole cache to fp32, then attend). The 4-bit cache is the
 engine's (`CACHE_QUANT`, Hadamard-rotated groups): `engine 4-bit` is the engine's path (affine dequantization
 only, attention in the rotated basis), `4-bit unrotating (old)` the alternative (every cached key and value
@@ -13,11 +14,14 @@ equivalent (`dense_gb_s`, what the cost model's `cpu_attention_q4_gib_s` means; 
 bandwidth (`host_copy_gb_s`: a torch copy of 1 GiB, bytes read + written) to compare them with. Appends one
 record (common fields, one entry per kernel and dtype) to benchmarks/records/<machine>/cpu_attention_speed.jsonl
 (or --out); its workload is `opt-30b` (the default shape, OPT-30B's heads), `mixtral-8x7b` with --shape
-mixtral-8x7b (a GPU batch of 128 rows, 32 query / 8 kv heads, context 205: prompt 77 + 128 new), else
+mixtral-8x7b (a GPU batch of 128 rows, 32 query / 8 kv heads, context 205: prompt 77 + 128 new),
+`smollm2-135m` with --shape smollm2-135m (a CPU decode step of 64 rows: 9 query / 3 kv heads of 64, context
+145, the longest sample prompt + 32 new), else
 `b<batch>-h<heads>-kv<kv_heads>-t<context>-d<head_dim>`.
 
     python benchmarks/kernels/cpu_attention_speed.py --out /tmp/cpu_attention.jsonl     # OPT-30B-like shape
     python benchmarks/kernels/cpu_attention_speed.py --shape mixtral-8x7b                # Mixtral-8x7B's decode
+    python benchmarks/kernels/cpu_attention_speed.py --shape smollm2-135m --chunk-mib 16  # the embedded model's
     python benchmarks/kernels/cpu_attention_speed.py --batch 2 --heads 4 --context 64 --repeats 2 --out /tmp/a.jsonl
 """
 from __future__ import annotations
@@ -37,7 +41,8 @@ from engine.quant.group import dequantize, quantize  # noqa: E402
 from engine.quant.qtensor import QTensor  # noqa: E402
 
 SHAPES = {"opt-30b": dict(batch=16, heads=56, kv_heads=56, context=544, head_dim=128),
-          "mixtral-8x7b": dict(batch=128, heads=32, kv_heads=8, context=205, head_dim=128)}
+          "mixtral-8x7b": dict(batch=128, heads=32, kv_heads=8, context=205, head_dim=128),
+          "smollm2-135m": dict(batch=64, heads=9, kv_heads=3, context=145, head_dim=64)}
 
 
 def _time(fn, repeats: int) -> tuple[float, float]:
@@ -57,6 +62,14 @@ def _row(kernel: str, dtype: str, times: tuple[float, float], stored: int, dense
     s, best = times
     return {"kernel": kernel, "dtype": dtype, **extra, "s": s, "best_s": best, "gb_s": stored / s / 1e9,
             "dense_gb_s": dense / s / 1e9, "best_gb_s": stored / best / 1e9, "best_dense_gb_s": dense / best / 1e9}
+
+
+def torch_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, scale: float) -> torch.Tensor:
+    """Decode attention by torch's SDPA alone (the engine's path where no C kernel applies): q [b, nh, 1, hd]
+    folded to [b, nkv, g, hd], k/v [b, nkv, t, hd], valid [b, t] -> [b, nkv, g, hd]."""
+    b, nh, _, hd = q.shape
+    qg = q.reshape(b, k.shape[1], nh // k.shape[1], hd)
+    return torch.nn.functional.scaled_dot_product_attention(qg, k, v, attn_mask=valid[:, None, None, :], scale=scale)
 
 
 def unrotating_attention(q: torch.Tensor, k: QTensor, v: QTensor, valid: torch.Tensor, scale: float,
@@ -110,6 +123,9 @@ def main() -> None:
         cache_bytes = 2 * k.numel() * k.element_size()
         times = _time(lambda: cpu_decode_attention(q, k, v, valid, 0.1), args.repeats)
         rows.append(_row("engine", str(dtype)[6:], times, cache_bytes, cache_bytes))
+        if dtype is torch.bfloat16:
+            times = _time(lambda: torch_sdpa(q, k, v, valid, 0.1), args.repeats)
+            rows.append(_row("torch SDPA", "bfloat16", times, cache_bytes, cache_bytes))
         if dtype is not torch.float32:
             times = _time(lambda: decode_attention(q.float(), k.float(), v.float(), valid, 0.1), args.repeats)
             rows.append(_row("fp32 upcast (FlexGen)", str(dtype)[6:], times, cache_bytes, cache_bytes))

@@ -15,7 +15,7 @@ but only once: the dtype is part of the result-cache key and bf16 and fp32 give 
 choice re-timed in every process (a near tie flips with the load of the moment) would make an unchanged rerun
 miss the cache and change its answers.
 
-The answers live beside the hardware profile (`engine.calibrate.machine.cache_dir()`, i.e. `$LLMOPS_CACHE_DIR`
+The answers live beside the hardware profile (`engine.util.paths.cache_dir()`, i.e. `$LLMOPS_CACHE_DIR`
 or `~/.cache/llmops`) in `cpu-dtype-<digest>.json`, keyed by hostname + CPU model + torch version (the
 things that decide which kernels run). It is written to a temporary name and renamed into place, under a
 lock file so that two processes starting at once measure once and agree; a file that does not parse, names
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import functools
 import hashlib
 import json
@@ -34,17 +33,17 @@ import platform
 import socket
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from engine.calibrate.machine import cache_dir
 from engine.calibrate.measure import best_seconds
 from engine.models.cpu_linear import (INT4_DENSE_MAX_ROWS, INT4_MAX_ROWS, dense_copy, linear, onednn_bf16,
                                       pack_int4, pack_onednn)
 from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, quantize
 from engine.storage.atomic import write_json_atomic
+from engine.util.paths import cache_dir, locked
 
 _SHAPE = (256, 576, 1536)   # a decode-sized GEMM (m, k, n): rows x hidden -> MLP width
 _INT4_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)   # row counts the int4 kernel is timed at
@@ -152,7 +151,7 @@ def machine_key() -> dict[str, str]:
 
 
 def cache_path(directory: Path | None = None) -> Path:
-    """`<directory or machine.cache_dir()>/cpu-dtype-<sha256 of machine_key()[:16]>.json`."""
+    """`<directory or cache_dir()>/cpu-dtype-<sha256 of machine_key()[:16]>.json`."""
     digest = hashlib.sha256(json.dumps(machine_key(), sort_keys=True).encode()).hexdigest()[:16]
     return (directory or cache_dir()) / f"cpu-dtype-{digest}.json"
 
@@ -184,17 +183,6 @@ def _write(path: Path, choice: CpuChoice, seconds: dict[str, float]) -> None:
     write_json_atomic(path, payload)
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `path` + ".lock" (waits for another process measuring now)."""
-    with open(path.with_name(path.name + ".lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _measure() -> tuple[CpuChoice, dict[str, float]]:
     dtype, seconds = measure_cpu_dtype()
     return CpuChoice(dtype, measure_int4_rows()), seconds
@@ -209,7 +197,7 @@ def machine_cpu_choice(directory: Path | None = None) -> CpuChoice:
         return cached
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(path):
+        with locked(path):
             cached = read_choice(path)          # another process may have measured while we waited
             if cached is not None:
                 return cached
@@ -231,7 +219,7 @@ def machine_dense_rows(directory: Path | None = None) -> int:
         return INT4_DENSE_MAX_ROWS
     path = cache_path(directory)
     try:
-        with _locked(path):
+        with locked(path):
             cached = read_choice(path) or choice
             if cached.int4_dense_max_rows is not None:
                 return cached.int4_dense_max_rows

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 
 import torch
 
@@ -63,12 +62,6 @@ def default_cpu_profile() -> HardwareProfile:
         gpu_memory_bytes=ram, cpu_memory_bytes=ram, disk_free_bytes=0, layer_overhead_ms=0.2,
         hostname=socket.gethostname(), torch_version=torch.__version__, source="default",
     )
-
-
-def cache_dir() -> Path:
-    """`$LLMOPS_CACHE_DIR` or `~/.cache/llmops`."""
-    env = os.environ.get("LLMOPS_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "llmops"
 
 
 def profile_key(device: torch.device) -> dict[str, str]:

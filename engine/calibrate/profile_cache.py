@@ -15,9 +15,10 @@ from typing import Any, Callable
 import torch
 
 from engine.calibrate import measure as measure_mod
-from engine.calibrate.machine import cache_dir, profile_key
+from engine.calibrate.machine import profile_key
 from engine.policy.hardware import HardwareProfile
 from engine.storage.atomic import write_json_atomic
+from engine.util.paths import cache_dir
 
 # 2: executor slot, CPU attention and dequantization probes; 3: slot extras by placement; 4: the 4-bit CPU
 # attention probe times the rotated-basis path (NUMERICS_VERSION 4), 8-20x faster than the one measured before

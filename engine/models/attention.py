@@ -31,6 +31,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.models.base import ModelFamily, Weights
 from engine.models.config import ModelConfig
+from engine.models.native_attention import native_decode_attention
 from engine.quant.config import QuantConfig
 from engine.quant.group import dequantize, rotate_last, unrotate_last
 from engine.quant.qtensor import QTensor
@@ -143,7 +144,12 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_valid: torch.Tensor,
                      scale: float, softcap: float | None = None) -> torch.Tensor:
-    """q [b, nh, 1, hd], k/v [b, nkv, t, hd] (the new token included), key_valid [b, t] bool -> [b, nh, 1, hd]."""
+    """q [b, nh, 1, hd], k/v [b, nkv, t, hd] (the new token included), key_valid [b, t] bool -> [b, nh, 1, hd].
+    A bfloat16 cache on the CPU takes the C kernel (`engine.models.native_attention`) where it applies."""
+    if softcap is None and not q.is_cuda:
+        out = native_decode_attention(q, k, v, key_valid, scale)
+        if out is not None:
+            return out
     b, nh, _, hd = q.shape
     nkv = k.shape[1]
     qg = q.reshape(b, nkv, nh // nkv, hd)                                   # [b, nkv, g, hd]

@@ -40,6 +40,7 @@ INT4_MAX_ROWS = 64
 # dequantization, so the kernel is ahead only while reading a quarter of the bytes wins (a few rows; measured
 # per machine likewise)
 INT4_DENSE_MAX_ROWS = 4
+_INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default      # the overload, resolved once
 
 
 class Int4Linear:
@@ -66,14 +67,12 @@ class Int4Linear:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., k] bfloat16 -> [..., n] bfloat16."""
-        lead = x.shape[:-1]
-        rows = x.numel() // x.shape[-1]
-        if rows > self.max_rows:
+        rows = x.reshape(-1, x.shape[-1])                                                           # [r, k]
+        if rows.shape[0] > self.max_rows:
             if self.dense is not None:
                 return linear(x, self.dense, bias)                                                  # [..., n]
             return F.linear(x, dequantize(self.q, out=self.scratch), bias)                        # [..., n]
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(rows, x.shape[-1]), self.packed, self.group_size,
-                                                       self.scales_zeros).view(*lead, self.shape[0])  # [..., n]
+        y = _INT4_MM(rows, self.packed, self.group_size, self.scales_zeros).view(*x.shape[:-1], self.shape[0])
         return y if bias is None else y + bias
 
 

@@ -1,6 +1,6 @@
 """The decoder layers' elementwise work: RMSNorm, SwiGLU's silu(gate) * up and RoPE's rotation.
 
-Two paths, the same contract:
+Three paths, the same contract:
   - CUDA tensors with Triton importable: one fused Triton kernel each (`engine.models._elementwise_triton`),
     one read of the inputs and one write of the result instead of torch's ~7 passes over a float32 copy
     (RMSNorm), 3 passes (silu, product) or 5 (RoPE: two products, a negation, a concatenation, a sum; its
@@ -14,8 +14,11 @@ with the weight / up), so they differ only where float32 statistics summed in an
 exp/rsqrt move that intermediate across a rounding boundary: one unit in the last place (ulp) of the
 intermediate, which the second product can turn into two ulps of the result when the other factor is not
 a power of two (weights of exactly 1, as dummy and freshly initialized models have: at most one ulp).
-  - everywhere else (and for layouts or dtypes the kernels do not take): the torch ops, `rms_norm_torch`
-    and `silu_mul_torch`, exactly as Hugging Face computes them.
+  - bfloat16 CPU tensors on a CPU with AVX512-BF16 and a C compiler: one C kernel each
+    (`engine.models.native_elementwise`, built at first use; the same rounding as the Triton kernels, RoPE bit
+    for bit).
+  - everywhere else (and for layouts or dtypes the kernels do not take): the torch ops
+    (`engine.models.elementwise_torch`), exactly as Hugging Face computes them.
 All ops are asynchronous on CUDA (enqueued on the current stream), synchronous on the CPU.
 """
 from __future__ import annotations
@@ -23,8 +26,9 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 
+from engine.models.elementwise_torch import close_to_torch, rms_norm_torch, rope_torch, silu_mul_torch
+from engine.models.native_elementwise import native_rms_norm, native_rope, native_silu_mul
 from engine.util.kernel_check import first_use_check
 
 _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -33,7 +37,11 @@ MAX_NORM_WIDTH = 16384       # widest row the fused RMSNorm takes (a whole row p
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm as Hugging Face Llama computes it: statistics in float32, weight applied in x's dtype.
-    x [*lead, h], weight [h] -> [*lead, h]; one fused kernel on CUDA when weight has x's dtype."""
+    x [*lead, h], weight [h] -> [*lead, h]; one fused kernel on CUDA when weight has x's dtype, one C kernel on
+    a bfloat16 CPU tensor where it applies."""
+    if not x.is_cuda:
+        out = native_rms_norm(x, weight, eps)
+        return rms_norm_torch(x, weight, eps) if out is None else out
     if (x.is_cuda and x.dtype in _FUSED_DTYPES and weight.dtype == x.dtype and weight.device == x.device
             and weight.dim() == 1 and weight.is_contiguous() and 0 < x.shape[-1] == weight.shape[0] <= MAX_NORM_WIDTH
             and _triton_ready(x.get_device(), x.dtype)):
@@ -43,23 +51,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return rms_norm_torch(x, weight, eps)
 
 
-def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`rms_norm` by torch ops (any device; the reference the kernel is checked against). On the CPU the
-    float32 statistics and scaling are aten's fused `rms_norm` (one op, where the explicit formula
-    xf * rsqrt(mean(xf^2) + eps) takes six; the same bits: tests/engine/test_cpu_decode_ops.py)."""
-    dtype = x.dtype
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int = 1) -> torch.Tensor:
+    """RoPE's rotation x * cos + rotate_half(x) * sin (Hugging Face Llama's half-split layout): x [b, n, s, hd]
+    (`head_dim` 2: [b, s, n, hd], the layout q and k leave one projection in), cos/sin [b or 1, s, hd] -> x's
+    layout; one fused kernel on CUDA (contiguous output) when cos/sin have x's dtype and width, one C kernel
+    on bfloat16 CPU tensors where it applies (the same bits as the torch ops)."""
     if not x.is_cuda:
-        return weight * torch.rms_norm(x.to(torch.float32), (x.shape[-1],), None, eps).to(dtype)
-    xf = x.to(torch.float32)
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(dtype)
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE's rotation x * cos + rotate_half(x) * sin (Hugging Face Llama's half-split layout): x [b, n, s, hd],
-    cos/sin [b or 1, s, hd] -> [b, n, s, hd]; one fused kernel on CUDA (contiguous output) when cos/sin have
-    x's dtype and width."""
-    if (x.is_cuda and x.dtype in _FUSED_DTYPES and x.dim() == 4 and cos.dim() == 3 and sin.shape == cos.shape
+        out = native_rope(x, cos, sin, head_dim)
+        return rope_torch(x, cos, sin, head_dim) if out is None else out
+    if (head_dim == 1 and x.dtype in _FUSED_DTYPES and x.dim() == 4 and cos.dim() == 3 and sin.shape == cos.shape
             and cos.dtype == sin.dtype == x.dtype and cos.device == sin.device == x.device
             and x.shape[-1] == cos.shape[-1] and x.shape[-1] % 2 == 0 and cos.shape[1] == x.shape[2]
             and cos.shape[0] in (1, x.shape[0]) and x.stride(-1) == 1 and cos.stride(-1) == sin.stride(-1) == 1
@@ -67,16 +67,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         from engine.models import _elementwise_triton    # optional dependency: Triton, imported on CUDA only
 
         return _elementwise_triton.rope_triton(x, cos, sin)
-    return rope_torch(x, cos, sin)
-
-
-def rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int = 1) -> torch.Tensor:
-    """`rope` by torch ops (any device; the reference): cos/sin broadcast over the heads, which are x's dim
-    `head_dim` (1: [b, n, s, hd]; 2: [b, s, n, hd], the layout q and k leave one projection in, so both
-    rotate in one pass)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1).mul_(sin.unsqueeze(head_dim))
-    return (x * cos.unsqueeze(head_dim)).add_(rotated)   # x cos + rotated sin, two temporaries alive, not three
+    return rope_torch(x, cos, sin, head_dim)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None,
@@ -85,7 +76,12 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = No
     one fused kernel on CUDA when both have one shape and dtype. `out` (gate itself, for one pass in place)
     receives the result when given: a contiguous tensor of gate's shape and dtype. `scale` [*lead] float32
     (a routed expert's routing weight per row) multiplies each row of the product, in float32 then rounded to
-    the dtype, as `.mul_(scale[..., None])` does."""
+    the dtype, as `.mul_(scale[..., None])` does. Without `out` and `scale`, one C kernel on bfloat16 CPU tensors
+    where it applies."""
+    if out is None and scale is None and not gate.is_cuda:
+        fused = native_silu_mul(gate, up)
+        if fused is not None:
+            return fused
     fits = out is None or (out.is_contiguous() and out.shape == gate.shape and out.dtype == gate.dtype)
     scaled = scale is None or (scale.dtype == torch.float32 and scale.shape == gate.shape[:-1]
                                and scale.is_contiguous() and scale.device == gate.device)
@@ -96,13 +92,6 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = No
 
         return _elementwise_triton.silu_mul_triton(gate, up, out, scale)
     return silu_mul_torch(gate, up, out, scale)
-
-
-def silu_mul_torch(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None,
-                   scale: torch.Tensor | None = None) -> torch.Tensor:
-    """`silu_mul` by torch ops (any device; the reference); with out=gate in place, no third buffer."""
-    y = F.silu(gate, inplace=True).mul_(up) if out is gate else torch.mul(F.silu(gate), up, out=out)
-    return y if scale is None else y.mul_(scale.unsqueeze(-1))
 
 
 @functools.lru_cache(maxsize=None)
@@ -140,22 +129,3 @@ def _self_check(device: torch.device, dtype: torch.dtype) -> bool:
         if not (torch.equal(got.cpu(), want) if ulps == 0 else close_to_torch(got.cpu(), want, ulps=ulps)):
             raise RuntimeError(f"the Triton {name} kernel differs from the torch ops for {dtype}")
     return True
-
-
-def close_to_torch(got: torch.Tensor, want: torch.Tensor, ulps: int = 1) -> bool:
-    """Same shape and dtype, and float16/bfloat16 elements within `ulps` units in the last place of `want`
-    (the spacing at its magnitude); float32 within 2^-20 relative plus 2^-20 of want's largest magnitude
-    (Triton's exp/rsqrt are approximations)."""
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return False
-    a, b = got.double(), want.double()
-    if want.dtype == torch.float32:
-        return bool(torch.allclose(a, b, rtol=2 ** -20, atol=2 ** -20 * float(b.abs().max()) if b.numel() else 0.0))
-    return bool(((a - b).abs() <= ulps * ulp_spacing(b, want.dtype)).all())
-
-
-def ulp_spacing(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The spacing of `dtype`'s values at each of `values`' magnitudes (one unit in the last place), in
-    values' own (wider) dtype; subnormal magnitudes count as the smallest normal."""
-    finfo = torch.finfo(dtype)
-    return torch.exp2(torch.floor(torch.log2(values.abs().clamp_min(finfo.tiny)))) * finfo.eps

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from engine.models.base import LayerSpec, Weights, WeightSpec
 from engine.models.config import ModelConfig
-from engine.models.elementwise import rope_torch
+from engine.models.elementwise import rope
 from engine.models.layers import activation, apply_rope, gated_activation, linear, rms_norm, rope_table
 
 
@@ -110,7 +110,7 @@ class LlamaFamily:
         b, s, _ = x.shape
         nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         qkv = linear(x, w["qkv_proj.weight"], w.get("qkv_proj.bias"))  # [b, s, (nh+2nkv)*hd]
-        qk = rope_torch(qkv[..., :(nh + nkv) * hd].view(b, s, nh + nkv, hd), cos, sin, head_dim=2)  # [b, s, nh+nkv, hd]
+        qk = rope(qkv[..., :(nh + nkv) * hd].view(b, s, nh + nkv, hd), cos, sin, head_dim=2)  # [b, s, nh+nkv, hd]
         v = qkv[..., (nh + nkv) * hd:].view(b, s, nkv, hd).transpose(1, 2).contiguous()  # [b, nkv, s, hd]
         return qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:].transpose(1, 2), v
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.models.elementwise import close_to_torch, ulp_spacing
+from engine.models.elementwise_torch import close_to_torch, ulp_spacing
 
 
 def one_ulp_share(got: torch.Tensor, want: torch.Tensor) -> float:

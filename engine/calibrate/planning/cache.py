@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from engine.calibrate import machine
 from engine.calibrate.planning.plan import Plan, plan_from_record, plan_record
 from engine.calibrate.planning.settings import PlanSettings
 from engine.calibrate.planning.workload import workload_list
@@ -29,6 +28,7 @@ from engine.policy.cost_model import Workload
 from engine.policy.estimate import Budgets
 from engine.policy.hardware import HardwareProfile
 from engine.storage.atomic import write_json_atomic
+from engine.util.paths import cache_dir
 
 PLAN_VERSION = 3   # bump when the file's format changes (the planning code's own changes are in the key)
 
@@ -70,7 +70,7 @@ def plan_key(config: ModelConfig, dtype: torch.dtype, profile: HardwareProfile, 
 
 def plan_dir() -> Path:
     """The plan cache's folder, beside the hardware profile."""
-    return machine.cache_dir() / "plans"
+    return cache_dir() / "plans"
 
 
 class PlanCache:
