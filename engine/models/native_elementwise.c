@@ -8,8 +8,9 @@
        the mean sums in another order than torch's, so y can differ from torch's by one unit in the last place.
      - rope: bf16(bf16(x * cos) + bf16(rotate_half(x) * sin)), bit for bit torch's (each product of two
        bfloat16 values is exact in float32).
-     - silu_mul: bf16(bf16(g / (1 + e^-g)) * up); e^x by a polynomial (relative error below 2e-7), so silu(g)
-       can differ from torch's by one unit in the last place before it is rounded.
+     - silu_mul: bf16(bf16(g / (1 + e^-g)) * up); e^x by a polynomial (relative error below 2e-7) and the
+       division as a reciprocal refined by one Newton step, so silu(g) can differ from torch's by one unit in
+       the last place before it is rounded.
    Rows run on OpenMP threads (the process's libgomp, the one torch loaded) when there are enough of them.
 
    Layouts (elements): a "row" is the last dim, contiguous; rows sit at a stride. */
@@ -95,7 +96,10 @@ void llmops_silu_mul_bf16(const uint16_t *gate, const uint16_t *up, int64_t rows
         for (int64_t i = 0; i < k; i += 16) {
             const __mmask16 m = tail(k - i);
             const __m512 g = load16_masked(gate + r * sg + i, m);
-            const __m256i act = round16(_mm512_div_ps(g, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
+            const __m512 d = _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), g)));
+            __m512 inv = _mm512_rcp14_ps(d);                          /* 1 / d: 14 bits, then one Newton step */
+            inv = _mm512_mul_ps(inv, _mm512_fnmadd_ps(d, inv, _mm512_set1_ps(2.f)));
+            const __m256i act = round16(_mm512_mul_ps(g, inv));
             const __m512 af = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(act), 16));
             _mm256_mask_storeu_epi16(out + r * k + i, m, round16(_mm512_mul_ps(af, load16_masked(up + r * su + i, m))));
         }

@@ -39,6 +39,7 @@ class GpuBatch:
         for r, p in enumerate(suffixes):
             ids[r, P - len(p):] = torch.tensor(p, dtype=torch.int64)
         self.pads = pads.to(device)
+        self.pads_host = pads.tolist()                                                          # [b] ints
         self.input_ids = ids.to(device)                                                         # [b, P]
         self.positions = (L + torch.arange(P)[None, :] - pads[:, None]).clamp_(min=L).to(device)  # [b, P]
         slot = torch.arange(self.length)[None, :]                                               # [1, S]
@@ -58,6 +59,11 @@ class GpuBatch:
     @property
     def prefill(self) -> bool:
         return self.t == 0
+
+    def common_pad(self, r0: int, r1: int) -> int:
+        """The leading pad positions every row of [r0, r1) has (the suffix columns a prefill chunk of those rows
+        can skip: they hold no row's token; rows sorted by length share most of them)."""
+        return min(self.pads_host[r0:r1])
 
     def live_index(self) -> list[int]:
         return [r for r, alive in enumerate(self.live) if alive]
@@ -94,6 +100,7 @@ class GpuBatch:
         self.live = [self.live[r] for r in idx]
         dev_keep = keep.to(self.device)
         self.pads = self.pads.index_select(0, dev_keep)
+        self.pads_host = [self.pads_host[r] for r in idx]
         self.input_ids = self.input_ids.index_select(0, dev_keep)
         self.positions = self.positions.index_select(0, dev_keep)
         self.key_valid = self.key_valid.index_select(0, dev_keep)

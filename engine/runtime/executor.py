@@ -469,7 +469,7 @@ class Executor(AheadDriver):
             else:
                 blk.hidden[a.k] = attention_layer(self.config, f, w, kv, batch, spec.index, x)
         elif spec.kind == "mlp":
-            blk.hidden[a.k] = mlp_prefill(f, w, x, self._chunks(batch), upto) if batch.prefill else f.mlp(w, x)
+            blk.hidden[a.k] = mlp_prefill(f, w, x, self._chunks(batch), batch, upto) if batch.prefill else f.mlp(w, x)
         else:
             self._head(w, batch, a)
 

@@ -273,32 +273,44 @@ class KVHome:
 
     # ---- compute --------------------------------------------------------------------------------------
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                scale: float, softcap: float | None = None, row0: int = 0) -> torch.Tensor:
+                scale: float, softcap: float | None = None, row0: int = 0,
+                skip: tuple[int, int] = (0, 0)) -> torch.Tensor:
         """Attention of the prompt's s new queries (q [b, nh, s, hd]) over its t keys (k/v [b, nkv, t, hd], the
         home's shared prefix of `prefix_len` positions first when it has one), mask [b, 1, s, t]; the cache
         homes' rows [row0, row0 + b) get their own positions [L, t) (gpu homes now, the others on `store`),
-        and the prefix's keys/values are kept once (from the chunk of row 0). `softcap`: attention-logit
-        soft-capping (Gemma2). Returns [b, nh, s, hd]."""
+        and the prefix's keys/values are kept once (from the chunk of row 0). `skip` (at, n): the keys from
+        index `at` of k/v on sit n cache positions further on (a chunk that skipped n pad positions every one of
+        its rows has, `GpuBatch.common_pad`); those n positions are written as zeros (masked for every row, but
+        never garbage a masked product could turn into NaN). `softcap`: attention-logit soft-capping (Gemma2).
+        Returns [b, nh, s, hd]."""
         out = prefill_attention(q, k, v, mask, scale, softcap)
         L = self.prefix_len
-        self.written = max(self.written, k.shape[2] - L)
+        at, n = skip
+        self.written = max(self.written, k.shape[2] - L + n)
         if L:
             if row0 == 0:
                 self.prefix[0].copy_(k[:1, :, :L])
                 self.prefix[1].copy_(v[:1, :, :L])
-            k, v = k[:, :, L:], v[:, :, L:]                                      # [b, nkv, t - L, hd]
+            k, v, at = k[:, :, L:], v[:, :, L:], at - L                          # [b, nkv, t - L, hd]
         for seg in self.segments:
             ks, vs = k[:, seg.h0:seg.h1], v[:, seg.h0:seg.h1]
-            if seg.tier is Tier.GPU or self._aliased(seg):
-                _write(seg.k, ks, 0, self.quant, row0)
-                _write(seg.v, vs, 0, self.quant, row0)
-            else:
-                seg.staged.append((ks, vs, 0, row0))
+            parts = [(ks, vs, 0)]
+            if n:
+                gap = ks.new_zeros((ks.shape[0], ks.shape[1], n, ks.shape[3]))  # [b, hs, n, hd]
+                parts = [(ks[:, :, :at], vs[:, :, :at], 0), (gap, gap, at), (ks[:, :, at:], vs[:, :, at:], at + n)]
+            for pk, pv, t0 in parts:
+                if not pk.shape[2]:
+                    continue
+                if seg.tier is Tier.GPU or self._aliased(seg):
+                    _write(seg.k, pk, t0, self.quant, row0)
+                    _write(seg.v, pv, t0, self.quant, row0)
+                else:
+                    seg.staged.append((pk, pv, t0, row0))
         return out
 
-    def row_view(self, row0: int) -> "KVRows":
-        """This home as the `CacheAttention` of a prefill chunk whose first row is `row0`."""
-        return KVRows(self, row0)
+    def row_view(self, row0: int, skip: tuple[int, int] = (0, 0)) -> "KVRows":
+        """This home as the `CacheAttention` of a prefill chunk whose first row is `row0` (`skip`: `prefill`'s)."""
+        return KVRows(self, row0, skip)
 
     def _chunked_decode(self, q: torch.Tensor, dense_kv, key_valid: torch.Tensor, scale: float,
                         softcap: float | None, rotation: QuantConfig | None = None) -> torch.Tensor:
@@ -446,12 +458,12 @@ class DecodeJoin:
 class KVRows:
     """A `KVHome` seen by one prefill row chunk: `prefill` writes the home's rows [row0, row0 + b)."""
 
-    def __init__(self, home: KVHome, row0: int) -> None:
-        self.home, self.row0 = home, row0
+    def __init__(self, home: KVHome, row0: int, skip: tuple[int, int] = (0, 0)) -> None:
+        self.home, self.row0, self.skip = home, row0, skip
 
     def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                 scale: float, softcap: float | None = None) -> torch.Tensor:
-        return self.home.prefill(q, k, v, mask, scale, softcap, self.row0)
+        return self.home.prefill(q, k, v, mask, scale, softcap, self.row0, self.skip)
 
     def decode(self, *args, **kwargs) -> torch.Tensor:
         raise RuntimeError("KVRows: decode runs over the whole home, never a prefill chunk")

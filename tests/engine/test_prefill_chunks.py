@@ -20,9 +20,13 @@ from engine.policy.policy import Policy
 from engine.policy.search import search
 from engine.policy.working import _MARGIN, row_chunks, working_bytes
 from engine.runtime.act_homes import ActHomes
+from engine.runtime.arena import Arena
+from engine.runtime.batch import GpuBatch
 from engine.runtime.executor import Executor
+from engine.runtime.kv_cache import KVHome
 from engine.runtime.layout import expert_buffers, model_layout
 from engine.runtime.selector import GreedyToEnd
+from engine.storage.tiers import MemoryBudget, Tier
 from helpers.greedy_runs import make_prompts, run_logits as run
 from helpers.live_bytes import LiveBytes
 from helpers.skips import requires_cuda
@@ -212,3 +216,36 @@ def test_opt30b_48x1_fits_16gib_after_chunking():
                      layout=layout)
         assert (est.policy.gpu_batch_size, est.policy.num_gpu_batches) == (g, 1)
         assert est.peak_memory_bytes["gpu"] <= 16 * GIB
+
+
+def test_a_chunk_skips_the_pad_columns_all_its_rows_have():
+    """Rows sorted by length: a chunk of the short rows starts at the first column any of them has a token in;
+    a chunk holding the longest row starts at 0."""
+    batch = GpuBatch([0, 1, 2, 3], [[5] * 2, [5] * 3, [5] * 6, [5] * 9], [4] * 4, torch.device("cpu"))
+    assert batch.pads_host == [7, 6, 3, 0]
+    assert (batch.common_pad(0, 2), batch.common_pad(2, 3), batch.common_pad(0, 4)) == (6, 3, 0)
+    batch.compact(torch.tensor([0, 2]))
+    assert batch.pads_host == [7, 3] and batch.common_pad(0, 2) == 3
+
+
+@pytest.mark.parametrize("held_prefix", [False, True])
+def test_skipped_cache_positions_are_written_as_zeros(held_prefix):
+    """`KVHome.prefill` with skip (at, n): keys from index `at` on land n positions further, and the n skipped
+    positions hold zeros, never the home's old bytes (NaN here), which a masked product would spread."""
+    budget = MemoryBudget({Tier.GPU: None, Tier.CPU: None, Tier.DISK: None})
+    L = 2 if held_prefix else 0
+    home = KVHome(Arena(torch.device("cpu"), budget, None), "kv", rows=2, length=12, num_kv_heads=2, head_dim=4,
+                  dtype=torch.float32, cache_gpu=1.0, cache_cpu=0.0, quant=None, cpu_attention=False, prefix_len=L)
+    seg = home.segments[0]
+    seg.k.fill_(float("nan"))
+    seg.v.fill_(float("nan"))
+    k, v = torch.randn(2, 2, 7, 4), torch.randn(2, 2, 7, 4)            # 2 prefix keys, then 5 own ones
+    q, mask = torch.randn(2, 2, 5, 4), torch.ones(2, 1, 5, 7, dtype=torch.bool)
+    home.prefill(q, k, v, mask, 0.5, row0=0, skip=(2, 3))
+    own = 0 if held_prefix else 2                                       # home position of the first own key
+    assert torch.equal(seg.k[:, :, own + 3:own + 8], k[:, :, 2:])
+    assert torch.equal(seg.v[:, :, own:own + 3], torch.zeros(2, 2, 3, 4))
+    assert torch.equal(seg.k[:, :, own:own + 3], torch.zeros(2, 2, 3, 4))
+    if not held_prefix:
+        assert torch.equal(seg.k[:, :, :2], k[:, :, :2])
+    assert home.written == own + 8
