@@ -39,7 +39,11 @@ _SIGNATURES = {
 
 
 def _bf16_cpu(*xs: torch.Tensor) -> bool:
-    return all(x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.stride(-1) == 1 for x in xs)
+    """Every x a bfloat16 CPU tensor with a contiguous last dim (a loop: this runs a few times per layer)."""
+    for x in xs:
+        if x.dtype != torch.bfloat16 or not x.is_cpu or x.stride(-1) != 1:
+            return False
+    return True
 
 
 def native_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
