@@ -3,11 +3,11 @@
 One decode step's attention over a host KV cache (b rows, nkv kv heads, nh query heads, t positions, head_dim
 hd), as the executor runs it when the cache lives on the cpu tier with cpu_attention: `cpu_decode_attention`
 in fp16, bf16 (the C kernel of `engine.models.native_attention` where this CPU builds it; `torch SDPA` is the
-same attention by torch's kernel) and fp32, over a 4-bit cache (`engine.quant`, dequantized per chunk of rows) at several chunk
-sizes (--chunk-mib), and FlexGen's way (upcast the whole cache to fp32, then attend). The 4-bit cache is the
-engine's (`CACHE_QUANT`, Hadamard-rotated groups): `engine 4-bit` is the engine's path (affine dequantization
-only, attention in the rotated basis), `4-bit unrotating (old)` the alternative (every cached key and value
-row un-rotated by a matmul with H, then attention), same chunks. Reports seconds per
+same attention by torch's kernel) and fp32, over a 4-bit cache (`engine.quant`, dequantized per chunk of rows)
+at several chunk sizes (--chunk-mib), and FlexGen's way (upcast the whole cache to fp32, then attend). The
+4-bit cache is the engine's (`CACHE_QUANT`, Hadamard-rotated groups): `engine 4-bit` is the engine's path
+(affine dequantization only, attention in the rotated basis), `4-bit unrotating (old)` the alternative (every
+cached key and value row un-rotated by a matmul with H, then attention), same chunks. Reports seconds per
 call (mean and best of --repeats), the cache bytes read per second as stored (`gb_s`; for 4-bit the packed bytes) and in dense bf16
 equivalent (`dense_gb_s`, what the cost model's `cpu_attention_q4_gib_s` means; for 4-bit rows also
 `ratio_to_bf16_dense`, the ratio `HardwareProfile.cpu_attention_q4_bytes_s` defaults to), and the host's memory

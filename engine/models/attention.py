@@ -17,7 +17,9 @@ is read packed by one fused kernel instead (`engine.models.quant_decode`, which 
 
 Decode uses grouped-query attention without repeating K/V: the g query heads of each kv head are laid out
 as g "positions" of one query block (they all sit at the same position, so no causal mask is needed).
-All cores run natively in the cache dtype (bf16/fp16 SDPA kernels), never upcasting the cache.
+All cores run natively in the cache dtype (bf16/fp16 SDPA kernels), never upcasting the cache. Decode over a
+bfloat16 cache on the CPU runs a C kernel of the engine's own instead of SDPA where it applies
+(`engine.models.native_attention`).
 `softcap` (Gemma2's attn_logit_softcapping) switches to the explicit soft-capped core; a sliding window is
 part of the mask / key_valid the attention layer builds (`window_keep`).
 """
@@ -227,13 +229,14 @@ def cpu_decode_attention(q: torch.Tensor, k: torch.Tensor | QTensor, v: torch.Te
                          chunk_bytes: int = CPU_CHUNK_BYTES,
                          prefix: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """`decode_attention` on host tensors, chunked over the batch so a compressed cache is dequantized
-    one chunk (about `chunk_bytes` of dense keys+values) at a time; each chunk runs torch's multi-threaded
-    SDPA kernel (threads across rows and heads) in the cache's own dtype. A rotated 4-bit cache is only
-    affine-dequantized and attended in its rotated basis (`chunked_decode_attention`). k/v may be
-    memory-mapped (disk tier): pages are read as chunks are touched. `prefix`: a shared prefix's dense
-    keys and values [1, nkv, L, hd] every row attends to in full before its own k/v (key_valid [b, L + t]
-    covers both; its first L columns are all True, as `engine.runtime.batch` builds them: a row's padding
-    sits after the prefix). benchmarks/kernels/cpu_attention_speed.py measures the chunk sizes."""
+    one chunk (about `chunk_bytes` of dense keys+values) at a time; each chunk runs `decode_attention`
+    (threads across rows and heads: the C kernel for bfloat16, torch's SDPA otherwise) in the cache's own
+    dtype. A rotated 4-bit cache is only affine-dequantized and attended in its rotated basis
+    (`chunked_decode_attention`). k/v may be memory-mapped (disk tier): pages are read as chunks are touched.
+    `prefix`: a shared prefix's dense keys and values [1, nkv, L, hd] every row attends to in full before its
+    own k/v (key_valid [b, L + t] covers both; its first L columns are all True, as `engine.runtime.batch`
+    builds them: a row's padding sits after the prefix). benchmarks/kernels/cpu_attention_speed.py measures
+    the chunk sizes."""
     b, nh, _, hd = q.shape
     nkv, t = k.shape[1], k.shape[2]
     L = 0 if prefix is None else prefix[0].shape[2]
