@@ -2,8 +2,8 @@
 
 torch's SDPA on the CPU (its flash kernel) is built for long queries: a decode step's query is one position
 (g positions once grouped-query heads are folded), and per (row, kv head) the kernel pays for GEMM calls and
-per-thread buffers sized for blocks of 32 queries x 512 keys. At SmolLM2's shape on a 2-core AVX-512 machine
-that made attention over a 64-row batch the largest cost of a decode step, above the matmuls.
+per-thread buffers sized for blocks of at least 32 queries. At SmolLM2's shape on a 2-core AVX-512 machine
+SDPA's attention over a 64-row batch costs a decode step more than its matmuls do.
 `native_attention.c` reads each key and value once per (row, kv head) for the group's query heads, with
 AVX512-BF16 dot products, an online softmax in float32 and no buffer beyond the stack
 (benchmarks/kernels/cpu_attention_speed.py times both). `engine.util.native` builds it for this machine at
