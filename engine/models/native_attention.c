@@ -69,7 +69,7 @@ static inline __attribute__((always_inline)) void attend(
         const int64_t n = t - j0 < BLOCK ? t - j0 : BLOCK;
         for (int64_t j = 0; j < n; j += 16) {                           /* scores of 16 keys at a time */
             const int r = n - j < 16 ? (int)(n - j) : 16;
-            const __mmask16 in = (__mmask16)((1u << r) - 1u);
+            const __mmask16 in = tail(r);
             __mmask16 ok = in;
             if (mv) {
                 ok = _mm_cmpneq_epi8_mask(_mm_maskz_loadu_epi8(in, mv + j0 + j), _mm_setzero_si128());
@@ -97,8 +97,7 @@ static inline __attribute__((always_inline)) void attend(
         for (int64_t gi = 0; gi < g; gi++) {                            /* the block's softmax, online */
             __m512 mx = neg_inf;
             for (int64_t j = 0; j < n; j += 16) {
-                const __mmask16 in = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1u);
-                mx = _mm512_mask_max_ps(mx, in, mx, _mm512_load_ps(&s[gi][j]));
+                mx = _mm512_mask_max_ps(mx, tail(n - j), mx, _mm512_load_ps(&s[gi][j]));
             }
             const float bm = fmaxf(m[gi], _mm512_reduce_max_ps(mx));
             if (bm == -INFINITY) {
@@ -109,8 +108,7 @@ static inline __attribute__((always_inline)) void attend(
             const __m512 bmv = _mm512_set1_ps(bm);
             __m512 sum = _mm512_setzero_ps();
             for (int64_t j = 0; j < n; j += 16) {
-                const __mmask16 in = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1u);
-                const __m512 p = _mm512_maskz_mov_ps(in, exp512(_mm512_sub_ps(_mm512_load_ps(&s[gi][j]), bmv)));
+                const __m512 p = _mm512_maskz_mov_ps(tail(n - j), exp512(_mm512_sub_ps(_mm512_load_ps(&s[gi][j]), bmv)));
                 _mm512_store_ps(&s[gi][j], p);
                 sum = _mm512_add_ps(sum, p);
             }

@@ -22,19 +22,13 @@
 
 #define PARALLEL_MIN 32768   /* elements below which one thread does the work (a fork costs more) */
 
-static inline __m512 load16(const uint16_t *p) {             /* 16 bfloat16 -> float32, exactly */
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
+static inline __m512 load16(const uint16_t *p) { return widen16(_mm256_loadu_si256((const __m256i *)p)); }
 
-static inline __m512 load16_masked(const uint16_t *p, __mmask16 m) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-}
+static inline __m512 load16_masked(const uint16_t *p, __mmask16 m) { return widen16(_mm256_maskz_loadu_epi16(m, p)); }
 
 static inline __m256i round16(__m512 x) {                     /* float32 -> bfloat16, nearest even */
     return (__m256i)_mm512_cvtneps_pbh(x);
 }
-
-static inline __mmask16 tail(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }
 
 /* x [rows, h] at row stride sx, weight [h] -> out [rows, h] contiguous */
 void llmops_rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t h, int64_t sx, const uint16_t *weight, float eps,
@@ -50,9 +44,8 @@ void llmops_rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t h, int64_t sx
         const __m512 inv = _mm512_set1_ps(1.f / sqrtf(_mm512_reduce_add_ps(sq) / (float)h + eps));
         for (int64_t i = 0; i < h; i += 16) {
             const __mmask16 m = tail(h - i);
-            const __m256i y = round16(_mm512_mul_ps(load16_masked(xr + i, m), inv));     /* the normalized row */
-            const __m512 yf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(y), 16));
-            _mm256_mask_storeu_epi16(out + r * h + i, m, round16(_mm512_mul_ps(yf, load16_masked(weight + i, m))));
+            const __m512 y = rounded(_mm512_mul_ps(load16_masked(xr + i, m), inv));      /* the normalized row */
+            _mm256_mask_storeu_epi16(out + r * h + i, m, round16(_mm512_mul_ps(y, load16_masked(weight + i, m))));
         }
     }
 }
@@ -72,15 +65,11 @@ void llmops_rope_bf16(const uint16_t *x, int64_t b, int64_t s, int64_t n, int64_
             uint16_t *o = out + (bs * n + h) * hd;
             for (int64_t i = 0; i < half; i += 16) {
                 const __m512 x1 = load16(xr + i), x2 = load16(xr + half + i);
-                const __m512 a1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-                    round16(_mm512_mul_ps(x1, load16(c + i)))), 16));
-                const __m512 r1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-                    round16(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), x2), load16(sn + i)))), 16));
+                const __m512 a1 = rounded(_mm512_mul_ps(x1, load16(c + i)));
+                const __m512 r1 = rounded(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), x2), load16(sn + i)));
                 _mm256_storeu_si256((__m256i *)(o + i), round16(_mm512_add_ps(a1, r1)));
-                const __m512 a2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-                    round16(_mm512_mul_ps(x2, load16(c + half + i)))), 16));
-                const __m512 r2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-                    round16(_mm512_mul_ps(x1, load16(sn + half + i)))), 16));
+                const __m512 a2 = rounded(_mm512_mul_ps(x2, load16(c + half + i)));
+                const __m512 r2 = rounded(_mm512_mul_ps(x1, load16(sn + half + i)));
                 _mm256_storeu_si256((__m256i *)(o + half + i), round16(_mm512_add_ps(a2, r2)));
             }
         }
@@ -99,9 +88,8 @@ void llmops_silu_mul_bf16(const uint16_t *gate, const uint16_t *up, int64_t rows
             const __m512 d = _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), g)));
             __m512 inv = _mm512_rcp14_ps(d);                          /* 1 / d: 14 bits, then one Newton step */
             inv = _mm512_mul_ps(inv, _mm512_fnmadd_ps(d, inv, _mm512_set1_ps(2.f)));
-            const __m256i act = round16(_mm512_mul_ps(g, inv));
-            const __m512 af = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(act), 16));
-            _mm256_mask_storeu_epi16(out + r * k + i, m, round16(_mm512_mul_ps(af, load16_masked(up + r * su + i, m))));
+            const __m512 act = rounded(_mm512_mul_ps(g, inv));
+            _mm256_mask_storeu_epi16(out + r * k + i, m, round16(_mm512_mul_ps(act, load16_masked(up + r * su + i, m))));
         }
     }
 }

@@ -46,14 +46,16 @@ def _bf16_cpu(*xs: torch.Tensor) -> bool:
     return True
 
 
-def native_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+def native_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                    library: ctypes.CDLL | None = None) -> torch.Tensor | None:
     """x [*lead, h], weight [h] -> [*lead, h] (contiguous), as `engine.models.elementwise.rms_norm`; None where
-    the kernel does not apply."""
+    the kernel does not apply. `library`: the kernels to call (default: this machine's, `_library`; the
+    first-use check passes the ones it checks)."""
     h = x.shape[-1]
     if not (_bf16_cpu(x, weight) and weight.shape == (h,) and x.numel()):
         return None
     rows = x.reshape(-1, h)                                                            # [r, h]: a view when it can
-    lib = _library()
+    lib = library or _library()
     if lib is None or (rows.shape[0] > 1 and rows.stride(0) < h):
         return None
     out = torch.empty(x.shape, dtype=x.dtype)
@@ -62,10 +64,12 @@ def native_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     return out
 
 
-def native_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int = 1) -> torch.Tensor | None:
+def native_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int = 1,
+                library: ctypes.CDLL | None = None) -> torch.Tensor | None:
     """`engine.models.elementwise.rope_torch`'s rotation: x [b, n, s, hd] (head_dim 1) or [b, s, n, hd]
     (head_dim 2), cos/sin [b or 1, s, hd] -> the same layout (contiguous in [b, s, n, hd] order), bit for bit
-    the torch ops; None where the kernel does not apply (hd not a multiple of 32, among others)."""
+    the torch ops; None where the kernel does not apply (hd not a multiple of 32, among others). `library`:
+    `native_rms_norm`'s."""
     if not (x.dim() == 4 and head_dim in (1, 2) and _bf16_cpu(x, cos, sin) and x.shape[-1] % 32 == 0
             and cos.dim() == 3 and sin.shape == cos.shape and sin.stride() == cos.stride()
             and cos.shape[-1] == x.shape[-1] and cos.shape[0] in (1, x.shape[0]) and x.numel()):
@@ -74,7 +78,7 @@ def native_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim:
     b, s, n, hd = xs.shape
     if cos.shape[1] != s:
         return None
-    lib = _library()
+    lib = library or _library()
     if lib is None:
         return None
     out = torch.empty((b, s, n, hd), dtype=x.dtype)
@@ -84,14 +88,14 @@ def native_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim:
     return out if head_dim == 2 else out.transpose(1, 2)
 
 
-def native_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor | None:
+def native_silu_mul(gate: torch.Tensor, up: torch.Tensor, library: ctypes.CDLL | None = None) -> torch.Tensor | None:
     """F.silu(gate) * up: gate, up [*lead, k] -> [*lead, k] (contiguous); None where the kernel does not
-    apply."""
+    apply. `library`: `native_rms_norm`'s."""
     k = gate.shape[-1]
     if not (_bf16_cpu(gate, up) and up.shape == gate.shape and gate.numel()):
         return None
     g, u = gate.reshape(-1, k), up.reshape(-1, k)                                      # [r, k]: views when they can
-    lib = _library()
+    lib = library or _library()
     if lib is None or (g.shape[0] > 1 and (g.stride(0) < k or u.stride(0) < k)):
         return None
     out = torch.empty(gate.shape, dtype=gate.dtype)
@@ -123,17 +127,9 @@ def self_check(library: ctypes.CDLL) -> None:
     q = torch.randn(2, 7, 5, 64, generator=gen).to(torch.bfloat16)[:, :, :3]                    # [2, 7, 3, 64]
     cos, sin = (torch.randn(2, 7, 64, generator=gen).to(torch.bfloat16) for _ in range(2))
     gate, up = torch.randn(4, 2 * 200, generator=gen).to(torch.bfloat16).chunk(2, dim=-1)       # [4, 200] each
-    threads = torch.get_num_threads()
-    got = torch.empty(3, 5, 300, dtype=torch.bfloat16)
-    rows = x.reshape(-1, 300)
-    library.llmops_rms_norm_bf16(rows.data_ptr(), 15, 300, rows.stride(0), w.data_ptr(), 1e-5, got.data_ptr(),
-                                 threads)
-    rope = torch.empty(2, 7, 3, 64, dtype=torch.bfloat16)
-    library.llmops_rope_bf16(q.data_ptr(), 2, 7, 3, 64, *q.stride()[:3], cos.data_ptr(), sin.data_ptr(),
-                             cos.stride(0), cos.stride(1), rope.data_ptr(), threads)
-    act = torch.empty(4, 200, dtype=torch.bfloat16)
-    library.llmops_silu_mul_bf16(gate.data_ptr(), up.data_ptr(), 4, 200, gate.stride(0), up.stride(0), act.data_ptr(),
-                                 threads)
+    got = native_rms_norm(x, w, 1e-5, library)
+    rope = native_rope(q, cos, sin, head_dim=2, library=library)
+    act = native_silu_mul(gate, up, library)
     if not close_to_torch(got, rms_norm_torch(x, w, 1e-5), ulps=2):
         raise RuntimeError("the C rms_norm kernel differs from the torch ops")
     if not torch.equal(rope, rope_torch(q, cos, sin, head_dim=2)):

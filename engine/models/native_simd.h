@@ -4,6 +4,18 @@
 #define LLMOPS_NATIVE_SIMD_H
 
 #include <immintrin.h>
+#include <stdint.h>
+
+/* the first min(n, 16) lanes */
+static inline __mmask16 tail(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }
+
+/* 16 bfloat16 -> float32, exactly */
+static inline __m512 widen16(__m256i x) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+
+/* x rounded to bfloat16 (nearest even), back in float32: what a torch op on bfloat16 tensors stores */
+static inline __m512 rounded(__m512 x) { return widen16((__m256i)_mm512_cvtneps_pbh(x)); }
 
 /* e^x in 16 lanes: x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-6 polynomial; lanes below -87.3 give 0 */
 static inline __m512 exp512(__m512 x) {
