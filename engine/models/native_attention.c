@@ -6,8 +6,11 @@
    reduction; an online softmax over blocks of BLOCK keys in float32 (exp by a polynomial, relative error
    below 2e-7); the probabilities rounded to bfloat16 and multiplied into the values by VDPBF16PS over key
    pairs (as torch's bfloat16 SDPA kernel rounds them before its second product), accumulated in float32;
-   the output rounded to bfloat16 (nearest even). Tasks run on OpenMP threads (the process's libgomp,
-   the one torch loaded).
+   the output rounded to bfloat16 (nearest even). Masked keys (a row's padding) score -inf; their values are
+   never read (a zero row instead: what their probability 0 makes of any finite value), nor, 16 masked in a
+   row, their keys. Keys are prefetched 16 ahead of their scores, and a block's valid values while its
+   scores are computed (a step reads the cache from memory: unprefetched, each miss stalls the task).
+   Tasks run on OpenMP threads (the process's libgomp, the one torch loaded).
 
    Shapes (elements, strides in elements): q [b, nkv, g, hd], k/v [b, nkv, t, hd] (last dim contiguous),
    valid [b, t] bytes (0 = masked; NULL: every key valid), out [b, nkv, g, hd] contiguous.
@@ -40,10 +43,11 @@ static inline __m512 reduce16(const __m512 v[16]) {
     return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), z);
 }
 
-static inline uint32_t bf16_bits(float f) {        /* round to nearest even (f finite) */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+/* keys [j, j + 16) that are below t and not masked, as lane bits (mv NULL: every key below t) */
+static inline __mmask16 valid_keys(const uint8_t *mv, const int64_t j, const int64_t t) {
+    if (j >= t) return 0;
+    const __mmask16 in = tail(t - j);
+    return mv ? _mm_cmpneq_epi8_mask(_mm_maskz_loadu_epi8(in, mv + j), _mm_setzero_si128()) : in;
 }
 
 /* One (row, kv head): q rows at q + gi * sq2, keys/values at kb/vb + j * sk2/sv2, valid bytes mv (or NULL). */
@@ -55,7 +59,8 @@ static inline __attribute__((always_inline)) void attend(
     __m512 acc[MAX_GROUP][2 * MAX_NV];   /* acc[gi][2c] lane 4L+e: d = 32c + 8L + e; [2c+1]: d = 32c + 8L + 4 + e */
     float m[MAX_GROUP], l[MAX_GROUP];
     float s[MAX_GROUP][BLOCK] __attribute__((aligned(64)));
-    int masked[BLOCK / 16];
+    uint16_t pb[MAX_GROUP][BLOCK] __attribute__((aligned(64)));   /* the block's probabilities in bfloat16 */
+    __mmask16 ok16[BLOCK / 16];          /* per 16 keys of the block: the valid ones */
     for (int64_t gi = 0; gi < g; gi++) {
         for (int c = 0; c < NV; c++) {
             qv[gi][c] = (__m512bh)_mm512_loadu_si512(q + gi * sq2 + 32 * c);
@@ -68,25 +73,23 @@ static inline __attribute__((always_inline)) void attend(
     for (int64_t j0 = 0; j0 < t; j0 += BLOCK) {
         const int64_t n = t - j0 < BLOCK ? t - j0 : BLOCK;
         for (int64_t j = 0; j < n; j += 16) {                           /* scores of 16 keys at a time */
-            const int r = n - j < 16 ? (int)(n - j) : 16;
-            const __mmask16 in = tail(r);
-            __mmask16 ok = in;
-            if (mv) {
-                ok = _mm_cmpneq_epi8_mask(_mm_maskz_loadu_epi8(in, mv + j0 + j), _mm_setzero_si128());
-            }
+            const __mmask16 ok = ok16[j / 16] = valid_keys(mv, j0 + j, t);
             const uint16_t *kr = kb + (j0 + j) * sk2;
             for (int jj = 0; jj < 16; jj++)                            /* the next 16 keys, ahead */
                 for (int c = 0; c < NV; c++) _mm_prefetch((const char *)(kr + (16 + jj) * sk2 + 32 * c), _MM_HINT_T0);
-            masked[j / 16] = ok == 0;                   /* 16 masked keys (a row's padding): neither read */
-            if (masked[j / 16]) {
+            if (!ok) {
                 for (int64_t gi = 0; gi < g; gi++) _mm512_store_ps(&s[gi][j], neg_inf);
                 continue;
             }
+            const uint16_t *vr = vb + (j0 + j) * sv2;
+            for (int jj = 0; jj < 16; jj++)                            /* these keys' values, for the block's end */
+                if (ok >> jj & 1)
+                    for (int c = 0; c < NV; c++) _mm_prefetch((const char *)(vr + jj * sv2 + 32 * c), _MM_HINT_T0);
             for (int64_t gi = 0; gi < g; gi++) {
                 __m512 a[16];
                 for (int jj = 0; jj < 16; jj++) {
                     a[jj] = _mm512_setzero_ps();
-                    if (jj < r)
+                    if (j0 + j + jj < t)
                         for (int c = 0; c < NV; c++)
                             a[jj] = _mm512_dpbf16_ps(a[jj], qv[gi][c],
                                                      (__m512bh)_mm512_loadu_si512(kr + jj * sk2 + 32 * c));
@@ -101,7 +104,7 @@ static inline __attribute__((always_inline)) void attend(
             }
             const float bm = fmaxf(m[gi], _mm512_reduce_max_ps(mx));
             if (bm == -INFINITY) {
-                memset(s[gi], 0, sizeof s[gi]);
+                memset(pb[gi], 0, sizeof pb[gi]);
                 continue;
             }
             const float c = expf(m[gi] - bm);
@@ -109,7 +112,7 @@ static inline __attribute__((always_inline)) void attend(
             __m512 sum = _mm512_setzero_ps();
             for (int64_t j = 0; j < n; j += 16) {
                 const __m512 p = _mm512_maskz_mov_ps(tail(n - j), exp512(_mm512_sub_ps(_mm512_load_ps(&s[gi][j]), bmv)));
-                _mm512_store_ps(&s[gi][j], p);
+                _mm256_store_si256((__m256i *)&pb[gi][j], (__m256i)_mm512_cvtneps_pbh(p));
                 sum = _mm512_add_ps(sum, p);
             }
             l[gi] = l[gi] * c + _mm512_reduce_add_ps(sum);
@@ -118,22 +121,22 @@ static inline __attribute__((always_inline)) void attend(
                 for (int x = 0; x < 2 * NV; x++) acc[gi][x] = _mm512_mul_ps(acc[gi][x], _mm512_set1_ps(c));
         }
         for (int64_t j = 0; j < n; j += 2) {                            /* values, two keys at a time */
-            if (masked[j / 16]) {
-                j += 14;                                                /* the next 16 keys */
+            const unsigned pair = ok16[j / 16] >> (j % 16) & 3u;       /* bit 0: key j valid, bit 1: key j + 1 */
+            if (!pair) {
                 continue;
             }
             const uint16_t *v0 = vb + (j0 + j) * sv2;
-            const int two = j + 1 < n;
             __m512i lo[MAX_NV], hi[MAX_NV];
             for (int c = 0; c < NV; c++) {
-                const __m512i x0 = _mm512_loadu_si512(v0 + 32 * c);
-                const __m512i x1 = two ? _mm512_loadu_si512(v0 + sv2 + 32 * c) : _mm512_setzero_si512();
+                const __m512i x0 = pair & 1u ? _mm512_loadu_si512(v0 + 32 * c) : _mm512_setzero_si512();
+                const __m512i x1 = pair & 2u ? _mm512_loadu_si512(v0 + sv2 + 32 * c) : _mm512_setzero_si512();
                 lo[c] = _mm512_unpacklo_epi16(x0, x1);
                 hi[c] = _mm512_unpackhi_epi16(x0, x1);
             }
             for (int64_t gi = 0; gi < g; gi++) {
-                const float p1 = two ? s[gi][j + 1] : 0.f;
-                const __m512bh pp = (__m512bh)_mm512_set1_epi32((int)(bf16_bits(s[gi][j]) | (bf16_bits(p1) << 16)));
+                int32_t p01;                                            /* p[j] low, p[j + 1] high (0 past n) */
+                memcpy(&p01, &pb[gi][j], sizeof p01);
+                const __m512bh pp = (__m512bh)_mm512_set1_epi32(p01);
                 for (int c = 0; c < NV; c++) {
                     acc[gi][2 * c] = _mm512_dpbf16_ps(acc[gi][2 * c], pp, (__m512bh)lo[c]);
                     acc[gi][2 * c + 1] = _mm512_dpbf16_ps(acc[gi][2 * c + 1], pp, (__m512bh)hi[c]);

@@ -62,6 +62,24 @@ def test_masked_leading_blocks_and_a_tail_are_skipped_exactly():
 
 
 @needs_kernel
+def test_masked_values_are_never_read():
+    """Masked keys inside partly valid runs of 16 (a row's padding after a shared prefix, single gaps): NaN in
+    their keys and values gives the output that zeros there give, bit for bit."""
+    q, k, v = _case(3, 3, 3, 64, 150)
+    valid = torch.ones(3, 150, dtype=torch.bool)
+    valid[0, 24:61] = False
+    valid[1, 5:7] = False
+    valid[2, 1::3] = False
+    hidden = ~valid[:, None, :, None]                                           # [b, 1, t, 1]
+    zeros = [x.masked_fill(hidden, 0.0) for x in (k, v)]
+    nans = [x.masked_fill(hidden, float("nan")) for x in (k, v)]
+    want = na.native_decode_attention(q, *zeros, valid, 0.125)
+    got = na.native_decode_attention(q, *nans, valid, 0.125)
+    assert not torch.isnan(want).any()
+    assert torch.equal(got, want)
+
+
+@needs_kernel
 def test_cpu_decode_attention_takes_the_kernel_for_bfloat16():
     q, k, v = _case(3, 3, 3, 64, 50)
     valid = torch.ones(3, 50, dtype=torch.bool)
