@@ -103,7 +103,8 @@ class BlockDecoder:
         )
 
     def __call__(self, rows: Sequence[int], logits: torch.Tensor) -> tuple[list[int], list[bool]]:
-        """TokenSelector: logits [len(rows), vocab] float32 -> (token per row, finished per row)."""
+        """TokenSelector: logits [len(rows), vocab] (float32 or the model's dtype) -> (token per row, finished per
+        row)."""
         rows = list(rows)
         for row in rows:
             if self.finish[row] is not None:

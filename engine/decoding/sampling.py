@@ -14,6 +14,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from engine.decoding.native_argmax import native_argmax
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -54,14 +56,17 @@ def uniforms(keys: Sequence[int], steps: Sequence[int]) -> np.ndarray:
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """logits [n, v] -> token ids [n] int64 (first maximum on ties, as torch.argmax). Through `max` over the
-    last dim: the same indices, and on the CPU a kernel that reads a decode step's logits faster."""
-    return logits.max(dim=-1).indices
+    """logits [n, v] -> token ids [n] int64 (first maximum on ties, as torch.argmax): bfloat16 logits on the CPU
+    by `native_argmax`, others through `max` over the last dim (the same indices, and on the CPU a kernel
+    that reads a decode step's logits faster than argmax's)."""
+    chosen = native_argmax(logits)
+    return logits.max(dim=-1).indices if chosen is None else chosen
 
 
 def sample(logits: torch.Tensor, u: torch.Tensor, *, temperature: float, top_k: int = 0,
            top_p: float = 1.0) -> torch.Tensor:
-    """Draw one token per row by inverse CDF. logits [n, v] float32, u [n] uniforms in [0, 1) -> ids [n].
+    """Draw one token per row by inverse CDF. logits [n, v] (any float dtype: drawn in float32), u [n] uniforms
+    in [0, 1) -> ids [n].
 
     `temperature` > 0 divides the logits; `top_k` > 0 keeps the k most likely tokens; `top_p` < 1 then
     keeps the smallest set of most likely tokens whose probability (renormalised after top-k) reaches

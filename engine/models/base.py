@@ -92,4 +92,6 @@ class ModelFamily(Protocol):
         """hidden [b, s, h] -> hidden [b, s, h] (norm, MLP or sparse-MoE block, residual)."""
 
     def head(self, w: Weights, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [b, h] (last position only) -> logits [b, v] float32."""
+        """hidden [b, h] (last position only) -> logits [b, v] in hidden's dtype (float32 where the head computes in
+        it: Gemma2's soft-capping). Selection reads them as they are: a bfloat16 or float16 value converts to
+        float32 exactly, so greedy picks the same token and sampling widens them first."""

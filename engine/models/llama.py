@@ -136,4 +136,4 @@ class LlamaFamily:
 
     def head(self, w: Weights, hidden: torch.Tensor) -> torch.Tensor:
         x = rms_norm(hidden, w["norm.weight"], self.config.rms_norm_eps)  # [b, h]
-        return linear(x, w["lm_head.weight"]).float()  # [b, v]
+        return linear(x, w["lm_head.weight"])  # [b, v]

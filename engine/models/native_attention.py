@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.util.native import AVX512_BF16_CPU, AVX512_BF16_FLAGS, checked_library
+from engine.util.native import checked_kernel
 
 SOURCE = Path(__file__).with_name("native_attention.c")
 HEAD_DIMS = (32, 64, 128)
@@ -76,16 +76,10 @@ def _run(kernel: Callable[..., int], q: torch.Tensor, k: torch.Tensor, v: torch.
 
 @functools.lru_cache(maxsize=None)
 def _kernel() -> Callable[..., int] | None:
-    """The built kernel, checked once against SDPA (`engine.util.native.checked_library`); None: SDPA runs."""
-    library = checked_library("native decode attention", SOURCE, AVX512_BF16_FLAGS, AVX512_BF16_CPU, _bind)
-    return None if library is None else library.llmops_decode_attention_bf16
-
-
-def _bind(library: ctypes.CDLL) -> None:
-    """Declare the kernel's argument types and check it (`self_check`)."""
-    fn = library.llmops_decode_attention_bf16
-    fn.argtypes, fn.restype = _ARGS, ctypes.c_int
-    self_check(fn)
+    """The built kernel, checked once against SDPA (`self_check`, `engine.util.native.checked_kernel`); None:
+    SDPA runs."""
+    return checked_kernel("native decode attention", SOURCE, "llmops_decode_attention_bf16", _ARGS, ctypes.c_int,
+                          self_check)
 
 
 def self_check(kernel: Callable[..., int]) -> None:

@@ -116,4 +116,4 @@ class OPTFamily:
         x = self._ln(w, "final_layer_norm", hidden) if "final_layer_norm.weight" in w else hidden  # [b, h]
         if "project_out.weight" in w:
             x = linear(x, w["project_out.weight"])  # [b, proj_dim]
-        return linear(x, w["lm_head.weight"]).float()  # [b, v]
+        return linear(x, w["lm_head.weight"])  # [b, v]

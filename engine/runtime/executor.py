@@ -484,7 +484,7 @@ class Executor(AheadDriver):
         x = blk.hidden[a.k]
         x = x[1] if isinstance(x, tuple) else x
         s = batch.prompt_len if batch.prefill else x.shape[1]
-        logits = self.family.head(w, x[:, -1])                                             # [b, v] float32
+        logits = self.family.head(w, x[:, -1])                                             # [b, v]
         live = batch.live_index()
         rows = [batch.rows[r] for r in live]
         if len(live) < batch.size:

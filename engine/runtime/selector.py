@@ -14,13 +14,16 @@ from typing import Protocol, Sequence
 
 import torch
 
+from engine.decoding.sampling import greedy
+
 
 class TokenSelector(Protocol):
     def __call__(self, rows: Sequence[int], logits: torch.Tensor) -> tuple[list[int], list[bool]]:
         """Choose the next token for each alive sequence of one GPU batch.
 
         rows: block-row ids (indices into the `prompts` list given to `Executor.generate_block`) of the
-        alive sequences, in the order of `logits`' rows. logits: [len(rows), vocab] float32 on any device.
+        alive sequences, in the order of `logits`' rows. logits: [len(rows), vocab] on any device, in the dtype
+        the model's head gives (`ModelFamily.head`: the model's dtype, or float32).
         Returns (token_ids, finished), one entry per row. A finished row's token is still part of its
         output (the selector records it); the executor never feeds a finished row again.
         """
@@ -42,4 +45,4 @@ class GreedyToEnd:
 
     def __call__(self, rows: Sequence[int], logits: torch.Tensor) -> tuple[list[int], list[bool]]:
         self.tokens += len(rows)
-        return logits.argmax(dim=-1).tolist(), [False] * len(rows)
+        return greedy(logits).tolist(), [False] * len(rows)

@@ -121,3 +121,16 @@ def checked_library(what: str, source: Path, flags: tuple[str, ...], requires: f
         warnings.warn(f"{what}: the C kernel failed on this CPU ({exc!r}); using torch ops", RuntimeWarning,
                       stacklevel=3)
         return None
+
+
+def checked_kernel(what: str, source: Path, name: str, argtypes: list, restype: object,
+                   check: Callable[[Callable[..., object]], None]) -> Callable[..., object] | None:
+    """`checked_library` of an AVX512-BF16 `source` whose one kernel is `name`: its argument and result types
+    declared (ctypes), then `check(kernel)`; the kernel, or None where `checked_library` gives None."""
+    def bind(library: ctypes.CDLL) -> None:
+        kernel = getattr(library, name)
+        kernel.argtypes, kernel.restype = argtypes, restype
+        check(kernel)
+
+    library = checked_library(what, source, AVX512_BF16_FLAGS, AVX512_BF16_CPU, bind)
+    return None if library is None else getattr(library, name)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.decoding.sampling import greedy
 from engine.models.loader import load_model
 from helpers.parity import ReferenceRunner, left_padded
 
@@ -89,3 +90,15 @@ def test_specs_fuse_and_mark_quantizable(tiny_checkpoints):
     assert mlp["experts.w1"].shape == (4, 96, 64) and mlp["experts.w2"].shape == (4, 64, 96)
     w = moe.weights.get(moe.family.layer_specs()[2])
     assert w["experts.w3"].shape == (4, 96, 64)
+
+
+@pytest.mark.parametrize("kind", ["opt", "llama"])
+def test_head_logits_keep_the_hidden_dtype(tiny_checkpoints, kind):
+    """A bfloat16 model's head gives bfloat16 logits (no float32 copy of the vocabulary); greedy over them picks
+    what it picks over their float32 conversion."""
+    m = load_model(tiny_checkpoints[kind], dtype=torch.bfloat16)
+    head = m.family.layer_specs()[-1]
+    hidden = torch.randn(4, m.config.hidden_size, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    logits = m.family.head(m.weights.get(head), hidden)                                # [4, v]
+    assert logits.dtype == torch.bfloat16 and logits.shape == (4, m.config.vocab_size)
+    assert torch.equal(greedy(logits), logits.float().argmax(dim=-1))
