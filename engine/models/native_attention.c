@@ -10,7 +10,10 @@
    never read (a zero row instead: what their probability 0 makes of any finite value), nor, 16 masked in a
    row, their keys. Keys are prefetched 16 ahead of their scores, and a block's valid values while its
    scores are computed (a step reads the cache from memory: unprefetched, each miss stalls the task).
-   Tasks run on OpenMP threads (the process's libgomp, the one torch loaded).
+   Tasks run on OpenMP threads (the process's libgomp, the one torch loaded). Groups of 1, 2, 3, 4 and 8
+   query heads take copies of the task compiled for that group size (its loops over the group unrolled, the
+   accumulators in registers rather than memory); other groups take the copy for any g. Each query head's
+   sums run in the same order in every copy, so a head's output does not depend on its group.
 
    Shapes (elements, strides in elements): q [b, nkv, g, hd], k/v [b, nkv, t, hd] (last dim contiguous),
    valid [b, t] bytes (0 = masked; NULL: every key valid), out [b, nkv, g, hd] contiguous.
@@ -171,11 +174,22 @@ int llmops_decode_attention_bf16(int64_t b, int64_t nkv, int64_t g, int64_t hd, 
         const uint16_t *qb = q + bi * sq0 + h * sq1, *kb = k + bi * sk0 + h * sk1, *vb = v + bi * sv0 + h * sv1;
         const uint8_t *mv = valid ? valid + bi * sm0 : 0;
         uint16_t *ob = out + task * g * hd;
-        switch (hd) {
-            case 32: attend(1, g, t, qb, sq2, kb, sk2, vb, sv2, mv, scale, ob); break;
-            case 64: attend(2, g, t, qb, sq2, kb, sk2, vb, sv2, mv, scale, ob); break;
-            default: attend(4, g, t, qb, sq2, kb, sk2, vb, sv2, mv, scale, ob); break;
+#define ATTEND(NV, G) attend(NV, G, t, qb, sq2, kb, sk2, vb, sv2, mv, scale, ob)
+#define ATTEND_GROUPS(NV) switch (g) {                                                  \
+            case 1: ATTEND(NV, 1); break;                                               \
+            case 2: ATTEND(NV, 2); break;                                               \
+            case 3: ATTEND(NV, 3); break;                                               \
+            case 4: ATTEND(NV, 4); break;                                               \
+            case 8: ATTEND(NV, 8); break;                                               \
+            default: ATTEND(NV, g); break;                                              \
         }
+        switch (hd) {
+            case 32: ATTEND_GROUPS(1); break;
+            case 64: ATTEND_GROUPS(2); break;
+            default: ATTEND_GROUPS(4); break;
+        }
+#undef ATTEND_GROUPS
+#undef ATTEND
     }
     return 0;
 }

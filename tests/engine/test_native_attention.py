@@ -49,6 +49,20 @@ def test_matches_float32_sdpa_within_bfloat16_rounding(b, nkv, g, hd, t):
 
 
 @needs_kernel
+@pytest.mark.parametrize("g", [2, 3, 4, 5, 8, 16])
+def test_a_head_attends_alike_in_any_group(g):
+    """Each group size (those compiled for it and the copy for any g) gives every query head the output it
+    gets alone, its kv head repeated per query head (groups of 1), bit for bit."""
+    q, k, v = _case(3, 2, g, 64, 90)
+    gen = torch.Generator().manual_seed(2)
+    valid = torch.rand(3, 90, generator=gen) > 0.25
+    valid[:, -1] = True
+    grouped = na.native_decode_attention(q, k, v, valid, 0.125)
+    alone = na.native_decode_attention(q, k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1), valid, 0.125)
+    assert grouped is not None and torch.equal(grouped, alone)
+
+
+@needs_kernel
 def test_masked_leading_blocks_and_a_tail_are_skipped_exactly():
     """A row whose first 150 keys (two whole 64-key blocks and more) are masked attends only to the rest: the
     same output as attending to that slice alone; the other row's mask is all True."""
