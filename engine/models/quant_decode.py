@@ -31,6 +31,9 @@ from engine.quant.qtensor import QTensor
 from engine.util.kernel_check import first_use_check
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# the float32 workspace of a chunk of rows' `prefix_state`: at most the chunked path's dense keys and values
+# (`engine.policy.working.DECODE_CHUNK_BYTES`), which `working_bytes` counts whichever path runs
+PREFIX_STATE_BYTES = 256 << 20
 
 
 def _parts(x: QTensor, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -74,15 +77,63 @@ def fused(q: torch.Tensor, k_parts: tuple[torch.Tensor, torch.Tensor, torch.Tens
           softcap: float | None, rotation: QuantConfig | None,
           prefix: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
     """The kernel's launch with no checks (`_parts` layouts; the first-use check and the interpreter tests call
-    it directly): q rotated into the stored basis and the output rotated back when `rotation` is given."""
+    it directly): q rotated into the stored basis and the output rotated back when `rotation` is given. With a
+    prefix, rows go `prefix_rows` at a time: each chunk's prefix state (`prefix_state`), then the kernel from it."""
     from engine.models import _quant_decode_triton    # optional dependency: Triton, imported on CUDA only
 
     hd = q.shape[-1]
     qb = rotate_last(q, rotation) if rotation is not None else q                 # [b, nh, 1, hd|G]
     qb = qb if qb.stride(-1) == 1 else qb.contiguous()
-    out = _quant_decode_triton.quant_decode_triton(qb, k_parts, v_parts, t, qb.shape[-1], key_valid.contiguous(),
-                                                   scale, softcap, prefix)        # [b, nh, 1, hd|G]
+    width, key_valid = qb.shape[-1], key_valid.contiguous()
+    if prefix is None:
+        out = _quant_decode_triton.quant_decode_triton(qb, k_parts, v_parts, t, width, key_valid, scale, softcap,
+                                                       None)                      # [b, nh, 1, hd|G]
+    else:
+        b, L = qb.shape[0], prefix[0].shape[2]
+        rows = prefix_rows(qb.shape[1], width, L)
+        parts = []
+        for r0 in range(0, b, rows):
+            r1 = min(b, r0 + rows)
+            valid = key_valid[r0:r1]
+            state = prefix_state(qb[r0:r1], *prefix, valid[:, :L], scale, softcap)
+            parts.append(_quant_decode_triton.quant_decode_triton(
+                qb[r0:r1], tuple(x[r0:r1] for x in k_parts), tuple(x[r0:r1] for x in v_parts), t, width,
+                valid[:, L:], scale, softcap, state))                            # [r1 - r0, nh, 1, hd|G]
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
     return out if rotation is None else unrotate_last(out, rotation, hd)       # [b, nh, 1, hd]
+
+
+def prefix_rows(num_heads: int, width: int, prefix_len: int) -> int:
+    """Rows whose `prefix_state` workspace fits `PREFIX_STATE_BYTES` (at least one): per row and query head, float32
+    queries, scores (the probabilities in their place) and weighted sums, as computed and as returned."""
+    return max(1, PREFIX_STATE_BYTES // (4 * num_heads * (3 * width + prefix_len)))
+
+
+def prefix_state(q: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor, valid: torch.Tensor, scale: float,
+                 softcap: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The online softmax's state after a shared prefix every row attends to, for the kernel to continue from:
+    q [c, nh, 1, W] over pk/pv [1, nkv, L, W] with valid [c, L] -> (m [c, nh], l [c, nh], acc [c, nh, W])
+    float32, contiguous: each query head's largest (scaled, soft-capped) score, its sum of exp(score - m) and
+    the values' sum weighted by those (m -inf, l and acc 0 where a row's prefix keys are all masked). Per kv
+    head the c x g queries meet the prefix's keys in two batched float32 GEMMs: the prefix is read once, not
+    once per row as a program of the kernel would."""
+    c, nh, _, w = q.shape
+    nkv, L = pk.shape[1], pk.shape[2]
+    g = nh // nkv
+    qg = q.reshape(c, nkv, g, w).permute(1, 0, 2, 3).reshape(nkv, c * g, w).float()   # [nkv, c*g, W]
+    s = torch.bmm(qg, pk[0].float().transpose(1, 2)).mul_(scale)                       # [nkv, c*g, L]
+    if softcap is not None:
+        s.div_(softcap).tanh_().mul_(softcap)
+    s.view(nkv, c, g, L).masked_fill_(~valid[None, :, None, :], float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)                                                    # [nkv, c*g, 1]
+    p = s.sub_(torch.where(m == float("-inf"), 0.0, m)).exp_()                          # [nkv, c*g, L]
+    l = p.sum(dim=-1)                                                                   # [nkv, c*g]
+    acc = torch.bmm(p, pv[0].float())                                                   # [nkv, c*g, W]
+
+    def by_row(x: torch.Tensor) -> torch.Tensor:
+        """[nkv, c*g, ...] -> [c, nh, ...] contiguous (head kvh * g + i)."""
+        return x.reshape(nkv, c, g, *x.shape[2:]).transpose(0, 1).reshape(c, nh, *x.shape[2:]).contiguous()
+    return by_row(m[..., 0]), by_row(l), by_row(acc)
 
 
 def _reference(q: torch.Tensor, k: QTensor, v: QTensor, t: int, key_valid: torch.Tensor, scale: float,

@@ -18,6 +18,7 @@ from helpers.triton_kernels import assert_self_check_passes, compile_for_sm90, r
 
 _INTERPRETED = """
 import torch
+from engine.models import quant_decode
 from engine.models.quant_decode import _parts, _reference, fused, self_check
 from engine.quant.config import QuantConfig
 from engine.quant.group import quantize
@@ -47,6 +48,11 @@ for dtype, rot, cap, L, g, hd, gs in cases:
     ulp = {torch.float16: 2e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5}[dtype]
     err = (got[keep].float() - want.float()).abs().max().item()
     assert err <= ulp * want.float().abs().max().item(), (dtype, rot, cap, L, g, hd, err)
+    if L:                                              # a prefix's rows one at a time give the same answer
+        quant_decode.PREFIX_STATE_BYTES, whole = 1, quant_decode.PREFIX_STATE_BYTES
+        one_by_one = fused(q, _parts(k, t), _parts(v, t), t, valid, hd ** -0.5, cap, cfg if rot else None, prefix)
+        quant_decode.PREFIX_STATE_BYTES = whole
+        assert torch.allclose(one_by_one.float(), got.float(), rtol=ulp, atol=ulp), (dtype, L, g)
 """
 
 
@@ -65,30 +71,31 @@ def test_kernel_compiles_for_sm90(dt):
     out = {"*fp16": tl.float16, "*bf16": tl.bfloat16, "*fp32": tl.float32}[dt]
     mid = tl.float32 if dt == "*fp32" else tl.float16
     sc = "*fp32" if dt == "*fp32" else "*fp16"
-    ints = ("T", "L", "D", "nkv", "g", "q_b", "q_h", "kd_b", "kd_h", "kd_t", "km_b", "km_h", "km_t", "vd_b", "vd_h",
-            "vd_t", "vm_b", "vm_h", "vm_t", "pk_h", "pk_t", "pv_h", "pv_t", "valid_b", "out_b", "out_h")
+    ints = ("T", "D", "nkv", "g", "q_b", "q_h", "kd_b", "kd_h", "kd_t", "km_b", "km_h", "km_t", "vd_b", "vd_h",
+            "vd_t", "vm_b", "vm_h", "vm_t", "valid_b", "out_b", "out_h")
     sig = {"q_ptr": dt, "kd_ptr": "*u8", "kmn_ptr": sc, "ksc_ptr": sc, "vd_ptr": "*u8", "vmn_ptr": sc,
-           "vsc_ptr": sc, "pk_ptr": dt, "pv_ptr": dt, "valid_ptr": "*u8", "out_ptr": dt,
-           **{k: "i64" for k in ints}, "scale": "fp32", "softcap": "fp32",
-           **{k: "constexpr" for k in ("HALF", "W2", "BLOCK_W", "BLOCK_T", "GB", "MID", "OUT", "SOFTCAP")}}
-    # head_dim 128, 64, 256 with one query head a kv head (MHA); groups of 8 (Llama-3-70B), 4 and 2
-    for softcap, w2, gb in ((False, 64, 1), (True, 64, 1), (False, 32, 1), (False, 128, 1), (False, 64, 8),
-                            (True, 128, 4), (False, 32, 2)):
+           "vsc_ptr": sc, "m0_ptr": "*fp32", "l0_ptr": "*fp32", "a0_ptr": "*fp32", "valid_ptr": "*u8",
+           "out_ptr": dt, **{k: "i64" for k in ints}, "scale": "fp32", "softcap": "fp32",
+           **{k: "constexpr" for k in ("HALF", "W2", "BLOCK_W", "BLOCK_T", "GB", "MID", "OUT", "SOFTCAP", "STATE")}}
+    # head_dim 128, 64, 256 with one query head a kv head (MHA); groups of 8 (Llama-3-70B), 4 and 2; with and
+    # without a prefix's state
+    for softcap, w2, gb, state in ((False, 64, 1, False), (True, 64, 1, True), (False, 32, 1, False),
+                                   (False, 128, 1, True), (False, 64, 8, True), (False, 64, 8, False),
+                                   (True, 128, 4, True), (False, 32, 2, False)):
         ptx = compile_for_sm90(_quant_decode_kernel, sig, {"HALF": 32, "W2": w2, "BLOCK_W": w2,
                                                            "BLOCK_T": block_t(w2, gb), "GB": gb, "MID": mid,
-                                                           "OUT": out, "SOFTCAP": softcap})
+                                                           "OUT": out, "SOFTCAP": softcap, "STATE": state})
         assert "ex2.approx" in ptx                                        # the online softmax's exp
 
 
 def test_the_kernel_is_not_specialized_on_what_changes_every_step():
-    """The positions written (T), the key mask's row stride (L + T) and the prefix length (L) are never
-    specialized on (`do_not_specialize`): otherwise the first step whose T is a multiple of 16 compiles the
-    kernel again, mid-run."""
+    """The positions written (T) and the key mask's row stride are never specialized on (`do_not_specialize`):
+    otherwise the first step whose T is a multiple of 16 compiles the kernel again, mid-run."""
     pytest.importorskip("triton")
     from engine.models._quant_decode_triton import _quant_decode_kernel
 
     held = {p.name for p in _quant_decode_kernel.params if p.do_not_specialize}
-    assert held == {"T", "L", "valid_b"}
+    assert held == {"T", "valid_b"}
 
 
 @requires_cuda
