@@ -47,6 +47,7 @@ from engine.runtime import executor as executor_mod
 from engine.runtime.embed import Embedder, Embedding
 from engine.runtime.run_stats import EngineStats
 from engine.storage import device_cap
+from engine.util.host_heap import reserve_huge_heap
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,8 @@ class LLM:
         self.compress_weights = compress_weights
         self.compress_cache = compress_cache
         self.model_name = Path(str(model)).name
+        if self.device.type == "cpu":
+            reserve_huge_heap()         # before the weights are placed: they and the caches land on huge pages
         self.loaded = load_model(model, dtype=self.dtype)
         tok_dir = self.loaded.tokenizer_dir
         self._tokenizer = Tokenizer.from_dir(tok_dir) if tok_dir is not None else None
