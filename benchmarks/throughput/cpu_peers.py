@@ -15,6 +15,8 @@ machine the ratios hold better than the absolute rates). Formats per side:
     through `llama-cpp-python` built from source for this CPU (`llama_cpp_build`; skipped, with the reason,
     when it cannot build in --build-limit seconds); its C API runs the rows of a batch as llama.cpp sequences
     (`llama_cpp_worker.py`, a separate process).
+Each peer runs in a process of its own, as its users run it: an `LLM` on a CPU sets the allocator of the process
+it runs in (`engine.util.host_heap`), which a peer's users do not have.
 Per run: generated tokens, seconds (prefill + decode, load and warm-up excluded), tokens/s, the prefill's
 prompt tokens/s (ours and llama.cpp), and the share of rows whose tokens equal ours in float32. The record
 (one per model) holds every run and, per batch, each side's best and the ratios of our best to theirs
@@ -106,6 +108,28 @@ def run_transformers(model: str, dtype: str, prompts: list[list[int]], batch: in
     return _rates(tokens, t.seconds, None, prompts)
 
 
+def transformers_process(model: str, dtype: str, prompts: list[list[int]], batch: int, max_new: int,
+                         eos: set[int], pad: int, threads: int) -> dict[str, Any]:
+    """`run_transformers` in a fresh process (this script's --transformers-worker): transformers as its users run
+    it, without the allocator settings an `LLM` on a CPU gives the process it runs in (`engine.util.host_heap`,
+    process-wide)."""
+    request = {"model": model, "dtype": dtype, "prompts": prompts, "batch": batch, "max_new": max_new,
+               "eos": sorted(eos), "pad": pad, "threads": threads}
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--transformers-worker"],
+                          input=json.dumps(request), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"transformers worker failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def transformers_worker() -> None:
+    """One `transformers_process` request from stdin; its result as the last line of stdout."""
+    r = json.loads(sys.stdin.read())
+    torch.set_num_threads(r["threads"])
+    out = run_transformers(r["model"], r["dtype"], r["prompts"], r["batch"], r["max_new"], set(r["eos"]), r["pad"])
+    sys.stdout.write(json.dumps(out) + "\n")
+
+
 class _PadOnly:
     """What `cpu_generate.run_hf` reads of a tokenizer: the pad id."""
 
@@ -185,7 +209,8 @@ def bench_model(model: str, args: argparse.Namespace, site: Path | None, why: st
         for form in args.ours:
             runs["ours"][form] = run_ours(model, form, rows, batch, args.max_new_tokens)
         for dtype in args.hf:
-            runs["transformers"][dtype] = run_transformers(model, dtype, rows, batch, args.max_new_tokens, eos, pad)
+            runs["transformers"][dtype] = transformers_process(model, dtype, rows, batch, args.max_new_tokens, eos, pad,
+                                                               args.threads)
         if site is None:
             runs["llama.cpp"] = {"skipped": why}
         for fmt, path in copies.items():
@@ -225,6 +250,9 @@ def _ratios(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--transformers-worker"]:
+        transformers_worker()
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="smollm2-135m-instruct,qwen2.5-0.5b-instruct",
                     help="model aliases; one whose packages are missing is recorded as skipped")
