@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-NUMERICS_VERSION = 7   # 1: the first versioned numerics; 2: pattern/enum strings close in budget;
+NUMERICS_VERSION = 8   # 1: the first versioned numerics; 2: pattern/enum strings close in budget;
 #                        3: prefill in row chunks (another summation order for large batches), sliding windows;
 #                        4: decode attention over a rotated 4-bit cache in the rotated basis (rotated q, output
 #                           un-rotated once: another summation order than un-rotating every cached row);
@@ -31,7 +31,9 @@ NUMERICS_VERSION = 7   # 1: the first versioned numerics; 2: pattern/enum string
 #                           order than the grouped bmm; also covers the fused 4-bit decode attention on
 #                           CUDA, whose softmax runs in another order than the unfused one);
 #                        7: decode attention over a bfloat16 cache on the CPU by the C kernel
-#                           (engine.models.native_attention: another summation order than SDPA's)
+#                           (engine.models.native_attention: another summation order than SDPA's);
+#                        8: a shared prefix's part of the fused 4-bit decode attention on CUDA by batched
+#                           float32 GEMMs (engine.models.quant_decode.prefix_state: another summation order)
 
 
 def tokenizer_digest(tokenizer: Any) -> str:
