@@ -2,10 +2,10 @@
 (Linux with glibc; elsewhere nothing changes).
 
 A CPU decode step reads every weight matrix and every row's cache end to end and writes fresh activations. On
-4 KiB pages that is a TLB miss every 4 KiB, and every page a run touches first faults once (a 64-row SmolLM2
-run faults ~80,000 times in its first block). Where transparent huge pages are `madvise` (the usual default),
-glibc's malloc never asks for them, and it maps each allocation of 128 KiB or more on its own, so torch's
-weights, caches and large temporaries all live on 4 KiB pages. `reserve_huge_heap`:
+4 KiB pages that is a TLB miss every 4 KiB, and every 4 KiB a run touches first faults once. Where transparent
+huge pages are `madvise` (the usual default), glibc's malloc never asks for them, and it maps each allocation
+of 128 KiB or more on its own, so torch's weights, caches and large temporaries all live on 4 KiB pages.
+`reserve_huge_heap`:
 
 - serves allocations below `MMAP_THRESHOLD` from the heap instead of mappings of their own (M_MMAP_THRESHOLD);
 - keeps up to `TRIM_THRESHOLD` of freed heap instead of returning it to the system (M_TRIM_THRESHOLD), so a
@@ -15,7 +15,7 @@ weights, caches and large temporaries all live on 4 KiB pages. `reserve_huge_hea
 
 What it costs: the settings are the process's (every later malloc is served so, which is why only CPU runs ask
 for them), and up to `TRIM_THRESHOLD` of freed heap stays with the process. The effect on the CPU peers'
-64-row batch is `benchmarks/records/cpu-2core/cpu_peers.jsonl`'s (docs/engine.md).
+64-row batch: `benchmarks/records/cpu-2core/cpu_peers.jsonl`.
 """
 from __future__ import annotations
 
