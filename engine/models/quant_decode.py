@@ -6,10 +6,11 @@ values into a dense buffer and runs SDPA on it: several launches per chunk, and 
 is about 1 s of the compute thread's time per decode step, more than the step's 0.93 s transfer floor, so
 the device waits for the host (`engine.runtime.step_clock`: `lead_s` ~0 in the slow steps). The fused kernel
 (`engine.models._quant_decode_triton`) reads the packed cache, dequantizes in registers exactly as
-`affine_dequant` does, and runs an online softmax over the shared prefix and the 4-bit positions: one
-launch for every row and head (under grouped-query attention a program takes a kv head's whole group, so each
-key is read once for it), no dense copy of the cache. With it the same run's compute thread spends
-0.24 s a step and the mean step is 0.997 s, 1.07x the floor.
+`affine_dequant` does, and runs an online softmax over the 4-bit positions: one launch for every row and head
+(under grouped-query attention a program takes a kv head's whole group, so each key is read once for it), no
+dense copy of the cache. With it the same run's compute thread spends 0.24 s a step and the mean step is
+0.997 s, 1.07x the floor. A shared prefix is every row's: its part of the softmax comes first, from two batched
+float32 GEMMs per kv head over all rows (`prefix_state`), and the kernel continues from that state.
 
 Values: the keys and values are the chunked path's bit for bit; the softmax and the weighted sum run in
 float32 in another order than SDPA's, so outputs differ from it within float rounding. Every device-side
