@@ -1,10 +1,9 @@
 """`native_argmax`: greedy choice over bfloat16 logits on the CPU by a C kernel of our own (`native_argmax.c`).
 
-torch's `max(dim=-1)` over a decode step's 64 rows of SmolLM2's 49152 logits costs a 2-core AVX-512 machine
-about 1.1 ms (bfloat16 or their float32 copy alike); the kernel, one read of each row 16 values at a time,
-about 0.2 ms. `engine.util.native` builds it for this machine at first use (system
-C compiler, cached, with the AVX512-BF16 flags of the engine's other kernels); a machine without them or a
-compiler keeps torch's reduction.
+torch's `max(dim=-1)` reads a decode step's logits (64 rows of SmolLM2's 49152, say) more than once and in more
+passes; the kernel reads each row once, 16 values at a time. `engine.util.native` builds it for this machine
+at first use (system C compiler, cached, with the AVX512-BF16 flags of the engine's other kernels); a machine
+without them or a compiler keeps torch's reduction.
 
 Values: the index of each row's first maximum, exactly as torch gives it over the logits or their float32
 conversion (a bfloat16 value widens exactly, so the order and the ties are the same; a row with NaN gives its

@@ -92,11 +92,12 @@ def fused(q: torch.Tensor, k_parts: tuple[torch.Tensor, torch.Tensor, torch.Tens
     else:
         b, L = qb.shape[0], prefix[0].shape[2]
         rows = prefix_rows(qb.shape[1], width, L)
+        pk, pv = (x[0].float() for x in prefix)                                    # [nkv, L, hd|G] once a call
         parts = []
         for r0 in range(0, b, rows):
             r1 = min(b, r0 + rows)
             valid = key_valid[r0:r1]
-            state = prefix_state(qb[r0:r1], *prefix, valid[:, :L], scale, softcap)
+            state = prefix_state(qb[r0:r1], pk, pv, valid[:, :L], scale, softcap)
             parts.append(_quant_decode_triton.quant_decode_triton(
                 qb[r0:r1], tuple(x[r0:r1] for x in k_parts), tuple(x[r0:r1] for x in v_parts), t, width,
                 valid[:, L:], scale, softcap, state))                            # [r1 - r0, nh, 1, hd|G]
@@ -113,23 +114,23 @@ def prefix_rows(num_heads: int, width: int, prefix_len: int) -> int:
 def prefix_state(q: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor, valid: torch.Tensor, scale: float,
                  softcap: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The online softmax's state after a shared prefix every row attends to, for the kernel to continue from:
-    q [c, nh, 1, W] over pk/pv [1, nkv, L, W] with valid [c, L] -> (m [c, nh], l [c, nh], acc [c, nh, W])
+    q [c, nh, 1, W] over pk/pv with valid [c, L] -> (m [c, nh], l [c, nh], acc [c, nh, W])
     float32, contiguous: each query head's largest (scaled, soft-capped) score, its sum of exp(score - m) and
-    the values' sum weighted by those (m -inf, l and acc 0 where a row's prefix keys are all masked). Per kv
-    head the c x g queries meet the prefix's keys in two batched float32 GEMMs: the prefix is read once, not
-    once per row as a program of the kernel would."""
+    the values' sum weighted by those (m -inf, l and acc 0 where a row's prefix keys are all masked). pk/pv:
+    the prefix's keys and values [nkv, L, W] in float32. Per kv head the c x g queries meet the prefix's keys in
+    two batched float32 GEMMs: the prefix is read once, not once per row as a program of the kernel would."""
     c, nh, _, w = q.shape
-    nkv, L = pk.shape[1], pk.shape[2]
+    nkv, L = pk.shape[0], pk.shape[1]
     g = nh // nkv
     qg = q.reshape(c, nkv, g, w).permute(1, 0, 2, 3).reshape(nkv, c * g, w).float()   # [nkv, c*g, W]
-    s = torch.bmm(qg, pk[0].float().transpose(1, 2)).mul_(scale)                       # [nkv, c*g, L]
+    s = torch.bmm(qg, pk.transpose(1, 2)).mul_(scale)                                   # [nkv, c*g, L]
     if softcap is not None:
         s.div_(softcap).tanh_().mul_(softcap)
     s.view(nkv, c, g, L).masked_fill_(~valid[None, :, None, :], float("-inf"))
     m = s.amax(dim=-1, keepdim=True)                                                    # [nkv, c*g, 1]
     p = s.sub_(torch.where(m == float("-inf"), 0.0, m)).exp_()                          # [nkv, c*g, L]
     l = p.sum(dim=-1)                                                                   # [nkv, c*g]
-    acc = torch.bmm(p, pv[0].float())                                                   # [nkv, c*g, W]
+    acc = torch.bmm(p, pv)                                                              # [nkv, c*g, W]
 
     def by_row(x: torch.Tensor) -> torch.Tensor:
         """[nkv, c*g, ...] -> [c, nh, ...] contiguous (head kvh * g + i)."""
