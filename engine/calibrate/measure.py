@@ -5,7 +5,8 @@ Copies between host and device use pinned host memory; the disk probe writes a f
 folder with fsync, drops it from the page cache (posix_fadvise DONTNEED) and reads it back; the CPU
 attention probe is a batched GEMV over an fp32 "cache" (q @ K^T), counting the K bytes read. Probes of
 the real runtime: the executor's host time per (decoder layer, GPU batch) slot on a tiny model, the
-runtime's `cpu_decode_attention` (dense and 4-bit cache, in the device's half dtype) and 4-bit dequantize.
+runtime's `cpu_decode_attention` (dense and 4-bit cache, in the device's half dtype), 4-bit dequantize, and
+the device's fused 4-bit decode attention (CUDA).
 On a CPU device the gpu tier is the CPU: h2d/d2h are host memcpy and gpu_* are the CPU's rates.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from engine.calibrate.trial import slot_seconds
 from engine.models.attention import cpu_decode_attention
 from engine.models.hf_config import config_from_hf
 from engine.models.presets import PRESETS
+from engine.models.quant_decode import quantized_decode_attention
 from engine.policy.hardware import GIB, HardwareProfile
 from engine.policy.policy import Policy
 from engine.quant.config import CACHE_QUANT, WEIGHT_QUANT
@@ -197,6 +199,35 @@ def measure_cpu_decode_attention(dtype: torch.dtype, repeats: int, batch: int = 
     return nbytes / dense / GIB, nbytes / packed / GIB
 
 
+def measure_gpu_quant_attention(device: torch.device, dtype: torch.dtype, repeats: int, batch: int = 128,
+                                heads: int = 32, head_dim: int = 128, context: int = 256) -> tuple[float, float]:
+    """(ns per kv-head position, ns per query-head position) of the runtime's fused 4-bit decode attention
+    (`quant_decode.quantized_decode_attention`) on `device`: q [batch, heads, 1, hd] over `context` positions of a
+    4-bit cache with `heads` kv heads (one query head each), then with heads / 8 (eight a group). The kernel
+    loads and dequantizes each kv head's key and value once for its group and scores every query head, so a
+    call takes batch x context x (kv heads x the first + heads x the second); the two timings give both.
+    (0, 0) where the kernel does not run (not CUDA, no Triton)."""
+    if device.type != "cuda":
+        return 0.0, 0.0
+    per_position = {}
+    for kv_heads in (heads, heads // 8):
+        q = torch.randn(batch, heads, 1, head_dim, device=device).to(dtype)                   # [b, nh, 1, hd]
+        k = quantize(torch.randn(batch, kv_heads, context, head_dim, device=device).to(dtype), CACHE_QUANT)
+        v = quantize(torch.randn(batch, kv_heads, context, head_dim, device=device).to(dtype), CACHE_QUANT)
+        valid = torch.ones(batch, context, dtype=torch.bool, device=device)                  # [b, t]
+        rotation = CACHE_QUANT if CACHE_QUANT.rotate else None
+
+        def attend() -> torch.Tensor | None:
+            return quantized_decode_attention(q, k, v, context, valid, head_dim ** -0.5, None, rotation)
+        if attend() is None:
+            return 0.0, 0.0
+        per_position[kv_heads] = best_seconds(attend, device, repeats) / (batch * context)
+    mha, grouped = per_position[heads], per_position[heads // 8]
+    kv_s = max(0.0, (mha - grouped) / (heads - heads // 8))
+    q_s = max(0.0, (grouped - heads // 8 * kv_s) / heads)
+    return kv_s * 1e9, q_s * 1e9
+
+
 def measure_dequant(device: torch.device, dtype: torch.dtype, size_mib: int, repeats: int) -> float:
     """GiB/s of dense output of the runtime's 4-bit `dequantize` on `device` (a [rows, 4096] weight)."""
     rows = max(1, size_mib * MIB // (4096 * torch.empty((), dtype=dtype).element_size()))
@@ -231,6 +262,7 @@ def measure(
     slots = measure_executor_slots(device, half)
     att_dense, att_q4 = measure_cpu_decode_attention(half, host_repeats)
     dequant = measure_dequant(device, half, min(size_mib, 64), repeats)
+    q4_kv_ns, q4_q_ns = measure_gpu_quant_attention(device, half, repeats)
     if device.type == "cuda":
         gpu_tflops = measure_matmul_tflops(device, matmul_n, torch.bfloat16, repeats)
         gpu_mem = measure_device_copy(device, size_mib, repeats)
@@ -243,6 +275,7 @@ def measure(
         gpu_tflops_bf16=gpu_tflops, gpu_mem_gib_s=gpu_mem, cpu_gflops=cpu_gflops, cpu_mem_gib_s=cpu_mem,
         gpu_memory_bytes=int(device_memory_bytes(device)), cpu_memory_bytes=int(host_memory_bytes()),
         disk_free_bytes=int(disk_free), layer_overhead_ms=overhead_ms, **slots, cpu_attention_gib_s=att_dense,
-        cpu_attention_q4_gib_s=att_q4, dequant_gib_s=dequant, hostname=socket.gethostname(),
+        cpu_attention_q4_gib_s=att_q4, dequant_gib_s=dequant, gpu_q4_attention_kv_ns=q4_kv_ns,
+        gpu_q4_attention_q_ns=q4_q_ns, hostname=socket.gethostname(),
         torch_version=torch.__version__, source="measured",
     )

@@ -21,8 +21,9 @@ from engine.storage.atomic import write_json_atomic
 from engine.util.paths import cache_dir
 
 # 2: executor slot, CPU attention and dequantization probes; 3: slot extras by placement; 4: the 4-bit CPU
-# attention probe times the rotated-basis path (NUMERICS_VERSION 4), 8-20x faster than the one measured before
-PROFILE_VERSION = 4
+# attention probe times the rotated-basis path (NUMERICS_VERSION 4), 8-20x faster than the one measured before;
+# 5: the device's fused 4-bit decode attention
+PROFILE_VERSION = 5
 
 
 def profile_cache_path(device: torch.device | str, directory: Path | None = None) -> Path:

@@ -326,9 +326,18 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     }
 
     # ---- decode, one layer, one step averaged over the n - 1 steps ----
-    attn_gpu_s = b * ctx * max(kv16 / gpu_bw, ms.attention_flops_per_token(config, 1.0) / gpu_flops)
+    per_position = max(kv16 / gpu_bw, ms.attention_flops_per_token(config, 1.0) / gpu_flops)
     attn_cpu_s = b * ctx * max(kv16 / cpu_att_bw, ms.attention_flops_per_token(config, 1.0) / cpu_flops)
-    dequant_cache_s = b * ctx_own * kv16 / dq_bw if cc else 0.0      # a compressed cache read on the device
+    fused = profile.gpu_q4_attention_s(config.num_key_value_heads, config.num_attention_heads) \
+        if cc and not on_cpu else None
+    if fused is not None:
+        # a 4-bit cache's own positions by the fused kernel at its measured costs (it reads the packed cache:
+        # no dequantizing pass), a prefix held once by the roofline (batched GEMMs over all rows)
+        attn_gpu_s, dequant_cache_s = b * ctx_own * fused + b * held * per_position, 0.0
+    else:
+        # the roofline over every position, and a compressed cache dequantized on the device first
+        attn_gpu_s = b * ctx * per_position
+        dequant_cache_s = b * ctx_own * kv16 / dq_bw if cc else 0.0
     kv_to_cpu = (q_bytes + kv) if cpu_att else kv                    # cpu attention ships q with new k/v
     decode = {
         # offloaded weights + (gpu attention) the offloaded cache's written positions, (cpu attention) the

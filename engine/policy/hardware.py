@@ -55,6 +55,10 @@ class HardwareProfile:
     cpu_attention_gib_s: float = 0.0     # cpu_decode_attention, dense K+V bytes read per second
     cpu_attention_q4_gib_s: float = 0.0  # the same over a 4-bit cache, in dense-equivalent bytes per second
     dequant_gib_s: float = 0.0           # 4-bit dequantization on the device, dense bytes written per second
+    # the device's fused 4-bit decode attention (`quant_decode`), per position of one row: load and dequantize
+    # one kv head's key and value, and score, weigh and sum for one query head (0 = not measured)
+    gpu_q4_attention_kv_ns: float = 0.0
+    gpu_q4_attention_q_ns: float = 0.0
     hostname: str = ""
     torch_version: str = ""
     source: str = "measured"         # "measured", "reference:<name>", "default", "file:<path>"
@@ -117,6 +121,14 @@ class HardwareProfile:
     def dequant_bytes_s(self) -> float:
         """Dense bytes per second the device's 4-bit dequantization writes (default: 1/4 of the copy rate)."""
         return self.dequant_gib_s * GIB if self.dequant_gib_s else self.gpu_mem_gib_s * GIB / 4
+
+    def gpu_q4_attention_s(self, num_kv_heads: int, num_heads: int) -> float | None:
+        """Seconds the device's fused 4-bit decode attention spends per (row, cached position) of a layer with
+        these heads (each kv head's key and value dequantized once for its group, each query head scored),
+        None when not measured."""
+        if not (self.gpu_q4_attention_kv_ns or self.gpu_q4_attention_q_ns):
+            return None
+        return (num_kv_heads * self.gpu_q4_attention_kv_ns + num_heads * self.gpu_q4_attention_q_ns) * 1e-9
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "HardwareProfile":

@@ -212,3 +212,36 @@ def test_only_the_blocks_that_carry_a_prefill_pay_for_it(shape, cache_gpu):
     assert a.prefill_s == pytest.approx(p.prefill_s / 4)
     assert a.decode_s == pytest.approx(p.decode_s + 0.75 * max(0.0, p.prefill_s - slack * p.decode_s), rel=1e-6)
     assert p.prefill_s > slack * p.decode_s                  # the carried prefill does not fit the slack here
+
+
+def test_a_measured_fused_kernel_prices_4bit_decode_attention():
+    """With the fused kernel's costs measured, a 4-bit cache's own positions cost b x (ctx - prefix) x (kv heads x
+    the per-kv-head cost + heads x the per-head cost) on the device, and no dequantizing pass; a shared prefix
+    held once is priced by the roofline; a dense cache or a CPU device keeps the roofline."""
+    c = preset("llama-3-70b")
+    layout = model_layout(c)
+    wl = Workload(200, 10, num_prompts=4608, shared_prefix_len=150)
+    policy = Policy(gpu_batch_size=2304, num_gpu_batches=2, w_gpu=0.0, w_cpu=1.0, cache_gpu=0.0, cache_cpu=1.0,
+                    compress_weights=True, compress_cache=True)
+    x = placement_vector(policy)
+
+    def decode_compute(profile, pol=policy):
+        terms = cost_terms(c, pol, wl, profile, 2, layout=layout.view(2, pol.compress_weights))
+        return terms.decode["gpu compute"][:6] @ x + terms.decode["gpu compute"][6]
+
+    slow = replace(H200, gpu_q4_attention_kv_ns=2.0, gpu_q4_attention_q_ns=1.0)
+    fast = replace(slow, gpu_q4_attention_q_ns=0.5)
+    own = 4608 * (200 + 10 / 2 - 150)                              # rows x the positions each row stores
+    per_position_s = (c.num_key_value_heads * 2.0 + c.num_attention_heads * 1.0) * 1e-9
+    assert decode_compute(slow) - decode_compute(fast) == pytest.approx(own * c.num_attention_heads * 0.5e-9)
+    kv16 = ms.kv_bytes_per_token(c, 2)
+    roofline_s = 4608 * (200 + 5) * max(kv16 / (H200.gpu_mem_gib_s * GIB),
+                                         ms.attention_flops_per_token(c, 1.0) / (H200.gpu_tflops_bf16 * 1e12))
+    dequant_s = own * kv16 / H200.dequant_bytes_s
+    prefix_s = 4608 * 150 * roofline_s / (4608 * 205)
+    assert decode_compute(slow) - decode_compute(H200) == pytest.approx(
+        own * per_position_s + prefix_s - roofline_s - dequant_s)
+    dense = replace(policy, compress_cache=False)
+    assert decode_compute(slow, dense) == pytest.approx(decode_compute(H200, dense))
+    on_cpu = replace(slow, device_type="cpu")
+    assert decode_compute(on_cpu) == pytest.approx(decode_compute(replace(H200, device_type="cpu")))

@@ -112,6 +112,14 @@ def test_tiny_real_measure_on_cpu(tmp_path):
                  "slot_off_weights_ms", "layer_q4_weights_ms"):
         assert getattr(p, name) > 0, name
     assert p.cpu_memory_bytes > 0 and not list(tmp_path.iterdir())   # the probe file is removed
+    # no fused 4-bit kernel on a CPU device: unmeasured, so the cost model keeps its roofline there
+    assert p.gpu_q4_attention_kv_ns == p.gpu_q4_attention_q_ns == 0.0 and p.gpu_q4_attention_s(8, 64) is None
+
+
+def test_fused_attention_seconds_count_kv_heads_and_query_heads():
+    p = replace(reference_profile("h200"), gpu_q4_attention_kv_ns=3.0, gpu_q4_attention_q_ns=0.5)
+    assert p.gpu_q4_attention_s(8, 64) == pytest.approx((8 * 3.0 + 64 * 0.5) * 1e-9)
+    assert p.gpu_q4_attention_s(56, 56) == pytest.approx(56 * 3.5 * 1e-9)
 
 
 def test_unknown_reference_is_an_error():

@@ -185,3 +185,12 @@ def test_cuda_executor_takes_the_kernel_for_every_device_segment(tiny_checkpoint
                         max_new, device="cuda", dtype=torch.float16)
     assert calls and all(calls), calls
     assert got == ref
+
+
+@requires_cuda
+def test_cuda_probe_prices_the_kernel_per_kv_head_and_query_head():
+    """The calibration probe times the kernel the executor runs and fits both costs (neither clamped to 0)."""
+    from engine.calibrate.measure import measure_gpu_quant_attention
+
+    kv_ns, q_ns = measure_gpu_quant_attention(torch.device("cuda"), torch.float16, repeats=3, batch=32, context=64)
+    assert kv_ns > 0 and q_ns > 0
