@@ -270,6 +270,7 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
     Wq = sum(k_.count * sum(d for d, p in zip(k_.dense, k_.packed) if p) for k_ in layout.kinds) / L
     kv, kv16 = ms.kv_bytes_per_token(config, B, cc), ms.kv_bytes_per_token(config, B)
     hb = ms.hidden_bytes_per_token(config, B)
+    act_bytes = ms.activation_bytes_per_token(config, B)
     q_bytes = config.num_attention_heads * config.head_dim * B      # one token's q (or attention output)
     mm = ms.matmul_flops_per_token(config) + ms.head_flops_per_token(config) / L
 
@@ -316,12 +317,14 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
         # matmuls per GPU batch: the prefix's p tokens once, the rows' g * sx (roofline over weight reads;
         # a MoE prefix's tokens reach the experts once); causal attention (mean context: the prefix p / 2,
         # a row's own tokens p + sx / 2 over the prefix keys and their own); dequantizing weights;
-        # quantizing the new cache (the positions each row stores: sx_own)
+        # quantizing the new cache (the positions each row stores: sx_own); the elementwise passes over every
+        # token's activations (`activation_bytes_per_token`)
         "gpu compute": const(
             k * (matmuls(p) + matmuls(g * sx))
             + (k * p * ms.attention_flops_per_token(config, p / 2)
                + b * sx * ms.attention_flops_per_token(config, p + sx / 2)) / gpu_flops
             + dequant_w + (b * sx_own * kv16 / dq_bw if cc else 0.0)
+            + (k * p + b * sx) * act_bytes / gpu_bw
         ),
     }
 
@@ -350,8 +353,8 @@ def cost_terms(config: ModelConfig, policy: Policy, workload: Workload, profile:
         # the new token's k/v homed on disk
         "cpu->disk": (b * kv * c_disk) / d_write,
     }
-    # matmuls per GPU batch (roofline) + dequantization of the weights
-    matmul_s = k * _roofline(g * mm, weight_read(g), gpu_flops, gpu_bw) + dequant_w
+    # matmuls per GPU batch (roofline) + dequantization of the weights + the elementwise passes
+    matmul_s = k * _roofline(g * mm, weight_read(g), gpu_flops, gpu_bw) + dequant_w + b * act_bytes / gpu_bw
     pipelined = cpu_att and pipelines_host_attention(config, policy) and not on_cpu
     # MoE with host attention: each GPU batch's attention output crosses the link behind, on average, half
     # a weight page (`moe_schedule`: the policy's pages pipelined, one whole layer without the pipeline)

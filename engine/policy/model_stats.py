@@ -244,3 +244,17 @@ def attention_operational_intensity(config: ModelConfig, bytes_per_element: int,
     4 nh hd FLOPs per token against kv_bytes_per_token bytes. ~1-4 for GQA models: far below any GPU's
     ridge point, hence memory-bound wherever it runs (MoE-Lightning's case for host attention)."""
     return attention_flops_per_token(config, 1.0) / kv_bytes_per_token(config, bytes_per_element, compress)
+
+
+def activation_bytes_per_token(config: ModelConfig, bytes_per_element: int) -> float:
+    """Bytes one token's activations move through one layer's elementwise passes, read and written: two norms,
+    the rotary of q and k, the attention output, two residual adds and the MLP's activation (gate and up read,
+    their product written; per routed expert for MoE, with the token's copy in, its output out and the routing
+    weight's product). Memory-bound work the matmul roofline does not count."""
+    h, a = config.hidden_size, config.num_attention_heads * config.head_dim
+    kv = config.num_key_value_heads * config.head_dim
+    if config.is_moe:
+        mlp = config.num_experts_per_tok * (3 * config.expert_intermediate_size + 3 * h)
+    else:
+        mlp = 3 * config.intermediate_size
+    return (4 * h + 2 * (a + kv) + a + 6 * h + mlp) * bytes_per_element

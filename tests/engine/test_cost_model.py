@@ -245,3 +245,20 @@ def test_a_measured_fused_kernel_prices_4bit_decode_attention():
     assert decode_compute(slow, dense) == pytest.approx(decode_compute(H200, dense))
     on_cpu = replace(slow, device_type="cpu")
     assert decode_compute(on_cpu) == pytest.approx(decode_compute(replace(H200, device_type="cpu")))
+
+
+def test_elementwise_passes_count_each_tokens_activation_traffic():
+    """Llama-3-8B: norms 4h, rotary 2(a + kv), attention output a, residuals 6h, SiLU-and-product 3i elements;
+    Mixtral-8x7B's MLP is two experts', each with the token's copy in and out and its weighting (3h)."""
+    assert ms.activation_bytes_per_token(preset("llama-3-8b"), 2) == 2 * (
+        4 * 4096 + 2 * (4096 + 1024) + 4096 + 6 * 4096 + 3 * 14336)
+    assert ms.activation_bytes_per_token(preset("mixtral-8x7b"), 2) == 2 * (
+        4 * 4096 + 2 * (4096 + 1024) + 4096 + 6 * 4096 + 2 * (3 * 14336 + 3 * 4096))
+    c = preset("llama-3-8b")
+    policy = Policy(gpu_batch_size=64, w_gpu=1.0, w_cpu=0.0, cache_gpu=1.0, cache_cpu=0.0)
+    plain = cost_terms(c, policy, WORKLOAD, H200, 2, layout=model_layout(c))
+    none = replace(H200, gpu_mem_gib_s=1e12)              # bandwidth so high the passes cost nothing
+    free = cost_terms(c, policy, WORKLOAD, none, 2, layout=model_layout(c))
+    extra = (plain.prefill["gpu compute"][6] - free.prefill["gpu compute"][6])
+    assert extra == pytest.approx(64 * 512 * ms.activation_bytes_per_token(c, 2) / (H200.gpu_mem_gib_s * GIB),
+                                  rel=1e-6)
