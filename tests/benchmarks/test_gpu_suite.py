@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))   # the repository root: `benchmarks.*`
 from benchmarks import gpu_suite  # noqa: E402
 
-EXPECTED = {"correctness", "headline", "product-paths", "moe", "kernels", "policy", "multi-gpu"}
+EXPECTED = {"correctness", "headline", "wrangle-short", "product-paths", "moe", "kernels", "policy", "multi-gpu"}
 
 
 def test_the_suites_file_names_the_suites_and_every_script_exists():
