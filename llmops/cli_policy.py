@@ -171,6 +171,9 @@ def profile_cmd(device: str, refresh: bool, disk_dir: Path | None, as_json: bool
         ("host matmul (fp32)", f"{profile.cpu_gflops:.1f} GFLOP/s"),
         ("host attention (GEMV)", f"{profile.cpu_mem_gib_s:.1f} GiB/s"),
         ("layer launch overhead", f"{profile.layer_overhead_ms:.3f} ms"),
+        ("device 4-bit decode attention", f"{profile.gpu_q4_attention_kv_ns:.3f} ns per kv head + "
+                                          f"{profile.gpu_q4_attention_q_ns:.3f} ns per query head, a position"
+         if profile.gpu_q4_attention_s(1, 1) is not None else "not measured (no fused kernel here)"),
         ("memory gpu / cpu / disk free", f"{core.format_size(profile.gpu_memory_bytes)} / "
                                          f"{core.format_size(profile.cpu_memory_bytes)} / "
                                          f"{core.format_size(profile.disk_free_bytes)}"),

@@ -1,6 +1,7 @@
 """`llmops policy` / `llmops profile` through click's CliRunner, and the shared size parser. Every test plans
 into a plan cache of its own (`LLMOPS_CACHE_DIR`)."""
 import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -147,3 +148,14 @@ def test_policy_gpus_explains_the_split():
     assert one["devices"] is None
     text = CliRunner().invoke(policy_cmd, BASE + ["--gpus", "2"]).output
     assert "2 GPUs" in text and ("stage 1  layers" in text or "data-parallel" in text)
+
+
+def test_profile_text_shows_the_fused_kernels_costs_where_measured(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMOPS_CACHE_DIR", str(tmp_path))
+    import engine.calibrate.measure as measure_mod
+
+    measured = replace(default_cpu_profile(), gpu_q4_attention_kv_ns=1.25, gpu_q4_attention_q_ns=0.5)
+    monkeypatch.setattr(measure_mod, "measure", lambda device, **kw: measured)
+    result = CliRunner().invoke(profile_cmd, ["--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "1.250 ns per kv head + 0.500 ns per query head, a position" in result.output
