@@ -3,6 +3,7 @@
     python benchmarks/gpu_suite.py --list
     python benchmarks/gpu_suite.py --suite correctness --suite kernels
     python benchmarks/gpu_suite.py --suite headline --ref COMMIT           # this tree, then COMMIT
+    python benchmarks/gpu_suite.py --suite headline --step 1               # its first command only
     python benchmarks/gpu_suite.py --prepare-ref COMMIT                    # for a GPU host without git
 
 Each command runs from the root of its tree through bash, one after another, under one LLMOPS_RUN_ID (shared
@@ -32,7 +33,7 @@ import time
 import tomllib
 import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -214,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="write COMMIT's tree to benchmarks/.refs/<sha>/ for a host without git, then exit")
     ap.add_argument("--list", action="store_true", help="print the suites and their commands, then exit")
     ap.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+    ap.add_argument("--step", type=int, action="append", default=[], metavar="N",
+                    help="only the suite's N-th command (from 1; repeatable): a suite longer than one call's "
+                         "time limit runs over several calls")
     args = ap.parse_args(argv)
     suites = load_suites()
     if args.prepare_ref:
@@ -229,6 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown suite(s) {unknown}; choose from {', '.join(suites)}")
     chosen = [suites[name] for name in args.suite]
+    if args.step:
+        for suite in chosen:
+            outside = [n for n in args.step if not 1 <= n <= len(suite.steps)]
+            if outside:
+                ap.error(f"--step {outside}: suite {suite.name!r} has commands 1-{len(suite.steps)}")
+        chosen = [replace(suite, steps=tuple(suite.steps[n - 1] for n in sorted(set(args.step))))
+                  for suite in chosen]
     if args.dry_run:
         for suite in chosen:
             print("\n".join(f"{suite.name}: {step.command}" for step in suite.steps))

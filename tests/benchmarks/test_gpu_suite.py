@@ -72,3 +72,16 @@ def test_python_in_a_command_is_the_runner_s_interpreter(tmp_path, monkeypatch, 
     suite = gpu_suite.Suite("which", "", 0.1, (gpu_suite.Step("python -c 'import sys; print(sys.prefix)'", 60),))
     assert gpu_suite.run_suite(suite, ROOT, gpu_suite.base_env(), None) == [0]
     assert sys.prefix in capsys.readouterr().out
+
+
+def test_step_runs_only_the_commands_named(capsys):
+    headline = gpu_suite.load_suites()["headline"]
+    assert gpu_suite.main(["--suite", "headline", "--step", "2", "--dry-run"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [f"headline: {headline.steps[1].command}"]
+
+
+def test_a_step_outside_the_suite_is_a_usage_error_naming_it(capsys):
+    with pytest.raises(SystemExit) as exc:
+        gpu_suite.main(["--suite", "wrangle-short", "--step", "9", "--dry-run"])
+    assert exc.value.code == 2 and "suite 'wrangle-short' has commands 1-3" in capsys.readouterr().err
