@@ -216,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="print the suites and their commands, then exit")
     ap.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
     ap.add_argument("--step", type=int, action="append", default=[], metavar="N",
-                    help="only the suite's N-th command (from 1; repeatable): a suite longer than one call's "
-                         "time limit runs over several calls")
+                    help="only the suite's N-th command (from 1; repeatable): a suite longer than the time a "
+                         "host is available runs in parts")
     args = ap.parse_args(argv)
     suites = load_suites()
     if args.prepare_ref:
