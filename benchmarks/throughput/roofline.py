@@ -113,8 +113,9 @@ def roofline(config: ModelConfig, policy: Policy, profile: HardwareProfile, *, r
     prefill_c = compute_floor_s(config, prefill_tokens, prompt_len / 2, rows, profile)
     pre = [prefill_c * r / rows for r in sizes]                                  # each block's prefill compute
     n = gen_len - 1
-    if policy.prefill_ahead and blocks > 1 and gen_len > 1 and not batch_prefix_len(prefix_len, policy.gpu_batch_size):
-        # every block's prefill but the first rides on the previous block's decode steps (engine.runtime.ahead)
+    if policy.prefill_ahead and blocks > 1 and gen_len > 1:
+        # every block's prefill but the first rides on the previous block's decode steps (engine.runtime.ahead),
+        # a shared prefix computed once per GPU batch there as in a block's own prefill
         prefill = max(w, pre[0])
         decode = sum(n * step(r, pre[b + 1] / n) for b, r in enumerate(sizes[:-1])) + n * step(sizes[-1])
     else:

@@ -78,3 +78,19 @@ def test_refloor_recomputes_a_records_fraction_and_skips_peers():
     assert now["block_rows"] == [384, 128]
     assert refloor({**rec, "system": "accelerate", "policy": {"batch": 256}}) is None
     assert refloor({**rec, "ok": False}) is None
+
+
+def test_an_ahead_prefill_overlaps_with_a_shared_prefix_too():
+    """The executor runs a block's prefill ahead whatever the prompts share (`buffers.runs_ahead`), computing a
+    shared prefix once per GPU batch there: the first block's prefill stays in series, the others ride on the
+    decode steps, as without a prefix."""
+    llama = config_from_hf(PRESETS["llama-3-70b"])
+    pol = Policy(gpu_batch_size=1536, w_gpu=0.0, w_cpu=1.0, cache_gpu=0.125, cache_cpu=0.875,
+                 compress_weights=True, compress_cache=True, prefill_ahead=True)
+    kw = dict(rows=4608, prefill_tokens=4608 * 50 + 3 * 150, prompt_len=200, gen_len=10, prefix_len=150)
+    ahead = roofline(llama, pol, H200, **kw)
+    series = roofline(llama, Policy.from_dict({**pol.to_dict(), "prefill_ahead": False}), H200, **kw)
+    assert ahead["prefill_floor_s"] == pytest.approx(
+        max(ahead["weight_floor_step_s"], ahead["prefill_compute_floor_s"] / 3))
+    assert series["prefill_floor_s"] == pytest.approx(series["prefill_compute_floor_s"])
+    assert ahead["floor_s"] < series["floor_s"]
