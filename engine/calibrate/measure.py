@@ -209,13 +209,13 @@ def measure_gpu_quant_attention(device: torch.device, dtype: torch.dtype, repeat
     (0, 0) where the kernel does not run (not CUDA, no Triton)."""
     if device.type != "cuda":
         return 0.0, 0.0
+    rotation = CACHE_QUANT if CACHE_QUANT.rotate else None
     per_position = {}
     for kv_heads in (heads, heads // 8):
         q = torch.randn(batch, heads, 1, head_dim, device=device).to(dtype)                   # [b, nh, 1, hd]
         k = quantize(torch.randn(batch, kv_heads, context, head_dim, device=device).to(dtype), CACHE_QUANT)
         v = quantize(torch.randn(batch, kv_heads, context, head_dim, device=device).to(dtype), CACHE_QUANT)
         valid = torch.ones(batch, context, dtype=torch.bool, device=device)                  # [b, t]
-        rotation = CACHE_QUANT if CACHE_QUANT.rotate else None
 
         def attend() -> torch.Tensor | None:
             return quantized_decode_attention(q, k, v, context, valid, head_dim ** -0.5, None, rotation)
