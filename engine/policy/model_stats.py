@@ -250,11 +250,12 @@ def activation_bytes_per_token(config: ModelConfig, bytes_per_element: int) -> f
     """Bytes one token's activations move through one layer's elementwise passes, read and written: two norms,
     the rotary of q and k, the attention output, two residual adds and the MLP's activation (gate and up read,
     their product written; per routed expert for MoE, with the token's copy in, its output out and the routing
-    weight's product). Memory-bound work the matmul roofline does not count."""
+    weight's product; OPT has no rotary, and its ungated activation reads and writes the intermediate once).
+    Memory-bound work the matmul roofline does not count."""
     h, a = config.hidden_size, config.num_attention_heads * config.head_dim
-    kv = config.num_key_value_heads * config.head_dim
+    rotary = 0 if _is_opt(config) else 2 * (a + config.num_key_value_heads * config.head_dim)
     if config.is_moe:
         mlp = config.num_experts_per_tok * (3 * config.expert_intermediate_size + 3 * h)
     else:
-        mlp = 3 * config.intermediate_size
-    return (4 * h + 2 * (a + kv) + a + 6 * h + mlp) * bytes_per_element
+        mlp = (2 if _is_opt(config) else 3) * config.intermediate_size
+    return (4 * h + rotary + a + 6 * h + mlp) * bytes_per_element

@@ -249,9 +249,11 @@ def test_a_measured_fused_kernel_prices_4bit_decode_attention():
 
 def test_elementwise_passes_count_each_tokens_activation_traffic():
     """Llama-3-8B: norms 4h, rotary 2(a + kv), attention output a, residuals 6h, SiLU-and-product 3i elements;
-    Mixtral-8x7B's MLP is two experts', each with the token's copy in and out and its weighting (3h)."""
+    OPT-30B has no rotary and its ReLU moves 2i; Mixtral-8x7B's MLP is two experts', each with the token's copy in and out and its weighting (3h)."""
     assert ms.activation_bytes_per_token(preset("llama-3-8b"), 2) == 2 * (
         4 * 4096 + 2 * (4096 + 1024) + 4096 + 6 * 4096 + 3 * 14336)
+    assert ms.activation_bytes_per_token(preset("opt-30b"), 2) == 2 * (     # no rotary; ReLU: no gate to read
+        4 * 7168 + 7168 + 6 * 7168 + 2 * 28672)
     assert ms.activation_bytes_per_token(preset("mixtral-8x7b"), 2) == 2 * (
         4 * 4096 + 2 * (4096 + 1024) + 4096 + 6 * 4096 + 2 * (3 * 14336 + 3 * 4096))
     c = preset("llama-3-8b")
